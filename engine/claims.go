@@ -1,0 +1,222 @@
+package engine
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+)
+
+// Transitions of claims and leases: pure functions of (value, request, now). The transaction in
+// engine.go feeds them what they read and commits what they return.
+
+// NewHolder is a holder as a claim proposes it.
+type NewHolder struct {
+	Name         string
+	CheckoutPath string
+	PID          int // 0: untracked
+	ProcessStart string
+	UID          uint32
+}
+
+func (n NewHolder) holder(now time.Time) Holder {
+	return Holder{
+		HolderID:     HolderID(n.Name),
+		CheckoutID:   CheckoutID(n.CheckoutPath),
+		ClaimedAt:    Stamp(now),
+		PID:          n.PID,
+		ProcessStart: n.ProcessStart,
+		Name:         n.Name,
+		CheckoutPath: n.CheckoutPath,
+		UID:          n.UID,
+	}
+}
+
+// addHolder adds h unless a holder of that name already claims the stack (changed = false); one of
+// that name from another checkout is refused, since a checkout is part of a holder's identity.
+func addHolder(v Value, h NewHolder, now time.Time) (Value, bool, error) {
+	if existing, ok := v.Holder(h.Name); ok {
+		if existing.CheckoutID != CheckoutID(h.CheckoutPath) {
+			return v, false, refuse(StateRecordMalformed, HolderID(h.Name), "use another holder name for another checkout",
+				"holder %s already claims this stack from %s", h.Name, existing.CheckoutPath)
+		}
+		return v, false, nil
+	}
+	if len(v.Holders) >= MaxHolders {
+		return v, false, refuse(PortLeaseExhausted, HolderID(h.Name), "release a holder first",
+			"the stack already has %d holders", MaxHolders)
+	}
+	holders := append(append(make([]Holder, 0, len(v.Holders)+1), v.Holders...), h.holder(now))
+	sortHolders(holders)
+	v.Holders = holders
+	if v.LastReleasedHolder != nil && *v.LastReleasedHolder == HolderID(h.Name) {
+		v.LastReleasedHolder = nil
+	}
+	return v, true, nil
+}
+
+// releaseHolder is a holder's own release (the seeds' releaseClaim): never while a drain is
+// reserved, never the last holder.
+func releaseHolder(v Value, name string) (Value, error) {
+	id := HolderID(name)
+	if v.Drain != nil {
+		return v, refuse(ClaimCoTenant, id, "wait for the drain to finish or cancel it (rm drain/request)",
+			"claim release is blocked while the stack has a reserved drain")
+	}
+	if _, ok := v.Holder(name); !ok {
+		return v, refuse(NotFound, id, "", "holder %s does not claim this stack", name)
+	}
+	kept := v.withoutHolders(map[string]bool{id: true})
+	if len(kept) == 0 {
+		return v, refuse(ClaimCoTenant, id, "reserve and complete a drain (echo sleep > drain/request) instead",
+			"the final holder must reserve and complete a drain before releasing the stack")
+	}
+	v.Holders = kept
+	v.LastReleasedHolder = &id
+	return v, nil
+}
+
+// releaseDead drops the holders observed dead that are still recorded exactly as observed (same
+// claim, pid and start). When none would remain, the successor takes the stack over in the same
+// value: the stack is still running. Nothing is released while a drain is reserved.
+func releaseDead(v Value, dead []Holder, successor *NewHolder, now time.Time) (Value, []Holder) {
+	if v.Drain != nil || !v.Lease.Active() || len(dead) == 0 {
+		return v, nil
+	}
+	gone := map[string]bool{}
+	var released []Holder
+	for _, d := range dead {
+		for _, h := range v.Holders {
+			if h.HolderID == d.HolderID && h.ClaimedAt == d.ClaimedAt && h.PID == d.PID && h.ProcessStart == d.ProcessStart {
+				gone[h.HolderID] = true
+				released = append(released, h)
+			}
+		}
+	}
+	if len(released) == 0 {
+		return v, nil
+	}
+	v.Holders = v.withoutHolders(gone)
+	last := released[len(released)-1].HolderID
+	v.LastReleasedHolder = &last
+	if len(v.Holders) == 0 && successor != nil {
+		v, _, _ = addHolder(v, *successor, now)
+	}
+	return v, released
+}
+
+// leaseInputs is what choosing a family needs to read: the index of other stacks' ports and the
+// host's listeners, both read inside the claim's transaction.
+type leaseInputs struct {
+	config       portdecl.Config
+	activeLeases int                              // active leases in the cockpit, other stacks
+	occupiedBy   func(port int) (string, error)   // owner ("cockpit/stack") of port in another active lease, "" if free
+	listening    func(ports []int) ([]int, error) // host TCP listeners among ports
+}
+
+// leaseFamily keeps an active lease or leases the first free family (the seeds' leasePortFamily).
+// retained says holders kept the lease before this claim, so its ports are the stack's own
+// listeners and are not probed.
+func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) {
+	decl := in.config.Declaration
+	candidates := decl.Candidates()
+	if current.Active() {
+		if !current.Declaration.Equal(decl) {
+			return nil, refuse(ConfigChangedDuringExecution, "", "drain the stack, then claim again",
+				"the stack's lease was taken under another port declaration")
+		}
+		family, ok := decl.FamilyAt(current.Offset)
+		if !ok {
+			return nil, refuse(ConfigChangedDuringExecution, "", "drain the stack, then claim again",
+				"the lease's offset %d is not a candidate of the declaration", current.Offset)
+		}
+		candidates = []portdecl.Family{family}
+	} else if in.activeLeases >= decl.Count {
+		return nil, refuse(PortLeaseExhausted, "", "release an inactive stack or extend the declared port-family count after checking host capacity",
+			"maximum %d concurrent stacks is already active in this cockpit", decl.Count)
+	}
+	var occupied []string
+	sawListener := false
+	for _, family := range candidates {
+		ports := familyPorts(family)
+		owner, err := firstOwner(ports, in.occupiedBy)
+		if err != nil {
+			return nil, err
+		}
+		if owner != "" {
+			occupied = append(occupied, fmt.Sprintf("%s (leased by %s)", joinPorts(ports), owner))
+			continue
+		}
+		if !(current.Active() && retained) {
+			busy, err := in.listening(ports)
+			if err != nil {
+				return nil, refuse(PortListenerEvidenceInvalid, joinPorts(ports), "restore access to /proc/net/tcp or loopback and retry",
+					"the host listener check could not decide: %v", err)
+			}
+			if len(busy) > 0 {
+				sawListener = true
+				occupied = append(occupied, fmt.Sprintf("%s (host listener on %s)", joinPorts(ports), joinPorts(busy)))
+				continue
+			}
+		}
+		return &Lease{
+			Offset:      family.Offset,
+			Ports:       family.Ports,
+			Declaration: decl,
+			Entrypoints: in.config.Entrypoints,
+		}, nil
+	}
+	code := PortLeaseExhausted
+	if sawListener {
+		code = PortFamilyCollision
+	}
+	return nil, refuse(code, "", "release an inactive stack, stop the named host listener, or extend the declared candidate range",
+		"no complete port family is free; occupied candidates: %s", strings.Join(occupied, "; "))
+}
+
+func familyPorts(f portdecl.Family) []int {
+	ports := make([]int, 0, len(f.Ports))
+	for _, p := range f.Ports {
+		ports = append(ports, p)
+	}
+	sort.Ints(ports)
+	return ports
+}
+
+func firstOwner(ports []int, occupiedBy func(int) (string, error)) (string, error) {
+	for _, p := range ports {
+		owner, err := occupiedBy(p)
+		if err != nil || owner != "" {
+			return owner, err
+		}
+	}
+	return "", nil
+}
+
+func joinPorts(ports []int) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ",")
+}
+
+// liveHolderMessage names the other holders and how to end them (the seeds' liveHolderMessage).
+func liveHolderMessage(others []Holder) string {
+	var names, pids []string
+	for _, h := range others {
+		if h.PID == 0 {
+			names = append(names, h.Name)
+			continue
+		}
+		names = append(names, fmt.Sprintf("%s (process %d)", h.Name, h.PID))
+		pids = append(pids, fmt.Sprint(h.PID))
+	}
+	msg := fmt.Sprintf("another holder claims this stack (%s), and a drain never displaces a running session; ", strings.Join(names, ", "))
+	if len(pids) > 0 {
+		return msg + fmt.Sprintf("let its command finish or stop it with `kill %s`, then retry", strings.Join(pids, " "))
+	}
+	return msg + "let it release its claim (rm holders/<name>), then retry"
+}

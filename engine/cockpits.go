@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// CreateCockpit makes a namespace owned by the caller.
+func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error {
+	if !ValidCockpitName(name) {
+		return refuse(StateRecordMalformed, name, "use 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-', and not README or ports",
+			"cockpit name %q is invalid", name)
+	}
+	return e.update(ctx, cockpitKey(name), func(tx kv.Txn, now time.Time) error {
+		if _, err := tx.Get(cockpitKey(name)); err == nil {
+			return refuse(Exists, CockpitID(name), "", "cockpit %s already exists", name)
+		} else if !errors.Is(err, kv.ErrNotFound) {
+			return err
+		}
+		m := cockpitMeta{Name: name, ID: CockpitID(name), UID: c.UID, CreatedAt: Stamp(now), UpdatedAt: Stamp(now)}
+		if err := setJSON(tx, cockpitKey(name), m); err != nil {
+			return err
+		}
+		return appendEvent(tx, name, cockpitLevel, okEvent(c, now, m.Revision))
+	})
+}
+
+// RemoveCockpit removes a namespace that has no stacks; only its owner (or root) may.
+func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error {
+	return e.update(ctx, cockpitKey(name), func(tx kv.Txn, now time.Time) error {
+		m, err := loadCockpit(tx, name)
+		if err != nil {
+			return err
+		}
+		if !c.may(m.UID) {
+			return c.denied("cockpit "+name, m.UID)
+		}
+		if m.Stacks > 0 {
+			return refuse(NotEmpty, m.ID, "remove its stacks first", "cockpit %s still has %d stacks", name, m.Stacks)
+		}
+		for _, k := range []string{cockpitKey(name), leaseCountKey(name)} {
+			if err := tx.Delete(k); err != nil {
+				return err
+			}
+		}
+		return deleteEvents(tx, name, cockpitLevel)
+	})
+}
+
+// SetConfig accepts a port declaration (§3) for the cockpit; only its owner (or root) may.
+// Leases keep the declaration they were taken under.
+func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text []byte) error {
+	if _, err := portdecl.Parse(text); err != nil {
+		return refuse(PortFamilyOutOfRange, CockpitID(cockpit), "correct the named value and write the whole config again", "%v", err)
+	}
+	return e.update(ctx, cockpitKey(cockpit), func(tx kv.Txn, now time.Time) error {
+		m, err := loadCockpit(tx, cockpit)
+		if err != nil {
+			return err
+		}
+		if !c.may(m.UID) {
+			return c.denied("the config of cockpit "+cockpit, m.UID)
+		}
+		if m.Config == string(text) {
+			return errUnchanged
+		}
+		m.Config = string(text)
+		m.Revision++
+		m.UpdatedAt = Stamp(now)
+		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {
+			return err
+		}
+		return appendEvent(tx, cockpit, cockpitLevel, okEvent(c, now, m.Revision))
+	})
+}
+
+// CreateStack makes a stack whose record starts at revision 0: no holders, no lease, no drain.
+func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack string) error {
+	if err := checkName("stack", stack); err != nil {
+		return err
+	}
+	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+		m, err := loadCockpit(tx, cockpit)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Get(stackKey(cockpit, stack)); err == nil {
+			return refuse(Exists, StackID(cockpit, stack), "", "stack %s already exists", stack)
+		} else if !errors.Is(err, kv.ErrNotFound) {
+			return err
+		}
+		if err := saveRecord(tx, newRecord(cockpit, stack, now)); err != nil {
+			return err
+		}
+		m.Stacks++
+		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {
+			return err
+		}
+		return appendEvent(tx, cockpit, cockpitLevel, okEvent(c, now, 0))
+	})
+}
+
+// RemoveStack removes a stack with no holders, no active lease and no drain.
+func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack string) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+		m, err := loadCockpit(tx, cockpit)
+		if err != nil {
+			return err
+		}
+		r, err := loadRecord(tx, cockpit, stack)
+		if err != nil {
+			return err
+		}
+		if v := r.Value; len(v.Holders) > 0 || v.Lease.Active() || v.Drain != nil {
+			return refuse(ClaimCoTenant, r.SubjectID, "drain the stack first (echo down > drain/request, then its attempts)",
+				"stack %s still has holders, an active lease or a drain", stack)
+		}
+		if err := tx.Delete(stackKey(cockpit, stack)); err != nil {
+			return err
+		}
+		if err := deleteEvents(tx, cockpit, stack); err != nil {
+			return err
+		}
+		m.Stacks--
+		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {
+			return err
+		}
+		return appendEvent(tx, cockpit, cockpitLevel, okEvent(c, now, r.Revision))
+	})
+}

@@ -1,0 +1,256 @@
+// Package engine is cockpitfs's domain: coordination records and their invariants, claims, port
+// leases, holder liveness and drains, each operation one compare-and-swap transaction on the
+// store. It knows nothing of FUSE or errno; refusals are values the adapter maps.
+package engine
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// lockTimeout is how long an operation waits for its stack before refusing with STATE_LOCKED.
+const lockTimeout = 2 * time.Second
+
+// Engine applies operations to one store. It is safe for concurrent use.
+type Engine struct {
+	db      *kv.DB
+	now     func() time.Time
+	locks   keyedLocks
+	changes notifier
+}
+
+// New returns an engine over db.
+func New(db *kv.DB) *Engine {
+	return &Engine{db: db, now: time.Now}
+}
+
+// errUnchanged aborts a transaction that would change nothing: the operation still succeeds.
+var errUnchanged = errors.New("unchanged")
+
+// update runs fn as one transaction while holding the lock of key, so writers of one stack queue
+// here instead of retrying conflicts in the store. Watchers of key are woken after the commit.
+func (e *Engine) update(ctx context.Context, key string, fn func(tx kv.Txn, now time.Time) error) error {
+	unlock, err := e.locks.lock(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	err = e.db.Update(ctx, func(tx kv.Txn) error { return fn(tx, e.now()) })
+	switch {
+	case errors.Is(err, errUnchanged):
+		return nil
+	case errors.Is(err, kv.ErrLocked):
+		return refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
+	case err != nil:
+		return err
+	}
+	e.changes.publish(key)
+	return nil
+}
+
+// Changed returns a channel closed at the next committed change of the stack.
+func (e *Engine) Changed(cockpit, stack string) <-chan struct{} {
+	return e.changes.next(stackKey(cockpit, stack))
+}
+
+// Wait blocks until the stack's revision differs from seen and returns it, or until ctx ends.
+func (e *Engine) Wait(ctx context.Context, cockpit, stack string, seen int64) (int64, error) {
+	for {
+		changed := e.Changed(cockpit, stack)
+		r, err := e.Stack(cockpit, stack)
+		if err != nil {
+			return 0, err
+		}
+		if r.Revision != seen {
+			return r.Revision, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+type keyedLocks struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]chan struct{}{}
+	}
+	ch, ok := k.m[key]
+	if !ok {
+		ch = make(chan struct{}, 1)
+		k.m[key] = ch
+	}
+	k.mu.Unlock()
+	timer := time.NewTimer(lockTimeout)
+	defer timer.Stop()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-timer.C:
+		return nil, refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// notifier wakes waiters on a key: next hands out a channel that publish closes.
+type notifier struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+func (n *notifier) next(key string) <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil {
+		n.m = map[string]chan struct{}{}
+	}
+	ch, ok := n.m[key]
+	if !ok {
+		ch = make(chan struct{})
+		n.m[key] = ch
+	}
+	return ch
+}
+
+func (n *notifier) publish(key string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if ch, ok := n.m[key]; ok {
+		close(ch)
+		delete(n.m, key)
+	}
+}
+
+// CockpitInfo is a cockpit as the tree shows it.
+type CockpitInfo struct {
+	Name      string
+	UID       uint32
+	CreatedAt string
+	UpdatedAt string
+	Config    string
+}
+
+func (m cockpitMeta) info() CockpitInfo {
+	return CockpitInfo{Name: m.Name, UID: m.UID, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, Config: m.Config}
+}
+
+// Cockpits lists every cockpit, by name.
+func (e *Engine) Cockpits() ([]CockpitInfo, error) {
+	var out []CockpitInfo
+	err := e.db.View(func(tx kv.Txn) error {
+		return tx.Scan("c/", func(_ string, v []byte) error {
+			var m cockpitMeta
+			if err := jsonUnmarshal(v, &m); err != nil {
+				return err
+			}
+			out = append(out, m.info())
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Cockpit returns one cockpit.
+func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
+	var m cockpitMeta
+	err := e.db.View(func(tx kv.Txn) (err error) {
+		m, err = loadCockpit(tx, name)
+		return err
+	})
+	return m.info(), err
+}
+
+// Stacks lists a cockpit's stack names in order.
+func (e *Engine) Stacks(cockpit string) ([]string, error) {
+	var out []string
+	err := e.db.View(func(tx kv.Txn) error {
+		if _, err := loadCockpit(tx, cockpit); err != nil {
+			return err
+		}
+		return tx.Scan(stacksPrefix(cockpit), func(k string, _ []byte) error {
+			_, stack := splitStackKey(k)
+			out = append(out, stack)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Stack returns the stack's record.
+func (e *Engine) Stack(cockpit, stack string) (Record, error) {
+	var r Record
+	err := e.db.View(func(tx kv.Txn) (err error) {
+		r, err = loadRecord(tx, cockpit, stack)
+		return err
+	})
+	return r, err
+}
+
+// Ports lists every port of every active lease on the machine, in port order.
+func (e *Engine) Ports() ([]PortOwner, error) {
+	var out []PortOwner
+	err := e.db.View(func(tx kv.Txn) error {
+		return tx.Scan(portsPrefix, func(_ string, v []byte) error {
+			var o PortOwner
+			if err := jsonUnmarshal(v, &o); err != nil {
+				return err
+			}
+			out = append(out, o)
+			return nil
+		})
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
+	return out, err
+}
+
+// Events returns the events lines of a stack, or of the cockpit itself when stack is "".
+func (e *Engine) Events(cockpit, stack string) ([]byte, error) {
+	if stack == "" {
+		stack = cockpitLevel
+	}
+	var out []byte
+	err := e.db.View(func(tx kv.Txn) (err error) {
+		out, err = readEvents(tx, cockpit, stack)
+		return err
+	})
+	return out, err
+}
+
+// LogRefusal records a refused operation in the events file of the stack (or of the cockpit when
+// stack is ""), errno named by the adapter that chose it. A cockpit that does not exist has no
+// events file, and then nothing is recorded.
+func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno string) error {
+	level := stack
+	if level == "" {
+		level = cockpitLevel
+	}
+	key := cockpitKey(cockpit)
+	if stack != "" {
+		key = stackKey(cockpit, stack)
+	}
+	return e.update(context.Background(), key, func(tx kv.Txn, now time.Time) error {
+		if _, err := tx.Get(key); err != nil {
+			if errors.Is(err, kv.ErrNotFound) {
+				return errUnchanged
+			}
+			return err
+		}
+		return appendEvent(tx, cockpit, level, Event{
+			At: Stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "refused",
+			Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix,
+		})
+	})
+}

@@ -1,0 +1,101 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// EventsKept is how many lines each events file keeps.
+const EventsKept = 256
+
+// Caller is who asked for an operation and what it was, as an events line names it.
+type Caller struct {
+	PID  int    // the calling process (never a thread id); 0 when it could not be resolved
+	UID  uint32 // the caller's uid
+	Op   string // e.g. "create", "write", "unlink", "mkdir"
+	Path string // the path below the mountpoint
+}
+
+const rootUID = 0
+
+// may reports whether c may act on something owned by uid (§6: the owner, or root).
+func (c Caller) may(uid uint32) bool { return c.UID == rootUID || c.UID == uid }
+
+func (c Caller) denied(what string, owner uint32) error {
+	return refuse(PermissionDenied, "", fmt.Sprintf("run it as uid %d (or root)", owner), "%s belongs to uid %d, not %d", what, owner, c.UID)
+}
+
+// Event is one line of an events file.
+type Event struct {
+	At       string `json:"at"`
+	Op       string `json:"op"`
+	Path     string `json:"path"`
+	PID      int    `json:"pid"`
+	UID      uint32 `json:"uid"`
+	Result   string `json:"result"`
+	Code     Code   `json:"code,omitempty"`
+	Errno    string `json:"errno,omitempty"`
+	Message  string `json:"message,omitempty"`
+	Fix      string `json:"fix,omitempty"`
+	Revision *int64 `json:"revision,omitempty"`
+	Warning  string `json:"warning,omitempty"`
+}
+
+func okEvent(c Caller, now time.Time, revision int64) Event {
+	return Event{At: Stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "ok", Revision: &revision}
+}
+
+// appendEvent adds e to the log of (cockpit, stack) inside tx, so a change and its line commit
+// together; stack is cockpitLevel for the cockpit's own log.
+func appendEvent(tx kv.Txn, cockpit, stack string, e Event) error {
+	var seq uint64
+	if _, err := getJSON(tx, eventsSeqKey(cockpit, stack), &seq); err != nil {
+		return err
+	}
+	line, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	if err := tx.Set(eventKey(cockpit, stack, seq), line); err != nil {
+		return err
+	}
+	if seq >= EventsKept {
+		if err := tx.Delete(eventKey(cockpit, stack, seq-EventsKept)); err != nil {
+			return err
+		}
+	}
+	return setJSON(tx, eventsSeqKey(cockpit, stack), seq+1)
+}
+
+func eventKey(cockpit, stack string, seq uint64) string {
+	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
+}
+
+func deleteEvents(tx kv.Txn, cockpit, stack string) error {
+	var keys []string
+	if err := tx.Scan(eventsPrefix(cockpit, stack), func(k string, _ []byte) error {
+		keys = append(keys, k)
+		return nil
+	}); err != nil {
+		return err
+	}
+	keys = append(keys, eventsSeqKey(cockpit, stack))
+	for _, k := range keys {
+		if err := tx.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func readEvents(tx kv.Txn, cockpit, stack string) ([]byte, error) {
+	var out []byte
+	err := tx.Scan(eventsPrefix(cockpit, stack), func(_ string, v []byte) error {
+		out = append(append(out, v...), '\n')
+		return nil
+	})
+	return out, err
+}

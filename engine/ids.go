@@ -1,0 +1,53 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
+func digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// CockpitID is the identity a record keeps of a cockpit (SPEC §2).
+func CockpitID(cockpit string) string { return "cockpit:" + digest(cockpit) }
+
+// StackID is the identity of a stack; it is also the runtime-stop target of its drains.
+func StackID(cockpit, stack string) string { return "stack:" + digest(cockpit+"/"+stack) }
+
+// HolderID is the identity of a holder name; the same name is the same holder in every stack.
+func HolderID(holder string) string { return "holder:" + digest(holder) + ":session" }
+
+// CheckoutID is the identity of an absolute checkout path.
+func CheckoutID(path string) string { return "checkout:" + digest(path) }
+
+const maxNameBytes = 128
+
+// ValidName reports whether s may name a cockpit, stack or holder: 1–128 bytes of
+// [A-Za-z0-9._-], not starting with '.' or '-'.
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > maxNameBytes || s[0] == '.' || s[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidCockpitName adds the names the root directory already uses.
+func ValidCockpitName(s string) bool {
+	return ValidName(s) && s != "README" && s != "ports"
+}
+
+func checkName(kind, name string) error {
+	if !ValidName(name) {
+		return refuse(StateRecordMalformed, name, "use 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'",
+			"%s name %q is invalid", kind, name)
+	}
+	return nil
+}

@@ -1,0 +1,277 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
+)
+
+var (
+	holderIDPattern   = regexp.MustCompile(`^holder:[a-f0-9]{64}:session$`)
+	checkoutIDPattern = regexp.MustCompile(`^checkout:[a-f0-9]{64}$`)
+	stackIDPattern    = regexp.MustCompile(`^stack:[a-f0-9]{64}$`)
+	sha256Pattern     = regexp.MustCompile(`^[a-f0-9]{64}$`)
+)
+
+// Check reports every invariant r breaks (the seeds' coordination and drain schemas plus the
+// identities of the names it carries); nil means r is a record the engine may hold.
+func Check(r Record) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if r.Format != recordFormat || r.Kind != recordKind {
+		bad("format/kind %q/%q is not %s/%s", r.Format, r.Kind, recordFormat, recordKind)
+	}
+	if !ValidCockpitName(r.Cockpit) || !ValidName(r.Stack) {
+		bad("names %q/%q are invalid", r.Cockpit, r.Stack)
+	}
+	if r.CockpitID != CockpitID(r.Cockpit) || r.SubjectID != StackID(r.Cockpit, r.Stack) {
+		bad("identities do not match the names %s/%s", r.Cockpit, r.Stack)
+	}
+	if r.Revision < 0 {
+		bad("revision %d is negative", r.Revision)
+	}
+	if _, ok := ParseStamp(r.UpdatedAt); !ok {
+		bad("updatedAt %q is not canonical", r.UpdatedAt)
+	}
+	v := r.Value
+	errs = append(errs, checkHolders(v.Holders)...)
+	if v.Lease != nil {
+		if err := checkLease(v.Lease); err != nil {
+			bad("lease: %v", err)
+		}
+	}
+	ids := map[string]bool{}
+	for _, h := range v.Holders {
+		ids[h.HolderID] = true
+	}
+	if l := v.LastReleasedHolder; l != nil && (!holderIDPattern.MatchString(*l) || ids[*l]) {
+		bad("lastReleasedHolder %q is malformed or still a holder", *l)
+	}
+	if len(v.Holders) > 0 && !v.Lease.Active() {
+		bad("the stack has holders but no active lease")
+	}
+	if len(v.Holders) == 0 && v.Lease.Active() && v.LastReleasedHolder == nil {
+		bad("an active lease with no holders names no lastReleasedHolder")
+	}
+	if d := v.Drain; d != nil {
+		if len(v.Holders) != 1 || !v.Lease.Active() || d.HolderID != d.RequesterID || v.Holders[0].HolderID != d.HolderID {
+			bad("a drain needs exactly its own holder and an active lease")
+		}
+		if d.StackID != r.SubjectID {
+			bad("drain stackId %s is not the record's", d.StackID)
+		}
+		if r.Revision != d.boundaryRevision() {
+			bad("revision %d is not the drain's last step %d", r.Revision, d.boundaryRevision())
+		}
+		if err := checkDrain(d); err != nil {
+			bad("drain: %v", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkHolders(hs []Holder) []error {
+	var errs []error
+	if len(hs) > MaxHolders {
+		errs = append(errs, fmt.Errorf("%d holders exceed %d", len(hs), MaxHolders))
+	}
+	for i, h := range hs {
+		switch {
+		case !ValidName(h.Name) || h.HolderID != HolderID(h.Name):
+			errs = append(errs, fmt.Errorf("holder %q: identity does not match its name", h.Name))
+		case !filepath.IsAbs(h.CheckoutPath) || h.CheckoutID != CheckoutID(h.CheckoutPath):
+			errs = append(errs, fmt.Errorf("holder %s: checkout %q is not absolute or its identity differs", h.Name, h.CheckoutPath))
+		case !isStamp(h.ClaimedAt):
+			errs = append(errs, fmt.Errorf("holder %s: claimedAt %q is not canonical", h.Name, h.ClaimedAt))
+		case h.PID < 0 || h.PID > 2147483647:
+			errs = append(errs, fmt.Errorf("holder %s: pid %d is out of range", h.Name, h.PID))
+		case h.ProcessStart != "" && (h.PID == 0 || !liveness.IsStart(h.ProcessStart)):
+			errs = append(errs, fmt.Errorf("holder %s: process start %q without a pid or malformed", h.Name, h.ProcessStart))
+		case i > 0 && hs[i-1].HolderID >= h.HolderID:
+			errs = append(errs, fmt.Errorf("holders are not unique and sorted at %s", h.Name))
+		}
+	}
+	return errs
+}
+
+func checkLease(l *Lease) error {
+	if err := l.Declaration.Validate(); err != nil {
+		return fmt.Errorf("declaration: %w", err)
+	}
+	family, ok := l.Declaration.FamilyAt(l.Offset)
+	if !ok || len(family.Ports) != len(l.Ports) {
+		return fmt.Errorf("offset %d or its ports do not match the declaration", l.Offset)
+	}
+	for key, port := range l.Ports {
+		if family.Ports[key] != port {
+			return fmt.Errorf("port %s=%d does not match the declaration", key, port)
+		}
+	}
+	for _, e := range l.Entrypoints {
+		if _, ok := l.Ports[e.Port]; !ok {
+			return fmt.Errorf("entrypoint %s references undeclared key %s", e.Name, e.Port)
+		}
+	}
+	return nil
+}
+
+func isStamp(s string) bool { _, ok := ParseStamp(s); return ok }
+
+func checkDrain(d *Drain) error {
+	switch {
+	case d.Purpose != "sleep" && d.Purpose != "down" && d.Purpose != "reset":
+		return fmt.Errorf("purpose %q", d.Purpose)
+	case !stackIDPattern.MatchString(d.StackID) || !holderIDPattern.MatchString(d.HolderID) || !holderIDPattern.MatchString(d.RequesterID):
+		return errors.New("identities are malformed")
+	case !sha256Pattern.MatchString(d.ConfigSha256) || !sha256Pattern.MatchString(d.PlanDigest) ||
+		!sha256Pattern.MatchString(d.OperationBasis) || !sha256Pattern.MatchString(d.Generation) || !sha256Pattern.MatchString(d.ReservationID):
+		return errors.New("digests are malformed")
+	case d.Generation == d.ReservationID:
+		return errors.New("generation equals reservationId")
+	case d.CoordinationRevision != d.ExpectedCoordinationRevision+1 || d.ExpectedCoordinationRevision < 0:
+		return errors.New("coordinationRevision is not expectedCoordinationRevision + 1")
+	case d.ProgressRevision < d.CoordinationRevision:
+		return errors.New("progressRevision precedes coordinationRevision")
+	case d.CompletedActionCount < 0 || d.CompletedActionCount >= len(d.Actions):
+		return fmt.Errorf("completedActionCount %d is outside the %d actions", d.CompletedActionCount, len(d.Actions))
+	case !isStamp(d.ReservedAt):
+		return errors.New("reservedAt is not canonical")
+	}
+	if err := checkTargets(d.TargetIDs); err != nil {
+		return err
+	}
+	if err := checkActions(d.Purpose, d.StackID, d.TargetIDs, d.Actions); err != nil {
+		return err
+	}
+	if d.Attempt != nil {
+		return checkAttempt(d, d.Attempt)
+	}
+	return nil
+}
+
+func checkTargets(targets []string) error {
+	if len(targets) == 0 || len(targets) > MaxHolders {
+		return fmt.Errorf("%d targets", len(targets))
+	}
+	for i, t := range targets {
+		if t == "" || len(t) > maxTargetBytes || strings.ContainsRune(t, 0) || i > 0 && targets[i-1] >= t {
+			return fmt.Errorf("targets are not distinct, sorted and 1-%d bytes without NUL", maxTargetBytes)
+		}
+	}
+	return nil
+}
+
+// checkActions is the seeds' validDrainActions: the order is persisted so no executor chooses
+// destructive work.
+func checkActions(purpose, stackID string, targets []string, actions []DrainAction) error {
+	if len(actions) != len(targets) || actions[0].Stage != StageRuntimeStop || actions[0].TargetID != stackID ||
+		actions[0].TargetCommitment != nil {
+		return errors.New("actions must be runtime-stop of the stack, then one reclaim per other target")
+	}
+	var reclaim []string
+	for _, t := range targets {
+		if t != stackID {
+			reclaim = append(reclaim, t)
+		}
+	}
+	if len(reclaim) != len(actions)-1 {
+		return errors.New("targets must include the stack once")
+	}
+	for i, a := range actions {
+		if a.ValidForMs < 1 || a.ValidForMs > maxValidForMs {
+			return fmt.Errorf("action %d: validForMs %d", i, a.ValidForMs)
+		}
+		if i == 0 {
+			continue
+		}
+		if a.Stage != StageReclaim || a.TargetID != reclaim[i-1] {
+			return fmt.Errorf("action %d is not the reclaim of %q", i, reclaim[i-1])
+		}
+		if err := checkCommitment(a.TargetCommitment); err != nil {
+			return fmt.Errorf("action %d: %w", i, err)
+		}
+	}
+	if purpose == "sleep" && len(actions) != 1 {
+		return errors.New("sleep has exactly one action")
+	}
+	return nil
+}
+
+func checkCommitment(c *Commitment) error {
+	if c == nil || c.Format != commitmentFormat || len(c.Body) < 2 || len(c.Body) > 32768 {
+		return errors.New("target commitment is missing or malformed")
+	}
+	sum := sha256.Sum256([]byte(c.Body))
+	if hex.EncodeToString(sum[:]) != c.Sha256 {
+		return errors.New("target commitment sha256 does not match its body")
+	}
+	var body any
+	if err := json.Unmarshal([]byte(c.Body), &body); err != nil {
+		return errors.New("target commitment body is not JSON")
+	}
+	canonical, _ := json.Marshal(body) // encoding/json sorts map keys: canonical for our bodies
+	if string(canonical) != c.Body {
+		return errors.New("target commitment body is not canonical JSON")
+	}
+	return nil
+}
+
+// checkAttempt is the seeds' attempt schema and its chronology against the reservation.
+func checkAttempt(d *Drain, a *Attempt) error {
+	committed, okC := ParseStamp(a.CommittedAt)
+	valid, okV := ParseStamp(a.ValidThrough)
+	reserved, _ := ParseStamp(d.ReservedAt)
+	action := d.Actions[d.CompletedActionCount]
+	switch {
+	case !sha256Pattern.MatchString(a.AttemptID):
+		return errors.New("attemptId is malformed")
+	case a.ReservationID != d.ReservationID || a.Purpose != d.Purpose || a.Generation != d.Generation || !equalStrings(a.TargetIDs, d.TargetIDs):
+		return errors.New("attempt does not belong to the reservation")
+	case a.ActionIndex != d.CompletedActionCount || a.CurrentStage != action.Stage || a.CurrentTarget != action.TargetID:
+		return errors.New("attempt is not for the current action")
+	case !okC || !okV || !valid.After(committed) || valid.Sub(committed).Milliseconds() != action.ValidForMs:
+		return errors.New("validThrough - committedAt is not the action's validForMs")
+	case committed.Before(reserved):
+		return errors.New("attempt committed before the reservation")
+	case a.CommittedRevision <= d.ProgressRevision || (a.CommittedRevision-d.ProgressRevision)%2 != 1:
+		return errors.New("committedRevision is not an odd distance past progressRevision")
+	case a.ExecutorStart != "" && (a.ExecutorPID == 0 || !liveness.IsStart(a.ExecutorStart)):
+		return errors.New("executor start without a pid or malformed")
+	}
+	switch a.Status {
+	case AttemptActive:
+		if a.FailedRevision != nil || a.FailedAt != nil {
+			return errors.New("an active attempt has failure fields")
+		}
+	case AttemptFailed:
+		if a.FailedRevision == nil || *a.FailedRevision != a.CommittedRevision+1 || a.FailedAt == nil {
+			return errors.New("failedRevision is not committedRevision + 1")
+		}
+		failed, ok := ParseStamp(*a.FailedAt)
+		if !ok || failed.Before(committed) {
+			return errors.New("failedAt precedes committedAt")
+		}
+	default:
+		return fmt.Errorf("status %q", a.Status)
+	}
+	return nil
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

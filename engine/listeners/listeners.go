@@ -1,0 +1,95 @@
+// Package listeners answers whether TCP ports have a listener on this host, so that leasing a port
+// family (SPEC §4) skips families already in use and the health view can report what listens now.
+// The evidence is the kernel's socket tables (/proc/net/tcp and /proc/net/tcp6); where those cannot
+// be read it falls back to a loopback connect probe. A check that cannot decide returns an error
+// wrapping ErrUndecided instead of guessing "free".
+package listeners
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+)
+
+// ErrUndecided wraps every failure to decide (the engine maps it to PORT_LISTENER_EVIDENCE_INVALID / EAGAIN).
+var ErrUndecided = errors.New("listener check could not decide")
+
+const (
+	tcpTablePath  = "/proc/net/tcp"
+	tcp6TablePath = "/proc/net/tcp6"
+)
+
+// Listening returns the subset of ports (in the order given, no duplicates) that have a TCP socket in
+// LISTEN state on this host, IPv4 or IPv6, bound to any address. It reads the kernel's socket tables
+// and falls back to a loopback connect probe on 127.0.0.1 and [::1] when they cannot be read. Any
+// failure to decide, including a port outside 1-65535, is an error wrapping ErrUndecided.
+func Listening(ports []int) ([]int, error) {
+	return listeningFrom(tcpTablePath, tcp6TablePath, ports)
+}
+
+// listeningFrom is Listening with the table paths as parameters, so tests can feed real files.
+func listeningFrom(tcpPath, tcp6Path string, ports []int) ([]int, error) {
+	want := make(map[int]bool, len(ports))
+	for _, port := range ports {
+		if port < 1 || port > 65535 {
+			return nil, fmt.Errorf("%w: port %d is outside 1-65535", ErrUndecided, port)
+		}
+		want[port] = true
+	}
+	if len(want) == 0 {
+		return nil, nil
+	}
+	found, readable, err := readTables(tcpPath, tcp6Path, want)
+	if err != nil {
+		return nil, err
+	}
+	if !readable {
+		return probeLoopback(ports)
+	}
+	return inOrder(ports, found), nil
+}
+
+// readTables reports readable=false when a table cannot be opened (no /proc, not Linux, permission),
+// which sends the caller to the probe. A missing tcp6 means IPv6 is disabled and is no evidence
+// either way. A table that opens but does not parse is an error: it must not read as "free".
+func readTables(tcpPath, tcp6Path string, want map[int]bool) (found map[int]bool, readable bool, err error) {
+	tcp, err := os.Open(tcpPath)
+	if err != nil {
+		return nil, false, nil
+	}
+	defer tcp.Close()
+	tcp6, err := os.Open(tcp6Path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		tcp6 = nil
+	case err != nil:
+		return nil, false, nil
+	default:
+		defer tcp6.Close()
+	}
+
+	found = make(map[int]bool, len(want))
+	if err := parseTable(tcp, want, found); err != nil {
+		return nil, true, fmt.Errorf("%w: %s: %v", ErrUndecided, tcpPath, err)
+	}
+	if tcp6 != nil {
+		if err := parseTable(tcp6, want, found); err != nil {
+			return nil, true, fmt.Errorf("%w: %s: %v", ErrUndecided, tcp6Path, err)
+		}
+	}
+	return found, true, nil
+}
+
+// inOrder returns the ports marked in listening, in the order given, each once.
+func inOrder(ports []int, listening map[int]bool) []int {
+	var result []int
+	seen := make(map[int]bool, len(ports))
+	for _, port := range ports {
+		if listening[port] && !seen[port] {
+			seen[port] = true
+			result = append(result, port)
+		}
+	}
+	return result
+}

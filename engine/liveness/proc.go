@@ -1,0 +1,159 @@
+package liveness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ProcessOf resolves a thread id (what FUSE reports as the caller) to its process id.
+func ProcessOf(tid int) (int, error) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return 0, fmt.Errorf("process of thread %d: %w", tid, err)
+	}
+	pid, ok := parseTgid(string(status))
+	if !ok {
+		return 0, fmt.Errorf("process of thread %d: /proc/%d/status has no recognisable Tgid line", tid, tid)
+	}
+	return pid, nil
+}
+
+// SessionLeader returns the session id of pid, which is its session leader's pid.
+func SessionLeader(pid int) (int, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("session of process %d: %w", pid, err)
+	}
+	fields, ok := parseStat(string(stat))
+	if !ok {
+		return 0, fmt.Errorf("session of process %d: /proc/%d/stat is unrecognised", pid, pid)
+	}
+	return fields.session, nil
+}
+
+// Cwd returns the process's working directory. A directory removed since reads with the kernel's
+// " (deleted)" suffix.
+func Cwd(pid int) (string, error) {
+	dir, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+	if err != nil {
+		return "", fmt.Errorf("working directory of process %d: %w", pid, err)
+	}
+	return dir, nil
+}
+
+type statFields struct {
+	session    int
+	startTicks string // kept as text: up to 20 digits, compared, never computed with
+}
+
+var (
+	decimal  = regexp.MustCompile(`^[0-9]{1,20}$`)
+	smallInt = regexp.MustCompile(`^[0-9]{1,10}$`)
+)
+
+// parseStat reads the fields of /proc/<pid>/stat after the command name. The name, in
+// parentheses, may itself hold spaces, parentheses and newlines, so the fields start after the
+// last ')': there index 0 is field 3 (state), so field 6 (session) is index 3 and field 22
+// (start time) is index 19.
+func parseStat(text string) (statFields, bool) {
+	end := strings.LastIndexByte(text, ')')
+	if end < 0 || !strings.HasPrefix(text[end+1:], " ") {
+		return statFields{}, false
+	}
+	fields := strings.Split(text[end+2:], " ")
+	if len(fields) < 20 || !smallInt.MatchString(fields[3]) || !decimal.MatchString(fields[19]) {
+		return statFields{}, false
+	}
+	session, err := strconv.Atoi(fields[3])
+	if err != nil || session > maxPid {
+		return statFields{}, false
+	}
+	return statFields{session: session, startTicks: fields[19]}, true
+}
+
+var bootIDPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// parseBootID reads /proc/sys/kernel/random/boot_id, which ends in a newline.
+func parseBootID(text string) (string, bool) {
+	id := strings.TrimSpace(text)
+	return id, bootIDPattern.MatchString(id)
+}
+
+// parseTgid finds the process id in /proc/<tid>/status.
+func parseTgid(text string) (int, bool) {
+	for line := range strings.Lines(text) {
+		value, found := strings.CutPrefix(line, "Tgid:")
+		if !found {
+			continue
+		}
+		value = strings.TrimSpace(value)
+		if !smallInt.MatchString(value) {
+			return 0, false
+		}
+		pid, err := strconv.Atoi(value)
+		if err != nil || pid < 1 || pid > maxPid {
+			return 0, false
+		}
+		return pid, true
+	}
+	return 0, false
+}
+
+var psLstart = regexp.MustCompile(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +([0-9]{1,2}) ([0-9]{2}):([0-9]{2}):([0-9]{2}) ([0-9]{4})$`)
+
+// parseLstart turns what `ps -o lstart=` prints under LC_ALL=C TZ=UTC0 ("Sun Nov 29 19:00:00
+// 2026") into an lstart identity. The weekday is not checked against the date; a date or time
+// that does not exist (Feb 30, 24:00) is refused rather than rolled over.
+func parseLstart(text string) (string, bool) {
+	m := psLstart.FindStringSubmatch(strings.TrimSpace(text))
+	if m == nil {
+		return "", false
+	}
+	t, err := time.Parse("Jan 2 15:04:05 2006", fmt.Sprintf("%s %s %s:%s:%s %s", m[1], m[2], m[3], m[4], m[5], m[6]))
+	if err != nil {
+		return "", false
+	}
+	return "lstart:" + t.Format(isoMillis), true
+}
+
+// psStart runs `ps -o lstart= -p <pid>` under a fixed locale and zone, bounded in time.
+func psStart(pid int) (string, error) {
+	ps := ""
+	for _, candidate := range psPaths {
+		if info, err := os.Stat(candidate); err == nil && info.Mode().IsRegular() {
+			ps = candidate
+			break
+		}
+	}
+	if ps == "" {
+		return "", fmt.Errorf("ps is not installed at %s", strings.Join(psPaths, " or "))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), psTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, ps, "-o", "lstart=", "-p", strconv.Itoa(pid))
+	cmd.Env = []string{"LC_ALL=C", "TZ=UTC0"}
+	cmd.Dir = "/"
+	cmd.WaitDelay = time.Second
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("ps timed out after %v", psTimeout)
+		}
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return "", fmt.Errorf("ps exited %d: %s", exit.ExitCode(), strings.TrimSpace(stderr.String()))
+		}
+		return "", err
+	}
+	return string(out), nil
+}

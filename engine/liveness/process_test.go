@@ -1,0 +1,277 @@
+package liveness
+
+import (
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// startSleep starts `sleep 60` and kills it when the test ends.
+func startSleep(t *testing.T, configure func(*exec.Cmd)) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if configure != nil {
+		configure(cmd)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start sleep: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+func requireLinux(t *testing.T) {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skipf("needs /proc; running on %s", runtime.GOOS)
+	}
+}
+
+func TestObserveSelf(t *testing.T) {
+	requireLinux(t)
+	obs := Observe(os.Getpid())
+	if obs.State != Present || !strings.HasPrefix(obs.Start, "proc:") || !IsStart(obs.Start) || obs.Reason != "" {
+		t.Fatalf("Observe(self) = %+v, want present with a proc: identity", obs)
+	}
+	if again := Observe(os.Getpid()); again.Start != obs.Start {
+		t.Errorf("identity changed between two reads: %q then %q", obs.Start, again.Start)
+	}
+}
+
+func TestObserveInvalidPid(t *testing.T) {
+	pids := []int{0, -1, math.MinInt32}
+	if big := int64(math.MaxInt32) + 1; int64(int(big)) == big {
+		pids = append(pids, int(big))
+	}
+	for _, pid := range pids {
+		obs := Observe(pid)
+		if obs.State != Unknown || obs.Reason == "" || obs.Start != "" {
+			t.Errorf("Observe(%d) = %+v, want unknown with a reason", pid, obs)
+		}
+		if Gone("", obs) {
+			t.Errorf("Gone(\"\", Observe(%d)) = true: unknown must never be dead", pid)
+		}
+	}
+}
+
+func TestObserveKilledChild(t *testing.T) {
+	requireLinux(t)
+	cmd := startSleep(t, nil)
+	pid := cmd.Process.Pid
+	alive := Observe(pid)
+	if alive.State != Present || !IsStart(alive.Start) {
+		t.Fatalf("Observe(running child) = %+v, want present", alive)
+	}
+	if Gone(alive.Start, alive) {
+		t.Fatalf("Gone(own start, running) = true")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	dead := Observe(pid)
+	if dead.State != Absent || dead.Start != "" {
+		t.Errorf("Observe(killed and reaped child) = %+v, want absent", dead)
+	}
+	if !Gone(alive.Start, dead) {
+		t.Errorf("Gone(%q, %+v) = false, want true", alive.Start, dead)
+	}
+}
+
+// A killed child that is not yet reaped is a zombie: signal 0 still finds it and /proc still
+// holds its start, so it reads as the same live process until its parent waits for it.
+func TestObserveZombieIsPresent(t *testing.T) {
+	requireLinux(t)
+	cmd := startSleep(t, nil)
+	pid := cmd.Process.Pid
+	before := Observe(pid)
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the kill to land without reaping the child.
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatalf("waitid: %v", err)
+	}
+	zombie := Observe(pid)
+	if zombie.State != Present || zombie.Start != before.Start {
+		t.Errorf("Observe(zombie) = %+v, want present with %q", zombie, before.Start)
+	}
+}
+
+// The kernel takes the command name from the executable's file name, so a link with a hostile name
+// gives a real process whose stat line has spaces, parentheses and a newline in its comm.
+func TestObserveHostileCommandName(t *testing.T) {
+	requireLinux(t)
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skipf("no sleep binary: %v", err)
+	}
+	link := filepath.Join(t.TempDir(), "a) (b\nc) 1 2")
+	if err := os.Symlink(sleep, link); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(link, "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(stat), "(a) (b\nc) 1 2)") {
+		t.Fatalf("comm not taken from the link name; stat = %q", stat)
+	}
+	obs := Observe(cmd.Process.Pid)
+	if obs.State != Present || !IsStart(obs.Start) {
+		t.Fatalf("Observe(hostile comm) = %+v, want present", obs)
+	}
+	session, err := SessionLeader(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, _ := unix.Getsid(0)
+	if session != own {
+		t.Errorf("SessionLeader(hostile comm) = %d, want inherited session %d", session, own)
+	}
+}
+
+// An identity from ps is what non-Linux systems record; Linux's procps prints the same format.
+func TestObserveLstartSelf(t *testing.T) {
+	if _, err := psStart(os.Getpid()); err != nil {
+		skipUnlessCI(t, "ps cannot report start times here: %v", err)
+	}
+	obs := observeLstart(os.Getpid())
+	if obs.State != Present || !strings.HasPrefix(obs.Start, "lstart:") || !IsStart(obs.Start) {
+		t.Fatalf("observeLstart(self) = %+v, want present with an lstart: identity", obs)
+	}
+	procObs := Observation{State: Present, Start: "proc:6ecf8df8-5308-48f4-a516-1ffda9da1137:1"}
+	if Gone(obs.Start, procObs) {
+		t.Errorf("an lstart identity was judged against a proc one")
+	}
+}
+
+func TestObserveLstartMissingProcess(t *testing.T) {
+	cmd := startSleep(t, nil)
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if obs := observeLstart(pid); obs.State != Unknown || obs.Reason == "" {
+		t.Errorf("observeLstart(reaped pid) = %+v, want unknown with a reason (ps fails)", obs)
+	}
+}
+
+// Observed as root this cannot give EPERM; TestObserveAsOtherUser covers that from the other side.
+func TestObserveOtherUsersProcess(t *testing.T) {
+	requireLinux(t)
+	if os.Geteuid() != 0 {
+		obs := Observe(1)
+		if obs.State != Present {
+			t.Fatalf("Observe(1) as uid %d = %+v; init belongs to root and must read present", os.Geteuid(), obs)
+		}
+		return
+	}
+	cmd := startSleep(t, func(cmd *exec.Cmd) {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	})
+	if obs := Observe(cmd.Process.Pid); obs.State != Present || !IsStart(obs.Start) {
+		t.Errorf("Observe(uid 65534 child) = %+v, want present", obs)
+	}
+}
+
+func TestSessionLeader(t *testing.T) {
+	requireLinux(t)
+	own, err := unix.Getsid(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := SessionLeader(os.Getpid()); err != nil || got != own {
+		t.Errorf("SessionLeader(self) = %d, %v; want %d", got, err, own)
+	}
+	// Setsid runs before exec, and Start returns only once exec succeeded.
+	leader := startSleep(t, func(cmd *exec.Cmd) { cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} })
+	if got, err := SessionLeader(leader.Process.Pid); err != nil || got != leader.Process.Pid {
+		t.Errorf("SessionLeader(setsid child) = %d, %v; want its own pid %d", got, err, leader.Process.Pid)
+	}
+	member := startSleep(t, nil)
+	if got, err := SessionLeader(member.Process.Pid); err != nil || got != own {
+		t.Errorf("SessionLeader(plain child) = %d, %v; want inherited %d", got, err, own)
+	}
+	if _, err := SessionLeader(-1); err == nil {
+		t.Error("SessionLeader(-1) succeeded")
+	}
+}
+
+func TestProcessOf(t *testing.T) {
+	requireLinux(t)
+	// A goroutine locked to its own thread guarantees a thread other than the main one exists.
+	ready, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		close(ready)
+		<-done
+	}()
+	<-ready
+	defer close(done)
+
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	others := 0
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			t.Fatalf("/proc/self/task entry %q: %v", task.Name(), err)
+		}
+		if tid != os.Getpid() {
+			others++
+		}
+		if got, err := ProcessOf(tid); err != nil || got != os.Getpid() {
+			t.Errorf("ProcessOf(thread %d) = %d, %v; want %d", tid, got, err, os.Getpid())
+		}
+	}
+	if others == 0 {
+		t.Fatalf("found no thread other than the main one in /proc/self/task (%d entries)", len(tasks))
+	}
+	if _, err := ProcessOf(-1); err == nil {
+		t.Error("ProcessOf(-1) succeeded")
+	}
+}
+
+func TestCwd(t *testing.T) {
+	requireLinux(t)
+	dir := t.TempDir()
+	cmd := startSleep(t, func(cmd *exec.Cmd) { cmd.Dir = dir })
+	got, err := Cwd(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotResolved, err := filepath.EvalSymlinks(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantResolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotResolved != wantResolved {
+		t.Errorf("Cwd(child) = %q, want %q", gotResolved, wantResolved)
+	}
+	if _, err := Cwd(-1); err == nil {
+		t.Error("Cwd(-1) succeeded")
+	}
+}

@@ -1,0 +1,51 @@
+package portdecl
+
+import (
+	"cmp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Resolved is an entrypoint with its port filled in.
+type Resolved struct{ Name, URL string }
+
+// Entrypoints derives every entrypoint for a lease's ports: one default per port key, named
+// lower-case with '_' -> '-' (HTTP_ADMIN -> http-admin), "http://127.0.0.1:<port>/"; then each
+// declared entrypoint as "<scheme>://<hostname>:<port><path>". Sorted by name.
+//
+// The declared entrypoints come from the current config while ports come from a lease that may
+// have been taken under an earlier declaration, so a declared entrypoint whose port key is not
+// leased, or whose name is a default one of these ports, is left out rather than rendered wrong.
+func Entrypoints(declared []Entrypoint, ports map[string]int) []Resolved {
+	resolved := make([]Resolved, 0, len(ports)+len(declared))
+	defaults := make(map[string]bool, len(ports))
+	for key, port := range ports {
+		name := defaultEntrypointName(key)
+		defaults[name] = true
+		resolved = append(resolved, Resolved{Name: name, URL: "http://" + defaultHostname + ":" + strconv.Itoa(port) + "/"})
+	}
+	for _, entrypoint := range declared {
+		port, leased := ports[entrypoint.Port]
+		if !leased || defaults[entrypoint.Name] {
+			continue
+		}
+		scheme := cmp.Or(entrypoint.Scheme, defaultScheme)
+		hostname := cmp.Or(entrypoint.Hostname, defaultHostname)
+		if hostname == "::1" {
+			hostname = ipv6Loopback
+		}
+		resolved = append(resolved, Resolved{
+			Name: entrypoint.Name,
+			URL:  scheme + "://" + hostname + ":" + strconv.Itoa(port) + entrypoint.Path,
+		})
+	}
+	slices.SortStableFunc(resolved, func(a, b Resolved) int { return cmp.Compare(a.Name, b.Name) })
+	return resolved
+}
+
+// EnvName is the env variable for an entrypoint: the name upper-cased, '-' -> '_', plus "_URL"
+// (web -> WEB_URL, http-admin -> HTTP_ADMIN_URL).
+func EnvName(entrypoint string) string {
+	return strings.ReplaceAll(strings.ToUpper(entrypoint), "-", "_") + "_URL"
+}

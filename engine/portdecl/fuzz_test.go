@@ -1,0 +1,63 @@
+package portdecl
+
+import (
+	"strings"
+	"testing"
+)
+
+// FuzzParse checks that Parse never panics and that whatever it accepts is a declaration whose
+// candidate families are in range, disjoint and found again by FamilyAt, with entrypoints that
+// render to distinct names and env variables.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(specExample))
+	f.Add([]byte(portsWith("10", "2", "HTTP = 8080", "DB = 8090")))
+	f.Fuzz(func(t *testing.T, text []byte) {
+		config, err := Parse(text)
+		if err != nil {
+			return
+		}
+		d := config.Declaration
+		if err := d.Validate(); err != nil {
+			t.Fatalf("Parse accepted a declaration Validate refuses: %v", err)
+		}
+		families := d.Candidates()
+		if len(families) != d.Count {
+			t.Fatalf("Candidates has %d families, want %d", len(families), d.Count)
+		}
+		seen := map[int]bool{}
+		for index, family := range families {
+			if family.Offset != index*d.Step {
+				t.Fatalf("family %d has offset %d, want %d", index, family.Offset, index*d.Step)
+			}
+			if again, ok := d.FamilyAt(family.Offset); !ok || len(again.Ports) != len(family.Ports) {
+				t.Fatalf("FamilyAt(%d) does not find candidate %d", family.Offset, index)
+			}
+			for key, port := range family.Ports {
+				if port < 1 || port > 65535 || port != d.Bases[key]+family.Offset {
+					t.Fatalf("candidate %s=%d at offset %d is wrong", key, port, family.Offset)
+				}
+				if seen[port] {
+					t.Fatalf("port %d is in two families", port)
+				}
+				seen[port] = true
+			}
+		}
+		resolved := Entrypoints(config.Entrypoints, families[0].Ports)
+		if len(resolved) != len(d.Bases)+len(config.Entrypoints) {
+			t.Fatalf("Entrypoints rendered %d of %d", len(resolved), len(d.Bases)+len(config.Entrypoints))
+		}
+		variables := map[string]bool{}
+		for key := range d.Bases {
+			variables[key] = true
+		}
+		for _, entrypoint := range resolved {
+			if variables[EnvName(entrypoint.Name)] {
+				t.Fatalf("env variable %s is set twice", EnvName(entrypoint.Name))
+			}
+			variables[EnvName(entrypoint.Name)] = true
+			if strings.ContainsAny(entrypoint.URL, " \t\r\n") {
+				t.Fatalf("entrypoint %s URL %q has white space", entrypoint.Name, entrypoint.URL)
+			}
+		}
+	})
+}

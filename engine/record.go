@@ -1,0 +1,135 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+)
+
+// Record is the coordination record of one stack, as the seeds define it (format
+// cockpit-state/v1, kind coordination), extended with the names a filesystem shows.
+type Record struct {
+	Format    string `json:"format"`
+	Kind      string `json:"kind"`
+	CockpitID string `json:"cockpitId"`
+	SubjectID string `json:"subjectId"`
+	Revision  int64  `json:"revision"`
+	UpdatedAt string `json:"updatedAt"`
+	Value     Value  `json:"value"`
+	Cockpit   string `json:"cockpit"`
+	Stack     string `json:"stack"`
+}
+
+// Value is what a transition changes.
+type Value struct {
+	Holders            []Holder `json:"holders"`
+	Lease              *Lease   `json:"lease"`
+	LastReleasedHolder *string  `json:"lastReleasedHolder"`
+	Drain              *Drain   `json:"drain"`
+}
+
+// Holder is one claim on a stack. Name, CheckoutPath and UID extend the seeds' holder.
+type Holder struct {
+	HolderID     string `json:"holderId"`
+	CheckoutID   string `json:"checkoutId"`
+	ClaimedAt    string `json:"claimedAt"`
+	PID          int    `json:"pid,omitempty"`
+	ProcessStart string `json:"processStart,omitempty"`
+	Name         string `json:"name"`
+	CheckoutPath string `json:"checkoutPath"`
+	UID          uint32 `json:"uid"`
+}
+
+// Lease is a stack's port family. Entrypoints extends the seeds' lease: the declared entrypoints
+// of the config it was taken under, so env keeps matching the ports after the config changes.
+type Lease struct {
+	Offset      int                   `json:"offset"`
+	Ports       map[string]int        `json:"ports"`
+	Released    bool                  `json:"released"`
+	Declaration portdecl.Declaration  `json:"declaration"`
+	Entrypoints []portdecl.Entrypoint `json:"entrypoints"`
+}
+
+// Active reports whether l holds its ports.
+func (l *Lease) Active() bool { return l != nil && !l.Released }
+
+const (
+	recordFormat = "cockpit-state/v1"
+	recordKind   = "coordination"
+	stampLayout  = "2006-01-02T15:04:05.000Z"
+	// MaxHolders bounds a stack's holders (the seeds' structured input limit).
+	MaxHolders = 1024
+)
+
+// Stamp renders t as the records' canonical timestamp.
+func Stamp(t time.Time) string { return t.UTC().Format(stampLayout) }
+
+// ParseStamp reads a canonical timestamp; ok is false for anything else.
+func ParseStamp(s string) (time.Time, bool) {
+	t, err := time.Parse(stampLayout, s)
+	if err != nil || Stamp(t) != s {
+		return time.Time{}, false
+	}
+	return t, true
+}
+
+func newRecord(cockpit, stack string, now time.Time) Record {
+	return Record{
+		Format:    recordFormat,
+		Kind:      recordKind,
+		CockpitID: CockpitID(cockpit),
+		SubjectID: StackID(cockpit, stack),
+		UpdatedAt: Stamp(now),
+		Value:     Value{Holders: []Holder{}},
+		Cockpit:   cockpit,
+		Stack:     stack,
+	}
+}
+
+// next is the record a transition to v commits: the following revision, stamped now.
+func (r Record) next(v Value, now time.Time) Record {
+	n := r
+	n.Revision++
+	n.UpdatedAt = Stamp(now)
+	n.Value = v
+	return n
+}
+
+// Holder returns the holder with the given name.
+func (v Value) Holder(name string) (Holder, bool) {
+	id := HolderID(name)
+	for _, h := range v.Holders {
+		if h.HolderID == id {
+			return h, true
+		}
+	}
+	return Holder{}, false
+}
+
+func (v Value) withoutHolders(ids map[string]bool) []Holder {
+	kept := make([]Holder, 0, len(v.Holders))
+	for _, h := range v.Holders {
+		if !ids[h.HolderID] {
+			kept = append(kept, h)
+		}
+	}
+	return kept
+}
+
+func sortHolders(hs []Holder) {
+	sort.Slice(hs, func(i, j int) bool { return hs[i].HolderID < hs[j].HolderID })
+}
+
+func decodeRecord(data []byte) (Record, error) {
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Record{}, fmt.Errorf("decode record: %w", err)
+	}
+	if r.Value.Holders == nil {
+		r.Value.Holders = []Holder{}
+	}
+	return r, nil
+}

@@ -1,0 +1,58 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code names a refusal; the codes and their meaning are SPEC §8's.
+type Code string
+
+const (
+	StateRecordMalformed         Code = "STATE_RECORD_MALFORMED"
+	PortFamilyOutOfRange         Code = "PORT_FAMILY_OUT_OF_RANGE"
+	ClaimCoTenant                Code = "CLAIM_CO_TENANT"
+	PortLeaseExhausted           Code = "PORT_LEASE_EXHAUSTED"
+	PortFamilyCollision          Code = "PORT_FAMILY_COLLISION"
+	PortListenerEvidenceInvalid  Code = "PORT_LISTENER_EVIDENCE_INVALID"
+	ConfigChangedDuringExecution Code = "CONFIG_CHANGED_DURING_EXECUTION"
+	ExecutionPreconditionChanged Code = "EXECUTION_PRECONDITION_CHANGED"
+	DrainAttemptRepairRequired   Code = "DRAIN_ATTEMPT_REPAIR_REQUIRED"
+	StateLocked                  Code = "STATE_LOCKED"
+	PermissionDenied             Code = "PERMISSION_DENIED"
+	CommandTooLarge              Code = "COMMAND_TOO_LARGE"
+	UndefinedName                Code = "UNDEFINED_NAME"
+	NotFound                     Code = "NOT_FOUND"
+	Exists                       Code = "EXISTS"
+	NotEmpty                     Code = "NOT_EMPTY"
+)
+
+// Refusal is why an operation changed nothing: a value the adapter maps to an errno and an events
+// line, never a string built where it is reported.
+type Refusal struct {
+	Code    Code
+	Message string
+	Target  string
+	Fix     string
+}
+
+func (r *Refusal) Error() string {
+	if r.Fix == "" {
+		return fmt.Sprintf("%s: %s", r.Code, r.Message)
+	}
+	return fmt.Sprintf("%s: %s (fix: %s)", r.Code, r.Message, r.Fix)
+}
+
+func refuse(code Code, target, fix, format string, args ...any) *Refusal {
+	return &Refusal{Code: code, Message: fmt.Sprintf(format, args...), Target: target, Fix: fix}
+}
+
+// AsRefusal extracts the refusal from err; any other error reads as a malformed-state refusal so
+// callers always have a code to report.
+func AsRefusal(err error) *Refusal {
+	var r *Refusal
+	if errors.As(err, &r) {
+		return r
+	}
+	return &Refusal{Code: StateRecordMalformed, Message: err.Error()}
+}

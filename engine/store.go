@@ -1,0 +1,177 @@
+package engine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// Keys of the store. Names never hold '/', so it separates components unambiguously.
+//
+//	c/<cockpit>              cockpitMeta
+//	s/<cockpit>/<stack>      Record
+//	p/<port, 5 digits>       PortOwner: the machine-wide index of active leases
+//	n/<cockpit>              number of active leases in the cockpit
+//	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log
+//	q/<cockpit>/<stack|->    the next events seq
+const cockpitLevel = "-"
+
+func cockpitKey(cockpit string) string          { return "c/" + cockpit }
+func stackKey(cockpit, stack string) string     { return "s/" + cockpit + "/" + stack }
+func stacksPrefix(cockpit string) string        { return "s/" + cockpit + "/" }
+func portKey(port int) string                   { return fmt.Sprintf("p/%05d", port) }
+func leaseCountKey(cockpit string) string       { return "n/" + cockpit }
+func eventsPrefix(cockpit, stack string) string { return "e/" + cockpit + "/" + stack + "/" }
+func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
+
+const portsPrefix = "p/"
+
+// cockpitMeta is what a cockpit keeps besides its stacks.
+type cockpitMeta struct {
+	Name      string `json:"name"`
+	ID        string `json:"id"`
+	UID       uint32 `json:"uid"`
+	CreatedAt string `json:"createdAt"`
+	UpdatedAt string `json:"updatedAt"`
+	Revision  int64  `json:"revision"`
+	Stacks    int    `json:"stacks"` // read with Get by mkdir/rmdir so removing a cockpit races no new stack
+	Config    string `json:"config"` // the accepted document, as written
+}
+
+// PortOwner is one entry of the machine-wide port index.
+type PortOwner struct {
+	Port    int    `json:"port"`
+	Cockpit string `json:"cockpit"`
+	Stack   string `json:"stack"`
+	Key     string `json:"key"`
+	Offset  int    `json:"offset"`
+}
+
+func getJSON(tx kv.Txn, key string, v any) (bool, error) {
+	data, err := tx.Get(key)
+	if errors.Is(err, kv.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return false, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return true, nil
+}
+
+func setJSON(tx kv.Txn, key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return tx.Set(key, data)
+}
+
+func loadCockpit(tx kv.Txn, cockpit string) (cockpitMeta, error) {
+	var m cockpitMeta
+	ok, err := getJSON(tx, cockpitKey(cockpit), &m)
+	if err != nil {
+		return m, err
+	}
+	if !ok {
+		return m, refuse(NotFound, CockpitID(cockpit), "", "cockpit %s does not exist", cockpit)
+	}
+	return m, nil
+}
+
+func (m cockpitMeta) config() (portdecl.Config, bool) {
+	if m.Config == "" {
+		return portdecl.Config{}, false
+	}
+	cfg, err := portdecl.Parse([]byte(m.Config))
+	return cfg, err == nil
+}
+
+func loadRecord(tx kv.Txn, cockpit, stack string) (Record, error) {
+	data, err := tx.Get(stackKey(cockpit, stack))
+	if errors.Is(err, kv.ErrNotFound) {
+		return Record{}, refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
+	}
+	if err != nil {
+		return Record{}, err
+	}
+	return decodeRecord(data)
+}
+
+// saveRecord writes r after checking every invariant: a transition that would break one is a bug
+// and commits nothing.
+func saveRecord(tx kv.Txn, r Record) error {
+	if err := Check(r); err != nil {
+		return refuse(StateRecordMalformed, r.SubjectID, "report this as a cockpitfs bug", "transition would break the record's invariants: %v", err)
+	}
+	return setJSON(tx, stackKey(r.Cockpit, r.Stack), r)
+}
+
+// reindexLease moves the port index and the cockpit's active-lease count from before's lease to
+// after's. Every key is read with Get so a concurrent lease of the same port conflicts.
+func reindexLease(tx kv.Txn, cockpit, stack string, before, after *Lease) error {
+	if before.Active() == after.Active() && (!before.Active() || before.Offset == after.Offset) {
+		return nil
+	}
+	if before.Active() {
+		for _, port := range before.Ports {
+			if err := tx.Delete(portKey(port)); err != nil {
+				return err
+			}
+		}
+	}
+	if after.Active() {
+		for key, port := range after.Ports {
+			var owner PortOwner
+			taken, err := getJSON(tx, portKey(port), &owner)
+			if err != nil {
+				return err
+			}
+			if taken && (owner.Cockpit != cockpit || owner.Stack != stack) {
+				return refuse(PortLeaseExhausted, portKey(port), "", "port %d is already leased by %s/%s", port, owner.Cockpit, owner.Stack)
+			}
+			if err := setJSON(tx, portKey(port), PortOwner{Port: port, Cockpit: cockpit, Stack: stack, Key: key, Offset: after.Offset}); err != nil {
+				return err
+			}
+		}
+	}
+	delta := 0
+	if after.Active() && !before.Active() {
+		delta = 1
+	} else if before.Active() && !after.Active() {
+		delta = -1
+	}
+	if delta == 0 {
+		return nil
+	}
+	var n int
+	if _, err := getJSON(tx, leaseCountKey(cockpit), &n); err != nil {
+		return err
+	}
+	return setJSON(tx, leaseCountKey(cockpit), n+delta)
+}
+
+// portOwner reads the index entry of port with Get, so the transaction conflicts with a
+// concurrent lease of it.
+func portOwner(tx kv.Txn, cockpit, stack string) func(int) (string, error) {
+	return func(port int) (string, error) {
+		var owner PortOwner
+		taken, err := getJSON(tx, portKey(port), &owner)
+		if err != nil || !taken || owner.Cockpit == cockpit && owner.Stack == stack {
+			return "", err
+		}
+		return owner.Cockpit + "/" + owner.Stack, nil
+	}
+}
+
+func splitStackKey(key string) (cockpit, stack string) {
+	rest := strings.TrimPrefix(key, "s/")
+	cockpit, stack, _ = strings.Cut(rest, "/")
+	return cockpit, stack
+}
