@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -55,11 +56,13 @@ func appendEvent(tx kv.Txn, cockpit, stack string, e Event) error {
 	if _, err := getJSON(tx, eventsSeqKey(cockpit, stack), &seq); err != nil {
 		return err
 	}
-	line, err := json.Marshal(e)
-	if err != nil {
+	var line bytes.Buffer
+	enc := json.NewEncoder(&line)
+	enc.SetEscapeHTML(false) // a fix like "echo sleep > drain/request" reads as written
+	if err := enc.Encode(e); err != nil {
 		return err
 	}
-	if err := tx.Set(eventKey(cockpit, stack, seq), line); err != nil {
+	if err := tx.Set(eventKey(cockpit, stack, seq), bytes.TrimSuffix(line.Bytes(), []byte("\n"))); err != nil {
 		return err
 	}
 	if seq >= EventsKept {

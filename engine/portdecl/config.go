@@ -49,6 +49,9 @@ func Parse(text []byte) (Config, error) {
 	if len(text) > MaxDocumentBytes {
 		return Config{}, fmt.Errorf("config: the document is %d bytes, more than %d", len(text), MaxDocumentBytes)
 	}
+	if err := checkNesting(text); err != nil {
+		return Config{}, err
+	}
 	var document map[string]any
 	if _, err := toml.Decode(string(text), &document); err != nil {
 		return Config{}, fmt.Errorf("config: %v", err)

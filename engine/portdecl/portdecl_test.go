@@ -75,6 +75,21 @@ func TestParseAccepts(t *testing.T) {
 				{Name: "d", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "[::1]"},
 			},
 		}},
+		{"dots, brackets and quotes in strings and comments do not nest", ports +
+			"# [[[[[[[[[[[[[[[[[[ a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r\n" +
+			entrypoint("w", `port = "HTTP"`, `path = '/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r/[[[[[[[[[[[[[[[[[[{{{{{{{{{{{{{{{{{{{'`) +
+			entrypoint("x", `port = "HTTP"`, `path = "/\"[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r"`) +
+			entrypoint("y", `port = "HTTP"`, `path = """/""[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r"""""`), Config{
+			Declaration: Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 8080, "DB": 5432}},
+			Entrypoints: []Entrypoint{
+				{Name: "w", Port: "HTTP", Path: "/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r/[[[[[[[[[[[[[[[[[[{{{{{{{{{{{{{{{{{{{", Scheme: "http", Hostname: "127.0.0.1"},
+				{Name: "x", Port: "HTTP", Path: `/"[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r`, Scheme: "http", Hostname: "127.0.0.1"},
+				{Name: "y", Port: "HTTP", Path: `/""[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r""`, Scheme: "http", Hostname: "127.0.0.1"},
+			},
+		}},
+		{"ports as an inline table", "ports = {step = 10, count = 2, bases = {HTTP = 8080}}\n", Config{
+			Declaration: Declaration{Step: 10, Count: 2, Bases: map[string]int{"HTTP": 8080}},
+		}},
 		{"count × bases = 1024", portsWith("1", "256", "A = 1000", "B = 2000", "C = 3000", "D = 4000"), Config{
 			Declaration: Declaration{Step: 1, Count: 256, Bases: map[string]int{"A": 1000, "B": 2000, "C": 3000, "D": 4000}},
 		}},
@@ -127,6 +142,13 @@ func TestParseRefuses(t *testing.T) {
 		{"unknown key in [ports]", "[ports]\nstepp = 1\nstep = 1\ncount = 1\n[ports.bases]\nA = 1\n", "ports.stepp: unknown key"},
 		{"keys are case-sensitive", "[ports]\nSTEP = 1\ncount = 1\n[ports.bases]\nA = 1\n", "ports.STEP: unknown key"},
 		{"ports is not a table", "ports = 5\n", "ports: must be a table, got integer 5"},
+		{"a key of 18 parts", "a" + strings.Repeat(".a", 17) + " = 1\n" + ports, "config: line 1: keys or values nest more than 16 deep"},
+		{"a key of 17 parts is not too deep", "a" + strings.Repeat(".a", 16) + " = 1\n" + ports, "a: unknown key"},
+		{"a 64 KiB dotted key", "a" + strings.Repeat(".a", 30000) + " = 1\n", "nest more than 16 deep"},
+		{"inline tables nested 17 deep", ports + "x = " + strings.Repeat("{b=", 17) + "1" + strings.Repeat("}", 17) + "\n", "config: line 7: keys or values nest more than 16 deep"},
+		{"64 KiB of inline tables", "x = " + strings.Repeat("{b=", 15000) + "1" + strings.Repeat("}", 15000), "nest more than 16 deep"},
+		{"arrays nested 17 deep", ports + "x = " + strings.Repeat("[", 17) + strings.Repeat("]", 17) + "\n", "nest more than 16 deep"},
+		{"a dotted key inside inline tables", "x = {a={b={c.d.e.f.g.h.i.j.k.l.m.n.o.p.q=1}}}\n", "nest more than 16 deep"},
 		// step and count.
 		{"step missing", "[ports]\ncount = 1\n[ports.bases]\nA = 1\n", "ports.step: required"},
 		{"count missing", "[ports]\nstep = 1\n[ports.bases]\nA = 1\n", "ports.count: required"},

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+	cfs "github.com/cockpitfs/cockpitfs/fs"
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// readyEnv names the fd a daemonised child reports readiness on.
+const readyEnv = "COCKPITFS_READY_FD"
+
+func mountCommand(args []string) error {
+	fset := flag.NewFlagSet("mount", flag.ContinueOnError)
+	data := dataFlag(fset)
+	daemon := fset.Bool("daemon", false, "return once serving; serve in the background")
+	allowOther := fset.Bool("allow-other", false, "let every user use the mount")
+	debug := fset.Bool("debug", false, "log every FUSE request")
+	positional, err := parseInterspersed(fset, args)
+	if err != nil {
+		return err
+	}
+	if len(positional) != 1 {
+		fmt.Fprint(os.Stderr, usage)
+		return errUsage
+	}
+	mnt, err := filepath.Abs(positional[0])
+	if err != nil {
+		return err
+	}
+	if *daemon {
+		return daemonize(args)
+	}
+	return serve(mnt, *data, cfs.Options{AllowOther: *allowOther, Debug: *debug})
+}
+
+// serve mounts and serves until SIGINT/SIGTERM, then unmounts and closes the store.
+func serve(mnt, data string, o cfs.Options) (err error) {
+	ready := readyPipe()
+	defer func() {
+		if ready != nil && err != nil {
+			fmt.Fprintln(ready, err)
+		}
+	}()
+	if os.Geteuid() != 0 {
+		if _, lerr := exec.LookPath("fusermount3"); lerr != nil {
+			if _, lerr := exec.LookPath("fusermount"); lerr != nil {
+				return errors.New("mounting as a non-root user needs fusermount3 (Debian: apt-get install fuse3)")
+			}
+		}
+	}
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return err
+	}
+	if err := clearStaleMount(mnt); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		return err
+	}
+	db, err := kv.Open(data)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	server, err := cfs.Mount(mnt, engine.New(db), o)
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", mnt, err)
+	}
+	if err := server.WaitMount(); err != nil {
+		return err
+	}
+	log.Printf("serving %s (data %s)", mnt, data)
+	if ready != nil {
+		fmt.Fprintln(ready, "ok")
+		ready.Close()
+		ready = nil
+	}
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { server.Wait(); close(done) }()
+	select {
+	case s := <-signals:
+		log.Printf("%s: unmounting %s", s, mnt)
+		shutdown(server, mnt, done)
+	case <-done: // unmounted from outside (cockpitfs unmount, umount)
+	}
+	return nil
+}
+
+// shutdown unmounts, waiting briefly for open files to close before detaching lazily: the
+// store must close cleanly either way.
+func shutdown(server *fuse.Server, mnt string, done <-chan struct{}) {
+	for range 20 {
+		if err := server.Unmount(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case <-done:
+		return
+	case <-time.After(2 * time.Second):
+	}
+	log.Printf("%s is busy; detaching it", mnt)
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		log.Printf("detach %s: %v", mnt, err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		log.Printf("the kernel has not released %s; closing the store anyway", mnt)
+	}
+}
+
+// readyPipe is the daemonising parent's pipe, when this process is its child.
+func readyPipe() *os.File {
+	fd := os.Getenv(readyEnv)
+	if fd == "" {
+		return nil
+	}
+	os.Unsetenv(readyEnv)
+	return os.NewFile(3, "ready")
+}
+
+// daemonize starts this command again in the foreground, in its own session, and returns once it
+// reports it is serving (or why it is not).
+func daemonize(args []string) error {
+	var child []string
+	for _, a := range args {
+		if a != "--daemon" && a != "-daemon" {
+			child = append(child, a)
+		}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self, append([]string{"mount"}, child...)...)
+	cmd.Env = append(os.Environ(), readyEnv+"=3")
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	w.Close()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	line = strings.TrimSpace(line)
+	if line == "ok" {
+		fmt.Printf("cockpitfs serving (pid %d)\n", cmd.Process.Pid)
+		return cmd.Process.Release()
+	}
+	cmd.Wait()
+	if line == "" {
+		line = "the daemon exited before it was serving"
+	}
+	return errors.New(line)
+}
+
+// mountType returns the filesystem type of the mount at dir per /proc/self/mountinfo, "" when
+// dir is not a mount point. Reading mountinfo never touches the path, which a dead mount answers
+// with ENOTCONN.
+func mountType(dir string) (string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	found := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		sep := indexOf(fields, "-")
+		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		if unescapeMountinfo(fields[4]) == dir {
+			found = fields[sep+1] // the last mount on dir is the visible one
+		}
+	}
+	return found, nil
+}
+
+func indexOf(fields []string, s string) int {
+	for i, f := range fields {
+		if f == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space) of mountinfo paths.
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var c byte
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &c); err == nil {
+				b.WriteByte(c)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// clearStaleMount detaches a mount a killed daemon left on mnt ("transport endpoint is not
+// connected"); a live mount there is refused.
+func clearStaleMount(mnt string) error {
+	typ, err := mountType(mnt)
+	if err != nil || typ == "" {
+		return err
+	}
+	if !strings.HasPrefix(typ, "fuse") {
+		return fmt.Errorf("%s is already a %s mount point", mnt, typ)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); !errors.Is(err, unix.ENOTCONN) {
+		return fmt.Errorf("%s is already mounted and serving (cockpitfs unmount %s first)", mnt, mnt)
+	}
+	log.Printf("clearing the stale mount on %s", mnt)
+	return unix.Unmount(mnt, unix.MNT_DETACH)
+}
+
+// unmount unmounts mnt; a stale mount is detached.
+func unmount(dir string) error {
+	mnt, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	typ, err := mountType(mnt)
+	if err != nil {
+		return err
+	}
+	if typ == "" {
+		return fmt.Errorf("%s is not mounted", mnt)
+	}
+	var st unix.Stat_t
+	flags := 0
+	if err := unix.Stat(mnt, &st); errors.Is(err, unix.ENOTCONN) {
+		flags = unix.MNT_DETACH
+	}
+	if os.Geteuid() == 0 {
+		if err := unix.Unmount(mnt, flags); err != nil {
+			return fmt.Errorf("unmount %s: %w", mnt, err)
+		}
+		return nil
+	}
+	out, err := exec.Command("fusermount3", "-u", mnt).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("fusermount3 -u %s: %v: %s", mnt, err, out)
+	}
+	return nil
+}

@@ -1,0 +1,650 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+)
+
+var claimNow = time.Date(2026, 11, 29, 19, 0, 0, 0, time.UTC)
+
+// requireCode fails unless err is a refusal with code.
+func requireCode(t *testing.T, err error, code Code) {
+	t.Helper()
+	var r *Refusal
+	if !errors.As(err, &r) {
+		t.Fatalf("got %v, want refusal %s", err, code)
+	}
+	if r.Code != code {
+		t.Fatalf("got refusal %s (%s), want %s", r.Code, r.Message, code)
+	}
+}
+
+// recordSnapshot is the record and events of a stack as JSON, to compare before and after a refusal.
+func recordSnapshot(t *testing.T, e *Engine, cockpit, stack string) string {
+	t.Helper()
+	r, err := e.Stack(cockpit, stack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := e.Events(cockpit, stack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data) + "\n" + string(events)
+}
+
+// refusedUnchanged runs op, requires the refusal code, and requires the stack's record and events
+// to be exactly as before.
+func refusedUnchanged(t *testing.T, e *Engine, cockpit, stack string, code Code, op func() error) {
+	t.Helper()
+	before := recordSnapshot(t, e, cockpit, stack)
+	requireCode(t, op(), code)
+	if after := recordSnapshot(t, e, cockpit, stack); after != before {
+		t.Fatalf("a %s refusal changed the stack:\nbefore %s\nafter  %s", code, before, after)
+	}
+}
+
+func claim(t *testing.T, e *Engine, cockpit, stack, holder string) {
+	t.Helper()
+	path := cockpit + "/stacks/" + stack + "/holders/" + holder
+	if err := e.Claim(context.Background(), me("create", path), cockpit, stack, holder, untracked(holder)); err != nil {
+		t.Fatalf("claim %s: %v", path, err)
+	}
+}
+
+func claimErr(e *Engine, cockpit, stack, holder string) error {
+	path := cockpit + "/stacks/" + stack + "/holders/" + holder
+	return e.Claim(context.Background(), me("create", path), cockpit, stack, holder, untracked(holder))
+}
+
+func stackRecord(t *testing.T, e *Engine, cockpit, stack string) Record {
+	t.Helper()
+	r, err := e.Stack(cockpit, stack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(r); err != nil {
+		t.Fatalf("record of %s/%s breaks its invariants: %v", cockpit, stack, err)
+	}
+	return r
+}
+
+func requirePorts(t *testing.T, r Record, want map[string]int) {
+	t.Helper()
+	if !r.Value.Lease.Active() {
+		t.Fatalf("%s/%s has no active lease", r.Cockpit, r.Stack)
+	}
+	if !reflect.DeepEqual(r.Value.Lease.Ports, want) {
+		t.Fatalf("%s/%s leased %v, want %v", r.Cockpit, r.Stack, r.Value.Lease.Ports, want)
+	}
+}
+
+// holderNames lists the holders' names in name order.
+func holderNames(v Value) []string {
+	names := []string{}
+	for _, h := range v.Holders {
+		names = append(names, h.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// --- pure transitions ---
+
+var pureDecl = portdecl.Declaration{Step: 10, Count: 3, Bases: map[string]int{"HTTP": 20000, "DB": 21000}}
+
+func leaseAt(t *testing.T, d portdecl.Declaration, offset int) *Lease {
+	t.Helper()
+	f, ok := d.FamilyAt(offset)
+	if !ok {
+		t.Fatalf("offset %d is not a candidate", offset)
+	}
+	return &Lease{Offset: offset, Ports: f.Ports, Declaration: d}
+}
+
+func newHolder(name string) NewHolder {
+	return NewHolder{Name: name, CheckoutPath: "/src/" + name, UID: 1000}
+}
+
+func strPtr(s string) *string { return &s }
+
+func TestAddHolder(t *testing.T) {
+	alice := newHolder("alice").holder(claimNow)
+	many := Value{}
+	for i := range MaxHolders {
+		many.Holders = append(many.Holders, newHolder(fmt.Sprintf("h%04d", i)).holder(claimNow))
+	}
+	sortHolders(many.Holders)
+	cases := []struct {
+		name        string
+		v           Value
+		add         NewHolder
+		wantChanged bool
+		wantCode    Code
+		wantHolders int
+		wantLast    *string
+	}{
+		{name: "new", v: Value{}, add: newHolder("alice"), wantChanged: true, wantHolders: 1},
+		{name: "existing same checkout", v: Value{Holders: []Holder{alice}}, add: newHolder("alice"), wantHolders: 1},
+		{name: "existing other checkout", v: Value{Holders: []Holder{alice}},
+			add: NewHolder{Name: "alice", CheckoutPath: "/elsewhere"}, wantCode: StateRecordMalformed, wantHolders: 1},
+		{name: "limit", v: many, add: newHolder("late"), wantCode: PortLeaseExhausted, wantHolders: MaxHolders},
+		{name: "existing at the limit", v: many, add: newHolder("h0007"), wantHolders: MaxHolders},
+		{name: "re-claim clears lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(HolderID("alice"))},
+			add: newHolder("alice"), wantChanged: true, wantHolders: 1},
+		{name: "another keeps lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(HolderID("bob"))},
+			add: newHolder("alice"), wantChanged: true, wantHolders: 1, wantLast: strPtr(HolderID("bob"))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, changed, err := addHolder(tc.v, tc.add, claimNow.Add(time.Minute))
+			if tc.wantCode != "" {
+				requireCode(t, err, tc.wantCode)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if changed != tc.wantChanged || len(got.Holders) != tc.wantHolders {
+				t.Fatalf("changed=%v holders=%d, want %v %d", changed, len(got.Holders), tc.wantChanged, tc.wantHolders)
+			}
+			if !reflect.DeepEqual(got.LastReleasedHolder, tc.wantLast) {
+				t.Fatalf("lastReleasedHolder %v, want %v", got.LastReleasedHolder, tc.wantLast)
+			}
+			h, ok := got.Holder(tc.add.Name)
+			if !ok || h.CheckoutID != CheckoutID(tc.add.CheckoutPath) {
+				t.Fatalf("holder %s missing or on another checkout: %+v", tc.add.Name, h)
+			}
+			if !changed && !reflect.DeepEqual(got, tc.v) {
+				t.Fatalf("an unchanged add altered the value")
+			}
+		})
+	}
+}
+
+func TestAddHolderKeepsHoldersSortedAndInputIntact(t *testing.T) {
+	v := Value{}
+	for _, name := range []string{"zed", "alice", "mike", "bob"} {
+		before := append([]Holder(nil), v.Holders...)
+		next, _, err := addHolder(v, newHolder(name), claimNow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(v.Holders, before) {
+			t.Fatalf("addHolder modified its input's holders")
+		}
+		v = next
+	}
+	if errs := checkHolders(v.Holders); len(errs) != 0 {
+		t.Fatalf("holders not valid after adds: %v", errs)
+	}
+}
+
+func TestReleaseHolder(t *testing.T) {
+	alice, bob := newHolder("alice").holder(claimNow), newHolder("bob").holder(claimNow)
+	two := Value{Holders: []Holder{alice, bob}, Lease: leaseAt(t, pureDecl, 0)}
+	sortHolders(two.Holders)
+	drained := two
+	drained.Drain = &Drain{}
+	cases := []struct {
+		name     string
+		v        Value
+		release  string
+		wantCode Code
+	}{
+		{"drain reserved", drained, "bob", ClaimCoTenant},
+		{"unknown holder", two, "carol", NotFound},
+		{"last holder", Value{Holders: []Holder{alice}, Lease: leaseAt(t, pureDecl, 0)}, "alice", ClaimCoTenant},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := releaseHolder(tc.v, tc.release)
+			requireCode(t, err, tc.wantCode)
+		})
+	}
+	t.Run("normal", func(t *testing.T) {
+		got, err := releaseHolder(two, "bob")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names := holderNames(got); !reflect.DeepEqual(names, []string{"alice"}) {
+			t.Fatalf("holders %v, want [alice]", names)
+		}
+		if got.LastReleasedHolder == nil || *got.LastReleasedHolder != HolderID("bob") {
+			t.Fatalf("lastReleasedHolder %v, want bob's id", got.LastReleasedHolder)
+		}
+		if len(two.Holders) != 2 {
+			t.Fatalf("releaseHolder modified its input")
+		}
+	})
+}
+
+func TestReleaseDead(t *testing.T) {
+	tracked := func(name string, pid int) Holder {
+		h := newHolder(name).holder(claimNow)
+		h.PID, h.ProcessStart = pid, fmt.Sprintf("proc:00000000-0000-0000-0000-000000000000:%d", pid)
+		return h
+	}
+	alice, bob, carol := tracked("alice", 100), tracked("bob", 200), newHolder("carol").holder(claimNow)
+	holders := []Holder{alice, bob, carol}
+	sortHolders(holders)
+	lease := leaseAt(t, pureDecl, 0)
+	v := Value{Holders: holders, Lease: lease}
+	successor := newHolder("dave")
+
+	changed := func(h Holder, f func(*Holder)) Holder { f(&h); return h }
+	cases := []struct {
+		name         string
+		v            Value
+		dead         []Holder
+		successor    *NewHolder
+		wantHolders  []string
+		wantReleased int
+		wantLast     string
+	}{
+		{name: "exact match released", v: v, dead: []Holder{alice}, successor: &successor,
+			wantHolders: holderNames(Value{Holders: []Holder{bob, carol}}), wantReleased: 1, wantLast: "alice"},
+		{name: "pid changed since observed", v: v, dead: []Holder{changed(alice, func(h *Holder) { h.PID = 101 })},
+			wantHolders: holderNames(v)},
+		{name: "claimedAt changed since observed", v: v,
+			dead:        []Holder{changed(alice, func(h *Holder) { h.ClaimedAt = Stamp(claimNow.Add(time.Second)) })},
+			wantHolders: holderNames(v)},
+		{name: "process start changed since observed", v: v,
+			dead:        []Holder{changed(alice, func(h *Holder) { h.ProcessStart = "proc:00000000-0000-0000-0000-000000000000:1" })},
+			wantHolders: holderNames(v)},
+		{name: "one of two observations current", v: v,
+			dead:        []Holder{changed(alice, func(h *Holder) { h.PID = 5 }), bob},
+			wantHolders: holderNames(Value{Holders: []Holder{alice, carol}}), wantReleased: 1, wantLast: "bob"},
+		{name: "all dead with successor takes over", v: Value{Holders: []Holder{alice}, Lease: lease},
+			dead: []Holder{alice}, successor: &successor, wantHolders: []string{"dave"}, wantReleased: 1, wantLast: "alice"},
+		{name: "all dead without successor", v: Value{Holders: []Holder{alice}, Lease: lease},
+			dead: []Holder{alice}, wantHolders: []string{}, wantReleased: 1, wantLast: "alice"},
+		{name: "drain reserved", v: Value{Holders: []Holder{alice}, Lease: lease, Drain: &Drain{}},
+			dead: []Holder{alice}, successor: &successor, wantHolders: []string{"alice"}},
+		{name: "no lease", v: Value{Holders: []Holder{alice}},
+			dead: []Holder{alice}, successor: &successor, wantHolders: []string{"alice"}},
+		{name: "released lease", v: Value{Holders: []Holder{alice}, Lease: &Lease{Offset: 0, Ports: lease.Ports, Released: true, Declaration: pureDecl}},
+			dead: []Holder{alice}, successor: &successor, wantHolders: []string{"alice"}},
+		{name: "nothing observed dead", v: v, successor: &successor, wantHolders: holderNames(v)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, released := releaseDead(tc.v, tc.dead, tc.successor, claimNow.Add(time.Hour))
+			if names := holderNames(got); !reflect.DeepEqual(names, tc.wantHolders) {
+				t.Fatalf("holders %v, want %v", names, tc.wantHolders)
+			}
+			if len(released) != tc.wantReleased {
+				t.Fatalf("released %d, want %d", len(released), tc.wantReleased)
+			}
+			if tc.wantReleased == 0 {
+				if !reflect.DeepEqual(got, tc.v) {
+					t.Fatalf("nothing released but the value changed")
+				}
+				return
+			}
+			if got.LastReleasedHolder == nil || *got.LastReleasedHolder != HolderID(tc.wantLast) {
+				t.Fatalf("lastReleasedHolder %v, want %s's id", got.LastReleasedHolder, tc.wantLast)
+			}
+			if !reflect.DeepEqual(got.Lease, tc.v.Lease) {
+				t.Fatalf("the lease changed: %+v", got.Lease)
+			}
+		})
+	}
+}
+
+// probes records the listener probes leaseFamily makes.
+type probes struct {
+	calls [][]int
+	busy  map[int]bool
+	err   error
+}
+
+func (p *probes) listening(ports []int) ([]int, error) {
+	p.calls = append(p.calls, append([]int(nil), ports...))
+	if p.err != nil {
+		return nil, p.err
+	}
+	var busy []int
+	for _, port := range ports {
+		if p.busy[port] {
+			busy = append(busy, port)
+		}
+	}
+	return busy, nil
+}
+
+func ownedBy(ports ...int) func(int) (string, error) {
+	return func(port int) (string, error) {
+		for _, p := range ports {
+			if p == port {
+				return "other/stack", nil
+			}
+		}
+		return "", nil
+	}
+}
+
+func TestLeaseFamily(t *testing.T) {
+	cfg := portdecl.Config{Declaration: pureDecl, Entrypoints: []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/"}}}
+	changedDecl := portdecl.Declaration{Step: 10, Count: 3, Bases: map[string]int{"HTTP": 30000, "DB": 31000}}
+	cases := []struct {
+		name       string
+		current    *Lease
+		retained   bool
+		active     int
+		occupied   []int
+		busy       []int
+		probeErr   error
+		wantOffset int
+		wantCode   Code
+		wantProbes [][]int // nil: not checked
+	}{
+		{name: "first family", wantOffset: 0, wantProbes: [][]int{{20000, 21000}}},
+		{name: "occupied skipped", occupied: []int{21000}, wantOffset: 10, wantProbes: [][]int{{20010, 21010}}},
+		{name: "occupied twice skipped", occupied: []int{20000, 21010}, wantOffset: 20},
+		{name: "listener skipped", busy: []int{20000}, wantOffset: 10, wantProbes: [][]int{{20000, 21000}, {20010, 21010}}},
+		{name: "listeners everywhere", busy: []int{20000, 21010, 20020}, wantCode: PortFamilyCollision},
+		{name: "one listener among leases", occupied: []int{20000, 20020}, busy: []int{21010}, wantCode: PortFamilyCollision},
+		{name: "index-only exhaustion", occupied: []int{20000, 20010, 21020}, wantCode: PortLeaseExhausted, wantProbes: [][]int{}},
+		{name: "count reached", active: 3, wantCode: PortLeaseExhausted, wantProbes: [][]int{}},
+		{name: "retained lease not probed", current: leaseAt(t, pureDecl, 10), retained: true, active: 3,
+			busy: []int{20010, 21010}, wantOffset: 10, wantProbes: [][]int{}},
+		{name: "retained lease occupied by another", current: leaseAt(t, pureDecl, 10), retained: true,
+			occupied: []int{20010}, wantCode: PortLeaseExhausted},
+		{name: "unretained lease probes its own offset", current: leaseAt(t, pureDecl, 20), active: 3,
+			wantOffset: 20, wantProbes: [][]int{{20020, 21020}}},
+		{name: "unretained lease with a listener", current: leaseAt(t, pureDecl, 20),
+			busy: []int{21020}, wantCode: PortFamilyCollision, wantProbes: [][]int{{20020, 21020}}},
+		{name: "declaration changed", current: leaseAt(t, changedDecl, 0), retained: true, wantCode: ConfigChangedDuringExecution},
+		{name: "offset not a candidate", current: &Lease{Offset: 5, Ports: map[string]int{"HTTP": 20005, "DB": 21005}, Declaration: pureDecl},
+			retained: true, wantCode: ConfigChangedDuringExecution},
+		{name: "released lease allocates anew", current: &Lease{Offset: 10, Ports: map[string]int{"HTTP": 20010, "DB": 21010}, Released: true, Declaration: pureDecl},
+			wantOffset: 0},
+		{name: "undecidable listener", probeErr: errors.New("no /proc"), wantCode: PortListenerEvidenceInvalid},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &probes{busy: map[int]bool{}, err: tc.probeErr}
+			for _, port := range tc.busy {
+				p.busy[port] = true
+			}
+			listening := p.listening
+			if tc.retained && tc.current.Active() {
+				listening = func(ports []int) ([]int, error) {
+					t.Errorf("a retained lease was probed for listeners: %v", ports)
+					return nil, nil
+				}
+			}
+			got, err := leaseFamily(tc.current, tc.retained, leaseInputs{
+				config: cfg, activeLeases: tc.active, occupiedBy: ownedBy(tc.occupied...), listening: listening,
+			})
+			if tc.wantProbes != nil && !(len(tc.wantProbes) == 0 && len(p.calls) == 0) && !reflect.DeepEqual(p.calls, tc.wantProbes) {
+				t.Errorf("probes %v, want %v", p.calls, tc.wantProbes)
+			}
+			if tc.wantCode != "" {
+				requireCode(t, err, tc.wantCode)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := leaseAt(t, pureDecl, tc.wantOffset)
+			if got.Offset != want.Offset || !reflect.DeepEqual(got.Ports, want.Ports) || got.Released {
+				t.Fatalf("leased %+v, want offset %d %v", got, want.Offset, want.Ports)
+			}
+			if !got.Declaration.Equal(pureDecl) || !reflect.DeepEqual(got.Entrypoints, cfg.Entrypoints) {
+				t.Fatalf("lease does not carry the config: %+v", got)
+			}
+			if err := checkLease(got); err != nil {
+				t.Fatalf("lease breaks its invariants: %v", err)
+			}
+		})
+	}
+}
+
+func TestLeaseFamilyRefusalNamesOccupiedCandidates(t *testing.T) {
+	p := &probes{busy: map[int]bool{21010: true}}
+	_, err := leaseFamily(nil, false, leaseInputs{
+		config: portdecl.Config{Declaration: pureDecl}, occupiedBy: ownedBy(20000, 20020), listening: p.listening,
+	})
+	requireCode(t, err, PortFamilyCollision)
+	r := AsRefusal(err)
+	for _, want := range []string{"20000,21000 (leased by other/stack)", "20010,21010 (host listener on 21010)", "stop the named host listener"} {
+		if !strings.Contains(r.Message+r.Fix, want) {
+			t.Errorf("refusal %q / %q does not name %q", r.Message, r.Fix, want)
+		}
+	}
+}
+
+func TestLeaseFamilyIndexErrorIsReturned(t *testing.T) {
+	broken := errors.New("index unreadable")
+	_, err := leaseFamily(nil, false, leaseInputs{
+		config:     portdecl.Config{Declaration: pureDecl},
+		occupiedBy: func(int) (string, error) { return "", broken },
+		listening:  (&probes{}).listening,
+	})
+	if !errors.Is(err, broken) {
+		t.Fatalf("got %v, want the index error", err)
+	}
+}
+
+// --- claims on the store ---
+
+func TestClaimWalkthrough(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	if r := stackRecord(t, e, "app", "main"); r.Revision != 0 || len(r.Value.Holders) != 0 || r.Value.Lease != nil {
+		t.Fatalf("a new stack is not empty at revision 0: %+v", r)
+	}
+	claim(t, e, "app", "main", "alice")
+	r := stackRecord(t, e, "app", "main")
+	if r.Revision != 1 || r.Value.Lease.Offset != 0 {
+		t.Fatalf("revision %d offset %d, want 1 and 0", r.Revision, r.Value.Lease.Offset)
+	}
+	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})
+	h, ok := r.Value.Holder("alice")
+	if !ok || h.CheckoutPath != "/src/alice" || h.PID != 0 || h.UID != me("", "").UID {
+		t.Fatalf("holder alice: %+v", h)
+	}
+	ports, err := e.Ports()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []PortOwner{
+		{Port: 15432, Cockpit: "app", Stack: "main", Key: "DB", Offset: 0},
+		{Port: 18080, Cockpit: "app", Stack: "main", Key: "HTTP", Offset: 0},
+	}
+	if !reflect.DeepEqual(ports, want) {
+		t.Fatalf("port index %+v, want %+v", ports, want)
+	}
+
+	// The same claim again changes nothing.
+	claim(t, e, "app", "main", "alice")
+	if r := stackRecord(t, e, "app", "main"); r.Revision != 1 {
+		t.Fatalf("a repeated claim moved the revision to %d", r.Revision)
+	}
+
+	// A co-tenant joins the same lease.
+	claim(t, e, "app", "main", "bob")
+	r = stackRecord(t, e, "app", "main")
+	if r.Revision != 2 || !reflect.DeepEqual(holderNames(r.Value), []string{"alice", "bob"}) {
+		t.Fatalf("revision %d holders %v after bob joined", r.Revision, holderNames(r.Value))
+	}
+	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})
+
+	// A second stack gets the next family.
+	if err := e.CreateStack(context.Background(), me("mkdir", "app/stacks/feature"), "app", "feature"); err != nil {
+		t.Fatal(err)
+	}
+	claim(t, e, "app", "feature", "carol")
+	requirePorts(t, stackRecord(t, e, "app", "feature"), map[string]int{"HTTP": 18090, "DB": 15442})
+}
+
+func TestClaimSkipsFamiliesLeasedByAnotherCockpit(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main", "feature")
+	claim(t, e, "app", "main", "alice")
+	claim(t, e, "app", "feature", "bob")
+	newCockpit(t, e, "other", "[ports]\nstep = 10\ncount = 5\n[ports.bases]\nWEB = 18080\nCACHE = 16379\n", "main")
+	claim(t, e, "other", "main", "carol")
+	r := stackRecord(t, e, "other", "main")
+	if r.Value.Lease.Offset != 20 {
+		t.Fatalf("offset %d, want 20 (0 and 10 are leased by app)", r.Value.Lease.Offset)
+	}
+	requirePorts(t, r, map[string]int{"WEB": 18100, "CACHE": 16399})
+}
+
+func TestClaimCountExhaustion(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 18080\n", "a", "b", "c")
+	claim(t, e, "app", "a", "alice")
+	claim(t, e, "app", "b", "alice")
+	refusedUnchanged(t, e, "app", "c", PortLeaseExhausted, func() error { return claimErr(e, "app", "c", "alice") })
+	// A co-tenant of a leased stack is not counted again.
+	claim(t, e, "app", "a", "bob")
+}
+
+// freeBase returns a port p on which it listens, such that p+20 is listened on too; the caller
+// gets both listeners. Families are p+offset for HTTP and p+5+offset for DB (step 10, count 3).
+func listenAtFamilies(t *testing.T) (int, net.Listener, net.Listener) {
+	t.Helper()
+	for range 20 {
+		first, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := first.Addr().(*net.TCPAddr).Port
+		if p+25 > 65535 {
+			first.Close()
+			continue
+		}
+		third, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+20))
+		if err != nil {
+			first.Close()
+			continue
+		}
+		t.Cleanup(func() { first.Close(); third.Close() })
+		return p, first, third
+	}
+	t.Fatal("found no free port pair")
+	return 0, nil, nil
+}
+
+func TestClaimSkipsHostListeners(t *testing.T) {
+	p, _, _ := listenAtFamilies(t)
+	e := newEngine(t)
+	config := fmt.Sprintf("[ports]\nstep = 10\ncount = 3\n[ports.bases]\nHTTP = %d\nDB = %d\n", p, p+5)
+	newCockpit(t, e, "app", config, "a", "b")
+	claim(t, e, "app", "a", "alice")
+	requirePorts(t, stackRecord(t, e, "app", "a"), map[string]int{"HTTP": p + 10, "DB": p + 15})
+	refusedUnchanged(t, e, "app", "b", PortFamilyCollision, func() error { return claimErr(e, "app", "b", "bob") })
+	msg := AsRefusal(claimErr(e, "app", "b", "bob")).Message
+	for _, want := range []string{fmt.Sprintf("host listener on %d", p), "leased by app/a", fmt.Sprintf("host listener on %d", p+20)} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("refusal %q does not name %q", msg, want)
+		}
+	}
+}
+
+func TestRetainedLeaseIgnoresItsOwnListeners(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	// The stack's own services now listen on its ports; a co-tenant still joins.
+	l, err := net.Listen("tcp", "127.0.0.1:18080")
+	if err != nil {
+		t.Skipf("port 18080 is taken on this host: %v", err)
+	}
+	defer l.Close()
+	claim(t, e, "app", "main", "bob")
+	requirePorts(t, stackRecord(t, e, "app", "main"), map[string]int{"HTTP": 18080, "DB": 15432})
+}
+
+func TestClaimWithoutConfig(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", "", "main")
+	refusedUnchanged(t, e, "app", "main", PortFamilyOutOfRange, func() error { return claimErr(e, "app", "main", "alice") })
+	if fix := AsRefusal(claimErr(e, "app", "main", "alice")).Fix; fix != "write app/config first" {
+		t.Fatalf("fix %q", fix)
+	}
+}
+
+func TestClaimAfterConfigChange(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main", "feature")
+	claim(t, e, "app", "main", "alice")
+	newConfig := "[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 19080\nDB = 16432\n"
+	if err := e.SetConfig(ctx, me("write", "app/config"), "app", []byte(newConfig)); err != nil {
+		t.Fatal(err)
+	}
+	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, func() error { return claimErr(e, "app", "main", "bob") })
+	// The lease keeps its declaration; its existing holder re-claiming changes nothing.
+	claim(t, e, "app", "main", "alice")
+	r := stackRecord(t, e, "app", "main")
+	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})
+	if r.Value.Lease.Declaration.Bases["HTTP"] != 18080 || r.Revision != 1 {
+		t.Fatalf("the old lease changed: %+v at revision %d", r.Value.Lease, r.Revision)
+	}
+	claim(t, e, "app", "feature", "bob")
+	f := stackRecord(t, e, "app", "feature")
+	requirePorts(t, f, map[string]int{"HTTP": 19080, "DB": 16432})
+	if f.Value.Lease.Declaration.Bases["HTTP"] != 19080 {
+		t.Fatalf("the new lease was taken under %+v", f.Value.Lease.Declaration)
+	}
+}
+
+func TestClaimRefusesOtherCheckout(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
+		return e.Claim(context.Background(), me("create", "x"), "app", "main", "alice", &HolderAttrs{Checkout: "/src/elsewhere"})
+	})
+}
+
+func TestRelease(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	c := me("unlink", "app/stacks/main/holders/alice")
+	refusedUnchanged(t, e, "app", "main", ClaimCoTenant, func() error { return e.Release(ctx, c, "app", "main", "alice") })
+	refusedUnchanged(t, e, "app", "main", NotFound, func() error { return e.Release(ctx, c, "app", "main", "nobody") })
+	claim(t, e, "app", "main", "bob")
+	if err := e.Release(ctx, me("unlink", "app/stacks/main/holders/bob"), "app", "main", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	r := stackRecord(t, e, "app", "main")
+	if r.Revision != 3 || !reflect.DeepEqual(holderNames(r.Value), []string{"alice"}) ||
+		r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != HolderID("bob") {
+		t.Fatalf("after releasing bob: revision %d holders %v last %v", r.Revision, holderNames(r.Value), r.Value.LastReleasedHolder)
+	}
+	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})
+	// bob claiming again clears lastReleasedHolder.
+	claim(t, e, "app", "main", "bob")
+	if r := stackRecord(t, e, "app", "main"); r.Value.LastReleasedHolder != nil {
+		t.Fatalf("lastReleasedHolder %v after bob re-claimed", *r.Value.LastReleasedHolder)
+	}
+}
+
+func TestClaimUnknownStack(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig)
+	requireCode(t, claimErr(e, "app", "missing", "alice"), NotFound)
+	requireCode(t, claimErr(e, "nope", "main", "alice"), NotFound)
+}

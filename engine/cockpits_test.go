@@ -1,0 +1,431 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func callerAs(uid uint32, op, path string) Caller {
+	return Caller{PID: os.Getpid(), UID: uid, Op: op, Path: path}
+}
+
+func eventLines(t *testing.T, e *Engine, cockpit, stack string) []Event {
+	t.Helper()
+	data, err := e.Events(cockpit, stack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []Event
+	for _, line := range bytes.Split(bytes.TrimSuffix(data, []byte("\n")), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var ev Event
+		if err := json.Unmarshal(line, &ev); err != nil {
+			t.Fatalf("events line %q: %v", line, err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func TestRemoveStackAndCockpit(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main", "idle")
+	claim(t, e, "app", "main", "alice")
+	refusedUnchanged(t, e, "app", "main", ClaimCoTenant, func() error {
+		return e.RemoveStack(ctx, me("rmdir", "app/stacks/main"), "app", "main")
+	})
+	requireCode(t, e.RemoveCockpit(ctx, me("rmdir", "app"), "app"), NotEmpty)
+	if err := e.RemoveStack(ctx, me("rmdir", "app/stacks/idle"), "app", "idle"); err != nil {
+		t.Fatal(err)
+	}
+	if stacks, err := e.Stacks("app"); err != nil || !reflect.DeepEqual(stacks, []string{"main"}) {
+		t.Fatalf("stacks %v %v, want [main]", stacks, err)
+	}
+	requireCode(t, e.RemoveCockpit(ctx, me("rmdir", "app"), "app"), NotEmpty)
+
+	// An empty cockpit goes, and its name can be used again from scratch.
+	newCockpit(t, e, "empty", "", "s")
+	if err := e.RemoveStack(ctx, me("rmdir", "empty/stacks/s"), "empty", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.RemoveCockpit(ctx, me("rmdir", "empty"), "empty"); err != nil {
+		t.Fatal(err)
+	}
+	requireCode(t, func() error { _, err := e.Cockpit("empty"); return err }(), NotFound)
+	newCockpit(t, e, "empty", "", "s")
+	if r := stackRecord(t, e, "empty", "s"); r.Revision != 0 {
+		t.Fatalf("a recreated stack starts at revision %d", r.Revision)
+	}
+	if evs := eventLines(t, e, "empty", "s"); len(evs) != 0 {
+		t.Fatalf("a recreated stack inherited %d events", len(evs))
+	}
+}
+
+func TestCreateExisting(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	requireCode(t, e.CreateCockpit(ctx, me("mkdir", "app"), "app"), Exists)
+	refusedUnchanged(t, e, "app", "main", Exists, func() error {
+		return e.CreateStack(ctx, me("mkdir", "app/stacks/main"), "app", "main")
+	})
+	requireCode(t, e.CreateStack(ctx, me("mkdir", "nope/stacks/main"), "nope", "main"), NotFound)
+}
+
+func TestNames(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	invalid := []string{"", ".x", "-x", "a/b", strings.Repeat("a", 129), "a b", "é", "a\x00"}
+	for _, name := range invalid {
+		requireCode(t, e.CreateCockpit(ctx, me("mkdir", name), name), StateRecordMalformed)
+		requireCode(t, e.CreateStack(ctx, me("mkdir", "app/stacks/"+name), "app", name), StateRecordMalformed)
+		refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error { return claimErr(e, "app", "main", name) })
+	}
+	for _, reserved := range []string{"README", "ports"} {
+		requireCode(t, e.CreateCockpit(ctx, me("mkdir", reserved), reserved), StateRecordMalformed)
+		// Only the root directory reserves them.
+		if err := e.CreateStack(ctx, me("mkdir", "app/stacks/"+reserved), "app", reserved); err != nil {
+			t.Fatalf("stack %s: %v", reserved, err)
+		}
+	}
+	longest := strings.Repeat("a", 128)
+	newCockpit(t, e, longest, exampleConfig, "x.y_z-1")
+	claim(t, e, longest, "x.y_z-1", "A.b-c_9")
+	if cockpits, err := e.Cockpits(); err != nil || len(cockpits) != 2 {
+		t.Fatalf("cockpits %v %v", cockpits, err)
+	}
+}
+
+func TestOwnership(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	const owner, stranger = 1000, 1001
+	if err := e.CreateCockpit(ctx, callerAs(owner, "mkdir", "app"), "app"); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.Cockpit("app"); err != nil || info.UID != owner {
+		t.Fatalf("cockpit %+v %v, want uid %d", info, err, owner)
+	}
+	requireCode(t, e.SetConfig(ctx, callerAs(stranger, "write", "app/config"), "app", []byte(exampleConfig)), PermissionDenied)
+	if info, _ := e.Cockpit("app"); info.Config != "" {
+		t.Fatalf("a refused config was stored: %q", info.Config)
+	}
+	if err := e.SetConfig(ctx, callerAs(rootUID, "write", "app/config"), "app", []byte(exampleConfig)); err != nil {
+		t.Fatalf("root writes any config: %v", err)
+	}
+	if err := e.SetConfig(ctx, callerAs(owner, "write", "app/config"), "app", []byte(exampleConfig+"\n")); err != nil {
+		t.Fatalf("the owner writes its config: %v", err)
+	}
+	if err := e.CreateStack(ctx, callerAs(stranger, "mkdir", "app/stacks/main"), "app", "main"); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []struct {
+		name string
+		uid  uint32
+	}{{"alice", owner}, {"bob", owner}, {"eve", stranger}} {
+		if err := e.Claim(ctx, callerAs(h.uid, "create", "h"), "app", "main", h.name, untracked(h.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := stackRecord(t, e, "app", "main"); func() bool { h, _ := r.Value.Holder("eve"); return h.UID != stranger }() {
+		t.Fatalf("eve does not record uid %d", stranger)
+	}
+	pidNone := HolderAttrs{SetPID: true}
+	mine := HolderAttrs{SetPID: true, PID: os.Getpid()}
+	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
+		return e.Release(ctx, callerAs(stranger, "unlink", "h"), "app", "main", "bob")
+	})
+	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
+		return e.SetHolder(ctx, callerAs(stranger, "write", "h"), "app", "main", "bob", mine, false)
+	})
+	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
+		return e.RemoveCockpit(ctx, callerAs(stranger, "rmdir", "app"), "app")
+	})
+	if err := e.SetHolder(ctx, callerAs(owner, "write", "h"), "app", "main", "bob", mine, false); err != nil {
+		t.Fatalf("the owner sets its holder: %v", err)
+	}
+	if err := e.SetHolder(ctx, callerAs(rootUID, "write", "h"), "app", "main", "bob", pidNone, false); err != nil {
+		t.Fatalf("root sets any holder: %v", err)
+	}
+	if err := e.Release(ctx, callerAs(rootUID, "unlink", "h"), "app", "main", "bob"); err != nil {
+		t.Fatalf("root releases any holder: %v", err)
+	}
+	if err := e.Release(ctx, callerAs(stranger, "unlink", "h"), "app", "main", "eve"); err != nil {
+		t.Fatalf("a stranger releases its own holder: %v", err)
+	}
+	if names := holderNames(stackRecord(t, e, "app", "main").Value); !reflect.DeepEqual(names, []string{"alice"}) {
+		t.Fatalf("holders %v, want [alice]", names)
+	}
+}
+
+// deadPID returns the pid of a process that has exited and been reaped.
+func deadPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Process.Pid
+}
+
+func TestSetHolder(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	c := me("write", "app/stacks/main/holders/alice")
+	set := func(attrs HolderAttrs, createdHere bool) error {
+		return e.SetHolder(ctx, c, "app", "main", "alice", attrs, createdHere)
+	}
+	alice := func() Holder {
+		h, ok := stackRecord(t, e, "app", "main").Value.Holder("alice")
+		if !ok {
+			t.Fatal("alice is gone")
+		}
+		return h
+	}
+
+	if err := set(HolderAttrs{SetPID: true, PID: os.Getpid()}, false); err != nil {
+		t.Fatal(err)
+	}
+	if h := alice(); h.PID != os.Getpid() || h.ProcessStart == "" || HolderState(h) != "live" {
+		t.Fatalf("after pid=%d: %+v state %s", os.Getpid(), h, HolderState(h))
+	}
+	if err := set(HolderAttrs{SetPID: true}, false); err != nil {
+		t.Fatal(err)
+	}
+	if h := alice(); h.PID != 0 || h.ProcessStart != "" || HolderState(h) != "untracked" {
+		t.Fatalf("after pid=none: %+v", h)
+	}
+	revision := stackRecord(t, e, "app", "main").Revision
+	if err := set(HolderAttrs{SetPID: true}, false); err != nil {
+		t.Fatal(err)
+	}
+	if r := stackRecord(t, e, "app", "main"); r.Revision != revision {
+		t.Fatalf("a write that changes nothing moved the revision to %d", r.Revision)
+	}
+	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
+		return set(HolderAttrs{SetPID: true, PID: deadPID(t)}, false)
+	})
+	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
+		return set(HolderAttrs{Checkout: "/src/other"}, false)
+	})
+	refusedUnchanged(t, e, "app", "main", NotFound, func() error {
+		return e.SetHolder(ctx, c, "app", "main", "nobody", HolderAttrs{SetPID: true}, false)
+	})
+	// The same checkout is no change, whoever writes it.
+	if err := set(HolderAttrs{Checkout: "/src/alice"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := set(HolderAttrs{Checkout: "/src/other"}, true); err != nil {
+		t.Fatal(err)
+	}
+	if h := alice(); h.CheckoutPath != "/src/other" || h.CheckoutID != CheckoutID("/src/other") {
+		t.Fatalf("checkout not moved on the creating open: %+v", h)
+	}
+}
+
+func TestParseHolderAttrs(t *testing.T) {
+	cases := []struct {
+		text string
+		want HolderAttrs
+		ok   bool
+	}{
+		{"", HolderAttrs{}, true},
+		{"pid=none", HolderAttrs{SetPID: true}, true},
+		{"pid=42 checkout=/a/b/../c", HolderAttrs{SetPID: true, PID: 42, Checkout: "/a/c"}, true},
+		{"checkout=/x\npid=7", HolderAttrs{SetPID: true, PID: 7, Checkout: "/x"}, true},
+		{"pid=0", HolderAttrs{}, false},
+		{"pid=-1", HolderAttrs{}, false},
+		{"pid=007", HolderAttrs{}, false},
+		{"pid=2147483648", HolderAttrs{}, false},
+		{"pid=1 pid=2", HolderAttrs{}, false},
+		{"checkout=relative", HolderAttrs{}, false},
+		{"color=red", HolderAttrs{}, false},
+		{"pid", HolderAttrs{}, false},
+	}
+	for _, tc := range cases {
+		got, err := ParseHolderAttrs(tc.text)
+		if !tc.ok {
+			if AsRefusal(err).Code != StateRecordMalformed || err == nil {
+				t.Errorf("%q: got %v, want STATE_RECORD_MALFORMED", tc.text, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q: got %+v %v, want %+v", tc.text, got, err, tc.want)
+		}
+	}
+}
+
+func TestEventsAfterEachChange(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	evs := eventLines(t, e, "app", "main")
+	if len(evs) != 1 || evs[0].Result != "ok" || evs[0].Revision == nil || *evs[0].Revision != 1 ||
+		evs[0].Op != "create" || evs[0].Path != "app/stacks/main/holders/alice" || evs[0].PID != os.Getpid() {
+		t.Fatalf("events after the claim: %+v", evs)
+	}
+	cockpitEvents := eventLines(t, e, "app", "")
+	if len(cockpitEvents) != 3 { // mkdir, config, mkdir stack
+		t.Fatalf("cockpit events %+v, want 3 lines", cockpitEvents)
+	}
+}
+
+func TestEventsKeepTheLast256(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	c := me("write", "app/stacks/main/holders/alice")
+	for i := range 300 {
+		attrs := HolderAttrs{SetPID: true}
+		if i%2 == 0 {
+			attrs.PID = os.Getpid()
+		}
+		if err := e.SetHolder(ctx, c, "app", "main", "alice", attrs, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := stackRecord(t, e, "app", "main")
+	if r.Revision != 301 {
+		t.Fatalf("revision %d, want 301", r.Revision)
+	}
+	evs := eventLines(t, e, "app", "main")
+	if len(evs) != EventsKept {
+		t.Fatalf("%d events lines, want %d", len(evs), EventsKept)
+	}
+	for i, ev := range evs {
+		if want := r.Revision - int64(EventsKept-1-i); ev.Revision == nil || *ev.Revision != want {
+			t.Fatalf("line %d has revision %v, want %d", i, ev.Revision, want)
+		}
+	}
+}
+
+func TestLogRefusal(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	err := claimErr(e, "app", "main", ".bad")
+	c := me("create", "app/stacks/main/holders/.bad")
+	if err := e.LogRefusal(c, "app", "main", AsRefusal(err), "EINVAL"); err != nil {
+		t.Fatal(err)
+	}
+	evs := eventLines(t, e, "app", "main")
+	if len(evs) != 1 {
+		t.Fatalf("events %+v, want one line", evs)
+	}
+	ev := evs[0]
+	if ev.Result != "refused" || ev.Code != StateRecordMalformed || ev.Errno != "EINVAL" || ev.Path != c.Path ||
+		ev.Message == "" || ev.Fix == "" || ev.Revision != nil {
+		t.Fatalf("refused line %+v", ev)
+	}
+	if r := stackRecord(t, e, "app", "main"); r.Revision != 0 {
+		t.Fatalf("logging a refusal moved the revision to %d", r.Revision)
+	}
+	// Cockpit level, and a cockpit that does not exist records nothing.
+	before := len(eventLines(t, e, "app", ""))
+	r := &Refusal{Code: PermissionDenied, Message: "no", Fix: "ask"}
+	if err := e.LogRefusal(me("write", "app/config"), "app", "", r, "EACCES"); err != nil {
+		t.Fatal(err)
+	}
+	if evs := eventLines(t, e, "app", ""); len(evs) != before+1 || evs[len(evs)-1].Errno != "EACCES" {
+		t.Fatalf("cockpit events %+v", evs)
+	}
+	if err := e.LogRefusal(me("mkdir", "nope/stacks/x"), "nope", "x", r, "EACCES"); err != nil {
+		t.Fatal(err)
+	}
+	if evs := eventLines(t, e, "nope", "x"); len(evs) != 0 {
+		t.Fatalf("a missing stack got events %+v", evs)
+	}
+}
+
+func TestWait(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	got := make(chan int64, 1)
+	go func() {
+		rev, err := e.Wait(context.Background(), "app", "main", 0)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- rev
+	}()
+	select {
+	case rev := <-got:
+		t.Fatalf("Wait returned %d before any change", rev)
+	case <-time.After(100 * time.Millisecond):
+	}
+	claim(t, e, "app", "main", "alice")
+	select {
+	case rev := <-got:
+		if rev != 1 {
+			t.Fatalf("Wait returned %d, want 1", rev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait did not return after a claim")
+	}
+	// A stale seen revision returns at once.
+	if rev, err := e.Wait(context.Background(), "app", "main", 0); err != nil || rev != 1 {
+		t.Fatalf("Wait(seen 0) = %d %v", rev, err)
+	}
+}
+
+func TestWaitCancelled(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Wait(ctx, "app", "main", 0)
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait returned %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait did not return on cancel")
+	}
+	_, err := e.Wait(context.Background(), "app", "missing", 0)
+	requireCode(t, err, NotFound)
+}
+
+func TestSetConfig(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", "")
+	requireCode(t, e.SetConfig(ctx, me("write", "app/config"), "app", []byte("[ports]\nstep = 0\n")), PortFamilyOutOfRange)
+	requireCode(t, e.SetConfig(ctx, me("write", "nope/config"), "nope", []byte(exampleConfig)), NotFound)
+	if info, err := e.Cockpit("app"); err != nil || info.Config != "" {
+		t.Fatalf("an invalid config was stored: %+v %v", info, err)
+	}
+	if err := e.SetConfig(ctx, me("write", "app/config"), "app", []byte(exampleConfig)); err != nil {
+		t.Fatal(err)
+	}
+	lines := len(eventLines(t, e, "app", ""))
+	if err := e.SetConfig(ctx, me("write", "app/config"), "app", []byte(exampleConfig)); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(eventLines(t, e, "app", "")); got != lines {
+		t.Fatalf("an unchanged config added %d events lines", got-lines)
+	}
+	if info, _ := e.Cockpit("app"); info.Config != exampleConfig {
+		t.Fatalf("config %q", info.Config)
+	}
+}

@@ -1,0 +1,492 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// Drains (SPEC §7): reserve, start an attempt, publish its outcome, repair an interrupted one,
+// cancel an unstarted reservation. Each step is a pure transition of (record, request, now) to
+// the next value; the Engine methods observe processes first, then commit one transition under
+// the stack's lock. Every step of a drain belongs to the uid of the drain's holder (§6).
+
+const (
+	repairCommand  = "echo terminated > drain/repair"
+	repairFix      = "repair it: " + repairCommand + ", then start again"
+	startFix       = "start an attempt first: echo start > drain/attempt"
+	finishDrainFix = "finish the reserved drain (drain/attempt, drain/outcome) or cancel it while unstarted (rm drain/request)"
+)
+
+// reserveInput is a reservation as the transaction sees it: the request, the revision it was
+// planned from, the holders observed dead before the transaction and the random identities drawn
+// for it.
+type reserveInput struct {
+	request       DrainRequest
+	caller        Caller
+	expected      int64
+	dead          []Holder
+	generation    string
+	reservationID string
+}
+
+// reserveDrain is a drain/request write. The expected revision is checked against r as it was
+// before this transaction's own dead-holder release: both happen in one commit, so the
+// reservation's expectedCoordinationRevision is r.Revision and its coordinationRevision the
+// revision committed. errUnchanged means the same drain is already reserved (a resume).
+func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
+	q := in.request
+	if q.given != nil && q.given.StackID != r.SubjectID {
+		return r.Value, malformedRequest("stackId %s is not this stack's %s", q.given.StackID, r.SubjectID)
+	}
+	if d := r.Value.Drain; d != nil {
+		return r.Value, resumeDrain(d, q, in.caller)
+	}
+	if in.expected != r.Revision {
+		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "re-open drain/request and write again",
+			"the request was planned at revision %d but the stack is now at revision %d", in.expected, r.Revision)
+	}
+	v, _ := releaseDead(r.Value, in.dead, nil, now)
+	if !v.Lease.Active() {
+		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "claim the stack first (touch holders/<name>)", "the stack has no active lease")
+	}
+	holder, err := drainRequester(v, q)
+	if err != nil {
+		return r.Value, err
+	}
+	if !in.caller.may(holder.UID) {
+		return r.Value, in.caller.denied("holder "+holder.Name, holder.UID)
+	}
+	d, err := planDrain(r, v.Lease, holder, in, now)
+	if err != nil {
+		return r.Value, err
+	}
+	v.Drain = d
+	return v, nil
+}
+
+// resumeDrain accepts a request for the drain already reserved; any other request waits for it.
+// The targets count too: resuming a drain that reclaims other targets would claim work not done.
+func resumeDrain(d *Drain, q DrainRequest, c Caller) error {
+	if !c.may(d.UID) {
+		return c.denied("the drain of holder "+d.HolderName, d.UID)
+	}
+	id := q.requesterID()
+	if q.Purpose == d.Purpose && (id == "" || id == d.HolderID) && equalStrings(sortedCopy(q.Targets), reclaimTargets(d)) {
+		return errUnchanged
+	}
+	return refuse(DrainAttemptRepairRequired, d.StackID, finishDrainFix,
+		"a %s drain by holder %s is already reserved (%d of %d actions done)", d.Purpose, d.HolderName, d.CompletedActionCount, len(d.Actions))
+}
+
+// drainRequester is the holder a request names, or the stack's only holder, which must be the
+// only holder left after dead-holder release.
+func drainRequester(v Value, q DrainRequest) (Holder, error) {
+	const fix = "let the other holders release their claims (or stop them), then write the request again"
+	id := q.requesterID()
+	if id == "" {
+		switch len(v.Holders) {
+		case 1:
+			return v.Holders[0], nil
+		case 0:
+			return Holder{}, refuse(ClaimCoTenant, "", "claim the stack first (touch holders/<name>)", "no live holder claims the stack")
+		default:
+			return Holder{}, refuse(ClaimCoTenant, "", fix, "%s", liveHolderMessage(v.Holders))
+		}
+	}
+	var requester Holder
+	var others []Holder
+	for _, h := range v.Holders {
+		if h.HolderID == id {
+			requester = h
+		} else {
+			others = append(others, h)
+		}
+	}
+	if requester.HolderID == "" {
+		name := q.Holder
+		if name == "" {
+			name = id
+		}
+		return Holder{}, refuse(NotFound, id, "name a holder listed in holders/", "holder %s does not claim this stack", name)
+	}
+	if len(others) > 0 {
+		return Holder{}, refuse(ClaimCoTenant, id, fix, "%s", liveHolderMessage(others))
+	}
+	return requester, nil
+}
+
+// planDrain derives the reservation: runtime-stop of the stack, then one committed reclaim per
+// other target in sorted order. A JSON request must state exactly this plan.
+func planDrain(r Record, lease *Lease, holder Holder, in reserveInput, now time.Time) (*Drain, error) {
+	q := in.request
+	stackID := r.SubjectID
+	reclaim := sortedCopy(q.Targets)
+	validFor := q.validForMs()
+	actions := []DrainAction{{Stage: StageRuntimeStop, TargetID: stackID, ValidForMs: validFor}}
+	for _, t := range reclaim {
+		if t == stackID {
+			return nil, malformedRequest("target %s is the stack itself, which every drain stops first", t)
+		}
+		actions = append(actions, DrainAction{Stage: StageReclaim, TargetID: t, ValidForMs: validFor, TargetCommitment: commitTo(stackID, t)})
+	}
+	targets := sortedCopy(append([]string{stackID}, reclaim...))
+	if g := q.given; g != nil && (!equalStrings(g.TargetIDs, targets) || canonicalJSON(g.Actions) != canonicalJSON(actions)) {
+		return nil, malformedRequest("targetIds and actions are not the plan the stack derives for %s of %d targets", q.Purpose, len(targets))
+	}
+	d := &Drain{
+		Purpose:                      q.Purpose,
+		StackID:                      stackID,
+		HolderID:                     holder.HolderID,
+		RequesterID:                  holder.HolderID,
+		ConfigSha256:                 orDerived(q.ConfigSha256, lease.Declaration.SHA256),
+		PlanDigest:                   orDerived(q.PlanDigest, func() string { return digest(canonicalJSON(actions)) }),
+		OperationBasis:               orDerived(q.OperationBasis, func() string { return digest(canonicalJSON(r)) }),
+		Generation:                   orDerived(q.Generation, func() string { return in.generation }),
+		TargetIDs:                    targets,
+		Actions:                      actions,
+		ExpectedCoordinationRevision: r.Revision,
+		CoordinationRevision:         r.Revision + 1,
+		ProgressRevision:             r.Revision + 1,
+		ReservedAt:                   Stamp(now),
+		ReservationID:                in.reservationID,
+		HolderName:                   holder.Name,
+		UID:                          holder.UID,
+	}
+	return d, nil
+}
+
+func orDerived(given string, derive func() string) string {
+	if given != "" {
+		return given
+	}
+	return derive()
+}
+
+// commitTo binds a reclaim to its target: the canonical JSON body naming it and its sha256.
+func commitTo(stackID, target string) *Commitment {
+	body := canonicalJSON(map[string]string{"stackId": stackID, "target": target})
+	return &Commitment{Format: commitmentFormat, Sha256: digest(body), Body: body}
+}
+
+// canonicalJSON renders v with every object's keys sorted: encoding/json sorts map keys, so a
+// round trip through generic values (numbers kept exact) canonicalises struct fields too.
+func canonicalJSON(v any) string {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("engine: marshal %T: %v", v, err)) // records and plans are plain data
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var generic any
+	if err := dec.Decode(&generic); err != nil {
+		panic(fmt.Sprintf("engine: re-read %T: %v", v, err))
+	}
+	out, _ := json.Marshal(generic)
+	return string(out)
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string{}, s...)
+	sort.Strings(out)
+	return out
+}
+
+func reclaimTargets(d *Drain) []string {
+	out := []string{}
+	for _, a := range d.Actions[1:] {
+		out = append(out, a.TargetID)
+	}
+	return out
+}
+
+func randomHex() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails; it aborts the program instead
+	return hex.EncodeToString(b[:])
+}
+
+// ownDrain returns the stack's drain when c may act on it.
+func ownDrain(r Record, c Caller, missing error) (*Drain, error) {
+	d := r.Value.Drain
+	if d == nil {
+		return nil, missing
+	}
+	if !c.may(d.UID) {
+		return nil, c.denied("the drain of holder "+d.HolderName, d.UID)
+	}
+	return d, nil
+}
+
+func noDrain(r Record) error {
+	return refuse(NotFound, r.SubjectID, "reserve one first: echo sleep > drain/request", "no drain is reserved on stack %s", r.Stack)
+}
+
+func noActiveAttempt(r Record, what string) error {
+	return refuse(ExecutionPreconditionChanged, r.SubjectID, startFix, "no attempt is active on stack %s to %s", r.Stack, what)
+}
+
+// cancelDrain removes a reservation no attempt has started; a failed attempt counts as started.
+func cancelDrain(r Record, c Caller) (Value, error) {
+	d, err := ownDrain(r, c, noDrain(r))
+	if err != nil {
+		return r.Value, err
+	}
+	if d.Attempt != nil || d.CompletedActionCount > 0 {
+		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "finish it: echo start > drain/attempt, then publish its outcome",
+			"the %s drain has started (%d of %d actions done) and cannot be cancelled", d.Purpose, d.CompletedActionCount, len(d.Actions))
+	}
+	v := r.Value
+	v.Drain = nil
+	return v, nil
+}
+
+// executor is the process an attempt names as running it; pid 0 is none.
+type executor struct {
+	pid   int
+	start string
+}
+
+// startAttempt commits an attempt of the next action: its first try, or a retry after a failure.
+func startAttempt(r Record, c Caller, ex executor, attemptID string, now time.Time) (Value, error) {
+	d, err := ownDrain(r, c, noDrain(r))
+	if err != nil {
+		return r.Value, err
+	}
+	if a := d.Attempt; a != nil && a.Status == AttemptActive {
+		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "publish its outcome (drain/outcome) or repair it ("+repairCommand+")",
+			"attempt %s is already active%s", a.AttemptID, executorText(a))
+	}
+	action := d.Actions[d.CompletedActionCount]
+	committed := notBefore(now, d.ReservedAt)
+	next := *d
+	next.Attempt = &Attempt{
+		AttemptID:     attemptID,
+		ReservationID: d.ReservationID,
+		Purpose:       d.Purpose,
+		TargetIDs:     d.TargetIDs,
+		Generation:    d.Generation,
+		ActionIndex:   d.CompletedActionCount,
+		CurrentTarget: action.TargetID,
+		CurrentStage:  action.Stage,
+		// With no attempt or a failed one, the record is at the drain's last step (progress or
+		// failure), so this is the revision the commit produces.
+		CommittedRevision: d.boundaryRevision() + 1,
+		CommittedAt:       Stamp(committed),
+		ValidThrough:      Stamp(committed.Add(time.Duration(action.ValidForMs) * time.Millisecond)),
+		Status:            AttemptActive,
+		ExecutorPID:       ex.pid,
+		ExecutorStart:     ex.start,
+	}
+	v := r.Value
+	v.Drain = &next
+	return v, nil
+}
+
+func executorText(a *Attempt) string {
+	if a.ExecutorPID == 0 {
+		return " (no executor process recorded)"
+	}
+	return fmt.Sprintf(" (executor process %d)", a.ExecutorPID)
+}
+
+// notBefore is now, or the recorded stamp earliest when the clock stepped back past it, so a
+// record's chronology survives a clock adjustment.
+func notBefore(now time.Time, earliest string) time.Time {
+	if t, ok := ParseStamp(earliest); ok && now.Before(t) {
+		return t
+	}
+	return now
+}
+
+// activeAttempt returns the active attempt c may publish to; attemptID "" names whichever is active.
+func activeAttempt(r Record, c Caller, attemptID, what string) (*Drain, *Attempt, error) {
+	d, err := ownDrain(r, c, noActiveAttempt(r, what))
+	if err != nil {
+		return nil, nil, err
+	}
+	a := d.Attempt
+	if a == nil || a.Status != AttemptActive {
+		return nil, nil, noActiveAttempt(r, what)
+	}
+	if attemptID != "" && attemptID != a.AttemptID {
+		return nil, nil, refuse(ExecutionPreconditionChanged, r.SubjectID, "read drain/attempt for the active attempt",
+			"attempt %s is not the active attempt %s", attemptID, a.AttemptID)
+	}
+	return d, a, nil
+}
+
+// publishOutcome is a drain/outcome write (the seeds' reduceDrainOutcome).
+func publishOutcome(r Record, c Caller, success bool, attemptID string, now time.Time) (Value, error) {
+	d, a, err := activeAttempt(r, c, attemptID, "publish an outcome for")
+	if err != nil {
+		return r.Value, err
+	}
+	if !success {
+		return failAttempt(r.Value, d, now), nil
+	}
+	validThrough, _ := ParseStamp(a.ValidThrough)
+	if now.Truncate(time.Millisecond).After(validThrough) {
+		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, repairFix,
+			"attempt %s was valid through %s; its success arrived at %s, too late to trust", a.AttemptID, a.ValidThrough, Stamp(now))
+	}
+	if a.ActionIndex < len(d.Actions)-1 {
+		next := *d
+		next.CompletedActionCount++
+		next.ProgressRevision = a.CommittedRevision + 1
+		next.Attempt = nil
+		v := r.Value
+		v.Drain = &next
+		return v, nil
+	}
+	// The last action: the drain ends and the stack is released with its ports.
+	lease := *r.Value.Lease
+	lease.Released = true
+	holderID := d.HolderID
+	return Value{Holders: []Holder{}, Lease: &lease, LastReleasedHolder: &holderID}, nil
+}
+
+// failAttempt records d's active attempt as failed in the next revision.
+func failAttempt(v Value, d *Drain, now time.Time) Value {
+	failed := *d.Attempt
+	failedRevision := failed.CommittedRevision + 1
+	failedAt := Stamp(notBefore(now, failed.CommittedAt))
+	failed.Status, failed.FailedRevision, failed.FailedAt = AttemptFailed, &failedRevision, &failedAt
+	next := *d
+	next.Attempt = &failed
+	v.Drain = &next
+	return v
+}
+
+// executorCheck is what Repair observed before its transaction: the attempt it looked at and
+// whether that attempt's executor is proven gone.
+type executorCheck struct {
+	attemptID string
+	gone      bool
+}
+
+// repairAttempt records an interrupted attempt as failed once its executor is proven gone, or,
+// with no executor recorded, once the attempt's validity has passed.
+func repairAttempt(r Record, c Caller, seen executorCheck, now time.Time) (Value, error) {
+	d, a, err := activeAttempt(r, c, "", "repair")
+	if err != nil {
+		return r.Value, err
+	}
+	if a.AttemptID != seen.attemptID {
+		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "write terminated again", "attempt %s replaced the one observed", a.AttemptID)
+	}
+	if a.ExecutorPID != 0 && !seen.gone {
+		return r.Value, refuse(ClaimCoTenant, r.SubjectID, fmt.Sprintf("let it finish and publish its outcome, or stop it with `kill %d`", a.ExecutorPID),
+			"executor process %d is still running; stop it with `kill %d`", a.ExecutorPID, a.ExecutorPID)
+	}
+	validThrough, _ := ParseStamp(a.ValidThrough)
+	if a.ExecutorPID == 0 && !now.Truncate(time.Millisecond).After(validThrough) {
+		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "wait until "+a.ValidThrough+", or publish its outcome",
+			"attempt %s records no executor, so it may still run until %s", a.AttemptID, a.ValidThrough)
+	}
+	return failAttempt(r.Value, d, now), nil
+}
+
+// applyDrainStep commits the value step derives from the stack's current record.
+func (e *Engine) applyDrainStep(ctx context.Context, c Caller, cockpit, stack string, step func(Record, time.Time) (Value, error)) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+		r, err := loadRecord(tx, cockpit, stack)
+		if err != nil {
+			return err
+		}
+		v, err := step(r, now)
+		if err != nil {
+			return err
+		}
+		return e.commit(tx, c, r, v, now)
+	})
+}
+
+// ReserveDrain applies a drain/request write. openedAt is the stack's revision when the file was
+// opened: the expected revision unless the request names one.
+func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack string, req DrainRequest, openedAt int64) error {
+	before, err := e.Stack(cockpit, stack)
+	if err != nil {
+		return err
+	}
+	expected := openedAt
+	if req.Revision != nil {
+		expected = *req.Revision
+	}
+	var dead []Holder
+	if before.Value.Drain == nil {
+		// Probes are slow, so they run before the transaction; the requester is never probed.
+		except := req.requesterID()
+		if except == "" && len(before.Value.Holders) == 1 {
+			except = before.Value.Holders[0].HolderID
+		}
+		dead = deadHolders(before.Value.Holders, except)
+	}
+	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, generation: randomHex(), reservationID: randomHex()}
+	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, now time.Time) (Value, error) {
+		return reserveDrain(r, in, now)
+	})
+}
+
+// CancelDrain applies an unlink of drain/request.
+func (e *Engine) CancelDrain(ctx context.Context, c Caller, cockpit, stack string) error {
+	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, _ time.Time) (Value, error) {
+		return cancelDrain(r, c)
+	})
+}
+
+// StartAttempt applies `start [pid=<n>|none]` to drain/attempt: executorPID -1 names the writer,
+// 0 none.
+func (e *Engine) StartAttempt(ctx context.Context, c Caller, cockpit, stack string, executorPID int) error {
+	if executorPID < 0 {
+		if c.PID <= 0 {
+			return refuse(StateRecordMalformed, StackID(cockpit, stack), "write start pid=<executor pid> or start pid=none",
+				"the writing process could not be resolved to name the executor")
+		}
+		executorPID = c.PID
+	}
+	ex := executor{pid: executorPID}
+	if ex.pid > 0 {
+		var err error
+		if ex.start, err = processOf(ex.pid); err != nil {
+			return err
+		}
+	}
+	attemptID := randomHex()
+	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, now time.Time) (Value, error) {
+		return startAttempt(r, c, ex, attemptID, now)
+	})
+}
+
+// PublishOutcome applies `success|failure [attempt=<id>]` to drain/outcome.
+func (e *Engine) PublishOutcome(ctx context.Context, c Caller, cockpit, stack string, success bool, attemptID string) error {
+	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, now time.Time) (Value, error) {
+		return publishOutcome(r, c, success, attemptID, now)
+	})
+}
+
+// Repair applies `terminated` to drain/repair. The executor is observed before the transaction,
+// which then applies only to the attempt observed.
+func (e *Engine) Repair(ctx context.Context, c Caller, cockpit, stack string) error {
+	before, err := e.Stack(cockpit, stack)
+	if err != nil {
+		return err
+	}
+	var seen executorCheck
+	if d := before.Value.Drain; d != nil && d.Attempt != nil {
+		a := d.Attempt
+		seen.attemptID = a.AttemptID
+		seen.gone = a.ExecutorPID != 0 && liveness.Gone(a.ExecutorStart, liveness.Observe(a.ExecutorPID))
+	}
+	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, now time.Time) (Value, error) {
+		return repairAttempt(r, c, seen, now)
+	})
+}

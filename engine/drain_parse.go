@@ -1,0 +1,269 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"strings"
+)
+
+// Parsers of the drain control files (SPEC §7). Every refusal here is STATE_RECORD_MALFORMED.
+
+const defaultValidForMs = 120000
+
+// DrainRequest is a parsed write to drain/request.
+type DrainRequest struct {
+	Purpose  string   // sleep | down | reset
+	Targets  []string // reclaim targets as written (not including the stack)
+	Holder   string   // holder NAME; "" = the stack's only holder
+	Revision *int64   // nil = the revision when the file was opened (the fs passes it as openedAt)
+	ValidFor int64    // ms, 1..300000, 0 = default 120000
+	// From the JSON form only (the seeds' request fields); "" = derived:
+	ConfigSha256, PlanDigest, OperationBasis, Generation string
+
+	// given is the plan a JSON request states; the reservation must derive exactly it.
+	given *givenPlan
+}
+
+// givenPlan is what a JSON request names by identity rather than by name.
+type givenPlan struct {
+	StackID   string
+	HolderID  string
+	TargetIDs []string
+	Actions   []DrainAction
+}
+
+// requesterID is the identity of the holder the request names, "" when it names none.
+func (q DrainRequest) requesterID() string {
+	switch {
+	case q.given != nil:
+		return q.given.HolderID
+	case q.Holder != "":
+		return HolderID(q.Holder)
+	default:
+		return ""
+	}
+}
+
+func (q DrainRequest) validForMs() int64 {
+	if q.ValidFor == 0 {
+		return defaultValidForMs
+	}
+	return q.ValidFor
+}
+
+const requestFix = "write `sleep`, or `down|reset [target ...]` with optional holder=<name> revision=<n> valid_for=<ms> target=<target>"
+
+func malformedRequest(format string, args ...any) error {
+	return refuse(StateRecordMalformed, "drain/request", requestFix, format, args...)
+}
+
+// ParseDrainRequest parses `sleep`, `down volume:db volume:cache`,
+// `reset target=volume:db holder=me revision=12 valid_for=60000`, or a JSON object with the
+// seeds' request fields.
+func ParseDrainRequest(text string) (DrainRequest, error) {
+	trimmed := strings.TrimSpace(text)
+	if trimmed != "" && strings.ContainsRune(`{["`, rune(trimmed[0])) {
+		return parseDrainRequestJSON([]byte(trimmed))
+	}
+	tokens := strings.Fields(text)
+	if len(tokens) == 0 {
+		return DrainRequest{}, malformedRequest("the request is empty")
+	}
+	q := DrainRequest{Purpose: tokens[0]}
+	if !validPurpose(q.Purpose) {
+		return DrainRequest{}, malformedRequest("purpose %q is not sleep, down or reset", q.Purpose)
+	}
+	seen := map[string]bool{}
+	for _, token := range tokens[1:] {
+		key, value, ok := strings.Cut(token, "=")
+		if !ok {
+			key, value = "target", token
+		}
+		if key != "target" && seen[key] {
+			return DrainRequest{}, malformedRequest("%s= is given twice", key)
+		}
+		seen[key] = true
+		switch key {
+		case "target":
+			q.Targets = append(q.Targets, value)
+		case "holder":
+			if !ValidName(value) {
+				return DrainRequest{}, malformedRequest("holder name %q is invalid", value)
+			}
+			q.Holder = value
+		case "revision":
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || n < 0 || strconv.FormatInt(n, 10) != value {
+				return DrainRequest{}, malformedRequest("revision %q is not a non-negative integer", value)
+			}
+			q.Revision = &n
+		case "valid_for":
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || n < 1 || n > maxValidForMs || strconv.FormatInt(n, 10) != value {
+				return DrainRequest{}, malformedRequest("valid_for %q is not 1-%d milliseconds", value, maxValidForMs)
+			}
+			q.ValidFor = n
+		default:
+			return DrainRequest{}, malformedRequest("unknown key %q", key)
+		}
+	}
+	if err := checkReclaimTargets(q.Purpose, q.Targets); err != nil {
+		return DrainRequest{}, err
+	}
+	return q, nil
+}
+
+func validPurpose(p string) bool { return p == "sleep" || p == "down" || p == "reset" }
+
+// checkReclaimTargets: 1-512 bytes, no NUL, distinct, none for sleep, and room for the stack's own
+// target within the record's limit.
+func checkReclaimTargets(purpose string, targets []string) error {
+	if purpose == "sleep" && len(targets) > 0 {
+		return malformedRequest("sleep only stops the runtime; it takes no targets (use down or reset)")
+	}
+	if len(targets) >= MaxHolders {
+		return malformedRequest("%d targets exceed %d", len(targets), MaxHolders-1)
+	}
+	seen := map[string]bool{}
+	for _, t := range targets {
+		switch {
+		case t == "" || len(t) > maxTargetBytes:
+			return malformedRequest("target of %d bytes is not 1-%d bytes", len(t), maxTargetBytes)
+		case strings.ContainsRune(t, 0):
+			return malformedRequest("target %q contains NUL", t)
+		case seen[t]:
+			return malformedRequest("target %q is named twice", t)
+		}
+		seen[t] = true
+	}
+	return nil
+}
+
+// requestJSONKeys are the seeds' drain request fields, all required, no others.
+var requestJSONKeys = []string{"purpose", "stackId", "holderId", "requesterId", "configSha256", "planDigest",
+	"operationBasis", "generation", "targetIds", "actions", "expectedCoordinationRevision"}
+
+type requestJSON struct {
+	Purpose                      string        `json:"purpose"`
+	StackID                      string        `json:"stackId"`
+	HolderID                     string        `json:"holderId"`
+	RequesterID                  string        `json:"requesterId"`
+	ConfigSha256                 string        `json:"configSha256"`
+	PlanDigest                   string        `json:"planDigest"`
+	OperationBasis               string        `json:"operationBasis"`
+	Generation                   string        `json:"generation"`
+	TargetIDs                    []string      `json:"targetIds"`
+	Actions                      []DrainAction `json:"actions"`
+	ExpectedCoordinationRevision int64         `json:"expectedCoordinationRevision"`
+}
+
+// parseDrainRequestJSON reads the seeds' request. Its plan is checked against the stack when the
+// reservation derives its own: the names behind the identities are only known there.
+func parseDrainRequestJSON(data []byte) (DrainRequest, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil || fields == nil {
+		return DrainRequest{}, malformedRequest("the JSON request is not one object")
+	}
+	for _, k := range requestJSONKeys {
+		if _, ok := fields[k]; !ok {
+			return DrainRequest{}, malformedRequest("the JSON request lacks %q", k)
+		}
+	}
+	if len(fields) != len(requestJSONKeys) {
+		return DrainRequest{}, malformedRequest("the JSON request has fields besides %s", strings.Join(requestJSONKeys, ", "))
+	}
+	var j requestJSON
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return DrainRequest{}, malformedRequest("the JSON request is malformed: %v", err)
+	}
+	switch {
+	case !validPurpose(j.Purpose):
+		return DrainRequest{}, malformedRequest("purpose %q is not sleep, down or reset", j.Purpose)
+	case !stackIDPattern.MatchString(j.StackID):
+		return DrainRequest{}, malformedRequest("stackId %q is not a stack identity", j.StackID)
+	case !holderIDPattern.MatchString(j.HolderID) || j.RequesterID != j.HolderID:
+		return DrainRequest{}, malformedRequest("holderId and requesterId must be the same holder identity")
+	case !sha256Pattern.MatchString(j.ConfigSha256) || !sha256Pattern.MatchString(j.PlanDigest) ||
+		!sha256Pattern.MatchString(j.OperationBasis) || !sha256Pattern.MatchString(j.Generation):
+		return DrainRequest{}, malformedRequest("configSha256, planDigest, operationBasis and generation must be sha256 hex")
+	case j.ExpectedCoordinationRevision < 0:
+		return DrainRequest{}, malformedRequest("expectedCoordinationRevision %d is negative", j.ExpectedCoordinationRevision)
+	case len(j.Actions) == 0 || j.Actions[0].ValidForMs < 1 || j.Actions[0].ValidForMs > maxValidForMs:
+		return DrainRequest{}, malformedRequest("actions must start with a runtime-stop valid for 1-%d ms", maxValidForMs)
+	}
+	var reclaim []string
+	for _, t := range j.TargetIDs {
+		if t != j.StackID {
+			reclaim = append(reclaim, t)
+		}
+	}
+	if err := checkReclaimTargets(j.Purpose, reclaim); err != nil {
+		return DrainRequest{}, err
+	}
+	revision := j.ExpectedCoordinationRevision
+	return DrainRequest{
+		Purpose:        j.Purpose,
+		Targets:        reclaim,
+		Revision:       &revision,
+		ValidFor:       j.Actions[0].ValidForMs,
+		ConfigSha256:   j.ConfigSha256,
+		PlanDigest:     j.PlanDigest,
+		OperationBasis: j.OperationBasis,
+		Generation:     j.Generation,
+		given:          &givenPlan{StackID: j.StackID, HolderID: j.HolderID, TargetIDs: j.TargetIDs, Actions: j.Actions},
+	}, nil
+}
+
+// ParseAttemptCommand parses `start [pid=<n>|none]`: executorPID is -1 for the default (the
+// writer), 0 for none.
+func ParseAttemptCommand(text string) (executorPID int, err error) {
+	const fix = "write `start`, `start pid=<executor pid>` or `start pid=none`"
+	tokens := strings.Fields(text)
+	if len(tokens) == 0 || tokens[0] != "start" || len(tokens) > 2 {
+		return 0, refuse(StateRecordMalformed, "drain/attempt", fix, "attempt command %q is not start [pid=<n>|none]", text)
+	}
+	if len(tokens) == 1 {
+		return -1, nil
+	}
+	value, ok := strings.CutPrefix(tokens[1], "pid=")
+	if !ok {
+		return 0, refuse(StateRecordMalformed, "drain/attempt", fix, "unknown attempt attribute %q", tokens[1])
+	}
+	if value == "none" {
+		return 0, nil
+	}
+	pid, err := strconv.Atoi(value)
+	if err != nil || pid < 1 || pid > 2147483647 || strconv.Itoa(pid) != value {
+		return 0, refuse(StateRecordMalformed, "drain/attempt", fix, "pid %q is not a process id", value)
+	}
+	return pid, nil
+}
+
+// ParseOutcomeCommand parses `success|failure [attempt=<attemptId>]`; attemptID "" names the
+// active attempt.
+func ParseOutcomeCommand(text string) (success bool, attemptID string, err error) {
+	const fix = "write `success` or `failure`, optionally with attempt=<attemptId>"
+	tokens := strings.Fields(text)
+	if len(tokens) == 0 || tokens[0] != "success" && tokens[0] != "failure" || len(tokens) > 2 {
+		return false, "", refuse(StateRecordMalformed, "drain/outcome", fix, "outcome command %q is not success|failure [attempt=<id>]", text)
+	}
+	if len(tokens) == 2 {
+		value, ok := strings.CutPrefix(tokens[1], "attempt=")
+		if !ok || !sha256Pattern.MatchString(value) {
+			return false, "", refuse(StateRecordMalformed, "drain/outcome", fix, "outcome attribute %q is not attempt=<64 hex>", tokens[1])
+		}
+		attemptID = value
+	}
+	return tokens[0] == "success", attemptID, nil
+}
+
+// ParseRepairCommand parses `terminated`, the only repair there is.
+func ParseRepairCommand(text string) error {
+	if tokens := strings.Fields(text); len(tokens) != 1 || tokens[0] != "terminated" {
+		return refuse(StateRecordMalformed, "drain/repair", "write `terminated`", "repair command %q is not terminated", text)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package engine
+
+import (
+	"context"
+	"os/exec"
+	"reflect"
+	"syscall"
+	"testing"
+)
+
+// sessionSleeper starts `sleep 60` in its own session, as a terminal's shell would hold a stack,
+// and kills it when the test ends.
+func sessionSleeper(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// kill ends cmd and reaps it, so its pid is gone.
+func kill(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+}
+
+func claimWithPID(t *testing.T, e *Engine, cockpit, stack, holder string, pid int) {
+	t.Helper()
+	attrs := &HolderAttrs{SetPID: true, PID: pid, Checkout: "/src/" + holder}
+	if err := e.Claim(context.Background(), me("create", holder), cockpit, stack, holder, attrs); err != nil {
+		t.Fatalf("claim %s with pid %d: %v", holder, pid, err)
+	}
+}
+
+func holderState(t *testing.T, e *Engine, cockpit, stack, holder string) string {
+	t.Helper()
+	h, ok := stackRecord(t, e, cockpit, stack).Value.Holder(holder)
+	if !ok {
+		t.Fatalf("holder %s is gone", holder)
+	}
+	return HolderState(h)
+}
+
+func TestDeadHolderReleasedByAnotherClaim(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	worker := sessionSleeper(t)
+	claimWithPID(t, e, "app", "main", "worker", worker.Process.Pid)
+	if s := holderState(t, e, "app", "main", "worker"); s != "live" {
+		t.Fatalf("worker is %s while its process runs", s)
+	}
+	if s := holderState(t, e, "app", "main", "alice"); s != "untracked" {
+		t.Fatalf("alice is %s, want untracked", s)
+	}
+	before := stackRecord(t, e, "app", "main")
+
+	kill(t, worker)
+	if s := holderState(t, e, "app", "main", "worker"); s != "dead" {
+		t.Fatalf("worker is %s after its process was killed", s)
+	}
+	claim(t, e, "app", "main", "bob")
+	r := stackRecord(t, e, "app", "main")
+	if names := holderNames(r.Value); !reflect.DeepEqual(names, []string{"alice", "bob"}) {
+		t.Fatalf("holders %v, want [alice bob]", names)
+	}
+	if r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != HolderID("worker") {
+		t.Fatalf("lastReleasedHolder %v, want worker's id", r.Value.LastReleasedHolder)
+	}
+	if !reflect.DeepEqual(r.Value.Lease, before.Value.Lease) || r.Revision != before.Revision+1 {
+		t.Fatalf("lease or revision moved: %+v at %d", r.Value.Lease, r.Revision)
+	}
+}
+
+func TestDeadOnlyHolderTakenOver(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	worker := sessionSleeper(t)
+	claimWithPID(t, e, "app", "main", "worker", worker.Process.Pid)
+	before := stackRecord(t, e, "app", "main")
+	kill(t, worker)
+	claim(t, e, "app", "main", "alice")
+	r := stackRecord(t, e, "app", "main")
+	if names := holderNames(r.Value); !reflect.DeepEqual(names, []string{"alice"}) {
+		t.Fatalf("holders %v, want [alice]", names)
+	}
+	if r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != HolderID("worker") {
+		t.Fatalf("lastReleasedHolder %v, want worker's id", r.Value.LastReleasedHolder)
+	}
+	if !reflect.DeepEqual(r.Value.Lease, before.Value.Lease) {
+		t.Fatalf("the takeover changed the lease: %+v", r.Value.Lease)
+	}
+	if r.Revision != before.Revision+1 {
+		t.Fatalf("the takeover took %d revisions, want one transaction", r.Revision-before.Revision)
+	}
+}
+
+func TestLiveAndUntrackedHoldersStay(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	worker := sessionSleeper(t)
+	claimWithPID(t, e, "app", "main", "worker", worker.Process.Pid)
+	claim(t, e, "app", "main", "alice")
+	claim(t, e, "app", "main", "bob")
+	r := stackRecord(t, e, "app", "main")
+	if names := holderNames(r.Value); !reflect.DeepEqual(names, []string{"alice", "bob", "worker"}) {
+		t.Fatalf("holders %v, want alice, bob and the live worker", names)
+	}
+	if r.Value.LastReleasedHolder != nil {
+		t.Fatalf("lastReleasedHolder %s with nobody released", *r.Value.LastReleasedHolder)
+	}
+	if s := holderState(t, e, "app", "main", "worker"); s != "live" {
+		t.Fatalf("worker is %s", s)
+	}
+}
+
+func TestClaimRefusesDeadPID(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
+		attrs := &HolderAttrs{SetPID: true, PID: deadPID(t), Checkout: "/src/ghost"}
+		return e.Claim(context.Background(), me("create", "ghost"), "app", "main", "ghost", attrs)
+	})
+}
+
+func TestClaimDefaultsToCallerSession(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	shell := sessionSleeper(t)
+	// The caller is the session leader itself here: a process that started its own session.
+	c := Caller{PID: shell.Process.Pid, UID: 1000, Op: "create", Path: "h"}
+	if err := e.Claim(context.Background(), c, "app", "main", "term", nil); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := stackRecord(t, e, "app", "main").Value.Holder("term")
+	if h.PID != shell.Process.Pid || h.UID != 1000 || h.ProcessStart == "" || h.CheckoutPath == "" {
+		t.Fatalf("default holder %+v, want the caller's session leader %d", h, shell.Process.Pid)
+	}
+	kill(t, shell)
+	claim(t, e, "app", "main", "alice")
+	if names := holderNames(stackRecord(t, e, "app", "main").Value); !reflect.DeepEqual(names, []string{"alice"}) {
+		t.Fatalf("holders %v after the session ended, want [alice]", names)
+	}
+}

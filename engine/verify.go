@@ -1,0 +1,86 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// Verify checks the whole store offline: every record against Check, the port index against the
+// active leases both ways, and the per-cockpit counts. It returns one line per violation, naming
+// its key, and how many records it read.
+func Verify(db *kv.DB) ([]string, int, error) {
+	var violations []string
+	bad := func(key, format string, args ...any) {
+		violations = append(violations, key+": "+fmt.Sprintf(format, args...))
+	}
+	records := map[string]Record{}
+	stacks := map[string]int{}
+	leases := map[string]int{}
+	err := db.View(func(tx kv.Txn) error {
+		if err := tx.Scan("s/", func(key string, value []byte) error {
+			r, err := decodeRecord(value)
+			if err != nil {
+				bad(key, "%v", err)
+				return nil
+			}
+			cockpit, stack := splitStackKey(key)
+			if r.Cockpit != cockpit || r.Stack != stack {
+				bad(key, "record names %s/%s", r.Cockpit, r.Stack)
+			}
+			if err := Check(r); err != nil {
+				bad(key, "%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+			}
+			records[key] = r
+			stacks[cockpit]++
+			if r.Value.Lease.Active() {
+				leases[cockpit]++
+				for k, port := range r.Value.Lease.Ports {
+					var owner PortOwner
+					ok, err := getJSON(tx, portKey(port), &owner)
+					if err != nil || !ok || owner.Cockpit != cockpit || owner.Stack != stack || owner.Key != k || owner.Offset != r.Value.Lease.Offset {
+						bad(key, "active lease port %s=%d is missing from the port index", k, port)
+					}
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := tx.Scan(portsPrefix, func(key string, value []byte) error {
+			var owner PortOwner
+			if err := json.Unmarshal(value, &owner); err != nil {
+				bad(key, "%v", err)
+				return nil
+			}
+			r, ok := records[stackKey(owner.Cockpit, owner.Stack)]
+			if !ok || !r.Value.Lease.Active() || r.Value.Lease.Ports[owner.Key] != owner.Port || portKey(owner.Port) != key {
+				bad(key, "indexed for %s/%s key %s, which holds no such active lease", owner.Cockpit, owner.Stack, owner.Key)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Scan("c/", func(key string, value []byte) error {
+			var m cockpitMeta
+			if err := json.Unmarshal(value, &m); err != nil {
+				bad(key, "%v", err)
+				return nil
+			}
+			if m.Stacks != stacks[m.Name] {
+				bad(key, "counts %d stacks, the store holds %d", m.Stacks, stacks[m.Name])
+			}
+			var n int
+			if _, err := getJSON(tx, leaseCountKey(m.Name), &n); err != nil {
+				return err
+			}
+			if n != leases[m.Name] {
+				bad(leaseCountKey(m.Name), "counts %d active leases, the store holds %d", n, leases[m.Name])
+			}
+			return nil
+		})
+	})
+	return violations, len(records), err
+}

@@ -1,0 +1,195 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// entry is one child of a directory as a listing produces it.
+type entry struct {
+	name string
+	node fs.InodeEmbedder
+	dir  bool
+}
+
+// listing is what a directory shows; each directory concept implements it, and the mutations it
+// supports through the optional interfaces below. Anything else is refused with EPERM.
+type listing interface {
+	entries(ctx context.Context, d *dir) ([]entry, error)
+}
+
+type (
+	mkdirer interface {
+		mkdir(ctx context.Context, d *dir, name string) syscall.Errno
+	}
+	rmdirer interface {
+		rmdir(ctx context.Context, d *dir, name string) syscall.Errno
+	}
+	creator interface {
+		create(ctx context.Context, d *dir, name string) (*handle, syscall.Errno)
+	}
+	unlinker interface {
+		unlink(ctx context.Context, d *dir, name string) syscall.Errno
+	}
+)
+
+// dir is a directory of the tree; cockpit and stack say where it is (either may be "").
+type dir struct {
+	fs.Inode
+	fsys    *FS
+	path    string
+	cockpit string
+	stack   string
+	list    listing
+}
+
+func (f *FS) newDir(path, cockpit, stack string, list listing) *dir {
+	return &dir{fsys: f, path: path, cockpit: cockpit, stack: stack, list: list}
+}
+
+func (d *dir) child(name string) string {
+	if d.path == "" {
+		return name
+	}
+	return d.path + "/" + name
+}
+
+var (
+	_ = (fs.NodeLookuper)((*dir)(nil))
+	_ = (fs.NodeReaddirer)((*dir)(nil))
+	_ = (fs.NodeGetattrer)((*dir)(nil))
+	_ = (fs.NodeMkdirer)((*dir)(nil))
+	_ = (fs.NodeRmdirer)((*dir)(nil))
+	_ = (fs.NodeCreater)((*dir)(nil))
+	_ = (fs.NodeUnlinker)((*dir)(nil))
+	_ = (fs.NodeRenamer)((*dir)(nil))
+	_ = (fs.NodeMknoder)((*dir)(nil))
+	_ = (fs.NodeSymlinker)((*dir)(nil))
+	_ = (fs.NodeLinker)((*dir)(nil))
+)
+
+func (d *dir) find(ctx context.Context, name string) (entry, syscall.Errno) {
+	es, err := d.list.entries(ctx, d)
+	if err != nil {
+		return entry{}, d.fsys.fail(caller(ctx, "lookup", d.child(name)), "", "", err)
+	}
+	for _, e := range es {
+		if e.name == name {
+			return e, 0
+		}
+	}
+	return entry{}, syscall.ENOENT
+}
+
+func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	e, errno := d.find(ctx, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	return d.adopt(ctx, e, &out.Attr)
+}
+
+// adopt returns the inode of e, reusing the one already known for its path, and fills its attrs.
+func (d *dir) adopt(ctx context.Context, e entry, a *fuse.Attr) (*fs.Inode, syscall.Errno) {
+	mode := uint32(syscall.S_IFREG)
+	if e.dir {
+		mode = syscall.S_IFDIR
+	}
+	in := d.NewInode(ctx, e.node, fs.StableAttr{Mode: mode, Ino: ino(d.child(e.name))})
+	if g, ok := in.Operations().(fs.NodeGetattrer); ok {
+		var out fuse.AttrOut
+		if errno := g.Getattr(ctx, nil, &out); errno != 0 {
+			return nil, errno
+		}
+		*a = out.Attr
+	}
+	return in, 0
+}
+
+func (d *dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	es, err := d.list.entries(ctx, d)
+	if err != nil {
+		return nil, d.fsys.fail(caller(ctx, "readdir", d.path), "", "", err)
+	}
+	out := make([]fuse.DirEntry, len(es))
+	for i, e := range es {
+		mode := uint32(syscall.S_IFREG)
+		if e.dir {
+			mode = syscall.S_IFDIR
+		}
+		out[i] = fuse.DirEntry{Name: e.name, Mode: mode, Ino: ino(d.child(e.name))}
+	}
+	return fs.NewListDirStream(out), 0
+}
+
+func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o755
+	out.Nlink = 2
+	out.Uid = d.fsys.uid
+	setTimes(&out.Attr, d.fsys.started)
+	if t, uid, ok := d.fsys.cockpitOwner(d.cockpit); ok {
+		out.Uid = uid
+		setTimes(&out.Attr, t)
+	}
+	return 0
+}
+
+func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	m, ok := d.list.(mkdirer)
+	if !ok {
+		return nil, d.fsys.undefined(ctx, "mkdir", d.child(name), d.cockpit, d.stack)
+	}
+	if errno := m.mkdir(ctx, d, name); errno != 0 {
+		return nil, errno
+	}
+	return d.Lookup(ctx, name, out)
+}
+
+func (d *dir) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if r, ok := d.list.(rmdirer); ok {
+		return r.rmdir(ctx, d, name)
+	}
+	return d.fsys.undefined(ctx, "rmdir", d.child(name), d.cockpit, d.stack)
+}
+
+func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	c, ok := d.list.(creator)
+	if !ok {
+		return nil, nil, 0, d.fsys.undefined(ctx, "create", d.child(name), d.cockpit, d.stack)
+	}
+	h, errno := c.create(ctx, d, name)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	in, errno := d.Lookup(ctx, name, out)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	return in, h, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (d *dir) Unlink(ctx context.Context, name string) syscall.Errno {
+	if u, ok := d.list.(unlinker); ok {
+		return u.unlink(ctx, d, name)
+	}
+	return d.fsys.undefined(ctx, "unlink", d.child(name), d.cockpit, d.stack)
+}
+
+func (d *dir) Rename(ctx context.Context, name string, _ fs.InodeEmbedder, newName string, _ uint32) syscall.Errno {
+	return d.fsys.undefined(ctx, "rename", d.child(name), d.cockpit, d.stack)
+}
+
+func (d *dir) Mknod(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.undefined(ctx, "mknod", d.child(name), d.cockpit, d.stack)
+}
+
+func (d *dir) Symlink(ctx context.Context, _, name string, _ *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.undefined(ctx, "symlink", d.child(name), d.cockpit, d.stack)
+}
+
+func (d *dir) Link(ctx context.Context, _ fs.InodeEmbedder, name string, _ *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.undefined(ctx, "link", d.child(name), d.cockpit, d.stack)
+}

@@ -1,0 +1,170 @@
+package fs
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+)
+
+// view is a file's content rendered from one consistent snapshot.
+type view struct {
+	data     []byte
+	mtime    time.Time
+	uid      uint32
+	revision int64 // the stack's revision in that snapshot, for files in a stack
+}
+
+// render produces a file's current view; a NotFound refusal means the file does not exist now.
+type render func() (view, error)
+
+// writer applies one write(2) to a writable file: a command, or the config document so far.
+type writer interface {
+	write(ctx context.Context, f *file, h *handle, data []byte, off int64) error
+}
+
+// file is a regular file of the tree: read-only views and writable control files alike. Every
+// open takes its own snapshot (like seq_file's single_open), so reads of one open agree.
+type file struct {
+	fs.Inode
+	fsys    *FS
+	path    string
+	cockpit string
+	stack   string
+	render  render
+	writer  writer // nil: read-only
+}
+
+// handle is one open of a file.
+type handle struct {
+	mu      sync.Mutex
+	view    view
+	created bool   // this open created the holder it writes
+	doc     []byte // config: everything written through this open
+}
+
+var (
+	_ = (fs.NodeOpener)((*file)(nil))
+	_ = (fs.NodeReader)((*file)(nil))
+	_ = (fs.NodeWriter)((*file)(nil))
+	_ = (fs.NodeGetattrer)((*file)(nil))
+	_ = (fs.NodeSetattrer)((*file)(nil))
+	_ = (fs.NodeFsyncer)((*file)(nil))
+	_ = (fs.NodeFlusher)((*file)(nil))
+)
+
+func (f *FS) newFile(path, cockpit, stack string, r render, w writer) *file {
+	return &file{fsys: f, path: path, cockpit: cockpit, stack: stack, render: r, writer: w}
+}
+
+func (f *file) snapshot(ctx context.Context, op string) (view, syscall.Errno) {
+	v, err := f.render()
+	if err != nil {
+		if engine.AsRefusal(err).Code == engine.NotFound {
+			return view{}, syscall.ENOENT
+		}
+		return view{}, f.fsys.fail(caller(ctx, op, f.path), "", "", err)
+	}
+	return v, 0
+}
+
+func (f *file) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && f.writer == nil {
+		return nil, 0, syscall.EACCES
+	}
+	v, errno := f.snapshot(ctx, "open")
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	h := &handle{view: v}
+	if flags&syscall.O_TRUNC == 0 {
+		// A document written without truncating first (>>, or in place) continues what is there.
+		h.doc = append([]byte(nil), v.data...)
+	}
+	// Direct I/O: every read reaches the handle's snapshot, never a page cache of another.
+	return h, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h, ok := fh.(*handle)
+	if !ok {
+		return nil, syscall.EBADF
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	data := h.view.data
+	if off >= int64(len(data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(data[off:min(int64(len(data)), off+int64(len(dest)))]), 0
+}
+
+func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (written uint32, errno syscall.Errno) {
+	defer f.fsys.guard("write "+f.path, &errno)
+	h, ok := fh.(*handle)
+	if !ok || f.writer == nil {
+		return 0, syscall.EBADF
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := f.writer.write(ctx, f, h, data, off); err != nil {
+		return 0, f.fsys.fail(caller(ctx, "write", f.path), f.cockpit, f.stack, err)
+	}
+	return uint32(len(data)), 0
+}
+
+func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	var v view
+	if h, ok := fh.(*handle); ok {
+		h.mu.Lock()
+		v = h.view
+		h.mu.Unlock()
+	} else {
+		var errno syscall.Errno
+		if v, errno = f.snapshot(ctx, "getattr"); errno != 0 {
+			return errno
+		}
+	}
+	out.Mode = syscall.S_IFREG | 0o444
+	if f.writer != nil {
+		out.Mode = syscall.S_IFREG | 0o644
+	}
+	out.Nlink = 1
+	out.Size = uint64(len(v.data))
+	out.Uid = v.uid
+	setTimes(&out.Attr, v.mtime)
+	return 0
+}
+
+// Setattr accepts truncation (`>` opens with O_TRUNC) and time changes (`touch`) without changing
+// anything: a command is what a write says, and truncation alone says nothing.
+func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if f.writer == nil {
+		return syscall.EACCES
+	}
+	if size, ok := in.GetSize(); ok && size == 0 {
+		if h, ok := fh.(*handle); ok {
+			h.mu.Lock()
+			h.doc = h.doc[:0]
+			h.mu.Unlock()
+		}
+	}
+	return f.Getattr(ctx, fh, out)
+}
+
+// Fsync succeeds: an acknowledged change is already durable.
+func (f *file) Fsync(context.Context, fs.FileHandle, uint32) syscall.Errno { return 0 }
+
+// Flush commits nothing: commands apply at write(2), and read-only opens flush too.
+func (f *file) Flush(context.Context, fs.FileHandle) syscall.Errno { return 0 }
+
+// refusal builds the refusal of a write the adapter itself rejects.
+func tooLarge(n int) error {
+	return &engine.Refusal{Code: engine.CommandTooLarge, Message: "a command is at most 64 KiB; this write makes " + itoa(n) + " bytes",
+		Fix: "write a shorter command"}
+}

@@ -1,0 +1,159 @@
+// Package fs maps the cockpitfs tree (SPEC §2) onto the engine: each file operation is one engine
+// call, its refusal one errno and one events line. No domain rule lives here.
+package fs
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"log"
+	"os"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
+)
+
+// maxCommand bounds one control write and a config document (SPEC §2).
+const maxCommand = 64 << 10
+
+// FS is the mounted tree's shared state.
+type FS struct {
+	eng     *engine.Engine
+	started time.Time
+	uid     uint32 // the daemon's uid: owner of what no one else owns
+	log     *log.Logger
+}
+
+// Options configure a mount.
+type Options struct {
+	AllowOther bool
+	Debug      bool
+	Logger     *log.Logger // nil: stderr
+}
+
+// Mount serves the tree for eng at dir and returns once the kernel has it.
+func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
+	logger := o.Logger
+	if logger == nil {
+		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
+	}
+	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger}
+	// Zero timeouts: every open, stat and readdir reaches us, so a change by anyone is visible at
+	// the next one whatever the kernel cached.
+	var zero time.Duration
+	return fs.Mount(dir, fsys.newDir("", "", "", rootListing{}), &fs.Options{
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		MountOptions: fuse.MountOptions{
+			AllowOther:    o.AllowOther,
+			FsName:        "cockpitfs",
+			Name:          "cockpitfs",
+			DirectMount:   os.Geteuid() == 0,
+			Debug:         o.Debug,
+			MaxBackground: 64,
+		},
+	})
+}
+
+// caller is who the kernel says asked: FUSE reports the calling thread, resolved here to its
+// process. A pid that cannot be resolved is reported as 0, never trusted.
+func caller(ctx context.Context, op, path string) engine.Caller {
+	c := engine.Caller{Op: op, Path: path}
+	if fc, ok := fuse.FromContext(ctx); ok {
+		c.UID = fc.Uid
+		if pid, err := liveness.ProcessOf(int(fc.Pid)); err == nil {
+			c.PID = pid
+		}
+	}
+	return c
+}
+
+// errnos maps every refusal code to the errno SPEC §8 names: the one place that chooses them.
+var errnos = map[engine.Code]syscall.Errno{
+	engine.StateRecordMalformed:         syscall.EINVAL,
+	engine.PortFamilyOutOfRange:         syscall.EINVAL,
+	engine.ClaimCoTenant:                syscall.EBUSY,
+	engine.PortLeaseExhausted:           syscall.ENOSPC,
+	engine.PortFamilyCollision:          syscall.EADDRINUSE,
+	engine.PortListenerEvidenceInvalid:  syscall.EAGAIN,
+	engine.ConfigChangedDuringExecution: syscall.ESTALE,
+	engine.ExecutionPreconditionChanged: syscall.ESTALE,
+	engine.DrainAttemptRepairRequired:   syscall.ENOTRECOVERABLE,
+	engine.StateLocked:                  syscall.EAGAIN,
+	engine.PermissionDenied:             syscall.EACCES,
+	engine.CommandTooLarge:              syscall.EFBIG,
+	engine.UndefinedName:                syscall.EPERM,
+	engine.NotFound:                     syscall.ENOENT,
+	engine.Exists:                       syscall.EEXIST,
+	engine.NotEmpty:                     syscall.ENOTEMPTY,
+}
+
+var errnoNames = map[syscall.Errno]string{
+	syscall.EINVAL: "EINVAL", syscall.EBUSY: "EBUSY", syscall.ENOSPC: "ENOSPC", syscall.EADDRINUSE: "EADDRINUSE",
+	syscall.EAGAIN: "EAGAIN", syscall.ESTALE: "ESTALE", syscall.ENOTRECOVERABLE: "ENOTRECOVERABLE",
+	syscall.EACCES: "EACCES", syscall.EFBIG: "EFBIG", syscall.EPERM: "EPERM", syscall.ENOENT: "ENOENT",
+	syscall.EEXIST: "EEXIST", syscall.ENOTEMPTY: "ENOTEMPTY", syscall.EIO: "EIO", syscall.EINTR: "EINTR",
+}
+
+// fail turns err into the errno the caller sees and records the refusal in the events file of
+// (cockpit, stack) — the nearest one; stack "" is the cockpit's, cockpit "" has none.
+func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Errno {
+	if errors.Is(err, context.Canceled) {
+		return syscall.EINTR
+	}
+	r := engine.AsRefusal(err)
+	errno, known := errnos[r.Code]
+	if !known || !isRefusal(err) {
+		errno = syscall.EIO
+		f.log.Printf("%s %s: %v", c.Op, c.Path, err)
+	}
+	if cockpit != "" {
+		if lerr := f.eng.LogRefusal(c, cockpit, stack, r, errnoNames[errno]); lerr != nil {
+			f.log.Printf("%s %s: recording the refusal: %v", c.Op, c.Path, lerr)
+		}
+	}
+	return errno
+}
+
+func isRefusal(err error) bool {
+	var r *engine.Refusal
+	return errors.As(err, &r)
+}
+
+// undefined refuses creating a name the tree does not define, so editors fall back to saving in
+// place.
+func (f *FS) undefined(ctx context.Context, op, path, cockpit, stack string) syscall.Errno {
+	c := caller(ctx, op, path)
+	return f.fail(c, cockpit, stack, &engine.Refusal{Code: engine.UndefinedName,
+		Message: "the tree does not define " + path, Fix: "write to an existing file instead"})
+}
+
+// guard turns a panic in a handler into EIO and a log line, so bad input never takes the mount down.
+func (f *FS) guard(op string, errno *syscall.Errno) {
+	if p := recover(); p != nil {
+		f.log.Printf("panic in %s: %v\n%s", op, p, debug.Stack())
+		*errno = syscall.EIO
+	}
+}
+
+// ino gives every path a stable inode number, so a node looked up again is the same node.
+func ino(path string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(path))
+	n := h.Sum64()
+	if n <= 1 {
+		n += 2
+	}
+	return n
+}
+
+func setTimes(a *fuse.Attr, t time.Time) {
+	a.SetTimes(&t, &t, &t)
+}

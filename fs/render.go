@@ -1,0 +1,245 @@
+package fs
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+)
+
+// Renderers of the read side of SPEC §2: each reads one snapshot and formats it.
+
+func notFound(format string, args ...any) error {
+	return &engine.Refusal{Code: engine.NotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+func stamp(s string) time.Time {
+	t, _ := engine.ParseStamp(s)
+	return t
+}
+
+func (f *FS) readme() (view, error) {
+	return view{data: []byte(readmeText), mtime: f.started, uid: f.uid}, nil
+}
+
+func (f *FS) portView(port int) render {
+	return func() (view, error) {
+		owners, err := f.eng.Ports()
+		if err != nil {
+			return view{}, err
+		}
+		for _, o := range owners {
+			if o.Port == port {
+				r, err := f.eng.Stack(o.Cockpit, o.Stack)
+				if err != nil {
+					return view{}, err
+				}
+				line := fmt.Sprintf("cockpit=%s stack=%s key=%s offset=%d\n", o.Cockpit, o.Stack, o.Key, o.Offset)
+				return view{data: []byte(line), mtime: stamp(r.UpdatedAt), uid: f.uid}, nil
+			}
+		}
+		return view{}, notFound("port %d is not leased", port)
+	}
+}
+
+func (f *FS) configView(cockpit string) render {
+	return func() (view, error) {
+		info, err := f.eng.Cockpit(cockpit)
+		if err != nil {
+			return view{}, err
+		}
+		return view{data: []byte(info.Config), mtime: stamp(info.UpdatedAt), uid: info.UID}, nil
+	}
+}
+
+func (f *FS) eventsView(cockpit, stack string) render {
+	return func() (view, error) {
+		info, err := f.eng.Cockpit(cockpit)
+		if err != nil {
+			return view{}, err
+		}
+		mtime := stamp(info.UpdatedAt)
+		var revision int64
+		if stack != "" {
+			r, err := f.eng.Stack(cockpit, stack)
+			if err != nil {
+				return view{}, err
+			}
+			mtime, revision = stamp(r.UpdatedAt), r.Revision
+		}
+		data, err := f.eng.Events(cockpit, stack)
+		if err != nil {
+			return view{}, err
+		}
+		// Refusals append lines without changing the record, so the newest line dates the file.
+		if t := lastEventTime(data); t.After(mtime) {
+			mtime = t
+		}
+		return view{data: data, mtime: mtime, uid: info.UID, revision: revision}, nil
+	}
+}
+
+func lastEventTime(data []byte) time.Time {
+	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
+	var e struct {
+		At string `json:"at"`
+	}
+	if len(lines) == 0 || json.Unmarshal(lines[len(lines)-1], &e) != nil {
+		return time.Time{}
+	}
+	return stamp(e.At)
+}
+
+// stackView renders a file of the stack from its record; fn returning nil means the file does
+// not exist in that record.
+func (f *FS) stackView(cockpit, stack, name string, fn func(engine.Record) []byte) render {
+	return func() (view, error) {
+		r, err := f.eng.Stack(cockpit, stack)
+		if err != nil {
+			return view{}, err
+		}
+		data := fn(r)
+		if data == nil {
+			return view{}, notFound("%s does not exist now", name)
+		}
+		return view{data: data, mtime: stamp(r.UpdatedAt), uid: f.stackUID(r), revision: r.Revision}, nil
+	}
+}
+
+// stackUID is who owns a stack's files: the drain's holder while one is reserved, else the
+// cockpit's owner.
+func (f *FS) stackUID(r engine.Record) uint32 {
+	if r.Value.Drain != nil {
+		return r.Value.Drain.UID
+	}
+	if _, uid, ok := f.cockpitOwner(r.Cockpit); ok {
+		return uid
+	}
+	return f.uid
+}
+
+func (f *FS) holderView(cockpit, stack, name string) render {
+	return func() (view, error) {
+		r, err := f.eng.Stack(cockpit, stack)
+		if err != nil {
+			return view{}, err
+		}
+		h, ok := r.Value.Holder(name)
+		if !ok {
+			return view{}, notFound("holder %s does not exist", name)
+		}
+		return view{data: renderHolder(h), mtime: stamp(h.ClaimedAt), uid: h.UID, revision: r.Revision}, nil
+	}
+}
+
+func renderHolder(h engine.Holder) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "name=%s\nid=%s\ncheckout=%s\ncheckout_path=%s\nclaimed_at=%s\n", h.Name, h.HolderID, h.CheckoutID, h.CheckoutPath, h.ClaimedAt)
+	if h.PID == 0 {
+		b.WriteString("pid=none\n")
+	} else {
+		fmt.Fprintf(&b, "pid=%d\n", h.PID)
+	}
+	if h.ProcessStart != "" {
+		fmt.Fprintf(&b, "process_start=%s\n", h.ProcessStart)
+	}
+	fmt.Fprintf(&b, "state=%s\nuid=%d\n", engine.HolderState(h), h.UID)
+	return b.Bytes()
+}
+
+func (f *FS) leasePortView(cockpit, stack, key string) render {
+	return f.stackView(cockpit, stack, "ports/"+key, func(r engine.Record) []byte {
+		if !r.Value.Lease.Active() {
+			return nil
+		}
+		port, ok := r.Value.Lease.Ports[key]
+		if !ok {
+			return nil
+		}
+		return []byte(strconv.Itoa(port) + "\n")
+	})
+}
+
+func (f *FS) entrypointView(cockpit, stack, name string) render {
+	return f.stackView(cockpit, stack, "entrypoints/"+name, func(r engine.Record) []byte {
+		for _, e := range entrypoints(r) {
+			if e.Name == name {
+				return []byte(e.URL + "\n")
+			}
+		}
+		return nil
+	})
+}
+
+// entrypoints are the active lease's, under the declaration it was taken with.
+func entrypoints(r engine.Record) []portdecl.Resolved {
+	l := r.Value.Lease
+	if !l.Active() {
+		return nil
+	}
+	return portdecl.Entrypoints(l.Entrypoints, l.Ports)
+}
+
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func renderEnv(r engine.Record) []byte {
+	l := r.Value.Lease
+	if !l.Active() {
+		return nil
+	}
+	var b bytes.Buffer
+	for _, k := range sortedKeys(l.Ports) {
+		fmt.Fprintf(&b, "%s=%d\n", k, l.Ports[k])
+	}
+	for _, e := range entrypoints(r) {
+		fmt.Fprintf(&b, "%s=%s\n", portdecl.EnvName(e.Name), e.URL)
+	}
+	return b.Bytes()
+}
+
+func renderLease(r engine.Record) []byte {
+	l := r.Value.Lease
+	if l == nil {
+		return []byte{}
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "offset=%d\nstep=%d\ncount=%d\nreleased=%t\n", l.Offset, l.Declaration.Step, l.Declaration.Count, l.Released)
+	for _, k := range sortedKeys(l.Ports) {
+		fmt.Fprintf(&b, "%s=%d\n", k, l.Ports[k])
+	}
+	return b.Bytes()
+}
+
+func renderRecord(r engine.Record) []byte {
+	data, _ := json.MarshalIndent(r, "", "  ")
+	return append(data, '\n')
+}
+
+func renderRevision(r engine.Record) []byte {
+	return []byte(strconv.FormatInt(r.Revision, 10) + "\n")
+}
+
+const readmeText = `cockpitfs: coordinate copies of a development environment through plain files.
+
+  mkdir <cockpit>                          a namespace per project
+  cat > <cockpit>/config                   the port declaration (TOML: [ports] step, count, [ports.bases])
+  mkdir <cockpit>/stacks/<stack>           a stack (one worktree's environment)
+  touch <cockpit>/stacks/<stack>/holders/<me>   claim it: leases a port family
+  cat <cockpit>/stacks/<stack>/env         KEY=port lines for docker compose --env-file
+  rm <cockpit>/stacks/<stack>/holders/<me> release a co-tenant's claim
+  echo down > <cockpit>/stacks/<stack>/drain/request   stop the stack (then drain/attempt, drain/outcome)
+  ls ports/                                every port leased on this machine
+  cat <cockpit>/events                     why something was refused (code, message, fix)
+`

@@ -1,0 +1,223 @@
+package fs
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+)
+
+// The directories of SPEC §2, each a listing.
+
+type rootListing struct{}
+
+func (rootListing) entries(_ context.Context, d *dir) ([]entry, error) {
+	f := d.fsys
+	cockpits, err := f.eng.Cockpits()
+	if err != nil {
+		return nil, err
+	}
+	es := []entry{
+		{name: "README", node: f.newFile("README", "", "", f.readme, nil)},
+		{name: "ports", node: f.newDir("ports", "", "", portsListing{}), dir: true},
+	}
+	for _, c := range cockpits {
+		es = append(es, entry{name: c.Name, node: f.newDir(c.Name, c.Name, "", cockpitListing{}), dir: true})
+	}
+	return es, nil
+}
+
+func (rootListing) mkdir(ctx context.Context, d *dir, name string) syscall.Errno {
+	c := caller(ctx, "mkdir", name)
+	if err := d.fsys.eng.CreateCockpit(ctx, c, name); err != nil {
+		return d.fsys.fail(c, "", "", err)
+	}
+	return 0
+}
+
+func (rootListing) rmdir(ctx context.Context, d *dir, name string) syscall.Errno {
+	c := caller(ctx, "rmdir", name)
+	if err := d.fsys.eng.RemoveCockpit(ctx, c, name); err != nil {
+		return d.fsys.fail(c, name, "", err)
+	}
+	return 0
+}
+
+type portsListing struct{}
+
+func (portsListing) entries(_ context.Context, d *dir) ([]entry, error) {
+	f := d.fsys
+	owners, err := f.eng.Ports()
+	if err != nil {
+		return nil, err
+	}
+	es := make([]entry, len(owners))
+	for i, o := range owners {
+		port := o.Port
+		es[i] = entry{name: strconv.Itoa(port), node: f.newFile(d.child(strconv.Itoa(port)), "", "", f.portView(port), nil)}
+	}
+	return es, nil
+}
+
+type cockpitListing struct{}
+
+func (cockpitListing) entries(_ context.Context, d *dir) ([]entry, error) {
+	f, c := d.fsys, d.cockpit
+	if _, err := f.eng.Cockpit(c); err != nil {
+		return nil, err
+	}
+	return []entry{
+		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{})},
+		{name: "events", node: f.newFile(d.child("events"), c, "", f.eventsView(c, ""), nil)},
+		{name: "stacks", node: f.newDir(d.child("stacks"), c, "", stacksListing{}), dir: true},
+	}, nil
+}
+
+type stacksListing struct{}
+
+func (stacksListing) entries(_ context.Context, d *dir) ([]entry, error) {
+	f := d.fsys
+	stacks, err := f.eng.Stacks(d.cockpit)
+	if err != nil {
+		return nil, err
+	}
+	es := make([]entry, len(stacks))
+	for i, s := range stacks {
+		es[i] = entry{name: s, node: f.newDir(d.child(s), d.cockpit, s, stackListing{}), dir: true}
+	}
+	return es, nil
+}
+
+func (stacksListing) mkdir(ctx context.Context, d *dir, name string) syscall.Errno {
+	c := caller(ctx, "mkdir", d.child(name))
+	if err := d.fsys.eng.CreateStack(ctx, c, d.cockpit, name); err != nil {
+		return d.fsys.fail(c, d.cockpit, "", err)
+	}
+	return 0
+}
+
+func (stacksListing) rmdir(ctx context.Context, d *dir, name string) syscall.Errno {
+	c := caller(ctx, "rmdir", d.child(name))
+	if err := d.fsys.eng.RemoveStack(ctx, c, d.cockpit, name); err != nil {
+		return d.fsys.fail(c, d.cockpit, "", err)
+	}
+	return 0
+}
+
+type stackListing struct{}
+
+func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
+	f, c, s := d.fsys, d.cockpit, d.stack
+	r, err := f.eng.Stack(c, s)
+	if err != nil {
+		return nil, err
+	}
+	view := func(name string, fn func(engine.Record) []byte) entry {
+		return entry{name: name, node: f.newFile(d.child(name), c, s, f.stackView(c, s, name, fn), nil)}
+	}
+	es := []entry{
+		{name: "holders", node: f.newDir(d.child("holders"), c, s, holdersListing{}), dir: true},
+		{name: "ports", node: f.newDir(d.child("ports"), c, s, leasePortsListing{}), dir: true},
+		{name: "entrypoints", node: f.newDir(d.child("entrypoints"), c, s, entrypointsListing{}), dir: true},
+		{name: "drain", node: f.newDir(d.child("drain"), c, s, drainListing{}), dir: true},
+		view("lease", renderLease),
+		view("record", renderRecord),
+		view("revision", renderRevision),
+		{name: "events", node: f.newFile(d.child("events"), c, s, f.eventsView(c, s), nil)},
+		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s)},
+	}
+	if r.Value.Lease.Active() {
+		es = append(es, view("env", renderEnv))
+	}
+	return es, nil
+}
+
+type holdersListing struct{}
+
+func (holdersListing) entries(_ context.Context, d *dir) ([]entry, error) {
+	r, err := d.fsys.eng.Stack(d.cockpit, d.stack)
+	if err != nil {
+		return nil, err
+	}
+	es := make([]entry, len(r.Value.Holders))
+	for i, h := range r.Value.Holders {
+		es[i] = entry{name: h.Name, node: d.fsys.holderFile(d, h.Name)}
+	}
+	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
+	return es, nil
+}
+
+func (f *FS) holderFile(d *dir, name string) *file {
+	return f.newFile(d.child(name), d.cockpit, d.stack, f.holderView(d.cockpit, d.stack, name), holderWriter{name: name})
+}
+
+// create claims the stack for a new holder (§4).
+func (holdersListing) create(ctx context.Context, d *dir, name string) (*handle, syscall.Errno) {
+	c := caller(ctx, "create", d.child(name))
+	if err := d.fsys.eng.Claim(ctx, c, d.cockpit, d.stack, name, nil); err != nil {
+		return nil, d.fsys.fail(c, d.cockpit, d.stack, err)
+	}
+	v, err := d.fsys.holderView(d.cockpit, d.stack, name)()
+	if err != nil {
+		return nil, d.fsys.fail(c, d.cockpit, d.stack, err)
+	}
+	return &handle{view: v, created: true}, 0
+}
+
+// unlink releases the holder's claim (§4).
+func (holdersListing) unlink(ctx context.Context, d *dir, name string) syscall.Errno {
+	c := caller(ctx, "unlink", d.child(name))
+	if err := d.fsys.eng.Release(ctx, c, d.cockpit, d.stack, name); err != nil {
+		return d.fsys.fail(c, d.cockpit, d.stack, err)
+	}
+	return 0
+}
+
+type leasePortsListing struct{}
+
+func (leasePortsListing) entries(_ context.Context, d *dir) ([]entry, error) {
+	f := d.fsys
+	r, err := f.eng.Stack(d.cockpit, d.stack)
+	if err != nil || !r.Value.Lease.Active() {
+		return nil, err
+	}
+	var es []entry
+	for key := range r.Value.Lease.Ports {
+		es = append(es, entry{name: key, node: f.newFile(d.child(key), d.cockpit, d.stack, f.leasePortView(d.cockpit, d.stack, key), nil)})
+	}
+	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
+	return es, nil
+}
+
+type entrypointsListing struct{}
+
+func (entrypointsListing) entries(_ context.Context, d *dir) ([]entry, error) {
+	f := d.fsys
+	r, err := f.eng.Stack(d.cockpit, d.stack)
+	if err != nil {
+		return nil, err
+	}
+	var es []entry
+	for _, e := range entrypoints(r) {
+		es = append(es, entry{name: e.Name, node: f.newFile(d.child(e.Name), d.cockpit, d.stack, f.entrypointView(d.cockpit, d.stack, e.Name), nil)})
+	}
+	return es, nil
+}
+
+// cockpitOwner is what directories inside a cockpit show as owner and time.
+func (f *FS) cockpitOwner(cockpit string) (time.Time, uint32, bool) {
+	if cockpit == "" {
+		return time.Time{}, 0, false
+	}
+	info, err := f.eng.Cockpit(cockpit)
+	if err != nil {
+		return time.Time{}, 0, false
+	}
+	t, _ := engine.ParseStamp(info.CreatedAt)
+	return t, info.UID, true
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
