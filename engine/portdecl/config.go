@@ -41,10 +41,12 @@ type Config struct {
 	Entrypoints []Entrypoint // the declared ones, sorted by Name
 }
 
-// Parse parses and validates a config document. Every error is a message naming what is wrong
-// and where (`ports.bases.HTTP: 70000 is outside 1-65535`). Unknown tables and keys are errors,
-// and keys match exactly (the TOML decoder would match struct fields case-insensitively, so the
-// document is walked as plain tables instead).
+// Parse parses and validates a config document (SPEC §3). Every error is a message naming what
+// is wrong and where (`ports.bases.HTTP: 70000 is outside 1-65535`), for the engine to refuse
+// with (PORT_FAMILY_OUT_OF_RANGE, EINVAL). Unknown tables and keys are errors, and keys match
+// exactly (the TOML decoder would match struct fields case-insensitively, so the document is
+// walked as plain tables instead). Beyond SPEC §3, every env variable the config implies (KEY
+// per port key, <NAME>_URL per entrypoint) must be distinct, so the env file never sets one twice.
 func Parse(text []byte) (Config, error) {
 	if len(text) > MaxDocumentBytes {
 		return Config{}, fmt.Errorf("config: the document is %d bytes, more than %d", len(text), MaxDocumentBytes)
@@ -70,11 +72,13 @@ func Parse(text []byte) (Config, error) {
 	if err := declaration.Validate(); err != nil {
 		return Config{}, err
 	}
-	var entrypoints []Entrypoint
-	if rawEntrypoints, ok := document["entrypoints"]; ok {
-		if entrypoints, err = parseEntrypoints(rawEntrypoints, declaration.Bases); err != nil {
-			return Config{}, err
-		}
+	rawEntrypoints, ok := document["entrypoints"]
+	if !ok {
+		rawEntrypoints = map[string]any{}
+	}
+	entrypoints, err := parseEntrypoints(rawEntrypoints, declaration.Bases)
+	if err != nil {
+		return Config{}, err
 	}
 	return Config{Declaration: declaration, Entrypoints: entrypoints}, nil
 }
@@ -136,7 +140,7 @@ func parseEntrypoints(raw any, bases map[string]int) ([]Entrypoint, error) {
 		}
 		variables[EnvName(name)] = "default entrypoint " + name
 	}
-	entrypoints := make([]Entrypoint, 0, len(tables))
+	var entrypoints []Entrypoint
 	for _, name := range slices.Sorted(maps.Keys(tables)) {
 		where := "entrypoints." + quoteKey(name)
 		if !validName(name) {

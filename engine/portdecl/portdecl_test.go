@@ -53,6 +53,9 @@ func TestParseAccepts(t *testing.T) {
 		{"no entrypoints", portsWith("1", "1", "A = 1"), Config{
 			Declaration: Declaration{Step: 1, Count: 1, Bases: map[string]int{"A": 1}},
 		}},
+		{"an empty [entrypoints]", portsWith("1", "1", "A = 1") + "[entrypoints]\n", Config{
+			Declaration: Declaration{Step: 1, Count: 1, Bases: map[string]int{"A": 1}},
+		}},
 		{"defaults filled in, sorted by name", ports +
 			entrypoint("zeta", `port = "DB"`, `path = "/z?x=1#f"`) +
 			entrypoint(`"Admin.v2"`, `port = "HTTP"`, `path = "/admin/"`, `scheme = "https"`), Config{
@@ -232,7 +235,7 @@ func TestParseRefuses(t *testing.T) {
 			"entrypoints.web: it sets WEB_URL, which entrypoint Web sets too"},
 		{"a name whose variable is a default's", ports + entrypoint("Http", `port = "HTTP"`, `path = "/"`),
 			"entrypoints.Http: it sets HTTP_URL, which default entrypoint http sets too"},
-		{"a default's variable is a port key", portsWith("10", "2", "HTTP = 8080", "HTTP_URL = 9000") + entrypoint("web", `port = "HTTP"`, `path = "/"`),
+		{"a default's variable is a port key", portsWith("10", "2", "HTTP = 8080", "HTTP_URL = 9000"),
 			"ports.bases.HTTP: its default entrypoint http sets HTTP_URL, which port key HTTP_URL sets too"},
 	}
 	for _, test := range tests {

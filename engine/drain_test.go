@@ -1,0 +1,451 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testClock is the engine's clock in drain tests, so validity windows pass exactly when told.
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// newDrainEngine is cockpit app with stacks s and t, holder "me" (untracked) claiming s.
+func newDrainEngine(t *testing.T) (*Engine, *testClock) {
+	t.Helper()
+	e := newEngine(t)
+	clock := &testClock{t: time.Date(2030, 1, 2, 3, 4, 5, 6_000_000, time.UTC)}
+	e.now = clock.now
+	newCockpit(t, e, "app", exampleConfig, "s", "t")
+	claimStack(t, e, "s", "me", untracked("me"))
+	return e, clock
+}
+
+func claimStack(t *testing.T, e *Engine, stack, holder string, attrs *HolderAttrs) {
+	t.Helper()
+	if err := e.Claim(context.Background(), me("create", "app/stacks/"+stack+"/holders/"+holder), "app", stack, holder, attrs); err != nil {
+		t.Fatalf("claim %s/%s: %v", stack, holder, err)
+	}
+}
+
+// stackS reads stack s and asserts its invariants.
+func stackOf(t *testing.T, e *Engine) Record {
+	t.Helper()
+	r, err := e.Stack("app", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(r); err != nil {
+		t.Fatalf("record breaks invariants: %v", err)
+	}
+	return r
+}
+
+// ok asserts a step succeeded and left a valid record.
+func mustStep(t *testing.T, e *Engine, err error) Record {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("step refused: %v", err)
+	}
+	return stackOf(t, e)
+}
+
+// refused asserts op is refused with code and leaves stack s exactly as it was.
+func mustRefuse(t *testing.T, e *Engine, code Code, op func() error) *Refusal {
+	t.Helper()
+	before, _ := json.Marshal(stackOf(t, e))
+	err := op()
+	if err == nil {
+		t.Fatalf("expected %s, got success", code)
+	}
+	r := AsRefusal(err)
+	if r.Code != code {
+		t.Fatalf("expected %s, got %v", code, err)
+	}
+	if after, _ := json.Marshal(stackOf(t, e)); string(after) != string(before) {
+		t.Fatalf("refusal changed the record:\nbefore %s\nafter  %s", before, after)
+	}
+	return r
+}
+
+var drainCtx = context.Background()
+
+func drainCaller(file string) Caller { return me("write", "app/stacks/s/drain/"+file) }
+
+// request parses text and reserves it on stack s as opened at the current revision.
+func reserveText(t *testing.T, e *Engine, text string) error {
+	t.Helper()
+	q, err := ParseDrainRequest(text)
+	if err != nil {
+		t.Fatalf("parse %q: %v", text, err)
+	}
+	return e.ReserveDrain(drainCtx, drainCaller("request"), "app", "s", q, stackOf(t, e).Revision)
+}
+
+func startExecutor(e *Engine, pid int) error { return e.StartAttempt(drainCtx, drainCaller("attempt"), "app", "s", pid) }
+
+func publish(e *Engine, success bool, id string) error {
+	return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", success, id)
+}
+
+func repairStack(e *Engine) error { return e.Repair(drainCtx, drainCaller("repair"), "app", "s") }
+
+func cancelStack(e *Engine) error { return e.CancelDrain(drainCtx, drainCaller("request"), "app", "s") }
+
+// spawnSleep starts a process the test can kill; it is killed at cleanup either way.
+func spawnSleeper(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd
+}
+
+func killProcess(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+}
+
+func assertReleased(t *testing.T, e *Engine, r Record) {
+	t.Helper()
+	v := r.Value
+	if len(v.Holders) != 0 || v.Lease == nil || !v.Lease.Released || v.Drain != nil ||
+		v.LastReleasedHolder == nil || *v.LastReleasedHolder != HolderID("me") {
+		t.Fatalf("drain did not release the stack: %+v", v)
+	}
+	ports, err := e.Ports()
+	if err != nil || len(ports) != 0 {
+		t.Fatalf("ports still indexed after the drain: %v %v", ports, err)
+	}
+}
+
+func TestDrainSleepCompletes(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	before := stackOf(t, e)
+	r := mustStep(t, e, reserveText(t, e, "sleep"))
+	d := r.Value.Drain
+	if r.Revision != before.Revision+1 || d.ExpectedCoordinationRevision != before.Revision ||
+		d.CoordinationRevision != r.Revision || d.ProgressRevision != r.Revision || d.CompletedActionCount != 0 {
+		t.Fatalf("revisions: record %d, drain %+v", r.Revision, d)
+	}
+	if d.Purpose != "sleep" || !equalStrings(d.TargetIDs, []string{r.SubjectID}) || len(d.Actions) != 1 ||
+		d.Actions[0] != (DrainAction{Stage: StageRuntimeStop, TargetID: r.SubjectID, ValidForMs: 120000}) {
+		t.Fatalf("plan: %+v", d)
+	}
+	if d.ConfigSha256 != before.Value.Lease.Declaration.SHA256() || d.PlanDigest != digest(canonicalJSON(d.Actions)) ||
+		d.OperationBasis != digest(canonicalJSON(before)) || d.Generation == d.ReservationID {
+		t.Fatalf("derived digests: %+v", d)
+	}
+	if d.HolderName != "me" || d.HolderID != HolderID("me") || d.UID != uint32(os.Getuid()) || d.ReservedAt != r.UpdatedAt {
+		t.Fatalf("holder: %+v", d)
+	}
+
+	r = mustStep(t, e, startExecutor(e, -1))
+	a := r.Value.Drain.Attempt
+	if a.ExecutorPID != os.Getpid() || a.ExecutorStart == "" || a.CommittedRevision != r.Revision || a.Status != AttemptActive {
+		t.Fatalf("attempt: %+v", a)
+	}
+	committed, _ := ParseStamp(a.CommittedAt)
+	if valid, _ := ParseStamp(a.ValidThrough); valid.Sub(committed) != 120*time.Second {
+		t.Fatalf("validThrough %s is not committedAt %s + 120s", a.ValidThrough, a.CommittedAt)
+	}
+	if ports, _ := e.Ports(); len(ports) != 2 {
+		t.Fatalf("ports before the drain ends: %v", ports)
+	}
+	r = mustStep(t, e, publish(e, true, ""))
+	assertReleased(t, e, r)
+	events, _ := e.Events("app", "s")
+	if !strings.Contains(string(events), fmt.Sprintf(`"result":"ok","revision":%d`, r.Revision)) {
+		t.Fatalf("no events line for the final step:\n%s", events)
+	}
+
+	// The family is free for the next stack of the cockpit.
+	claimStack(t, e, "t", "you", untracked("you"))
+	if next, _ := e.Stack("app", "t"); next.Value.Lease.Offset != 0 {
+		t.Fatalf("stack t leased offset %d, want 0", next.Value.Lease.Offset)
+	}
+}
+
+func TestDrainDownWithFailureAndRetry(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	r := mustStep(t, e, reserveText(t, e, "down volume:db volume:cache valid_for=60000"))
+	d := r.Value.Drain
+	if want := []string{r.SubjectID, "volume:cache", "volume:db"}; !equalStrings(d.TargetIDs, want) {
+		t.Fatalf("targets %v, want %v", d.TargetIDs, want)
+	}
+	for i, target := range []string{r.SubjectID, "volume:cache", "volume:db"} {
+		if d.Actions[i].TargetID != target || d.Actions[i].ValidForMs != 60000 {
+			t.Fatalf("action %d: %+v", i, d.Actions[i])
+		}
+	}
+	if c := d.Actions[1].TargetCommitment; c.Body != `{"stackId":"`+r.SubjectID+`","target":"volume:cache"}` || c.Sha256 != digest(c.Body) {
+		t.Fatalf("commitment: %+v", c)
+	}
+
+	r = mustStep(t, e, startExecutor(e, 0))
+	first := r.Value.Drain.Attempt
+	if first.ExecutorPID != 0 || first.CurrentStage != StageRuntimeStop {
+		t.Fatalf("first attempt: %+v", first)
+	}
+	r = mustStep(t, e, publish(e, true, first.AttemptID))
+	if d := r.Value.Drain; d.CompletedActionCount != 1 || d.ProgressRevision != first.CommittedRevision+1 || d.Attempt != nil {
+		t.Fatalf("after the runtime stop: %+v", d)
+	}
+
+	r = mustStep(t, e, startExecutor(e, 0))
+	second := r.Value.Drain.Attempt
+	r = mustStep(t, e, publish(e, false, ""))
+	failed := r.Value.Drain.Attempt
+	if failed.Status != AttemptFailed || *failed.FailedRevision != second.CommittedRevision+1 || *failed.FailedAt != r.UpdatedAt {
+		t.Fatalf("failed attempt: %+v", failed)
+	}
+	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return publish(e, true, "") })
+
+	r = mustStep(t, e, startExecutor(e, 0))
+	retry := r.Value.Drain.Attempt
+	if retry.ActionIndex != 1 || retry.CurrentTarget != "volume:cache" || retry.CommittedRevision != *failed.FailedRevision+1 || retry.AttemptID == second.AttemptID {
+		t.Fatalf("retry: %+v", retry)
+	}
+	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return publish(e, true, second.AttemptID) })
+	mustStep(t, e, publish(e, true, retry.AttemptID))
+	r = mustStep(t, e, startExecutor(e, 0))
+	if r.Value.Drain.Attempt.CurrentTarget != "volume:db" {
+		t.Fatalf("last attempt: %+v", r.Value.Drain.Attempt)
+	}
+	assertReleased(t, e, mustStep(t, e, publish(e, true, "")))
+}
+
+func TestDrainLateSuccessThenRepairOfKilledExecutor(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	executor := spawnSleeper(t)
+	pid := executor.Process.Pid
+	mustStep(t, e, reserveText(t, e, "sleep valid_for=1"))
+	r := mustStep(t, e, startExecutor(e, pid))
+	if a := r.Value.Drain.Attempt; a.ExecutorPID != pid || a.ExecutorStart == "" {
+		t.Fatalf("executor not recorded: %+v", a)
+	}
+	clock.advance(5 * time.Millisecond)
+	late := mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return publish(e, true, "") })
+	if !strings.Contains(late.Fix, "drain/repair") {
+		t.Fatalf("late success fix %q does not name the repair", late.Fix)
+	}
+	busy := mustRefuse(t, e, ClaimCoTenant, func() error { return repairStack(e) })
+	if !strings.Contains(busy.Message, fmt.Sprintf("kill %d", pid)) {
+		t.Fatalf("repair refusal %q does not name the executor", busy.Message)
+	}
+	killProcess(t, executor)
+	r = mustStep(t, e, repairStack(e))
+	if a := r.Value.Drain.Attempt; a.Status != AttemptFailed {
+		t.Fatalf("repair did not fail the attempt: %+v", a)
+	}
+	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return repairStack(e) })
+	mustStep(t, e, startExecutor(e, 0))
+	assertReleased(t, e, mustStep(t, e, publish(e, true, "")))
+}
+
+func TestDrainRepairWithoutExecutorWaitsForValidity(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	mustStep(t, e, reserveText(t, e, "sleep valid_for=1000"))
+	mustStep(t, e, startExecutor(e, 0))
+	mustRefuse(t, e, ClaimCoTenant, func() error { return repairStack(e) })
+	clock.advance(1000 * time.Millisecond)
+	mustRefuse(t, e, ClaimCoTenant, func() error { return repairStack(e) }) // validThrough itself is still valid
+	clock.advance(time.Millisecond)
+	if a := mustStep(t, e, repairStack(e)).Value.Drain.Attempt; a.Status != AttemptFailed {
+		t.Fatalf("attempt not failed: %+v", a)
+	}
+}
+
+func TestDrainCancel(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	before := mustStep(t, e, reserveText(t, e, "down volume:db"))
+	r := mustStep(t, e, cancelStack(e))
+	if r.Value.Drain != nil || r.Revision != before.Revision+1 || len(r.Value.Holders) != 1 || !r.Value.Lease.Active() {
+		t.Fatalf("cancel: %+v", r)
+	}
+	mustRefuse(t, e, NotFound, func() error { return cancelStack(e) })
+
+	mustStep(t, e, reserveText(t, e, "down volume:db"))
+	mustStep(t, e, startExecutor(e, 0))
+	mustRefuse(t, e, ClaimCoTenant, func() error { return cancelStack(e) })
+	mustStep(t, e, publish(e, false, ""))
+	mustRefuse(t, e, ClaimCoTenant, func() error { return cancelStack(e) }) // a failed attempt has started
+	mustStep(t, e, startExecutor(e, 0))
+	mustStep(t, e, publish(e, true, ""))
+	mustRefuse(t, e, ClaimCoTenant, func() error { return cancelStack(e) }) // an action is done
+}
+
+func TestDrainResume(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	reserved := mustStep(t, e, reserveText(t, e, "down volume:db"))
+	for _, same := range []string{"down volume:db", "down target=volume:db holder=me", "down volume:db revision=0"} {
+		if r := mustStep(t, e, reserveText(t, e, same)); r.Revision != reserved.Revision {
+			t.Fatalf("resume %q changed the record", same)
+		}
+	}
+	for _, other := range []string{"sleep", "reset volume:db", "down volume:other", "down"} {
+		mustRefuse(t, e, DrainAttemptRepairRequired, func() error { return reserveText(t, e, other) })
+	}
+}
+
+func TestDrainReleasesDeadHolderAtReservation(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	gone := spawnSleeper(t)
+	claimStack(t, e, "s", "other", &HolderAttrs{SetPID: true, PID: gone.Process.Pid, Checkout: "/src/other"})
+	killProcess(t, gone)
+	before := stackOf(t, e)
+	r := mustStep(t, e, reserveText(t, e, "sleep holder=me"))
+	if len(r.Value.Holders) != 1 || r.Value.Holders[0].Name != "me" || r.Revision != before.Revision+1 ||
+		r.Value.Drain.ExpectedCoordinationRevision != before.Revision || *r.Value.LastReleasedHolder != HolderID("other") {
+		t.Fatalf("dead holder not released in the reservation: %+v", r)
+	}
+}
+
+func TestDrainJSONRequest(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	planned := mustStep(t, e, reserveText(t, e, "reset volume:db valid_for=30000")).Value.Drain
+	r := mustStep(t, e, cancelStack(e))
+	given := map[string]any{
+		"purpose": "reset", "stackId": planned.StackID, "holderId": planned.HolderID, "requesterId": planned.RequesterID,
+		"configSha256": digest("config"), "planDigest": digest("plan"), "operationBasis": digest("basis"), "generation": digest("generation"),
+		"targetIds": planned.TargetIDs, "actions": planned.Actions, "expectedCoordinationRevision": r.Revision,
+	}
+	text := func(change func(map[string]any)) string {
+		m := map[string]any{}
+		for k, v := range given {
+			m[k] = v
+		}
+		change(m)
+		data, _ := json.Marshal(m)
+		return string(data)
+	}
+	for name, change := range map[string]func(map[string]any){
+		"another stack":   func(m map[string]any) { m["stackId"] = StackID("app", "t") },
+		"another plan":    func(m map[string]any) { m["actions"] = planned.Actions[:1]; m["targetIds"] = planned.TargetIDs[:1] },
+		"another valid":   func(m map[string]any) { a := append([]DrainAction{}, planned.Actions...); a[1].ValidForMs = 1; m["actions"] = a },
+		"stack as target": func(m map[string]any) { m["purpose"] = "down"; m["targetIds"] = []string{planned.StackID, planned.StackID} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			mustRefuse(t, e, StateRecordMalformed, func() error { return reserveText(t, e, text(change)) })
+		})
+	}
+	mustRefuse(t, e, NotFound, func() error {
+		return reserveText(t, e, text(func(m map[string]any) { m["holderId"], m["requesterId"] = HolderID("ghost"), HolderID("ghost") }))
+	})
+	d := mustStep(t, e, reserveText(t, e, text(func(map[string]any) {}))).Value.Drain
+	if d.ConfigSha256 != digest("config") || d.PlanDigest != digest("plan") || d.OperationBasis != digest("basis") ||
+		d.Generation != digest("generation") || canonicalJSON(d.Actions) != canonicalJSON(planned.Actions) || d.HolderName != "me" {
+		t.Fatalf("JSON reservation: %+v", d)
+	}
+}
+
+func TestDrainRefusals(t *testing.T) {
+	stranger := me("write", "app/stacks/s/drain/request")
+	stranger.UID = 54321
+	if uint32(os.Getuid()) == stranger.UID {
+		stranger.UID = 54322
+	}
+	reserved := func(t *testing.T, e *Engine) { mustStep(t, e, reserveText(t, e, "sleep")) }
+	active := func(t *testing.T, e *Engine) { reserved(t, e); mustStep(t, e, startExecutor(e, 0)) }
+	nothing := func(*testing.T, *Engine) {}
+	cases := []struct {
+		name     string
+		setup    func(*testing.T, *Engine)
+		op       func(*testing.T, *Engine) error
+		code     Code
+		contains string
+	}{
+		{"stale revision=", nothing, func(t *testing.T, e *Engine) error { return reserveText(t, e, "sleep revision=0") },
+			ExecutionPreconditionChanged, "planned at revision 0 but the stack is now at revision 1"},
+		{"stale open", nothing, func(t *testing.T, e *Engine) error {
+			return e.ReserveDrain(drainCtx, drainCaller("request"), "app", "s", DrainRequest{Purpose: "sleep"}, 0)
+		}, ExecutionPreconditionChanged, "revision 1"},
+		{"no lease", nothing, func(t *testing.T, e *Engine) error {
+			return e.ReserveDrain(drainCtx, drainCaller("request"), "app", "t", DrainRequest{Purpose: "sleep"}, 0)
+		}, ClaimCoTenant, "no active lease"},
+		{"unknown holder", nothing, func(t *testing.T, e *Engine) error { return reserveText(t, e, "sleep holder=ghost") }, NotFound, "ghost"},
+		{"two untracked holders", func(t *testing.T, e *Engine) { claimStack(t, e, "s", "other", untracked("other")) },
+			func(t *testing.T, e *Engine) error { return reserveText(t, e, "sleep") }, ClaimCoTenant, "rm holders/<name>"},
+		{"stack as target", nothing, func(t *testing.T, e *Engine) error { return reserveText(t, e, "down "+StackID("app", "s")) },
+			StateRecordMalformed, "the stack itself"},
+		{"reserve as stranger", nothing, func(t *testing.T, e *Engine) error {
+			return e.ReserveDrain(drainCtx, stranger, "app", "s", DrainRequest{Purpose: "sleep"}, 1)
+		}, PermissionDenied, ""},
+		{"resume as stranger", reserved, func(t *testing.T, e *Engine) error {
+			return e.ReserveDrain(drainCtx, stranger, "app", "s", DrainRequest{Purpose: "sleep"}, 2)
+		}, PermissionDenied, ""},
+		{"start as stranger", reserved, func(t *testing.T, e *Engine) error { return e.StartAttempt(drainCtx, stranger, "app", "s", 0) }, PermissionDenied, ""},
+		{"outcome as stranger", active, func(t *testing.T, e *Engine) error { return e.PublishOutcome(drainCtx, stranger, "app", "s", true, "") }, PermissionDenied, ""},
+		{"repair as stranger", active, func(t *testing.T, e *Engine) error { return e.Repair(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
+		{"cancel as stranger", reserved, func(t *testing.T, e *Engine) error { return e.CancelDrain(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
+		{"start without drain", nothing, func(t *testing.T, e *Engine) error { return startExecutor(e, 0) }, NotFound, "no drain"},
+		{"outcome without drain", nothing, func(t *testing.T, e *Engine) error { return publish(e, true, "") }, ExecutionPreconditionChanged, ""},
+		{"outcome before start", reserved, func(t *testing.T, e *Engine) error { return publish(e, false, "") }, ExecutionPreconditionChanged, ""},
+		{"outcome of another attempt", active, func(t *testing.T, e *Engine) error { return publish(e, true, digest("x")) },
+			ExecutionPreconditionChanged, digest("x")},
+		{"repair without drain", nothing, func(t *testing.T, e *Engine) error { return repairStack(e) }, ExecutionPreconditionChanged, "repair"},
+		{"repair before start", reserved, func(t *testing.T, e *Engine) error { return repairStack(e) }, ExecutionPreconditionChanged, "repair"},
+		{"cancel without drain", nothing, func(t *testing.T, e *Engine) error { return cancelStack(e) }, NotFound, ""},
+		{"start while active", active, func(t *testing.T, e *Engine) error { return startExecutor(e, 0) }, ClaimCoTenant, "already active"},
+		{"start with a gone executor", reserved, func(t *testing.T, e *Engine) error {
+			gone := spawnSleeper(t)
+			killProcess(t, gone)
+			return startExecutor(e, gone.Process.Pid)
+		}, StateRecordMalformed, "does not exist"},
+		{"start from an unresolved writer", reserved, func(t *testing.T, e *Engine) error {
+			return e.StartAttempt(drainCtx, Caller{UID: uint32(os.Getuid())}, "app", "s", -1)
+		}, StateRecordMalformed, "pid=none"},
+		{"claim while draining", reserved, func(t *testing.T, e *Engine) error {
+			return e.Claim(drainCtx, me("create", "holders/other"), "app", "s", "other", untracked("other"))
+		}, ClaimCoTenant, ""},
+		{"release while draining", reserved, func(t *testing.T, e *Engine) error {
+			return e.Release(drainCtx, me("unlink", "holders/me"), "app", "s", "me")
+		}, ClaimCoTenant, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _ := newDrainEngine(t)
+			tc.setup(t, e)
+			r := mustRefuse(t, e, tc.code, func() error { return tc.op(t, e) })
+			if !strings.Contains(r.Message+" "+r.Fix, tc.contains) {
+				t.Fatalf("refusal %q does not mention %q", r, tc.contains)
+			}
+		})
+	}
+}
+
+func TestDrainCoTenantNamesLiveHolder(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	live := spawnSleeper(t)
+	pid := live.Process.Pid
+	claimStack(t, e, "s", "other", &HolderAttrs{SetPID: true, PID: pid, Checkout: "/src/other"})
+	r := mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, "sleep holder=me") })
+	if !strings.Contains(r.Message, fmt.Sprintf("other (process %d)", pid)) || !strings.Contains(r.Message, fmt.Sprintf("kill %d", pid)) {
+		t.Fatalf("co-tenant refusal %q does not name process %d", r.Message, pid)
+	}
+}

@@ -1,0 +1,244 @@
+// Package integration mounts real cockpitfs filesystems and drives them with shell tools.
+// The daemon runs as a subprocess (the built binary), so tests exec bash, cat, touch, make… on
+// the mount without deadlocking against their own server, and can kill it with SIGKILL.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// binary is the cockpitfs built for this test run.
+var binary string
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintln(os.Stderr, "integration: /dev/fuse is missing and CI=true: failing")
+			return 1
+		}
+		fmt.Fprintln(os.Stderr, "integration: SKIPPING every integration test: /dev/fuse is missing")
+		return 0
+	}
+	dir, err := os.MkdirTemp("", "cockpitfs-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binary = filepath.Join(dir, "cockpitfs")
+	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/cockpitfs")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration: building cockpitfs:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// mount is one running daemon serving a mount point.
+type mount struct {
+	t    *testing.T
+	Dir  string // the mount point
+	Data string // the store
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+	done chan error
+}
+
+// newMount starts a daemon on a fresh store; it is stopped and unmounted when the test ends,
+// whatever happened.
+func newMount(t *testing.T, args ...string) *mount {
+	t.Helper()
+	base := t.TempDir()
+	m := &mount{t: t, Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data")}
+	m.start(args...)
+	t.Cleanup(m.stop)
+	return m
+}
+
+// start runs the daemon in the foreground as a subprocess and waits until it serves.
+func (m *mount) start(args ...string) {
+	m.t.Helper()
+	m.log = &bytes.Buffer{}
+	all := append([]string{"mount", "--data", m.Data}, args...)
+	m.cmd = exec.Command(binary, append(all, m.Dir)...)
+	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
+	if err := m.cmd.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	m.done = make(chan error, 1)
+	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(m.cmd, m.done)
+	deadline := time.Now().Add(10 * time.Second)
+	for !serving(m.Dir) {
+		select {
+		case err := <-m.done:
+			m.done <- err
+			m.t.Fatalf("daemon exited before serving: %v\n%s", err, m.log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			m.t.Fatalf("daemon not serving after 10s\n%s", m.log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// serving reports whether dir is a live cockpitfs mount (in mountinfo, and answering).
+func serving(dir string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || !strings.Contains(string(data), " "+dir+" ") {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(dir, "README"))
+	return err == nil
+}
+
+// Stop ends the daemon with SIGTERM (a clean unmount and store close) and waits for it.
+func (m *mount) Stop() {
+	m.t.Helper()
+	if m.cmd == nil {
+		return
+	}
+	m.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-m.done:
+	case <-time.After(15 * time.Second):
+		m.cmd.Process.Kill()
+		<-m.done
+		m.t.Errorf("daemon did not stop on SIGTERM\n%s", m.log)
+	}
+	m.cmd = nil
+	detach(m.Dir)
+}
+
+// Kill ends the daemon with SIGKILL, leaving a dead mount behind as a crash would.
+func (m *mount) Kill() {
+	m.t.Helper()
+	m.cmd.Process.Kill()
+	<-m.done
+	m.cmd = nil
+}
+
+func (m *mount) stop() {
+	if m.cmd != nil {
+		m.Stop()
+	}
+	detach(m.Dir)
+	if m.t.Failed() {
+		m.t.Logf("daemon log:\n%s", m.log)
+	}
+}
+
+// detach lazily unmounts dir if anything is still mounted there.
+func detach(dir string) {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(data), " "+dir+" ") {
+		unix.Unmount(dir, unix.MNT_DETACH)
+	}
+}
+
+// Path joins parts below the mount point.
+func (m *mount) Path(parts ...string) string {
+	return filepath.Join(append([]string{m.Dir}, parts...)...)
+}
+
+// result is what a shell command did.
+type result struct {
+	Stdout, Stderr string
+	Code           int
+}
+
+// sh runs script with bash in dir (the mount point when dir is ""), with $M set to the mount point.
+func (m *mount) sh(script string) result {
+	m.t.Helper()
+	return shIn(m.t, m.Dir, script, "M="+m.Dir)
+}
+
+func shIn(t *testing.T, dir, script string, env ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := result{Stdout: out.String(), Stderr: errb.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.Code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("bash: %v", err)
+	}
+	return r
+}
+
+// ok runs script and fails the test unless it exits 0; it returns stdout.
+func (m *mount) ok(script string) string {
+	m.t.Helper()
+	r := m.sh(script)
+	if r.Code != 0 {
+		m.t.Fatalf("script failed (exit %d):\n%s\nstdout: %s\nstderr: %s", r.Code, script, r.Stdout, r.Stderr)
+	}
+	return r.Stdout
+}
+
+// refused runs script, expects it to fail, and checks stderr names the errno's message
+// (e.g. "Device or resource busy" for EBUSY).
+func (m *mount) refused(script string, errno syscall.Errno) result {
+	m.t.Helper()
+	r := m.sh(script)
+	if r.Code == 0 || !strings.Contains(strings.ToLower(r.Stderr), errno.Error()) {
+		m.t.Fatalf("want refusal %q from:\n%s\ngot exit %d\nstdout: %s\nstderr: %s", errno.Error(), script, r.Code, r.Stdout, r.Stderr)
+	}
+	return r
+}
+
+// read returns a file's content below the mount point.
+func (m *mount) read(parts ...string) string {
+	m.t.Helper()
+	data, err := os.ReadFile(m.Path(parts...))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return string(data)
+}
+
+// lastEvent returns the last line of an events file below the mount point.
+func (m *mount) lastEvent(parts ...string) string {
+	m.t.Helper()
+	lines := strings.Split(strings.TrimSpace(m.read(parts...)), "\n")
+	return lines[len(lines)-1]
+}
+
+// setupApp makes cockpit app with a config of the given bases (step 10, count) and the stacks.
+func (m *mount) setupApp(count int, bases map[string]int, stacks ...string) {
+	m.t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "[ports]\nstep = 10\ncount = %d\n[ports.bases]\n", count)
+	for k, v := range bases {
+		fmt.Fprintf(&b, "%s = %d\n", k, v)
+	}
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + b.String() + "EOF")
+	for _, s := range stacks {
+		m.ok("mkdir $M/app/stacks/" + s)
+	}
+}
