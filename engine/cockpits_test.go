@@ -72,7 +72,7 @@ func TestRemoveStackAndCockpit(t *testing.T) {
 	}
 }
 
-func TestCreateExisting(t *testing.T) {
+func TestCreateExistingCockpitOrStack(t *testing.T) {
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")
@@ -83,7 +83,7 @@ func TestCreateExisting(t *testing.T) {
 	requireCode(t, e.CreateStack(ctx, me("mkdir", "nope/stacks/main"), "nope", "main"), NotFound)
 }
 
-func TestNames(t *testing.T) {
+func TestCockpitStackHolderNames(t *testing.T) {
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")
@@ -108,7 +108,7 @@ func TestNames(t *testing.T) {
 	}
 }
 
-func TestOwnership(t *testing.T) {
+func TestOwnershipOfCockpitsAndHolders(t *testing.T) {
 	e := newEngine(t)
 	ctx := context.Background()
 	const owner, stranger = 1000, 1001
@@ -315,7 +315,7 @@ func TestEventsKeepTheLast256(t *testing.T) {
 	}
 }
 
-func TestLogRefusal(t *testing.T) {
+func TestEventsLogRefusal(t *testing.T) {
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	err := claimErr(e, "app", "main", ".bad")

@@ -102,7 +102,9 @@ func reserveText(t *testing.T, e *Engine, text string) error {
 	return e.ReserveDrain(drainCtx, drainCaller("request"), "app", "s", q, stackOf(t, e).Revision)
 }
 
-func startExecutor(e *Engine, pid int) error { return e.StartAttempt(drainCtx, drainCaller("attempt"), "app", "s", pid) }
+func startExecutor(e *Engine, pid int) error {
+	return e.StartAttempt(drainCtx, drainCaller("attempt"), "app", "s", pid)
+}
 
 func publish(e *Engine, success bool, id string) error {
 	return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", success, id)
@@ -345,10 +347,17 @@ func TestDrainJSONRequest(t *testing.T) {
 		return string(data)
 	}
 	for name, change := range map[string]func(map[string]any){
-		"another stack":   func(m map[string]any) { m["stackId"] = StackID("app", "t") },
-		"another plan":    func(m map[string]any) { m["actions"] = planned.Actions[:1]; m["targetIds"] = planned.TargetIDs[:1] },
-		"another valid":   func(m map[string]any) { a := append([]DrainAction{}, planned.Actions...); a[1].ValidForMs = 1; m["actions"] = a },
-		"stack as target": func(m map[string]any) { m["purpose"] = "down"; m["targetIds"] = []string{planned.StackID, planned.StackID} },
+		"another stack": func(m map[string]any) { m["stackId"] = StackID("app", "t") },
+		"fewer actions": func(m map[string]any) { m["actions"] = planned.Actions[:1] },
+		"another valid": func(m map[string]any) {
+			a := append([]DrainAction{}, planned.Actions...)
+			a[1].ValidForMs = 1
+			m["actions"] = a
+		},
+		"stack twice": func(m map[string]any) {
+			m["purpose"] = "down"
+			m["targetIds"] = []string{planned.StackID, planned.StackID}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			mustRefuse(t, e, StateRecordMalformed, func() error { return reserveText(t, e, text(change)) })
