@@ -518,9 +518,27 @@ func TestClaimCountExhaustion(t *testing.T) {
 	claim(t, e, "app", "a", "bob")
 }
 
-// freeBase returns a port p on which it listens, such that p+20 is listened on too; the caller
-// gets both listeners. Families are p+offset for HTTP and p+5+offset for DB (step 10, count 3).
-func listenAtFamilies(t *testing.T) (int, net.Listener, net.Listener) {
+// The count bounds a cockpit's active leases even when free candidates remain, as they do once
+// the declaration moved to other bases.
+func TestClaimCountCoversLeasesUnderAnOldDeclaration(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 18080\n", "a", "b", "c")
+	claim(t, e, "app", "a", "alice")
+	claim(t, e, "app", "b", "alice")
+	moved := "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 28080\n"
+	if err := e.SetConfig(context.Background(), me("write", "app/config"), "app", []byte(moved)); err != nil {
+		t.Fatal(err)
+	}
+	refusedUnchanged(t, e, "app", "c", PortLeaseExhausted, func() error { return claimErr(e, "app", "c", "alice") })
+	if msg := AsRefusal(claimErr(e, "app", "c", "alice")).Message; !strings.Contains(msg, "maximum 2 concurrent stacks") {
+		t.Fatalf("refusal %q does not name the count", msg)
+	}
+}
+
+// listenAtFamilies returns a port p on which it listens, such that p+20 is listened on too; the
+// listeners close when the test ends. With bases HTTP=p and DB=p+5, step 10 and count 3, they
+// block the families at offsets 0 and 20.
+func listenAtFamilies(t *testing.T) int {
 	t.Helper()
 	for range 20 {
 		first, err := net.Listen("tcp", "127.0.0.1:0")
@@ -538,14 +556,14 @@ func listenAtFamilies(t *testing.T) (int, net.Listener, net.Listener) {
 			continue
 		}
 		t.Cleanup(func() { first.Close(); third.Close() })
-		return p, first, third
+		return p
 	}
 	t.Fatal("found no free port pair")
-	return 0, nil, nil
+	return 0
 }
 
 func TestClaimSkipsHostListeners(t *testing.T) {
-	p, _, _ := listenAtFamilies(t)
+	p := listenAtFamilies(t)
 	e := newEngine(t)
 	config := fmt.Sprintf("[ports]\nstep = 10\ncount = 3\n[ports.bases]\nHTTP = %d\nDB = %d\n", p, p+5)
 	newCockpit(t, e, "app", config, "a", "b")

@@ -57,9 +57,11 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 // SetConfig accepts a port declaration (§3) for the cockpit; only its owner (or root) may.
 // Leases keep the declaration they were taken under.
 func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text []byte) error {
-	if _, err := portdecl.Parse(text); err != nil {
+	cfg, err := portdecl.Parse(text)
+	if err != nil {
 		return refuse(PortFamilyOutOfRange, CockpitID(cockpit), "correct the named value and write the whole config again", "%v", err)
 	}
+	warning := ephemeralWarning(cfg.Declaration)
 	return e.update(ctx, cockpitKey(cockpit), func(tx kv.Txn, now time.Time) error {
 		m, err := loadCockpit(tx, cockpit)
 		if err != nil {
@@ -77,7 +79,9 @@ func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text [
 		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {
 			return err
 		}
-		return appendEvent(tx, cockpit, cockpitLevel, okEvent(c, now, m.Revision))
+		ok := okEvent(c, now, m.Revision)
+		ok.Warning = warning
+		return appendEvent(tx, cockpit, cockpitLevel, ok)
 	})
 }
 

@@ -458,3 +458,20 @@ func TestDrainCoTenantNamesLiveHolder(t *testing.T) {
 		t.Fatalf("co-tenant refusal %q does not name process %d", r.Message, pid)
 	}
 }
+
+// The executor is observed before Repair's transaction; an attempt started in between is not the
+// one proven gone, so the pure transition refuses it.
+func TestRepairOfReplacedAttempt(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	mustStep(t, e, reserveText(t, e, "sleep"))
+	r := mustStep(t, e, startExecutor(e, 0))
+	c := drainCaller("repair")
+	clock.advance(time.Hour)
+	if _, err := repairAttempt(r, c, executorCheck{attemptID: digest("earlier"), gone: true}, clock.now()); AsRefusal(err).Code != ExecutionPreconditionChanged {
+		t.Fatalf("repair of a replaced attempt: %v", err)
+	}
+	v, err := repairAttempt(r, c, executorCheck{attemptID: r.Value.Drain.Attempt.AttemptID}, clock.now())
+	if err != nil || v.Drain.Attempt.Status != AttemptFailed || Check(r.next(v, clock.now())) != nil {
+		t.Fatalf("repair of the observed attempt: %+v %v", v.Drain, err)
+	}
+}

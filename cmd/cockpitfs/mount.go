@@ -44,7 +44,7 @@ func mountCommand(args []string) error {
 		return err
 	}
 	if *daemon {
-		return daemonize(args)
+		return daemonize(args, *data)
 	}
 	return serve(mnt, *data, cfs.Options{AllowOther: *allowOther, Debug: *debug})
 }
@@ -139,9 +139,18 @@ func readyPipe() *os.File {
 	return os.NewFile(3, "ready")
 }
 
-// daemonize starts this command again in the foreground, in its own session, and returns once it
-// reports it is serving (or why it is not).
-func daemonize(args []string) error {
+// daemonize starts this command again in the foreground, in its own session, logging to
+// DATA/cockpitfs.log, and returns once it reports it is serving (or why it is not). The child
+// keeps none of our standard streams, so a caller capturing them is not held open.
+func daemonize(args []string, data string) error {
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		return err
+	}
+	logFile, err := os.OpenFile(filepath.Join(data, "cockpitfs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
 	var child []string
 	for _, a := range args {
 		if a != "--daemon" && a != "-daemon" {
@@ -160,7 +169,7 @@ func daemonize(args []string) error {
 	cmd.Env = append(os.Environ(), readyEnv+"=3")
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	cmd.Stderr = os.Stderr
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		return err
 	}

@@ -1,0 +1,103 @@
+package engine
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+)
+
+// ephemeralRangePath is where Linux keeps the local ports it hands to outgoing connections.
+const ephemeralRangePath = "/proc/sys/net/ipv4/ip_local_port_range"
+
+// EphemeralRange is the kernel's range of ports for outgoing connections, both ends included. A
+// leased port inside it can be taken by any process's connect(2) between the lease and the bind.
+type EphemeralRange struct {
+	Low, High int
+}
+
+// ReadEphemeralRange reads this host's range.
+func ReadEphemeralRange() (EphemeralRange, error) {
+	data, err := os.ReadFile(ephemeralRangePath)
+	if err != nil {
+		return EphemeralRange{}, fmt.Errorf("read the kernel's ephemeral port range: %w", err)
+	}
+	return ParseEphemeralRange(string(data))
+}
+
+// ParseEphemeralRange reads the content of ip_local_port_range: two ports separated by white
+// space ("32768\t60999\n"), low ≤ high.
+func ParseEphemeralRange(text string) (EphemeralRange, error) {
+	fields := strings.Fields(text)
+	if len(fields) != 2 {
+		return EphemeralRange{}, fmt.Errorf("ephemeral port range %q is not two ports", text)
+	}
+	var ends [2]int
+	for i, f := range fields {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 65535 {
+			return EphemeralRange{}, fmt.Errorf("ephemeral port range %q: %q is not a port", text, f)
+		}
+		ends[i] = n
+	}
+	if ends[0] > ends[1] {
+		return EphemeralRange{}, fmt.Errorf("ephemeral port range %q ends before it starts", text)
+	}
+	return EphemeralRange{Low: ends[0], High: ends[1]}, nil
+}
+
+func (r EphemeralRange) String() string { return fmt.Sprintf("%d-%d", r.Low, r.High) }
+
+// Inside returns the ports that lie in r, sorted.
+func (r EphemeralRange) Inside(ports []int) []int {
+	var in []int
+	for _, p := range ports {
+		if p >= r.Low && p <= r.High {
+			in = append(in, p)
+		}
+	}
+	sort.Ints(in)
+	return in
+}
+
+// EphemeralOverlap returns the candidate ports of decl that lie in r, sorted.
+func (r EphemeralRange) EphemeralOverlap(decl portdecl.Declaration) []int {
+	return r.Inside(candidatePorts(decl))
+}
+
+func candidatePorts(decl portdecl.Declaration) []int {
+	var ports []int
+	for _, f := range decl.Candidates() {
+		ports = append(ports, familyPorts(f)...)
+	}
+	return ports
+}
+
+// ephemeralWarning is the warning an accepted config earns when its candidates overlap this host's
+// ephemeral range; "" when they do not, or when the range cannot be read (nothing to warn about
+// that we know of).
+func ephemeralWarning(decl portdecl.Declaration) string {
+	r, err := ReadEphemeralRange()
+	if err != nil {
+		return ""
+	}
+	overlap := r.EphemeralOverlap(decl)
+	if len(overlap) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("candidate ports %s overlap the kernel's ephemeral port range (%s); the kernel may hand them to any outgoing connection",
+		summarizePorts(overlap), r)
+}
+
+// summarizePorts names a few ports and how many there are, so a 1024-port overlap stays one
+// readable line.
+func summarizePorts(ports []int) string {
+	const shown = 6
+	if len(ports) <= shown {
+		return joinPorts(ports)
+	}
+	return fmt.Sprintf("%s,…,%d (%d ports)", joinPorts(ports[:shown-1]), ports[len(ports)-1], len(ports))
+}

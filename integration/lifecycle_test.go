@@ -1,0 +1,383 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SPEC §1: the command line and the daemon's lifecycle, through the real binary.
+
+// lifecycleSetup makes a cockpit with a stack holding two holders, an active lease and a few
+// events, so a restart has every kind of record to lose.
+func lifecycleSetup(m *mount, base int) {
+	m.t.Helper()
+	m.setupApp(20, map[string]int{"HTTP": base, "DB": base + 1}, "s1", "s2")
+	m.ok("touch $M/app/stacks/s1/holders/alpha && touch $M/app/stacks/s1/holders/beta")
+	// A refusal, so the events files hold both kinds of line.
+	m.refused("echo pid=nope > $M/app/stacks/s1/holders/alpha", syscall.EINVAL)
+	if got := m.read("app/stacks/s1/revision"); got != "2\n" {
+		m.t.Fatalf("revision after two claims = %q", got)
+	}
+}
+
+// lifecycleSnapshot reads every file the setup made records for, keyed by path.
+func lifecycleSnapshot(m *mount) map[string]string {
+	m.t.Helper()
+	snap := map[string]string{}
+	for _, p := range []string{
+		"app/config", "app/events",
+		"app/stacks/s1/record", "app/stacks/s1/revision", "app/stacks/s1/lease", "app/stacks/s1/events",
+		"app/stacks/s1/env", "app/stacks/s1/ports/HTTP", "app/stacks/s1/ports/DB",
+		"app/stacks/s1/holders/alpha", "app/stacks/s1/holders/beta",
+		"app/stacks/s2/record", "app/stacks/s2/revision",
+	} {
+		snap[p] = m.read(p)
+	}
+	// Directory listings: a lost stack, holder or port index entry shows here.
+	snap["ls stacks"] = m.ok("ls $M/app/stacks")
+	snap["ls holders"] = m.ok("ls $M/app/stacks/s1/holders")
+	snap["ls ports"] = m.ok("ls $M/ports")
+	snap["ls /"] = m.ok("ls $M")
+	return snap
+}
+
+func lifecycleSameSnapshot(t *testing.T, before, after map[string]string) {
+	t.Helper()
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("%s changed across the restart:\nbefore: %q\nafter:  %q", k, v, after[k])
+		}
+	}
+}
+
+// lifecycleRun runs the binary with a bound (so a hang fails rather than blocks the suite).
+func lifecycleRun(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("cockpitfs %v did not finish within 60s\nstdout: %s\nstderr: %s", args, out.String(), errb.String())
+	}
+	r := result{Stdout: out.String(), Stderr: errb.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.Code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("cockpitfs %v: %v", args, err)
+	}
+	return r
+}
+
+var lifecycleClean = regexp.MustCompile(`(?m)^(\d+) records clean$`)
+
+// lifecycleVerifyClean runs `cockpitfs verify` on a stopped daemon's store and wants exit 0 and
+// "N records clean" with N the stacks made.
+func lifecycleVerifyClean(t *testing.T, data string, records int) {
+	t.Helper()
+	r := lifecycleRun(t, "verify", "--data", data)
+	match := lifecycleClean.FindStringSubmatch(r.Stdout)
+	if r.Code != 0 || match == nil || match[1] != strconv.Itoa(records) {
+		t.Fatalf("verify: want exit 0 and %q, got exit %d\nstdout: %s\nstderr: %s", fmt.Sprintf("%d records clean", records), r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+// lifecycleMounted reports whether dir appears in /proc/self/mountinfo (live or dead).
+func lifecycleMounted(dir string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	return err == nil && strings.Contains(string(data), " "+dir+" ")
+}
+
+// lifecycleSignal sends sig to the daemon and returns how it exited; it fails the test if the
+// daemon is still running after the harness's 15 s.
+func lifecycleSignal(m *mount, sig syscall.Signal) error {
+	m.t.Helper()
+	m.cmd.Process.Signal(sig)
+	select {
+	case err := <-m.done:
+		m.cmd = nil
+		return err
+	case <-time.After(15 * time.Second):
+		m.cmd.Process.Kill()
+		<-m.done
+		m.cmd = nil
+		m.t.Fatalf("daemon still running 15s after %v\n%s", sig, m.log)
+		return nil
+	}
+}
+
+func TestLifecycleCleanRestartKeepsRecords(t *testing.T) {
+	m := newMount(t)
+	lifecycleSetup(m, 31000)
+	before := lifecycleSnapshot(m)
+
+	// While the daemon holds the store, verify refuses and names it.
+	r := lifecycleRun(t, "verify", "--data", m.Data)
+	pid := strconv.Itoa(m.cmd.Process.Pid)
+	if r.Code == 0 || !strings.Contains(r.Stderr, pid) {
+		t.Fatalf("verify while daemon %s runs: want non-zero naming the pid, got exit %d\nstdout: %s\nstderr: %s", pid, r.Code, r.Stdout, r.Stderr)
+	}
+
+	m.Stop()
+	if lifecycleMounted(m.Dir) {
+		t.Fatalf("%s still mounted after SIGTERM", m.Dir)
+	}
+	lifecycleVerifyClean(t, m.Data, 2)
+	m.start()
+	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
+
+	// The restarted daemon keeps working on the restored records: a third claim moves on from
+	// revision 2.
+	m.ok("touch $M/app/stacks/s1/holders/gamma")
+	if got := m.read("app/stacks/s1/revision"); got != "3\n" {
+		t.Fatalf("revision after a claim on the restarted daemon = %q", got)
+	}
+	m.Stop()
+	lifecycleVerifyClean(t, m.Data, 2)
+}
+
+func TestLifecycleKillRestartKeepsRecords(t *testing.T) {
+	m := newMount(t)
+	lifecycleSetup(m, 31100)
+	before := lifecycleSnapshot(m)
+
+	m.Kill()
+	// The crash leaves the mount behind, dead: this is what the next daemon must clear itself.
+	if !lifecycleMounted(m.Dir) {
+		t.Fatalf("no dead mount left on %s after kill -9 (the test cannot show the stale-mount case)", m.Dir)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(m.Dir, &st); !errors.Is(err, unix.ENOTCONN) {
+		t.Fatalf("stat of the dead mount = %v, want ENOTCONN", err)
+	}
+	lifecycleVerifyClean(t, m.Data, 2)
+
+	m.start() // same mount point, no detach in between
+	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
+	m.ok("touch $M/app/stacks/s1/holders/gamma")
+	if got := m.read("app/stacks/s1/revision"); got != "3\n" {
+		t.Fatalf("revision after a claim on the restarted daemon = %q", got)
+	}
+
+	// Twice in a row, then a clean stop: still every record.
+	before = lifecycleSnapshot(m)
+	m.Kill()
+	m.start()
+	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
+	m.Stop()
+	lifecycleVerifyClean(t, m.Data, 2)
+}
+
+func TestLifecycleSecondDaemonSameData(t *testing.T) {
+	m := newMount(t)
+	other := filepath.Join(t.TempDir(), "mnt2")
+	t.Cleanup(func() { detach(other) })
+	r := lifecycleRun(t, "mount", "--data", m.Data, other)
+	pid := strconv.Itoa(m.cmd.Process.Pid)
+	if r.Code == 0 || !strings.Contains(r.Stderr, pid) {
+		t.Fatalf("second daemon on the data dir of %s: want non-zero naming that pid, got exit %d\nstdout: %s\nstderr: %s", pid, r.Code, r.Stdout, r.Stderr)
+	}
+	if lifecycleMounted(other) {
+		t.Fatalf("the refused daemon left a mount on %s", other)
+	}
+	// The first daemon is unharmed.
+	m.ok("mkdir $M/still-here")
+}
+
+func TestLifecycleMountOnLiveMount(t *testing.T) {
+	m := newMount(t)
+	data := filepath.Join(t.TempDir(), "data2")
+	r := lifecycleRun(t, "mount", "--data", data, m.Dir)
+	if r.Code == 0 {
+		t.Fatalf("mount on the live mount %s exited 0\nstdout: %s\nstderr: %s", m.Dir, r.Stdout, r.Stderr)
+	}
+	if !strings.Contains(r.Stderr, m.Dir) {
+		t.Errorf("the refusal does not name the mount point %s: %s", m.Dir, r.Stderr)
+	}
+	// Exactly one mount on the directory, still ours and serving.
+	data2, _ := os.ReadFile("/proc/self/mountinfo")
+	if n := strings.Count(string(data2), " "+m.Dir+" "); n != 1 {
+		t.Fatalf("%d mounts on %s after the refused mount, want 1", n, m.Dir)
+	}
+	m.ok("mkdir $M/still-here")
+}
+
+// lifecycleDaemonPID reads the pid the daemon wrote into its lock file.
+func lifecycleDaemonPID(data string) int {
+	b, err := os.ReadFile(filepath.Join(data, "cockpitfs.lock"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// lifecycleGone reports whether pid has exited (gone, or a zombie nobody has reaped yet: a
+// daemonised process is reparented away from the test).
+func lifecycleGone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(fields) > 0 && fields[0] == "Z"
+}
+
+func TestLifecycleDaemonMode(t *testing.T) {
+	base := t.TempDir()
+	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
+	pid := 0
+	// Whatever happens, no daemon and no mount outlive the test.
+	t.Cleanup(func() {
+		if pid == 0 {
+			pid = lifecycleDaemonPID(data)
+		}
+		if pid > 0 && !lifecycleGone(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		detach(mnt)
+	})
+
+	r := lifecycleRun(t, "mount", "--daemon", "--data", data, mnt)
+	pid = lifecycleDaemonPID(data)
+	if r.Code != 0 {
+		t.Fatalf("mount --daemon: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	// Right after it returns, no waiting: the mount must already serve.
+	ls := shIn(t, "/", `ls "$MNT"`, "MNT="+mnt)
+	if ls.Code != 0 || !strings.Contains(ls.Stdout, "README") {
+		t.Fatalf("ls right after mount --daemon returned: exit %d\nstdout: %s\nstderr: %s", ls.Code, ls.Stdout, ls.Stderr)
+	}
+	if pid == 0 {
+		t.Fatalf("no daemon pid in %s", filepath.Join(data, "cockpitfs.lock"))
+	}
+	if !strings.Contains(r.Stdout, strconv.Itoa(pid)) {
+		t.Errorf("mount --daemon output does not name the daemon's pid %d: %q", pid, r.Stdout)
+	}
+	// The daemon serves on after the command returned: a real change works.
+	shIn(t, "/", `mkdir "$MNT/app"`, "MNT="+mnt)
+	if _, err := os.Stat(filepath.Join(mnt, "app", "stacks")); err != nil {
+		t.Fatal(err)
+	}
+
+	u := lifecycleRun(t, "unmount", mnt)
+	if u.Code != 0 {
+		t.Fatalf("unmount: exit %d\nstdout: %s\nstderr: %s", u.Code, u.Stdout, u.Stderr)
+	}
+	if lifecycleMounted(mnt) {
+		t.Fatalf("%s still mounted after cockpitfs unmount", mnt)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for !lifecycleGone(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon %d still running 15s after cockpitfs unmount", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// It closed the store: verify can take it and finds the cockpit (no stacks yet: 0 records).
+	lifecycleVerifyClean(t, data, 0)
+}
+
+func TestLifecycleDaemonUnusableData(t *testing.T) {
+	base := t.TempDir()
+	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
+	t.Cleanup(func() { detach(mnt) })
+	if err := os.WriteFile(data, []byte("not a directory\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := lifecycleRun(t, "mount", "--daemon", "--data", data, mnt)
+	if r.Code == 0 {
+		t.Fatalf("mount --daemon with a file as data dir exited 0\nstdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	}
+	if !strings.Contains(r.Stderr, "not a directory") || !strings.Contains(r.Stderr, data) {
+		t.Fatalf("mount --daemon with a file as data dir: the reason (%s: not a directory) is missing: %q", data, r.Stderr)
+	}
+	if lifecycleMounted(mnt) {
+		t.Fatalf("the failed daemon left a mount on %s", mnt)
+	}
+}
+
+func TestLifecycleSignalsUnmountAndExitZero(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			m := newMount(t)
+			m.ok("mkdir $M/app")
+			if err := lifecycleSignal(m, sig); err != nil {
+				t.Fatalf("daemon exit after %v: %v\n%s", sig, err, m.log)
+			}
+			if lifecycleMounted(m.Dir) {
+				t.Fatalf("%s still in mountinfo after %v", m.Dir, sig)
+			}
+			lifecycleVerifyClean(t, m.Data, 0)
+		})
+	}
+}
+
+func TestLifecycleSIGTERMWithOpenFile(t *testing.T) {
+	m := newMount(t)
+	// A process holding a file open on the mount makes a plain unmount EBUSY.
+	holder := exec.Command("bash", "-c", `exec sleep 100 < "$M/README"`)
+	holder.Env = append(os.Environ(), "M="+m.Dir)
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan struct{})
+	go func() { holder.Wait(); close(held) }()
+	t.Cleanup(func() {
+		holder.Process.Kill()
+		<-held
+	})
+	// Wait until the redirection has opened README (sleep has replaced bash).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		link, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/0", holder.Process.Pid))
+		if link == filepath.Join(m.Dir, "README") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sleep never opened README (fd 0 = %q)", link)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	if err := lifecycleSignal(m, syscall.SIGTERM); err != nil {
+		t.Errorf("daemon exit after SIGTERM with a busy mount: %v\n%s", err, m.log)
+	}
+	if lifecycleMounted(m.Dir) {
+		t.Fatalf("%s still in mountinfo after SIGTERM with a busy mount", m.Dir)
+	}
+	// The store was closed: verify can open it.
+	lifecycleVerifyClean(t, m.Data, 0)
+}
+
+func TestLifecycleVersion(t *testing.T) {
+	r := lifecycleRun(t, "version")
+	if r.Code != 0 || !regexp.MustCompile(`^cockpitfs \S+\n$`).MatchString(r.Stdout) {
+		t.Fatalf("version: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+func TestLifecycleMountWithoutArgs(t *testing.T) {
+	r := lifecycleRun(t, "mount")
+	if r.Code == 0 || !strings.Contains(r.Stderr, "usage") || !strings.Contains(r.Stderr, "cockpitfs mount") {
+		t.Fatalf("mount without args: want non-zero with usage, got exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+}
