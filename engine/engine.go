@@ -229,28 +229,31 @@ func (e *Engine) Events(cockpit, stack string) ([]byte, error) {
 	return out, err
 }
 
-// LogRefusal records a refused operation in the events file of the stack (or of the cockpit when
-// stack is ""), errno named by the adapter that chose it. A cockpit that does not exist has no
-// events file, and then nothing is recorded.
+// LogRefusal records a refused operation in the events file of the stack, or of the cockpit when
+// stack is "" or no longer exists (the nearest one), errno named by the adapter that chose it. A
+// cockpit that does not exist has no events file, and then nothing is recorded.
 func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno string) error {
-	level := stack
-	if level == "" {
-		level = cockpitLevel
-	}
 	key := cockpitKey(cockpit)
 	if stack != "" {
 		key = stackKey(cockpit, stack)
 	}
 	return e.update(context.Background(), key, func(tx kv.Txn, now time.Time) error {
-		if _, err := tx.Get(key); err != nil {
-			if errors.Is(err, kv.ErrNotFound) {
-				return errUnchanged
-			}
-			return err
+		level := stack
+		if stack == "" || !exists(tx, stackKey(cockpit, stack)) {
+			level = cockpitLevel
+		}
+		if !exists(tx, cockpitKey(cockpit)) {
+			return errUnchanged
 		}
 		return appendEvent(tx, cockpit, level, Event{
 			At: Stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "refused",
 			Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix,
 		})
 	})
+}
+
+// exists reads key with Get, so the transaction conflicts with its creation or removal.
+func exists(tx kv.Txn, key string) bool {
+	_, err := tx.Get(key)
+	return err == nil
 }

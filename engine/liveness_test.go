@@ -153,3 +153,25 @@ func TestClaimDefaultsToCallerSession(t *testing.T) {
 		t.Fatalf("holders %v after the session ended, want [alice]", names)
 	}
 }
+
+// A takeover keeps the stack running under the declaration its lease was taken under, so the new
+// holder can drain it; refusing it would strand a stack whose only holder died after the config
+// changed (a drain needs a live holder). A co-tenant joining such a lease is still refused.
+func TestTakeoverKeepsLeaseUnderOldDeclaration(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	worker := sessionSleeper(t)
+	claimWithPID(t, e, "app", "main", "worker", worker.Process.Pid)
+	moved := "[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 19080\nDB = 16432\n"
+	if err := e.SetConfig(context.Background(), me("write", "app/config"), "app", []byte(moved)); err != nil {
+		t.Fatal(err)
+	}
+	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, func() error { return claimErr(e, "app", "main", "bob") })
+	kill(t, worker)
+	claim(t, e, "app", "main", "alice")
+	r := stackRecord(t, e, "app", "main")
+	if names := holderNames(r.Value); !reflect.DeepEqual(names, []string{"alice"}) {
+		t.Fatalf("holders %v, want [alice]", names)
+	}
+	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})
+}

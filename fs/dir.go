@@ -84,7 +84,8 @@ func (d *dir) find(ctx context.Context, name string) (entry, syscall.Errno) {
 	return entry{}, syscall.ENOENT
 }
 
-func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+	defer d.fsys.guard("lookup "+d.child(name), &errno)
 	e, errno := d.find(ctx, name)
 	if errno != 0 {
 		return nil, errno
@@ -109,7 +110,8 @@ func (d *dir) adopt(ctx context.Context, e entry, a *fuse.Attr) (*fs.Inode, sysc
 	return in, 0
 }
 
-func (d *dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno) {
+	defer d.fsys.guard("readdir "+d.path, &errno)
 	es, err := d.list.entries(ctx, d)
 	if err != nil {
 		return nil, d.fsys.fail(caller(ctx, "readdir", d.path), "", "", err)
@@ -137,7 +139,8 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) s
 	return 0
 }
 
-func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+	defer d.fsys.guard("mkdir "+d.child(name), &errno)
 	m, ok := d.list.(mkdirer)
 	if !ok {
 		return nil, d.fsys.undefined(ctx, "mkdir", d.child(name), d.cockpit, d.stack)
@@ -148,14 +151,16 @@ func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	return d.Lookup(ctx, name, out)
 }
 
-func (d *dir) Rmdir(ctx context.Context, name string) syscall.Errno {
+func (d *dir) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
+	defer d.fsys.guard("rmdir "+d.child(name), &errno)
 	if r, ok := d.list.(rmdirer); ok {
 		return r.rmdir(ctx, d, name)
 	}
 	return d.fsys.undefined(ctx, "rmdir", d.child(name), d.cockpit, d.stack)
 }
 
-func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, _ fs.FileHandle, _ uint32, errno syscall.Errno) {
+	defer d.fsys.guard("create "+d.child(name), &errno)
 	c, ok := d.list.(creator)
 	if !ok {
 		return nil, nil, 0, d.fsys.undefined(ctx, "create", d.child(name), d.cockpit, d.stack)
@@ -171,7 +176,8 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	return in, h, fuse.FOPEN_DIRECT_IO, 0
 }
 
-func (d *dir) Unlink(ctx context.Context, name string) syscall.Errno {
+func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
+	defer d.fsys.guard("unlink "+d.child(name), &errno)
 	if u, ok := d.list.(unlinker); ok {
 		return u.unlink(ctx, d, name)
 	}

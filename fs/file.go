@@ -73,7 +73,8 @@ func (f *file) snapshot(ctx context.Context, op string) (view, syscall.Errno) {
 	return v, 0
 }
 
-func (f *file) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
+	defer f.fsys.guard("open "+f.path, &errno)
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && f.writer == nil {
 		return nil, 0, syscall.EACCES
 	}
@@ -118,7 +119,8 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 	return uint32(len(data)), 0
 }
 
-func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+	defer f.fsys.guard("getattr "+f.path, &errno)
 	var v view
 	if h, ok := fh.(*handle); ok {
 		h.mu.Lock()

@@ -127,6 +127,7 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		view("record", renderRecord),
 		view("revision", renderRevision),
 		{name: "events", node: f.newFile(d.child("events"), c, s, f.eventsView(c, s), nil)},
+		{name: "health", node: f.newFile(d.child("health"), c, s, f.healthView(c, s), nil)},
 		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s)},
 	}
 	if r.Value.Lease.Active() {

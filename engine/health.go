@@ -1,0 +1,266 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// Observation codes and owners of a stack's health, in the seeds' environment-observation shape
+// (observeClaimState, observePortFamily, observePortListeners).
+const (
+	codeClaimState     = "CLAIM_STATE_UNHEALTHY"
+	codePortFamily     = "PORT_FAMILY_COLLISION"
+	codePortListener   = "PORT_LISTENER_ABSENT"
+	codeEphemeralRange = "PORT_FAMILY_EPHEMERAL_OVERLAP"
+
+	claimsOwner = "environment-claims"
+	portsOwner  = "environment-port-coordination"
+)
+
+// Observed states.
+const (
+	ObservedAvailable   = "available"
+	ObservedUnavailable = "unavailable"
+	ObservedFailed      = "failed"
+)
+
+// Observation is one line of a stack's health. A healthy observation is available with value true.
+type Observation struct {
+	Code          string        `json:"code"`
+	Owner         string        `json:"owner"`
+	StackID       string        `json:"stackId"`
+	Source        string        `json:"source"`
+	Target        string        `json:"target,omitempty"`
+	Observed      Observed      `json:"observed"`
+	Expectation   Expectation   `json:"expectation"`
+	Applicability Applicability `json:"applicability"`
+	Freshness     Freshness     `json:"freshness"`
+	Remedy        string        `json:"remedy"`
+}
+
+// Observed is what was seen: a value when available, a reason when not (or when the value is false).
+type Observed struct {
+	State      string `json:"state"`
+	Value      *bool  `json:"value,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	ObservedAt string `json:"observedAt"`
+}
+
+// Expectation is the value a healthy stack shows.
+type Expectation struct {
+	Kind  string `json:"kind"`
+	Value bool   `json:"value"`
+}
+
+// Applicability says when the observation counts.
+type Applicability struct {
+	State   string `json:"state"`
+	Posture string `json:"posture"`
+}
+
+// Freshness says how old the evidence is; health is always observed on read.
+type Freshness struct {
+	State string `json:"state"`
+}
+
+// Health observes the stack now: whether its record is readable and consistent, whether its
+// lease collides with another active lease, whether something listens on each leased port, and
+// whether its ports lie in the kernel's ephemeral range. A stack that does not exist is NotFound.
+func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
+	var (
+		r          Record
+		readErr    error
+		collision  string
+		configured bool
+		candidates []int
+	)
+	err := e.db.View(func(tx kv.Txn) error {
+		data, err := tx.Get(stackKey(cockpit, stack))
+		if errors.Is(err, kv.ErrNotFound) {
+			return refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
+		}
+		if err != nil {
+			return err
+		}
+		if r, readErr = decodeRecord(data); readErr == nil {
+			readErr = Check(r)
+		}
+		if m, err := loadCockpit(tx, cockpit); err == nil {
+			if cfg, ok := m.config(); ok {
+				configured, candidates = true, candidatePorts(cfg.Declaration)
+			}
+		}
+		if readErr == nil && r.Value.Lease.Active() {
+			collision, err = leaseCollision(tx, r)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	at := Stamp(e.now())
+	base := Observation{
+		StackID:       StackID(cockpit, stack),
+		Source:        cockpit + "/stacks/" + stack + "/record",
+		Expectation:   Expectation{Kind: "equal", Value: true},
+		Applicability: Applicability{State: "required", Posture: "environment"},
+		Freshness:     Freshness{State: "current"},
+	}
+	claim := base
+	claim.Code, claim.Owner, claim.Remedy = codeClaimState, claimsOwner, "repair or release malformed coordination state (stop the daemon, run cockpitfs verify)"
+	family := base
+	family.Code, family.Owner, family.Remedy = codePortFamily, portsOwner, "lease the declared port family before starting the stack"
+	family.Source = "ports"
+	if readErr != nil {
+		reason := strings.ReplaceAll(readErr.Error(), "\n", "; ")
+		claim.Observed = Observed{State: ObservedFailed, Reason: reason, ObservedAt: at}
+		family.Observed = Observed{State: ObservedFailed, Reason: "the stack's record is unreadable: " + reason, ObservedAt: at}
+		return []Observation{claim, family}, nil
+	}
+	claim.Observed = available(true, "", at)
+	lease := r.Value.Lease
+	switch {
+	case !lease.Active():
+		family.Observed = Observed{State: ObservedUnavailable, Reason: "the stack has no active port-family lease", ObservedAt: at}
+	case collision != "":
+		family.Observed = available(false, collision, at)
+	default:
+		family.Observed = available(true, "", at)
+	}
+	obs := []Observation{claim, family}
+	if lease.Active() {
+		obs = append(obs, listenerObservations(base, lease, at)...)
+		obs = append(obs, ephemeralObservation(base, leasePorts(lease), "leased", at))
+	} else if configured {
+		obs = append(obs, ephemeralObservation(base, candidates, "candidate", at))
+	} else {
+		o := ephemeralBase(base)
+		o.Observed = Observed{State: ObservedUnavailable, Reason: "the cockpit has no port declaration", ObservedAt: at}
+		obs = append(obs, o)
+	}
+	return obs, nil
+}
+
+func available(value bool, reason, at string) Observed {
+	return Observed{State: ObservedAvailable, Value: &value, Reason: reason, ObservedAt: at}
+}
+
+// leaseCollision checks r's active lease against the machine: every port indexed to r's stack, and
+// no other record's active lease holding it. It returns why not, or "".
+func leaseCollision(tx kv.Txn, r Record) (string, error) {
+	lease := r.Value.Lease
+	var problems []string
+	for _, key := range sortedPortKeys(lease.Ports) {
+		port := lease.Ports[key]
+		var owner PortOwner
+		ok, err := getJSON(tx, portKey(port), &owner)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("port %d (%s) is missing from the machine's port index", port, key))
+		case owner.Cockpit != r.Cockpit || owner.Stack != r.Stack || owner.Key != key:
+			problems = append(problems, fmt.Sprintf("port %d (%s) is indexed to %s/%s %s", port, key, owner.Cockpit, owner.Stack, owner.Key))
+		}
+	}
+	mine := map[int]string{}
+	for key, port := range lease.Ports {
+		mine[port] = key
+	}
+	self := stackKey(r.Cockpit, r.Stack)
+	err := tx.Scan("s/", func(k string, v []byte) error {
+		if k == self {
+			return nil
+		}
+		other, err := decodeRecord(v)
+		if err != nil || !other.Value.Lease.Active() {
+			return nil // an unreadable record is its own claim-state failure
+		}
+		for _, port := range leasePorts(other.Value.Lease) {
+			if key, ok := mine[port]; ok {
+				problems = append(problems, fmt.Sprintf("port %d (%s) is also leased by %s/%s", port, key, other.Cockpit, other.Stack))
+			}
+		}
+		return nil
+	})
+	return strings.Join(problems, "; "), err
+}
+
+// listenerObservations says, per leased port in key order, whether something listens on it now:
+// whether the stack's services are up.
+func listenerObservations(base Observation, lease *Lease, at string) []Observation {
+	keys := sortedPortKeys(lease.Ports)
+	ports := make([]int, len(keys))
+	for i, k := range keys {
+		ports[i] = lease.Ports[k]
+	}
+	busy, err := listeners.Listening(ports)
+	listening := map[int]bool{}
+	for _, p := range busy {
+		listening[p] = true
+	}
+	out := make([]Observation, len(keys))
+	for i, key := range keys {
+		port := ports[i]
+		o := base
+		o.Code, o.Owner = codePortListener, portsOwner
+		o.Source = fmt.Sprintf("tcp:%d", port)
+		o.Target = fmt.Sprintf("%s=%d", key, port)
+		o.Remedy = fmt.Sprintf("start the stack's service for %s on port %d (see env)", key, port)
+		switch {
+		case err != nil:
+			o.Observed = Observed{State: ObservedUnavailable, Reason: err.Error(), ObservedAt: at}
+		case listening[port]:
+			o.Observed = available(true, "", at)
+		default:
+			o.Observed = available(false, fmt.Sprintf("nothing listens on TCP port %d", port), at)
+		}
+		out[i] = o
+	}
+	return out
+}
+
+func ephemeralBase(base Observation) Observation {
+	o := base
+	o.Code, o.Owner = codeEphemeralRange, portsOwner
+	o.Source = ephemeralRangePath
+	o.Remedy = "move ports.bases out of the kernel's ephemeral range, or reserve the ports in net.ipv4.ip_local_reserved_ports"
+	return o
+}
+
+// ephemeralObservation says whether none of ports (the lease's, or the config's candidates when
+// the stack holds no lease) lies in the kernel's ephemeral range.
+func ephemeralObservation(base Observation, ports []int, what, at string) Observation {
+	o := ephemeralBase(base)
+	r, err := ReadEphemeralRange()
+	if err != nil {
+		o.Observed = Observed{State: ObservedUnavailable, Reason: err.Error(), ObservedAt: at}
+		return o
+	}
+	inside := r.Inside(ports)
+	if len(inside) == 0 {
+		o.Observed = available(true, "", at)
+		return o
+	}
+	o.Observed = available(false, fmt.Sprintf("%s ports %s lie in the kernel's ephemeral port range (%s); the kernel may hand them to any outgoing connection",
+		what, summarizePorts(inside), r), at)
+	return o
+}
+
+func leasePorts(l *Lease) []int { return familyPorts(portdecl.Family{Ports: l.Ports}) }
+
+func sortedPortKeys(ports map[string]int) []string {
+	keys := make([]string, 0, len(ports))
+	for k := range ports {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

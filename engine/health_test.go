@@ -1,0 +1,201 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// healthConfig keeps its ports clear of the usual ephemeral range (32768-60999) and of
+// exampleConfig's, so tests here and elsewhere do not meet.
+const healthConfig = `[ports]
+step = 10
+count = 5
+[ports.bases]
+HTTP = 21080
+DB = 21432
+`
+
+func observationOf(t *testing.T, obs []Observation, code, target string) Observation {
+	t.Helper()
+	for _, o := range obs {
+		if o.Code == code && o.Target == target {
+			return o
+		}
+	}
+	t.Fatalf("no %s observation for %q in %+v", code, target, obs)
+	return Observation{}
+}
+
+func wantValue(t *testing.T, o Observation, want bool) {
+	t.Helper()
+	if o.Observed.State != ObservedAvailable || o.Observed.Value == nil || *o.Observed.Value != want {
+		t.Fatalf("%s %s observed %+v, want available %t", o.Code, o.Target, o.Observed, want)
+	}
+}
+
+func health(t *testing.T, e *Engine, stack string) []Observation {
+	t.Helper()
+	obs, err := e.Health("app", stack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range obs {
+		if o.StackID != StackID("app", stack) || o.Expectation != (Expectation{"equal", true}) ||
+			o.Applicability != (Applicability{"required", "environment"}) || o.Freshness.State != "current" || o.Remedy == "" {
+			t.Fatalf("observation out of the seeds' shape: %+v", o)
+		}
+		if _, ok := ParseStamp(o.Observed.ObservedAt); !ok {
+			t.Fatalf("observedAt %q", o.Observed.ObservedAt)
+		}
+	}
+	return obs
+}
+
+func TestHealthOfAClaimedStack(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a")
+	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
+		t.Fatal(err)
+	}
+	obs := health(t, e, "a")
+	if len(obs) != 5 {
+		t.Fatalf("want claim-state, port-family, two listeners and ephemeral, got %+v", obs)
+	}
+	wantValue(t, observationOf(t, obs, codeClaimState, ""), true)
+	wantValue(t, observationOf(t, obs, codePortFamily, ""), true)
+	wantValue(t, observationOf(t, obs, codeEphemeralRange, ""), true)
+	http := observationOf(t, obs, codePortListener, "HTTP=21080")
+	wantValue(t, http, false)
+	if http.Source != "tcp:21080" {
+		t.Fatalf("listener source %q", http.Source)
+	}
+	wantValue(t, observationOf(t, obs, codePortListener, "DB=21432"), false)
+
+	// The stack's service comes up on its HTTP port.
+	l, err := net.Listen("tcp", "127.0.0.1:21080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	obs = health(t, e, "a")
+	wantValue(t, observationOf(t, obs, codePortListener, "HTTP=21080"), true)
+	wantValue(t, observationOf(t, obs, codePortListener, "DB=21432"), false)
+}
+
+func TestHealthOfAStackWithoutALease(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a")
+	obs := health(t, e, "a")
+	if len(obs) != 3 {
+		t.Fatalf("want claim-state, port-family and ephemeral (no listeners without a lease), got %+v", obs)
+	}
+	wantValue(t, observationOf(t, obs, codeClaimState, ""), true)
+	family := observationOf(t, obs, codePortFamily, "")
+	if family.Observed.State != ObservedUnavailable || family.Observed.Reason != "the stack has no active port-family lease" {
+		t.Fatalf("port-family %+v", family.Observed)
+	}
+	wantValue(t, observationOf(t, obs, codeEphemeralRange, ""), true)
+}
+
+func TestHealthWithoutAConfigCannotJudgeTheEphemeralRange(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", "", "a")
+	o := observationOf(t, health(t, e, "a"), codeEphemeralRange, "")
+	if o.Observed.State != ObservedUnavailable || o.Observed.Reason != "the cockpit has no port declaration" {
+		t.Fatalf("ephemeral %+v", o.Observed)
+	}
+}
+
+// Candidates in the kernel's range show in health before any lease: the warning outlives the
+// config's events line.
+func TestHealthWarnsOfEphemeralCandidates(t *testing.T) {
+	r := hostEphemeralRange(t)
+	e := newEngine(t)
+	newCockpit(t, e, "app", fmt.Sprintf("[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = %d\n", r.High), "a")
+	o := observationOf(t, health(t, e, "a"), codeEphemeralRange, "")
+	wantValue(t, o, false)
+	if !strings.Contains(o.Observed.Reason, fmt.Sprintf("candidate ports %d lie in the kernel's ephemeral port range (%s)", r.High, r)) {
+		t.Fatalf("reason %q", o.Observed.Reason)
+	}
+}
+
+// Two active leases holding one port can only come from a corrupt store; health names the other
+// stack from both sides.
+func TestHealthSeesACollidingLease(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a", "b")
+	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := e.Stack("app", "a")
+	writeRecord(t, e.db, "b", func(r *Record) {
+		lease := *a.Value.Lease
+		last := HolderID("gone")
+		r.Value.Lease, r.Value.LastReleasedHolder = &lease, &last
+	})
+	fromA := observationOf(t, health(t, e, "a"), codePortFamily, "")
+	wantValue(t, fromA, false)
+	if !strings.Contains(fromA.Observed.Reason, "port 21080 (HTTP) is also leased by app/b") {
+		t.Fatalf("reason from a: %q", fromA.Observed.Reason)
+	}
+	fromB := observationOf(t, health(t, e, "b"), codePortFamily, "")
+	wantValue(t, fromB, false)
+	if !strings.Contains(fromB.Observed.Reason, "port 21432 (DB) is indexed to app/a DB") || !strings.Contains(fromB.Observed.Reason, "also leased by app/a") {
+		t.Fatalf("reason from b: %q", fromB.Observed.Reason)
+	}
+}
+
+func TestHealthOfABrokenRecordFails(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a", "b")
+	// Holders without a lease break an invariant; "b" is not even JSON.
+	writeRecord(t, e.db, "a", func(r *Record) {
+		r.Value.Holders = []Holder{NewHolder{Name: "me", CheckoutPath: "/src/me"}.holder(e.now())}
+	})
+	if err := e.db.Update(context.Background(), func(tx kv.Txn) error { return tx.Set(stackKey("app", "b"), []byte("{")) }); err != nil {
+		t.Fatal(err)
+	}
+	for stack, reason := range map[string]string{"a": "the stack has holders but no active lease", "b": "decode record"} {
+		obs := health(t, e, stack)
+		claim := observationOf(t, obs, codeClaimState, "")
+		if claim.Observed.State != ObservedFailed || !strings.Contains(claim.Observed.Reason, reason) || claim.Observed.Value != nil {
+			t.Fatalf("%s: claim-state %+v, want failed naming %q", stack, claim.Observed, reason)
+		}
+		if family := observationOf(t, obs, codePortFamily, ""); family.Observed.State != ObservedFailed {
+			t.Fatalf("%s: port-family %+v, want failed", stack, family.Observed)
+		}
+	}
+}
+
+func TestHealthOfAMissingStackIsNotFound(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig)
+	_, err := e.Health("app", "nope")
+	var r *Refusal
+	if !errors.As(err, &r) || r.Code != NotFound {
+		t.Fatalf("err = %v, want NotFound", err)
+	}
+}
+
+// writeRecord changes a stack's stored record behind the engine's back, skipping every check: the
+// corruption verify and health exist to find.
+func writeRecord(t *testing.T, db *kv.DB, stack string, change func(*Record)) {
+	t.Helper()
+	err := db.Update(context.Background(), func(tx kv.Txn) error {
+		r, err := loadRecord(tx, "app", stack)
+		if err != nil {
+			return err
+		}
+		change(&r)
+		return setJSON(tx, stackKey("app", stack), r)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
