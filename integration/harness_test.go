@@ -59,6 +59,9 @@ type mount struct {
 	cmd  *exec.Cmd
 	log  *bytes.Buffer
 	done chan error
+	// corrupted marks a store a test broke on purpose; every other store must pass
+	// `cockpitfs verify` when the test ends.
+	corrupted bool
 }
 
 // newMount starts a daemon on a fresh store; it is stopped and unmounted when the test ends,
@@ -140,6 +143,11 @@ func (m *mount) stop() {
 		m.Stop()
 	}
 	detach(m.Dir)
+	if !m.corrupted {
+		if out, err := exec.Command(binary, "verify", "--data", m.Data).CombinedOutput(); err != nil {
+			m.t.Errorf("cockpitfs verify after the test: %v\n%s", err, out)
+		}
+	}
 	if m.t.Failed() {
 		m.t.Logf("daemon log:\n%s", m.log)
 	}

@@ -153,13 +153,36 @@ func TestLifecycleCleanRestartKeepsRecords(t *testing.T) {
 	lifecycleVerifyClean(t, m.Data, 2)
 }
 
+// A crash loses nothing: every acknowledged change is on disk. The restarted daemon serves on a
+// fresh mount point here, so this test depends only on durability, not on stale-mount clearing.
 func TestLifecycleKillRestartKeepsRecords(t *testing.T) {
 	m := newMount(t)
 	lifecycleSetup(m, 31100)
 	before := lifecycleSnapshot(m)
 
 	m.Kill()
-	// The crash leaves the mount behind, dead: this is what the next daemon must clear itself.
+	detach(m.Dir)
+	lifecycleVerifyClean(t, m.Data, 2)
+	m.Dir = filepath.Join(t.TempDir(), "mnt-after-kill")
+	m.start()
+	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
+	m.ok("touch $M/app/stacks/s1/holders/gamma")
+	if got := m.read("app/stacks/s1/revision"); got != "3\n" {
+		t.Fatalf("revision after a claim on the restarted daemon = %q", got)
+	}
+	m.Stop()
+	lifecycleVerifyClean(t, m.Data, 2)
+}
+
+// After kill -9 the mount point is left "transport endpoint is not connected"; a new daemon on
+// the same mount point must clear it itself and serve the same records.
+func TestLifecycleKillRestartClearsStaleMount(t *testing.T) {
+	m := newMount(t)
+	lifecycleSetup(m, 31200)
+	before := lifecycleSnapshot(m)
+
+	m.Kill()
+	// The crash leaves the mount behind, dead: the case under test.
 	if !lifecycleMounted(m.Dir) {
 		t.Fatalf("no dead mount left on %s after kill -9 (the test cannot show the stale-mount case)", m.Dir)
 	}
@@ -176,11 +199,15 @@ func TestLifecycleKillRestartKeepsRecords(t *testing.T) {
 		t.Fatalf("revision after a claim on the restarted daemon = %q", got)
 	}
 
-	// Twice in a row, then a clean stop: still every record.
+	// Twice in a row, then a clean stop: still every record, and only one mount on the point.
 	before = lifecycleSnapshot(m)
 	m.Kill()
 	m.start()
 	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
+	info, _ := os.ReadFile("/proc/self/mountinfo")
+	if n := strings.Count(string(info), " "+m.Dir+" "); n != 1 {
+		t.Errorf("%d mounts stacked on %s after two crash restarts, want 1", n, m.Dir)
+	}
 	m.Stop()
 	lifecycleVerifyClean(t, m.Data, 2)
 }
@@ -380,4 +407,114 @@ func TestLifecycleMountWithoutArgs(t *testing.T) {
 	if r.Code == 0 || !strings.Contains(r.Stderr, "usage") || !strings.Contains(r.Stderr, "cockpitfs mount") {
 		t.Fatalf("mount without args: want non-zero with usage, got exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
 	}
+}
+
+// lifecycleReadmeFirstCommand is the first line of the README's first ```sh block, without its
+// trailing comment.
+func lifecycleReadmeFirstCommand(readme string) string {
+	in := false
+	for _, line := range strings.Split(readme, "\n") {
+		switch {
+		case strings.HasPrefix(line, "```"):
+			in = !in
+		case in && strings.TrimSpace(line) != "":
+			if i := strings.Index(line, "#"); i >= 0 {
+				line = line[:i]
+			}
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
+}
+
+// The README opens with the command a newcomer types first; it must work as written, from the
+// repository root, with ~ and the default store in a throwaway home.
+func TestLifecycleReadmeFirstCommand(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("README.md does not exist yet (it is being written)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	command := lifecycleReadmeFirstCommand(string(readme))
+	if !strings.Contains(command, "cockpitfs mount") {
+		t.Fatalf("the README's first command is %q; this test knows how to run a foreground `cockpitfs mount` only", command)
+	}
+	home, err := os.MkdirTemp("", "cockpitfs-home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	mnt := filepath.Join(home, "cockpit")
+
+	// The throwaway HOME must not send go to an empty module cache or build cache.
+	goEnv := map[string]string{}
+	for _, k := range []string{"GOCACHE", "GOMODCACHE", "GOPATH"} {
+		out, err := exec.Command("go", "env", k).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		goEnv[k] = strings.TrimSpace(string(out))
+	}
+	cmd := exec.Command("bash", "-c", command)
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_STATE_HOME=", "PATH="+filepath.Dir(binary)+":"+os.Getenv("PATH"))
+	for k, v := range goEnv {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	// Its own process group, so SIGINT reaches every process in it, as Ctrl-C does.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	exited := false
+	t.Cleanup(func() {
+		if !exited {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		detach(mnt)
+	})
+
+	// `go run` compiles first: allow it a minute to serve.
+	deadline := time.Now().Add(60 * time.Second)
+	for !serving(mnt) {
+		select {
+		case err := <-done:
+			exited = true
+			t.Fatalf("%q exited before serving %s: %v\n%s", command, mnt, err, log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q: %s not serving after 60s\n%s", command, mnt, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	shIn(t, "/", `mkdir "$MNT/app" && ls "$MNT/app/stacks"`, "MNT="+mnt)
+	// The comment's promise: the store is ~/.local/state/cockpitfs.
+	if _, err := os.Stat(filepath.Join(home, ".local", "state", "cockpitfs", "cockpitfs.lock")); err != nil {
+		t.Errorf("the default store is not in ~/.local/state/cockpitfs: %v", err)
+	}
+
+	// "Ctrl-C unmounts".
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	select {
+	case <-done:
+		// Not the exit status: `go run` exits 1 whenever it is interrupted, whatever its child
+		// did (cmd/go/internal/work/exec.go). The daemon's own exit 0 on SIGINT is
+		// TestLifecycleSignalsUnmountAndExitZero's.
+		exited = true
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%q still running 30s after Ctrl-C\n%s", command, log.String())
+	}
+	if lifecycleMounted(mnt) {
+		t.Fatalf("%s still mounted after Ctrl-C", mnt)
+	}
+	// Unmounted and the store closed: verify can take the default store.
+	lifecycleVerifyClean(t, filepath.Join(home, ".local", "state", "cockpitfs"), 0)
 }

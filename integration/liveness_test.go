@@ -243,10 +243,7 @@ func TestLivenessLiveAndUntrackedNeverReleased(t *testing.T) {
 
 	// A drain needs the stack to itself: alive (pid shown) and the others stand in the way.
 	before := m.read("app/stacks/s/record")
-	r := m.refused("echo sleep holder=c1 > $M/app/stacks/s/drain/request", syscall.EBUSY)
-	if !strings.Contains(r.Stderr, "busy") {
-		t.Fatalf("stderr: %s", r.Stderr)
-	}
+	m.refused("echo sleep holder=c1 > $M/app/stacks/s/drain/request", syscall.EBUSY)
 	if got := m.read("app/stacks/s/record"); got != before {
 		t.Fatalf("record changed by a refused drain request:\n%s\n%s", before, got)
 	}

@@ -1,0 +1,367 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
+)
+
+// 1. read: open+read+close of the same path through cockpitfs, the FUSE floor and tmpfs.
+func BenchmarkRead(b *testing.B) {
+	path := filepath.Join("app", "stacks", "s", "ports", "HTTP")
+	b.Run("cockpitfs", func(b *testing.B) { readLoop(b, sharedDaemon(b).path(path)) })
+	b.Run("floor", func(b *testing.B) { readLoop(b, filepath.Join(floorDirFor(b), path)) })
+	b.Run("tmpfs", func(b *testing.B) { readLoop(b, filepath.Join(tmpfsDirFor(b), path)) })
+}
+
+func readLoop(b *testing.B, path string) {
+	buf := make([]byte, 64)
+	if n, err := readOnce(path, buf); err != nil || n != len(floorContent) {
+		b.Fatalf("read %s: %d bytes, %v (want %d bytes)", path, n, err, len(floorContent))
+	}
+	defer reportInterrupted(b)()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := readOnce(path, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// reportInterrupted reports, when the returned func runs, the EINTR retries per op since now.
+func reportInterrupted(b *testing.B) func() {
+	before := interrupted.Load()
+	return func() { b.ReportMetric(float64(interrupted.Load()-before)/float64(b.N), "eintr/op") }
+}
+
+func readOnce(path string, buf []byte) (n int, err error) {
+	var fd int
+	if err := retry(func() (err error) { fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); return err }); err != nil {
+		return 0, err
+	}
+	err = retry(func() (err error) { n, err = unix.Read(fd, buf); return err })
+	unix.Close(fd)
+	return n, err
+}
+
+// 2. write: a claim+release cycle through the mount against two FUSE writes and two fdatasyncs,
+// with the parts of the cycle measured alone to show where its time goes.
+func BenchmarkWrite(b *testing.B) {
+	b.Run("cockpitfs", func(b *testing.B) {
+		holder := sharedDaemon(b).path("app", "stacks", "s", "holders", "w")
+		defer reportInterrupted(b)()
+		for range b.N {
+			if err := createUnlink(holder); err != nil {
+				b.Fatalf("%v\n%s", err, shared.log.String())
+			}
+		}
+	})
+	b.Run("floor", func(b *testing.B) {
+		fuseFd, err := unix.Open(filepath.Join(floorDirFor(b), "app", "stacks", "s", "ports", "HTTP"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer unix.Close(fuseFd)
+		disk := diskFile(b)
+		defer unix.Close(disk)
+		line := []byte("holder=w checkout=/src/w\n")
+		b.ResetTimer()
+		for range b.N {
+			for range 2 {
+				if _, err := unix.Pwrite(fuseFd, line, 0); err != nil {
+					b.Fatal(err)
+				}
+				if err := syncWrite(disk, line); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	b.Run("floor-create-unlink", func(b *testing.B) {
+		holder := filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "w")
+		defer reportInterrupted(b)()
+		for range b.N {
+			if err := createUnlink(holder); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("engine", func(b *testing.B) {
+		f := writeEngine(b)
+		b.ResetTimer()
+		for range b.N {
+			if err := f.cycle("app", "s", "w"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fdatasync", func(b *testing.B) {
+		disk := diskFile(b)
+		defer unix.Close(disk)
+		line := []byte("holder=w checkout=/src/w\n")
+		b.ResetTimer()
+		for range b.N {
+			if err := syncWrite(disk, line); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("listener-check", func(b *testing.B) {
+		ports := []int{20000, 20700}
+		for range b.N {
+			if _, err := listeners.Listening(ports); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// createUnlink is `touch holders/w; rm holders/w` without the processes: one claim, one release.
+// Without O_EXCL, so an open retried after EINTR finds the holder its first try may have created.
+func createUnlink(path string) error {
+	if err := writeFile(path, unix.O_CREAT, ""); err != nil {
+		return err
+	}
+	return retry(func() error { return unix.Unlink(path) })
+}
+
+// diskFile opens a file on the disk the stores live on, for fdatasync.
+func diskFile(b *testing.B) int {
+	fd, err := unix.Open(filepath.Join(workDir, "fdatasync"), unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return fd
+}
+
+// syncWrite appends line and fdatasyncs, so there is something for the sync to write, as a commit.
+func syncWrite(fd int, line []byte) error {
+	if _, err := unix.Write(fd, line); err != nil {
+		return err
+	}
+	return unix.Fdatasync(fd)
+}
+
+var writeFixture *engineFixture
+
+func writeEngine(b *testing.B) *engineFixture {
+	if writeFixture == nil {
+		f := newEngine(b, "engine-write")
+		f.cockpit(b, "app", 20000, 10, 20)
+		f.heldStack(b, "app", "s")
+		writeFixture = f
+	}
+	return writeFixture
+}
+
+// 6. peer: one claim by cockpitfs (through the mount and in-process) and by the seeds' lock-file
+// transaction on the same disk. The release after each claim is not counted: ns/claim is the figure.
+func BenchmarkClaim(b *testing.B) {
+	b.Run("cockpitfs", func(b *testing.B) {
+		holder := sharedDaemon(b).path("app", "stacks", "s", "holders", "c")
+		defer reportInterrupted(b)()
+		timeClaims(b, func() error { return writeFile(holder, unix.O_CREAT, "") },
+			func() error { return retry(func() error { return unix.Unlink(holder) }) })
+	})
+	b.Run("engine", func(b *testing.B) {
+		f := writeEngine(b)
+		timeClaims(b, func() error { return f.eng.Claim(ctx, caller("create"), "app", "s", "c", untracked("c")) },
+			func() error { return f.eng.Release(ctx, caller("unlink"), "app", "s", "c") })
+	})
+	b.Run("peer", func(b *testing.B) {
+		p := peer(b)
+		timeClaims(b, func() error { return p.claim("c") }, func() error { return p.release("c") })
+	})
+}
+
+func timeClaims(b *testing.B, claim, release func() error) {
+	var claiming time.Duration
+	for range b.N {
+		began := time.Now()
+		if err := claim(); err != nil {
+			b.Fatal(err)
+		}
+		claiming += time.Since(began)
+		if err := release(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(claiming.Nanoseconds())/float64(b.N), "ns/claim")
+}
+
+var peerFixture *peerStore
+
+// peer starts from the shared daemon's own record of stack s, so both commit the same document.
+func peer(b *testing.B) *peerStore {
+	if peerFixture == nil {
+		record, err := os.ReadFile(sharedDaemon(b).path("app", "stacks", "s", "record"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if peerFixture, err = newPeerStore(filepath.Join(workDir, "peer"), record); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return peerFixture
+}
+
+// 3. concurrency: claim/release cycles by 1, 4 and 16 writers, each on its own stack or all on one.
+func BenchmarkConcurrency(b *testing.B) {
+	for _, shape := range []string{"distinct", "one"} {
+		for _, writers := range []int{1, 4, 16} {
+			b.Run(fmt.Sprintf("%s-%d", shape, writers), func(b *testing.B) {
+				f := concurrencyEngine(b)
+				stack := func(w int) string {
+					if shape == "one" {
+						return "one"
+					}
+					return fmt.Sprintf("d%d", w)
+				}
+				conflicts := f.db.Conflicts()
+				var next atomic.Int64
+				var failed atomic.Pointer[error]
+				var wg sync.WaitGroup
+				b.ResetTimer()
+				began := time.Now()
+				for w := range writers {
+					wg.Go(func() {
+						for next.Add(1) <= int64(b.N) {
+							if err := f.cycle("app", stack(w), fmt.Sprintf("w%d", w)); err != nil {
+								failed.Store(&err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				elapsed := time.Since(began)
+				if err := failed.Load(); err != nil {
+					b.Fatal(*err)
+				}
+				commits := float64(2 * b.N)
+				b.ReportMetric(commits/elapsed.Seconds(), "commits/s")
+				b.ReportMetric(float64(f.db.Conflicts()-conflicts)/commits, "conflicts/commit")
+			})
+		}
+	}
+}
+
+var concurrencyFixture *engineFixture
+
+func concurrencyEngine(b *testing.B) *engineFixture {
+	if concurrencyFixture == nil {
+		f := newEngine(b, "engine-concurrency")
+		f.cockpit(b, "app", 20000, 10, 20)
+		for w := range 16 {
+			f.heldStack(b, "app", fmt.Sprintf("d%d", w))
+		}
+		f.heldStack(b, "app", "one")
+		concurrencyFixture = f
+	}
+	return concurrencyFixture
+}
+
+// 4. scale: leasing a family for a stack of cockpit c0 while 0, 99 or 999 other stacks across 10
+// cockpits hold leases (so the new one makes 1, 100, 1000). Each cockpit declares 100 families of
+// its own port range; c0's new lease walks past every family c0's other stacks hold.
+func BenchmarkAllocation(b *testing.B) {
+	for _, active := range []int{1, 100, 1000} {
+		b.Run(fmt.Sprintf("stacks-%d", active), func(b *testing.B) {
+			f := allocationEngine(b, active)
+			var leasing time.Duration
+			for range b.N {
+				began := time.Now()
+				if err := f.eng.Claim(ctx, caller("create"), "c0", "m", "h", untracked("h")); err != nil {
+					b.Fatal(err)
+				}
+				leasing += time.Since(began)
+				if err := f.drainSleep("c0", "m", "h"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(leasing.Nanoseconds())/float64(b.N), "ns/lease")
+		})
+	}
+}
+
+var allocationFixtures = map[int]*engineFixture{}
+
+func allocationEngine(b *testing.B, active int) *engineFixture {
+	if f, ok := allocationFixtures[active]; ok {
+		return f
+	}
+	f := newEngine(b, fmt.Sprintf("engine-allocation-%d", active))
+	for c := range 10 {
+		f.cockpit(b, fmt.Sprintf("c%d", c), 2000+3000*c, 10, 100)
+	}
+	// Stack i goes to cockpit (i+1) mod 10, which leaves c0 one short of its 100 families.
+	for i := range active - 1 {
+		f.heldStack(b, fmt.Sprintf("c%d", (i+1)%10), fmt.Sprintf("s%d", i))
+	}
+	if err := f.eng.CreateStack(ctx, caller("mkdir"), "c0", "m"); err != nil {
+		b.Fatal(err)
+	}
+	allocationFixtures[active] = f
+	return f
+}
+
+// 5. footprint: a fresh daemon's mount-ready time, idle RSS, peak RSS and allocated disk over 10k
+// operations (5000 claim+release cycles through the mount), and its restart time after kill -9.
+// One measurement per invocation: run it with -benchtime=1x.
+func BenchmarkFootprint(b *testing.B) {
+	d := newDaemon(fmt.Sprintf("footprint-%d", time.Now().UnixNano()))
+	defer os.RemoveAll(filepath.Dir(d.Dir))
+	defer d.stop()
+	ready, err := d.start()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := d.setupStack(); err != nil {
+		b.Fatalf("%v\n%s", err, d.log.String())
+	}
+	time.Sleep(time.Second)
+	idle := d.mib(b, "VmRSS")
+	holder := d.path("app", "stacks", "s", "holders", "w")
+	began := time.Now()
+	for range 5000 {
+		if err := createUnlink(holder); err != nil {
+			b.Fatalf("%v\n%s", err, d.log.String())
+		}
+	}
+	opsPerSecond := 10000 / time.Since(began).Seconds()
+	peak := d.mib(b, "VmHWM")
+	time.Sleep(time.Second)
+	idleAfter := d.mib(b, "VmRSS")
+	disk, err := allocatedBytes(d.Data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d.kill()
+	restart, err := d.start()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(ready.Microseconds())/1000, "ms-ready")
+	b.ReportMetric(idle, "MiB-idle")
+	b.ReportMetric(peak, "MiB-peak")
+	b.ReportMetric(idleAfter, "MiB-idle-after")
+	b.ReportMetric(float64(disk)/(1<<20), "MiB-disk")
+	b.ReportMetric(float64(restart.Microseconds())/1000, "ms-restart")
+	b.ReportMetric(opsPerSecond, "ops/s")
+}
+
+func (d *daemon) mib(b *testing.B, field string) float64 {
+	kib, err := d.statusKiB(field)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return float64(kib) / 1024
+}

@@ -1,0 +1,258 @@
+package bench
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// binary is the cockpitfs under measurement: $COCKPITFS_BIN, or built (without -race) for this run.
+var binary string
+
+// workDir holds every mount point and data directory of the run, on the disk os.TempDir is on.
+var workDir string
+
+// cleanups run after every benchmark, for fixtures shared between benchmark invocations.
+var cleanups []func()
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	// Without -bench there is nothing to set up: go test ./bench/ stays fast.
+	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+		os.Exit(m.Run())
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: /dev/fuse is missing")
+		return 1
+	}
+	var err error
+	if workDir, err = os.MkdirTemp("", "cockpitfs-bench"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(workDir)
+	binary = os.Getenv("COCKPITFS_BIN")
+	if binary == "" {
+		binary = filepath.Join(workDir, "cockpitfs")
+		build := exec.Command("go", "build", "-o", binary, "../cmd/cockpitfs")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: building cockpitfs:", err)
+			return 1
+		}
+	}
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+	return m.Run()
+}
+
+// daemon is one cockpitfs process serving a mount point.
+type daemon struct {
+	Dir  string // the mount point
+	Data string // the store
+	cmd  *exec.Cmd
+	log  bytes.Buffer
+	done chan error
+}
+
+// newDaemon returns a daemon for a fresh mount point and store below workDir, not yet started.
+func newDaemon(name string) *daemon {
+	base := filepath.Join(workDir, name)
+	return &daemon{Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data")}
+}
+
+// start execs the daemon and returns once it serves, with the time that took.
+func (d *daemon) start() (time.Duration, error) {
+	d.log.Reset()
+	d.cmd = exec.Command(binary, "mount", "--data", d.Data, d.Dir)
+	d.cmd.Stdout, d.cmd.Stderr = &d.log, &d.log
+	began := time.Now()
+	if err := d.cmd.Start(); err != nil {
+		return 0, err
+	}
+	d.done = make(chan error, 1)
+	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(d.cmd, d.done)
+	deadline := began.Add(10 * time.Second)
+	// Polled without sleeping much: the figure is the mount-ready time itself.
+	for !serving(d.Dir) {
+		select {
+		case err := <-d.done:
+			d.cmd = nil
+			return 0, fmt.Errorf("daemon exited before serving: %v\n%s", err, d.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("daemon not serving after 10s\n%s", d.log.String())
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return time.Since(began), nil
+}
+
+// serving reports whether dir is a live mount (in mountinfo, and answering).
+func serving(dir string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || !strings.Contains(string(data), " "+dir+" ") {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(dir, "README"))
+	return err == nil
+}
+
+// stop ends the daemon with SIGTERM (clean unmount and store close).
+func (d *daemon) stop() {
+	if d.cmd == nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(15 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.done
+	}
+	d.cmd = nil
+	detach(d.Dir)
+}
+
+// kill ends the daemon with SIGKILL, leaving a dead mount behind as a crash would.
+func (d *daemon) kill() {
+	d.cmd.Process.Kill()
+	<-d.done
+	d.cmd = nil
+}
+
+// detach lazily unmounts dir if anything is still mounted there.
+func detach(dir string) {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(data), " "+dir+" ") {
+		unix.Unmount(dir, unix.MNT_DETACH)
+	}
+}
+
+func (d *daemon) path(parts ...string) string {
+	return filepath.Join(append([]string{d.Dir}, parts...)...)
+}
+
+// statusKiB reads a field of /proc/<pid>/status in KiB (VmRSS, VmHWM).
+func (d *daemon) statusKiB(field string) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, d.cmd.Process.Pid)
+}
+
+// allocatedBytes is what du reports for dir: allocated blocks, so sparse files count as used.
+func allocatedBytes(dir string) (int64, error) {
+	var total int64
+	err := filepath.Walk(dir, func(_ string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			total += st.Blocks * 512
+		}
+		return nil
+	})
+	return total, err
+}
+
+// interrupted counts syscalls that returned EINTR and were retried. A Go caller's runtime
+// preempts its threads with signals (SIGURG); a signal during a FUSE request makes the kernel send
+// INTERRUPT, and cockpitfs answers a cancelled request with EINTR (os.OpenFile retries the same way).
+var interrupted atomic.Int64
+
+// retry runs a syscall again while it returns EINTR.
+func retry(call func() error) error {
+	for {
+		err := call()
+		if err != unix.EINTR {
+			return err
+		}
+		interrupted.Add(1)
+	}
+}
+
+// writeFile opens path with flags, writes text in one write(2) when it is not empty, and closes:
+// one control-file command the way a shell redirection sends it.
+func writeFile(path string, flags int, text string) error {
+	var fd int
+	err := retry(func() (err error) {
+		fd, err = unix.Open(path, flags|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	if text != "" {
+		if err := retry(func() error { _, err := unix.Write(fd, []byte(text)); return err }); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+	}
+	return unix.Close(fd)
+}
+
+// config is the port declaration every benchmark cockpit uses: two keys, as a typical app has.
+func config(base, step, count int) string {
+	return fmt.Sprintf("[ports]\nstep = %d\ncount = %d\n[ports.bases]\nHTTP = %d\nDB = %d\n", step, count, base, base+step*count+500)
+}
+
+// setupStack makes cockpit app with stack s held by an untracked holder "base", so a further holder
+// can come and go while the lease stays (the claim cycle of benchmark 2).
+func (d *daemon) setupStack() error {
+	if err := os.Mkdir(d.path("app"), 0o755); err != nil {
+		return err
+	}
+	if err := writeFile(d.path("app", "config"), unix.O_TRUNC, config(20000, 10, 20)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(d.path("app", "stacks", "s"), 0o755); err != nil {
+		return err
+	}
+	return writeFile(d.path("app", "stacks", "s", "holders", "base"), unix.O_CREAT, "pid=none checkout=/src/base")
+}
+
+// shared is the daemon the read, write and claim benchmarks share, started at first use.
+var shared *daemon
+
+func sharedDaemon(b *testing.B) *daemon {
+	b.Helper()
+	if shared != nil {
+		return shared
+	}
+	d := newDaemon("shared")
+	if _, err := d.start(); err != nil {
+		b.Fatal(err)
+	}
+	cleanups = append(cleanups, d.stop)
+	if err := d.setupStack(); err != nil {
+		b.Fatalf("%v\n%s", err, d.log.String())
+	}
+	shared = d
+	return d
+}

@@ -1,0 +1,94 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// An engine over a real store on the data disk, driven in-process: the engine and badger without
+// FUSE, with untracked holders so no liveness probe runs.
+
+type engineFixture struct {
+	db  *kv.DB
+	eng *engine.Engine
+}
+
+var ctx = context.Background()
+
+// caller is the benchmark process as the engine sees a FUSE caller.
+func caller(op string) engine.Caller {
+	return engine.Caller{PID: os.Getpid(), UID: uint32(os.Getuid()), Op: op, Path: "bench"}
+}
+
+func untracked(name string) *engine.HolderAttrs {
+	return &engine.HolderAttrs{Checkout: "/src/" + name}
+}
+
+func newEngine(b *testing.B, name string) *engineFixture {
+	b.Helper()
+	db, err := kv.Open(filepath.Join(workDir, name))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cleanups = append(cleanups, func() { db.Close() })
+	return &engineFixture{db: db, eng: engine.New(db)}
+}
+
+// cockpit creates a cockpit with config(base, step, count).
+func (f *engineFixture) cockpit(b *testing.B, name string, base, step, count int) {
+	b.Helper()
+	if err := f.eng.CreateCockpit(ctx, caller("mkdir"), name); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.eng.SetConfig(ctx, caller("write"), name, []byte(config(base, step, count))); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// heldStack creates a stack claimed by an untracked holder "base", leasing it a family.
+func (f *engineFixture) heldStack(b *testing.B, cockpit, stack string) {
+	b.Helper()
+	if err := f.eng.CreateStack(ctx, caller("mkdir"), cockpit, stack); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.eng.Claim(ctx, caller("create"), cockpit, stack, "base", untracked("base")); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// cycle is one claim and one release of holder on a stack another holder keeps: two commits.
+func (f *engineFixture) cycle(cockpit, stack, holder string) error {
+	if err := f.eng.Claim(ctx, caller("create"), cockpit, stack, holder, untracked(holder)); err != nil {
+		return fmt.Errorf("claim %s/%s/%s: %w", cockpit, stack, holder, err)
+	}
+	if err := f.eng.Release(ctx, caller("unlink"), cockpit, stack, holder); err != nil {
+		return fmt.Errorf("release %s/%s/%s: %w", cockpit, stack, holder, err)
+	}
+	return nil
+}
+
+// drainSleep ends a stack's lease the only way the SPEC allows: a sleep drain by its only holder,
+// started and published, which releases the holder and the lease.
+func (f *engineFixture) drainSleep(cockpit, stack, holder string) error {
+	r, err := f.eng.Stack(cockpit, stack)
+	if err != nil {
+		return err
+	}
+	req := engine.DrainRequest{Purpose: "sleep", Holder: holder}
+	if err := f.eng.ReserveDrain(ctx, caller("write"), cockpit, stack, req, r.Revision); err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	if err := f.eng.StartAttempt(ctx, caller("write"), cockpit, stack, 0); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	if err := f.eng.PublishOutcome(ctx, caller("write"), cockpit, stack, true, ""); err != nil {
+		return fmt.Errorf("outcome: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// The FUSE floor: the least a go-fuse filesystem in cockpitfs's cache mode (zero entry, attr and
+// negative timeouts, FOPEN_DIRECT_IO) costs for the same syscalls, with no store behind it. It is
+// served in-process; the benchmarks only make syscalls against it and never exec on it.
+
+// floorContent is what stacks/s/ports/HTTP holds in the shared daemon (its first family).
+var floorContent = []byte("20000\n")
+
+// floorFile is a static file that accepts and drops writes.
+type floorFile struct{ fs.Inode }
+
+var (
+	_ = (fs.NodeOpener)((*floorFile)(nil))
+	_ = (fs.NodeReader)((*floorFile)(nil))
+	_ = (fs.NodeWriter)((*floorFile)(nil))
+	_ = (fs.NodeGetattrer)((*floorFile)(nil))
+	_ = (fs.NodeSetattrer)((*floorFile)(nil))
+	_ = (fs.NodeFlusher)((*floorFile)(nil))
+)
+
+func (*floorFile) Open(context.Context, uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (*floorFile) Read(_ context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off >= int64(len(floorContent)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(floorContent[off:]), 0
+}
+
+func (*floorFile) Write(_ context.Context, _ fs.FileHandle, data []byte, _ int64) (uint32, syscall.Errno) {
+	return uint32(len(data)), 0
+}
+
+func (*floorFile) Getattr(_ context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o644
+	out.Nlink = 1
+	out.Size = uint64(len(floorContent))
+	return 0
+}
+
+func (f *floorFile) Setattr(ctx context.Context, fh fs.FileHandle, _ *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return f.Getattr(ctx, fh, out)
+}
+
+func (*floorFile) Flush(context.Context, fs.FileHandle) syscall.Errno { return 0 }
+
+// floorDir is a directory where files can be created and unlinked, like holders/.
+type floorDir struct{ fs.Inode }
+
+var (
+	_ = (fs.NodeCreater)((*floorDir)(nil))
+	_ = (fs.NodeUnlinker)((*floorDir)(nil))
+)
+
+func (d *floorDir) Create(ctx context.Context, _ string, _, _ uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	out.Mode = syscall.S_IFREG | 0o644
+	out.Nlink = 1
+	return d.NewInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (*floorDir) Unlink(context.Context, string) syscall.Errno { return 0 }
+
+// floorRoot builds app/stacks/s/ports/HTTP and app/stacks/s/holders/, the paths the cockpitfs
+// benchmarks use, so both walk the same number of components.
+type floorRoot struct{ fs.Inode }
+
+var _ = (fs.NodeOnAdder)((*floorRoot)(nil))
+
+func (r *floorRoot) OnAdd(ctx context.Context) {
+	dir := func(parent *fs.Inode, name string, node fs.InodeEmbedder) *fs.Inode {
+		ch := parent.NewPersistentInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFDIR})
+		parent.AddChild(name, ch, false)
+		return ch
+	}
+	s := dir(dir(dir(&r.Inode, "app", &fs.Inode{}), "stacks", &fs.Inode{}), "s", &fs.Inode{})
+	ports := dir(s, "ports", &fs.Inode{})
+	ports.AddChild("HTTP", ports.NewPersistentInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), false)
+	dir(s, "holders", &floorDir{})
+}
+
+// floorMount is the floor filesystem, mounted at first use for the rest of the run.
+var floorMount string
+
+func floorDirFor(b *testing.B) string {
+	b.Helper()
+	if floorMount != "" {
+		return floorMount
+	}
+	dir := filepath.Join(workDir, "floor")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	var zero time.Duration
+	server, err := fs.Mount(dir, &floorRoot{}, &fs.Options{
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		MountOptions: fuse.MountOptions{
+			FsName:        "floor",
+			Name:          "floor",
+			DirectMount:   os.Geteuid() == 0,
+			MaxBackground: 64,
+		},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cleanups = append(cleanups, func() {
+		if server.Unmount() != nil {
+			detach(dir)
+		}
+	})
+	floorMount = dir
+	return dir
+}
+
+// tmpfsDir returns a directory holding app/stacks/s/ports/HTTP on tmpfs (/dev/shm).
+var tmpfsRoot string
+
+func tmpfsDirFor(b *testing.B) string {
+	b.Helper()
+	if tmpfsRoot != "" {
+		return tmpfsRoot
+	}
+	root, err := os.MkdirTemp("/dev/shm", "cockpitfs-bench")
+	if err != nil {
+		b.Skipf("no tmpfs at /dev/shm: %v", err)
+	}
+	cleanups = append(cleanups, func() { os.RemoveAll(root) })
+	ports := filepath.Join(root, "app", "stacks", "s", "ports")
+	if err := os.MkdirAll(ports, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ports, "HTTP"), floorContent, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	tmpfsRoot = root
+	return root
+}

@@ -1,0 +1,433 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// Seeing what is going on: the machine-wide port index, health, wait, events and verify (SPEC §2,
+// §8, §9), through the mount and the CLI.
+
+// observeCockpit makes a cockpit with one HTTP base (step 10, count 5) and the stacks.
+func (m *mount) observeCockpit(name string, http int, stacks ...string) {
+	m.t.Helper()
+	// One write(2): bash's printf writes line by line, and each write re-applies the document.
+	m.ok(fmt.Sprintf("mkdir $M/%s && cat > $M/%s/config <<'EOF'\n[ports]\nstep = 10\ncount = 5\n[ports.bases]\nHTTP = %d\nEOF", name, name, http))
+	for _, s := range stacks {
+		m.ok(fmt.Sprintf("mkdir $M/%s/stacks/%s", name, s))
+	}
+}
+
+// observeSleepDrain runs a whole sleep drain on a stack with one holder: the lease is released.
+func (m *mount) observeSleepDrain(stack string) {
+	m.t.Helper()
+	m.ok(fmt.Sprintf(`d=$M/%s/drain; echo sleep > $d/request && echo start > $d/attempt && echo success > $d/outcome`, stack))
+}
+
+func TestRootPortsIndexAcrossCockpits(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 30180, "DB": 30532}, "a", "b")
+	m.observeCockpit("web", 31180, "x")
+	m.ok("touch $M/app/stacks/a/holders/me $M/app/stacks/b/holders/me $M/web/stacks/x/holders/me")
+
+	if got, want := m.ok("ls $M/ports"), "30180\n30190\n30532\n30542\n31180\n"; got != want {
+		t.Fatalf("ls ports = %q, want %q", got, want)
+	}
+	for port, want := range map[string]string{
+		"30180": "cockpit=app stack=a key=HTTP offset=0\n",
+		"30542": "cockpit=app stack=b key=DB offset=10\n",
+		"31180": "cockpit=web stack=x key=HTTP offset=0\n",
+	} {
+		if got := m.read("ports", port); got != want {
+			t.Errorf("ports/%s = %q, want %q", port, got, want)
+		}
+	}
+
+	// A drain releases b's lease: its ports leave the machine's index, the others stay.
+	m.observeSleepDrain("app/stacks/b")
+	if got, want := m.ok("ls $M/ports"), "30180\n30532\n31180\n"; got != want {
+		t.Fatalf("ls ports after b's drain = %q, want %q", got, want)
+	}
+	m.refused("cat $M/ports/30190", syscall.ENOENT)
+	if got := m.read("app/stacks/b/lease"); !strings.Contains(got, "released=true\n") {
+		t.Fatalf("b's lease after the drain = %q", got)
+	}
+}
+
+// observation is a health line as a reader decodes it.
+type observation struct {
+	Code     string `json:"code"`
+	Owner    string `json:"owner"`
+	StackID  string `json:"stackId"`
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	Observed struct {
+		State      string `json:"state"`
+		Value      *bool  `json:"value"`
+		Reason     string `json:"reason"`
+		ObservedAt string `json:"observedAt"`
+	} `json:"observed"`
+	Expectation struct {
+		Kind  string `json:"kind"`
+		Value bool   `json:"value"`
+	} `json:"expectation"`
+	Remedy string `json:"remedy"`
+}
+
+// observeHealth reads a stack's health and indexes it by code and target.
+func (m *mount) observeHealth(stack string) map[string]observation {
+	m.t.Helper()
+	out := map[string]observation{}
+	for _, line := range strings.Split(strings.TrimSuffix(m.read(stack, "health"), "\n"), "\n") {
+		var o observation
+		if err := json.Unmarshal([]byte(line), &o); err != nil {
+			m.t.Fatalf("health line %q: %v", line, err)
+		}
+		if o.Expectation.Kind != "equal" || !o.Expectation.Value || o.Remedy == "" || o.Observed.ObservedAt == "" {
+			m.t.Fatalf("health line out of the seeds' shape: %s", line)
+		}
+		out[o.Code+" "+o.Target] = o
+	}
+	return out
+}
+
+func observeWant(t *testing.T, health map[string]observation, key string, want bool) {
+	t.Helper()
+	o, ok := health[key]
+	if !ok {
+		t.Fatalf("no %q observation in %+v", key, health)
+	}
+	if o.Observed.State != "available" || o.Observed.Value == nil || *o.Observed.Value != want {
+		t.Fatalf("%s observed %+v, want available %t", key, o.Observed, want)
+	}
+}
+
+func TestHealthOfAStackUpAndDown(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 24180, "DB": 24532}, "a")
+	stack := "app/stacks/a"
+
+	// Before a claim: the record is sound, there is no lease, so no listener is expected.
+	before := m.observeHealth(stack)
+	observeWant(t, before, "CLAIM_STATE_UNHEALTHY ", true)
+	if o := before["PORT_FAMILY_COLLISION "]; o.Observed.State != "unavailable" || o.Observed.Reason != "the stack has no active port-family lease" {
+		t.Fatalf("port-family before a claim: %+v", o.Observed)
+	}
+	if len(before) != 3 {
+		t.Fatalf("health before a claim has %d observations, want claim-state, port-family, ephemeral", len(before))
+	}
+
+	m.ok("touch $M/app/stacks/a/holders/me")
+	healthy := m.observeHealth(stack)
+	observeWant(t, healthy, "CLAIM_STATE_UNHEALTHY ", true)
+	observeWant(t, healthy, "PORT_FAMILY_COLLISION ", true)
+	observeWant(t, healthy, "PORT_FAMILY_EPHEMERAL_OVERLAP ", true)
+	// Nothing runs yet: both leased ports are silent.
+	observeWant(t, healthy, "PORT_LISTENER_ABSENT HTTP=24180", false)
+	observeWant(t, healthy, "PORT_LISTENER_ABSENT DB=24532", false)
+	if o := healthy["CLAIM_STATE_UNHEALTHY "]; o.Owner != "environment-claims" || o.StackID != engine.StackID("app", "a") {
+		t.Fatalf("claim-state names %s %s", o.Owner, o.StackID)
+	}
+
+	// The stack's web service comes up on its leased HTTP port.
+	l, err := net.Listen("tcp", "127.0.0.1:"+strings.TrimSpace(m.read(stack, "ports/HTTP")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := m.observeHealth(stack)
+	observeWant(t, up, "PORT_LISTENER_ABSENT HTTP=24180", true)
+	observeWant(t, up, "PORT_LISTENER_ABSENT DB=24532", false)
+	// st_size is what a read returns, though health is observed at each stat and open.
+	if got := m.ok(`stat -c %s $M/app/stacks/a/health; wc -c < $M/app/stacks/a/health`); strings.Count(got, strings.Fields(got)[0]) != 2 {
+		t.Fatalf("stat size and read length differ: %q", got)
+	}
+
+	// And goes down again.
+	l.Close()
+	observeWant(t, m.observeHealth(stack), "PORT_LISTENER_ABSENT HTTP=24180", false)
+}
+
+// observeWaitOpen reports whether process pid has path open: the wait's revision is taken at
+// open, so the change must come after it.
+func observeWaitOpen(pid int, path string) bool {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && target == path {
+			return true
+		}
+	}
+	return false
+}
+
+func TestWaitReturnsOnACoTenantsClaim(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 25180}, "a")
+	m.ok("touch $M/app/stacks/a/holders/me")
+	wait := m.Path("app/stacks/a/wait")
+
+	// Several waiters at once, each its own process; a safety timeout keeps a bug from hanging
+	// the suite.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var cats []*exec.Cmd
+	var outs []*strings.Builder
+	for range 4 {
+		cat := exec.CommandContext(ctx, "cat", wait)
+		out := &strings.Builder{}
+		cat.Stdout = out
+		if err := cat.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cats, outs = append(cats, cat), append(outs, out)
+	}
+	for _, cat := range cats {
+		for !observeWaitOpen(cat.Process.Pid, wait) {
+			if ctx.Err() != nil {
+				t.Fatal("cat never opened wait")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	m.ok("touch $M/app/stacks/a/holders/you")
+	for i, cat := range cats {
+		if err := cat.Wait(); err != nil {
+			t.Fatalf("cat wait: %v", err)
+		}
+		if outs[i].String() != "2\n" {
+			t.Fatalf("cat wait returned %q, want the co-tenant's revision 2", outs[i].String())
+		}
+	}
+}
+
+func TestWaitEndsOnInterrupt(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 25280}, "a")
+	r := m.sh("timeout -s INT 1 cat $M/app/stacks/a/wait")
+	if r.Code != 124 {
+		t.Fatalf("timeout -s INT cat wait: exit %d, want 124 (the wait ended on SIGINT)\nstderr: %s", r.Code, r.Stderr)
+	}
+	// The daemon serves on, and a later change still wakes a new waiter.
+	m.ok("touch $M/app/stacks/a/holders/me")
+	if got := m.read("app/stacks/a/revision"); got != "1\n" {
+		t.Fatalf("revision after the interrupted wait = %q", got)
+	}
+}
+
+// event is an events line as a reader decodes it.
+type event struct {
+	Op       string `json:"op"`
+	Path     string `json:"path"`
+	PID      int    `json:"pid"`
+	Result   string `json:"result"`
+	Code     string `json:"code"`
+	Errno    string `json:"errno"`
+	Message  string `json:"message"`
+	Fix      string `json:"fix"`
+	Revision *int64 `json:"revision"`
+	Warning  string `json:"warning"`
+}
+
+func (m *mount) observeEvents(parts ...string) []event {
+	m.t.Helper()
+	var out []event
+	for _, line := range strings.Split(strings.TrimSuffix(m.read(parts...), "\n"), "\n") {
+		var e event
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			m.t.Fatalf("events line %q: %v", line, err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func TestEventsExplainRefusalsAndChanges(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 26180}, "a")
+	h := "$M/app/stacks/a/holders"
+	record := func() string { return m.read("app/stacks/a/record") }
+
+	m.ok("touch " + h + "/me")
+	before := record()
+	m.refused("rm "+h+"/me", syscall.EBUSY)
+	m.refused("echo colour=blue > "+h+"/me", syscall.EINVAL)
+	m.refused("echo pid=2147483646 > "+h+"/me", syscall.EINVAL)
+	if record() != before {
+		t.Fatal("a refusal changed the record")
+	}
+	m.ok("touch " + h + "/you")
+	before = record()
+	m.refused("echo sleep > $M/app/stacks/a/drain/request", syscall.EBUSY)
+	if record() != before {
+		t.Fatal("a refused drain request changed the record")
+	}
+
+	want := []struct{ result, code, errno string }{
+		{"ok", "", ""},
+		{"refused", "CLAIM_CO_TENANT", "EBUSY"},
+		{"refused", "STATE_RECORD_MALFORMED", "EINVAL"},
+		{"refused", "STATE_RECORD_MALFORMED", "EINVAL"},
+		{"ok", "", ""},
+		{"refused", "CLAIM_CO_TENANT", "EBUSY"},
+	}
+	got := m.observeEvents("app/stacks/a/events")
+	if len(got) != len(want) {
+		t.Fatalf("events has %d lines, want %d: %+v", len(got), len(want), got)
+	}
+	revision := int64(0)
+	for i, w := range want {
+		e := got[i]
+		if e.Result != w.result || e.Code != w.code || e.Errno != w.errno || e.Op == "" || e.Path == "" || e.PID <= 0 {
+			t.Fatalf("line %d = %+v, want %+v", i, e, w)
+		}
+		if w.result == "ok" {
+			revision++
+			if e.Revision == nil || *e.Revision != revision {
+				t.Fatalf("ok line %d names revision %v, want %d", i, e.Revision, revision)
+			}
+		} else if e.Message == "" || e.Fix == "" || e.Revision != nil {
+			t.Fatalf("refused line %d has no message or fix, or a revision: %+v", i, e)
+		}
+	}
+
+	// At the cockpit level: an invalid config is refused and explained; the config stays.
+	config := m.read("app/config")
+	m.refused("cat > $M/app/config <<'EOF'\n[ports]\nstep = 0\ncount = 5\n[ports.bases]\nHTTP = 26180\nEOF", syscall.EINVAL)
+	if m.read("app/config") != config {
+		t.Fatal("a refused config changed the config")
+	}
+	if e := m.observeEvents("app/events"); e[len(e)-1].Code != "PORT_FAMILY_OUT_OF_RANGE" || e[len(e)-1].Errno != "EINVAL" || !strings.Contains(e[len(e)-1].Message, "ports.step") {
+		t.Fatalf("cockpit events end with %+v", e[len(e)-1])
+	}
+}
+
+func TestEventsKeepTheLast256(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 26280}, "a")
+	m.ok("touch $M/app/stacks/a/holders/me")
+	// 300 changes: each write alternates the holder's pid.
+	m.ok(`h=$M/app/stacks/a/holders/me; for i in $(seq 150); do echo pid=none > $h; echo pid=$$ > $h; done`)
+	revision, err := strconv.ParseInt(strings.TrimSpace(m.read("app/stacks/a/revision")), 10, 64)
+	if err != nil || revision != 301 {
+		t.Fatalf("revision = %d (%v), want 301", revision, err)
+	}
+	events := m.observeEvents("app/stacks/a/events")
+	if len(events) != 256 {
+		t.Fatalf("events keeps %d lines, want 256", len(events))
+	}
+	for i, e := range events {
+		if want := revision - 255 + int64(i); e.Result != "ok" || e.Revision == nil || *e.Revision != want {
+			t.Fatalf("line %d = %+v, want ok revision %d: the most recent 256, in order", i, e, want)
+		}
+	}
+}
+
+// A config whose candidates the kernel may hand to outgoing connections is accepted with a warning.
+func TestEventsWarnOfEphemeralCandidates(t *testing.T) {
+	text, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skipf("no ephemeral port range on this host: %v", err)
+	}
+	low, _ := strconv.Atoi(strings.Fields(string(text))[0])
+	m := newMount(t)
+	m.observeCockpit("web", low)
+	warning := m.observeEvents("web/events")[1].Warning
+	if !strings.Contains(warning, fmt.Sprintf("candidate ports %d,", low)) || !strings.Contains(warning, "overlap the kernel's ephemeral port range") {
+		t.Fatalf("config events line warning = %q", warning)
+	}
+	m.ok("mkdir $M/web/stacks/x")
+	o := m.observeHealth("web/stacks/x")["PORT_FAMILY_EPHEMERAL_OVERLAP "]
+	if o.Observed.Value == nil || *o.Observed.Value || !strings.Contains(o.Observed.Reason, "ephemeral port range") {
+		t.Fatalf("health's ephemeral observation = %+v", o.Observed)
+	}
+}
+
+// observeVerify runs `cockpitfs verify` on the mount's store.
+func (m *mount) observeVerify() (string, int) {
+	m.t.Helper()
+	out, err := exec.Command(binary, "verify", "--data", m.Data).CombinedOutput()
+	if exit, ok := err.(*exec.ExitError); ok {
+		return string(out), exit.ExitCode()
+	} else if err != nil {
+		m.t.Fatal(err)
+	}
+	return string(out), 0
+}
+
+func TestVerifyAfterOperationsAndOnACorruptStore(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 27180, "DB": 27532}, "a", "b", "c")
+	m.observeCockpit("web", 29180, "x")
+	m.ok(`cd $M/app/stacks
+touch a/holders/me a/holders/you b/holders/me ../../web/stacks/x/holders/me
+echo pid=none > a/holders/you
+rm a/holders/you
+rm a/holders/me || true
+echo sleep > b/drain/request && echo start > b/drain/attempt && echo success > b/drain/outcome
+rmdir b c`)
+
+	// While the daemon holds the store, verify refuses and names it.
+	if out, code := m.observeVerify(); code == 0 || !strings.Contains(out, "in use by cockpitfs process") {
+		t.Fatalf("verify on a served store: exit %d\n%s", code, out)
+	}
+	m.Stop()
+	out, code := m.observeVerify()
+	if code != 0 || !strings.Contains(out, "2 records clean") {
+		t.Fatalf("verify after the operations: exit %d\n%s", code, out)
+	}
+
+	// Corrupt the stopped store as a bug or a hand edit would: a holder on x's record with no
+	// lease, and an index entry for a port no lease holds.
+	m.corrupted = true
+	db, err := kv.Open(m.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(context.Background(), func(tx kv.Txn) error {
+		data, err := tx.Get("s/web/x")
+		if err != nil {
+			return err
+		}
+		var record map[string]any
+		if err := json.Unmarshal(data, &record); err != nil {
+			return err
+		}
+		record["value"].(map[string]any)["lease"] = nil
+		if data, err = json.Marshal(record); err != nil {
+			return err
+		}
+		if err := tx.Set("s/web/x", data); err != nil {
+			return err
+		}
+		return tx.Set("p/27190", []byte(`{"port":27190,"cockpit":"app","stack":"b","key":"HTTP","offset":10}`))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code = m.observeVerify()
+	for _, want := range []string{"s/web/x: ", "holders but no active lease", "p/27190: ", "p/29180: ", "n/web: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("verify output lacks %q", want)
+		}
+	}
+	if code == 0 {
+		t.Errorf("verify on a corrupt store exits 0")
+	}
+	if t.Failed() {
+		t.Logf("verify output:\n%s", out)
+	}
+}
