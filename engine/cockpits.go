@@ -57,18 +57,18 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 // SetConfig accepts a port declaration (§3) for the cockpit; only its owner (or root) may.
 // Leases keep the declaration they were taken under.
 func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text []byte) error {
-	cfg, err := portdecl.Parse(text)
-	if err != nil {
-		return refuse(PortFamilyOutOfRange, CockpitID(cockpit), "correct the named value and write the whole config again", "%v", err)
-	}
-	warning := ephemeralWarning(cfg.Declaration)
 	return e.update(ctx, cockpitKey(cockpit), func(tx kv.Txn, now time.Time) error {
 		m, err := loadCockpit(tx, cockpit)
 		if err != nil {
 			return err
 		}
+		// Ownership first: anyone else learns nothing about the document's validity.
 		if !c.may(m.UID) {
 			return c.denied("the config of cockpit "+cockpit, m.UID)
+		}
+		cfg, err := portdecl.Parse(text)
+		if err != nil {
+			return refuse(PortFamilyOutOfRange, m.ID, "correct the named value and write the whole config again", "%v", err)
 		}
 		if m.Config == string(text) {
 			return errUnchanged
@@ -80,7 +80,7 @@ func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text [
 			return err
 		}
 		ok := okEvent(c, now, m.Revision)
-		ok.Warning = warning
+		ok.Warning = ephemeralWarning(cfg.Declaration)
 		return appendEvent(tx, cockpit, cockpitLevel, ok)
 	})
 }

@@ -83,8 +83,10 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		return nil, 0, errno
 	}
 	h := &handle{view: v}
-	if flags&syscall.O_TRUNC == 0 {
-		// A document written without truncating first (>>, or in place) continues what is there.
+	if flags&syscall.O_APPEND != 0 {
+		// An append (>>) continues the document there. Anything else writes a whole document:
+		// go-fuse negotiates no atomic O_TRUNC, so `>` arrives as OPEN then a handle-less
+		// SETATTR(size=0), and cannot be told apart here from a write in place.
 		h.doc = append([]byte(nil), v.data...)
 	}
 	// Direct I/O: every read reaches the handle's snapshot, never a page cache of another.

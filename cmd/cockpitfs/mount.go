@@ -64,10 +64,11 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 			}
 		}
 	}
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
+	// Before MkdirAll: a dead mount answers its stat with ENOTCONN.
+	if err := clearStaleMount(mnt); err != nil {
 		return err
 	}
-	if err := clearStaleMount(mnt); err != nil {
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(data, 0o700); err != nil {
@@ -104,27 +105,32 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 	return nil
 }
 
-// shutdown unmounts, waiting briefly for open files to close before detaching lazily: the
-// store must close cleanly either way.
+// shutdown unmounts; while files are still open on the mount it detaches it and aborts the FUSE
+// connection, so the daemon exits promptly and closes the store cleanly either way.
 func shutdown(server *fuse.Server, mnt string, done <-chan struct{}) {
-	for range 20 {
-		if err := server.Unmount(); err == nil {
-			break
+	var st unix.Stat_t
+	statErr := unix.Stat(mnt, &st)
+	if err := server.Unmount(); err == nil {
+		select {
+		case <-done:
+			return
+		case <-time.After(2 * time.Second):
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	select {
-	case <-done:
-		return
-	case <-time.After(2 * time.Second):
 	}
 	log.Printf("%s is busy; detaching it", mnt)
 	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
 		log.Printf("detach %s: %v", mnt, err)
 	}
+	if statErr == nil {
+		// Open files keep a detached connection alive; abort it so the server stops.
+		abort := fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", unix.Minor(st.Dev))
+		if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
+			log.Printf("abort the FUSE connection: %v", err)
+		}
+	}
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(2 * time.Second):
 		log.Printf("the kernel has not released %s; closing the store anyway", mnt)
 	}
 }
