@@ -79,9 +79,6 @@ func (w drainWriter) write(ctx context.Context, f *file, h *handle, data []byte,
 		if err != nil {
 			return err
 		}
-		if pid < 0 {
-			pid = c.PID
-		}
 		return eng.StartAttempt(ctx, c, f.cockpit, f.stack, pid)
 	case "outcome":
 		success, attempt, err := engine.ParseOutcomeCommand(text)

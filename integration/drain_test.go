@@ -69,7 +69,10 @@ func drainState(m *mount, stack string) string {
 func drainEvents(t *testing.T, m *mount, stack string) []map[string]any {
 	t.Helper()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(m.read("app/stacks", stack, "events")), "\n") {
+	for _, line := range strings.Split(m.read("app/stacks", stack, "events"), "\n") {
+		if line == "" {
+			continue
+		}
 		var ev map[string]any
 		if err := json.Unmarshal([]byte(line), &ev); err != nil {
 			t.Fatalf("events line is not JSON: %v\n%s", err, line)
@@ -209,12 +212,20 @@ func TestDrainSleep(t *testing.T) {
 	if att["currentStage"] != "runtime-stop" || att["currentTarget"] != stackID || att["status"] != "active" || att["actionIndex"] != float64(0) {
 		t.Fatalf("drain/attempt after start: %v", att)
 	}
+	// st_size is what a read returns (tail and wc trust it).
+	if got := m.ok("cd $M/app/stacks/s1/drain && for f in request attempt; do echo $(stat -c %s $f) $(cat $f | wc -c); done"); strings.Fields(got)[0] != strings.Fields(got)[1] || strings.Fields(got)[2] != strings.Fields(got)[3] {
+		t.Fatalf("st_size vs content of drain/request, drain/attempt: %q", got)
+	}
 	// Still leased while the runtime stops.
 	if got := m.read("app/stacks/s1/ports/HTTP"); got != "36080\n" {
 		t.Fatalf("ports/HTTP during the attempt: %q", got)
 	}
 
-	m.ok("cd $M/app/stacks/s1 && echo success > drain/outcome")
+	// wait opened before the success returns the revision the success committed.
+	rev := drainRevision(t, m, "s1")
+	if got := m.ok("cd $M/app/stacks/s1 && exec 3<wait && echo success > drain/outcome && cat <&3"); got != fmt.Sprintf("%d\n", rev+1) {
+		t.Fatalf("wait across the success returned %q, want %d", got, rev+1)
+	}
 	drainReleased(t, m, "s1", id, "36080", "36081")
 	if lease := m.read("app/stacks/s1/lease"); lease != "offset=0\nstep=10\ncount=20\nreleased=true\nDB=36081\nHTTP=36080\n" &&
 		lease != "offset=0\nstep=10\ncount=20\nreleased=true\nHTTP=36080\nDB=36081\n" {
@@ -343,19 +354,38 @@ func TestDrainDownMakefile(t *testing.T) {
 	drainReleased(t, m, "s1", id, "36280", "36281")
 
 	// s2 leases offset 0 again (s1 released it); its runtime is stopped by hand, then make resumes
-	// the same reservation (the request write is accepted unchanged) and reclaims the volumes.
+	// the same reservation (the request write is accepted unchanged).
 	m.ok("touch $M/app/stacks/s2/holders/me")
 	id2 := drainHolderID(t, m, "s2", "me")
-	m.ok("cd $M/app/stacks/s2 && echo 'down volume:cache volume:db' > drain/request && echo start > drain/attempt && echo success > drain/outcome")
+	if got := m.read("app/stacks/s2/ports/HTTP"); got != "36280\n" {
+		t.Fatalf("s2 ports/HTTP = %q", got)
+	}
+	m.ok("cd $M/app/stacks/s2 && echo 'down volume:README volume:cache' > drain/request && echo start > drain/attempt && echo success > drain/outcome")
 	if got := drainJSON(t, m, "app/stacks/s2/drain/request")["completedActionCount"]; got != float64(1) {
 		t.Fatalf("completedActionCount after the manual runtime-stop: %v", got)
 	}
+	// A reclaim whose work fails: with WORK=$M, `rm -rf $M/README` is refused by the mount, so
+	// make publishes failure and stops (volume:README sorts before volume:cache).
+	r := m.sh(fmt.Sprintf("make -s -f %s down S=%s WORK=$M VOLUMES='README cache'", makefile, drainDir("s2")))
+	if r.Code == 0 || strings.Contains(r.Stdout, "drained") {
+		t.Fatalf("make down with a failing reclaim: %+v", r)
+	}
+	att := drainJSON(t, m, "app/stacks/s2/drain/attempt")
+	if att["status"] != "failed" || att["currentTarget"] != "volume:README" || att["actionIndex"] != float64(1) {
+		t.Fatalf("attempt after the failed make: %v", att)
+	}
+	// make down again resumes and retries that action.
 	work2 := drainWorkDirs(t)
-	out = m.ok(fmt.Sprintf("make -s -f %s down S=%s WORK=%s", makefile, drainDir("s2"), work2))
-	if strings.Contains(out, "stop ") || !strings.Contains(out, "reclaim volume:cache\nreclaim volume:db\ndrained\n") {
+	out = m.ok(fmt.Sprintf("make -s -f %s down S=%s WORK=%s VOLUMES='README cache'", makefile, drainDir("s2"), work2))
+	if strings.Contains(out, "stop ") || !strings.Contains(out, "reclaim volume:README\nreclaim volume:cache\ndrained\n") {
 		t.Fatalf("make down (resuming) output:\n%s", out)
 	}
-	drainCheckReclaimed(t, work2)
+	if _, err := os.Stat(filepath.Join(work2, "cache")); !os.IsNotExist(err) {
+		t.Fatalf("cache survived: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(work2, "db")); err != nil {
+		t.Fatalf("db is no target of this drain but was removed: %v", err)
+	}
 	drainReleased(t, m, "s2", id2, "36280", "36281")
 }
 
@@ -635,4 +665,104 @@ func TestDrainJSONRequest(t *testing.T) {
 	// The derived configSha256 would be the same: the lease's declaration.
 	m.ok("cd $M/app/stacks/s && for i in 1 2; do echo start > drain/attempt && echo success > drain/outcome; done")
 	drainReleased(t, m, "s", holderID, "36980", "36981")
+}
+
+// A reservation needs the stack's one live holder and an active lease.
+func TestDrainReserveRefusals(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(20, map[string]int{"HTTP": 37080}, "s")
+	// No holder, no lease: nothing to drain.
+	drainRefused(t, m, "s", "echo sleep > $M/app/stacks/s/drain/request", syscall.EBUSY, "CLAIM_CO_TENANT")
+
+	m.ok("touch $M/app/stacks/s/holders/me")
+	other := drainStartSleeper(t)
+	m.ok(fmt.Sprintf("echo pid=%d > $M/app/stacks/s/holders/other", other.cmd.Process.Pid))
+	// A live co-tenant: refused, naming its pid and how to end it.
+	ev := drainRefused(t, m, "s", "echo sleep holder=me > $M/app/stacks/s/drain/request", syscall.EBUSY, "CLAIM_CO_TENANT")
+	if msg := ev["message"].(string); !strings.Contains(msg, fmt.Sprintf("kill %d", other.cmd.Process.Pid)) {
+		t.Fatalf("co-tenant refusal does not say how to end it: %v", ev)
+	}
+	// Without holder= there is no "only holder" to default to.
+	drainRefused(t, m, "s", "echo sleep > $M/app/stacks/s/drain/request", syscall.EBUSY, "CLAIM_CO_TENANT")
+	// A holder that does not claim the stack.
+	drainRefused(t, m, "s", "echo sleep holder=ghost > $M/app/stacks/s/drain/request", syscall.ENOENT, "NOT_FOUND")
+	// Malformed: unknown key, sleep with targets, a repeated target, valid_for out of range.
+	for _, bad := range []string{"sleep color=red", "sleep volume:db", "down volume:db volume:db", "down valid_for=300001", "stop"} {
+		drainRefused(t, m, "s", "echo '"+bad+"' > $M/app/stacks/s/drain/request", syscall.EINVAL, "STATE_RECORD_MALFORMED")
+	}
+
+	// Once the co-tenant's process is gone, the reservation releases it and proceeds.
+	other.kill()
+	m.ok("echo sleep holder=me > $M/app/stacks/s/drain/request")
+	if got := m.ok("ls $M/app/stacks/s/holders"); got != "me\n" {
+		t.Fatalf("holders after the reservation: %q", got)
+	}
+}
+
+// drainServeInPidNamespace restarts m's daemon inside a new pid namespace (same store, same mount
+// point). The kernel then reports every caller from this test's namespace as pid 0: a writer
+// cockpitfs cannot resolve. It skips when unshare cannot make the namespace here.
+func drainServeInPidNamespace(t *testing.T, m *mount) {
+	t.Helper()
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("unshare is not installed")
+	}
+	m.Stop()
+	var log strings.Builder
+	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child=SIGTERM", binary, "mount", "--data", m.Data, m.Dir)
+	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("unshare: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// Registered after newMount's cleanup, so it runs first: stop the namespaced daemon (SIGTERM
+	// to the group reaches it as its namespace's init, which handles the signal), then detach.
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+			t.Errorf("namespaced daemon did not stop on SIGTERM\n%s", log.String())
+		}
+		detach(m.Dir)
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for !serving(m.Dir) {
+		select {
+		case err := <-done:
+			done <- err
+			t.Skipf("daemon in a pid namespace did not serve (%v):\n%s", err, log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("namespaced daemon not serving after 10s\n%s", log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// `start` names the writer as the executor; a writer cockpitfs cannot resolve must be refused
+// (the engine's StartAttempt says so), not recorded as an attempt with no executor, which repair
+// would then fail after validThrough while the writer may still be working.
+func TestDrainStartUnresolvedWriter(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(20, map[string]int{"HTTP": 37180}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me") // a claim needs a resolved caller: made before
+	drainServeInPidNamespace(t, m)
+
+	m.ok("echo sleep > $M/app/stacks/s/drain/request")
+	evs := drainEvents(t, m, "s")
+	if ev := evs[len(evs)-1]; ev["result"] != "ok" || ev["pid"] != float64(0) {
+		t.Fatalf("the writer was resolved after all (the test needs pid 0): %v", ev)
+	}
+	drainRefused(t, m, "s", "echo start > $M/app/stacks/s/drain/attempt", syscall.EINVAL, "STATE_RECORD_MALFORMED")
+	// Naming the executor explicitly is the way out.
+	m.ok("echo start pid=none > $M/app/stacks/s/drain/attempt")
+	if att := drainJSON(t, m, "app/stacks/s/drain/attempt"); att["status"] != "active" {
+		t.Fatalf("attempt: %v", att)
+	}
 }
