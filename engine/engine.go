@@ -16,16 +16,24 @@ import (
 // lockTimeout is how long an operation waits for its stack before refusing with STATE_LOCKED.
 const lockTimeout = 2 * time.Second
 
+// Store is what the engine needs of a store: consistent reads, and compare-and-swap transactions
+// that commit only if nothing they read with Get changed (retried on conflict, durable on return).
+// kv.DB is the badger one; an etcd backend would map Get to a ModRevision compare in its Txn.
+type Store interface {
+	View(fn func(kv.Txn) error) error
+	Update(ctx context.Context, fn func(kv.Txn) error) error
+}
+
 // Engine applies operations to one store. It is safe for concurrent use.
 type Engine struct {
-	db      *kv.DB
+	db      Store
 	now     func() time.Time
 	locks   keyedLocks
 	changes notifier
 }
 
 // New returns an engine over db.
-func New(db *kv.DB) *Engine {
+func New(db Store) *Engine {
 	return &Engine{db: db, now: time.Now}
 }
 

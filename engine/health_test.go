@@ -185,7 +185,7 @@ func TestHealthOfAMissingStackIsNotFound(t *testing.T) {
 
 // writeRecord changes a stack's stored record behind the engine's back, skipping every check: the
 // corruption verify and health exist to find.
-func writeRecord(t *testing.T, db *kv.DB, stack string, change func(*Record)) {
+func writeRecord(t *testing.T, db Store, stack string, change func(*Record)) {
 	t.Helper()
 	err := db.Update(context.Background(), func(tx kv.Txn) error {
 		r, err := loadRecord(tx, "app", stack)

@@ -11,7 +11,7 @@ import (
 // Verify checks the whole store offline: every record against Check, the port index against the
 // active leases both ways, and the per-cockpit counts. It returns one line per violation, naming
 // its key, and how many records it read.
-func Verify(db *kv.DB) ([]string, int, error) {
+func Verify(db Store) ([]string, int, error) {
 	var violations []string
 	bad := func(key, format string, args ...any) {
 		violations = append(violations, key+": "+fmt.Sprintf(format, args...))
