@@ -141,6 +141,7 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) s
 
 func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("mkdir "+d.child(name), &errno)
+	ctx = uninterrupted(ctx)
 	m, ok := d.list.(mkdirer)
 	if !ok {
 		return nil, d.fsys.undefined(ctx, "mkdir", d.child(name), d.cockpit, d.stack)
@@ -153,6 +154,7 @@ func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 
 func (d *dir) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
 	defer d.fsys.guard("rmdir "+d.child(name), &errno)
+	ctx = uninterrupted(ctx)
 	if r, ok := d.list.(rmdirer); ok {
 		return r.rmdir(ctx, d, name)
 	}
@@ -161,6 +163,7 @@ func (d *dir) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
 
 func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, _ fs.FileHandle, _ uint32, errno syscall.Errno) {
 	defer d.fsys.guard("create "+d.child(name), &errno)
+	ctx = uninterrupted(ctx)
 	c, ok := d.list.(creator)
 	if !ok {
 		return nil, nil, 0, d.fsys.undefined(ctx, "create", d.child(name), d.cockpit, d.stack)
@@ -178,11 +181,17 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 
 func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 	defer d.fsys.guard("unlink "+d.child(name), &errno)
+	ctx = uninterrupted(ctx)
 	if u, ok := d.list.(unlinker); ok {
 		return u.unlink(ctx, d, name)
 	}
 	return d.fsys.undefined(ctx, "unlink", d.child(name), d.cockpit, d.stack)
 }
+
+// uninterrupted keeps a change from being abandoned half-way by a FUSE INTERRUPT: the kernel
+// sends one for any signal to the caller (Go's runtime preempts its threads with SIGURG), and a
+// change is short and bounded (STATE_LOCKED after 2 s) anyway. Only `wait` ends on Ctrl-C.
+func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 func (d *dir) Rename(ctx context.Context, name string, _ fs.InodeEmbedder, newName string, _ uint32) syscall.Errno {
 	return d.fsys.undefined(ctx, "rename", d.child(name), d.cockpit, d.stack)

@@ -109,6 +109,7 @@ func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int6
 
 func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (written uint32, errno syscall.Errno) {
 	defer f.fsys.guard("write "+f.path, &errno)
+	ctx = uninterrupted(ctx)
 	h, ok := fh.(*handle)
 	if !ok || f.writer == nil {
 		return 0, syscall.EBADF

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -51,13 +52,31 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
+// syncBuffer collects a daemon's output, written by exec's copier while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 // mount is one running daemon serving a mount point.
 type mount struct {
 	t    *testing.T
 	Dir  string // the mount point
 	Data string // the store
 	cmd  *exec.Cmd
-	log  *bytes.Buffer
+	log  *syncBuffer
 	done chan error
 	// corrupted marks a store a test broke on purpose; every other store must pass
 	// `cockpitfs verify` when the test ends.
@@ -78,7 +97,7 @@ func newMount(t *testing.T, args ...string) *mount {
 // start runs the daemon in the foreground as a subprocess and waits until it serves.
 func (m *mount) start(args ...string) {
 	m.t.Helper()
-	m.log = &bytes.Buffer{}
+	m.log = &syncBuffer{}
 	all := append([]string{"mount", "--data", m.Data}, args...)
 	m.cmd = exec.Command(binary, append(all, m.Dir)...)
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
@@ -87,8 +106,10 @@ func (m *mount) start(args ...string) {
 	}
 	m.done = make(chan error, 1)
 	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(m.cmd, m.done)
+	// "serving" is logged once the mount is fully up (go-fuse's own open of the mount done), so
+	// a test may kill the daemon right away without catching it in its own request.
 	deadline := time.Now().Add(10 * time.Second)
-	for !serving(m.Dir) {
+	for !strings.Contains(m.log.String(), "serving "+m.Dir) || !serving(m.Dir) {
 		select {
 		case err := <-m.done:
 			m.done <- err
