@@ -173,6 +173,10 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 		return nil, nil, 0, errno
 	}
 	in, errno := d.Lookup(ctx, name, out)
+	if errno == syscall.ENOENT {
+		// Released again before we could look it up: ESTALE has the kernel retry the create.
+		return nil, nil, 0, syscall.ESTALE
+	}
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}

@@ -79,6 +79,11 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		return nil, 0, syscall.EACCES
 	}
 	v, errno := f.snapshot(ctx, "open")
+	if errno == syscall.ENOENT {
+		// Gone since the kernel looked it up (a holder released meanwhile): ESTALE makes the
+		// kernel walk the path again, so `touch` creates it anew and `cat` reports ENOENT.
+		return nil, 0, syscall.ESTALE
+	}
 	if errno != 0 {
 		return nil, 0, errno
 	}

@@ -162,6 +162,9 @@ func (holdersListing) create(ctx context.Context, d *dir, name string) (*handle,
 		return nil, d.fsys.fail(c, d.cockpit, d.stack, err)
 	}
 	v, err := d.fsys.holderView(d.cockpit, d.stack, name)()
+	if err != nil && engine.AsRefusal(err).Code == engine.NotFound {
+		return nil, syscall.ESTALE // released again already: the kernel retries the create
+	}
 	if err != nil {
 		return nil, d.fsys.fail(c, d.cockpit, d.stack, err)
 	}

@@ -400,7 +400,7 @@ func TestCrashSafety(t *testing.T) {
 			wg.Add(1)
 			go func() { defer wg.Done(); c.run(&stop) }()
 		}
-		time.Sleep(time.Duration(5+rng.Intn(120)) * time.Millisecond)
+		time.Sleep(time.Duration(20+rng.Intn(280)) * time.Millisecond)
 		m.Kill()
 		stop.Store(true)
 		wg.Wait()
