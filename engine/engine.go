@@ -30,6 +30,7 @@ type Engine struct {
 	now     func() time.Time
 	locks   keyedLocks
 	changes notifier
+	records recordCache
 }
 
 // New returns an engine over db.
@@ -57,6 +58,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx kv.Txn, now 
 	case err != nil:
 		return err
 	}
+	e.records.invalidate(key)
 	e.changes.publish(key)
 	return nil
 }
@@ -198,12 +200,20 @@ func (e *Engine) Stacks(cockpit string) ([]string, error) {
 }
 
 // Stack returns the stack's record.
+// The record is shared with other readers: treat it as read-only.
 func (e *Engine) Stack(cockpit, stack string) (Record, error) {
-	var r Record
+	key := stackKey(cockpit, stack)
+	r, gen, ok := e.records.get(key)
+	if ok {
+		return r, nil
+	}
 	err := e.db.View(func(tx kv.Txn) (err error) {
 		r, err = loadRecord(tx, cockpit, stack)
 		return err
 	})
+	if err == nil {
+		e.records.put(key, r, gen)
+	}
 	return r, err
 }
 

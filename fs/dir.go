@@ -3,9 +3,12 @@ package fs
 import (
 	"context"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cockpitfs/cockpitfs/engine"
 )
 
 // entry is one child of a directory as a listing produces it.
@@ -13,6 +16,19 @@ type entry struct {
 	name string
 	node fs.InodeEmbedder
 	dir  bool
+	// stable: the name comes and goes only through this mount's own mkdir, rmdir, create or
+	// unlink of it, which the kernel's dentry cache follows by itself, so the kernel may keep
+	// it. Names another operation changes (holders released by a claim or a drain, the ports
+	// and env of a lease) are looked up every time.
+	stable bool
+}
+
+// stableEntry is how long the kernel may keep a stable name.
+const stableEntry = time.Hour
+
+// lookuper finds one child without listing them all (a stack may have a thousand holders).
+type lookuper interface {
+	lookup(ctx context.Context, d *dir, name string) (entry, bool, error)
 }
 
 // listing is what a directory shows; each directory concept implements it, and the mutations it
@@ -72,8 +88,23 @@ var (
 )
 
 func (d *dir) find(ctx context.Context, name string) (entry, syscall.Errno) {
+	if l, ok := d.list.(lookuper); ok {
+		e, found, err := l.lookup(ctx, d, name)
+		switch {
+		case err != nil && engine.AsRefusal(err).Code == engine.NotFound:
+			return entry{}, syscall.ENOENT
+		case err != nil:
+			return entry{}, d.fsys.fail(caller(ctx, "lookup", d.child(name)), "", "", err)
+		case !found:
+			return entry{}, syscall.ENOENT
+		}
+		return e, 0
+	}
 	es, err := d.list.entries(ctx, d)
 	if err != nil {
+		if engine.AsRefusal(err).Code == engine.NotFound {
+			return entry{}, syscall.ENOENT
+		}
 		return entry{}, d.fsys.fail(caller(ctx, "lookup", d.child(name)), "", "", err)
 	}
 	for _, e := range es {
@@ -90,7 +121,11 @@ func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *f
 	if errno != 0 {
 		return nil, errno
 	}
-	return d.adopt(ctx, e, &out.Attr)
+	in, errno := d.adopt(ctx, e, &out.Attr)
+	if errno == 0 && e.stable {
+		out.SetEntryTimeout(stableEntry)
+	}
+	return in, errno
 }
 
 // adopt returns the inode of e, reusing the one already known for its path, and fills its attrs.

@@ -20,14 +20,33 @@ func (rootListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	es := []entry{
-		{name: "README", node: f.newFile("README", "", "", f.readme, nil)},
-		{name: "ports", node: f.newDir("ports", "", "", portsListing{}), dir: true},
-	}
+	es := rootFiles(f)
 	for _, c := range cockpits {
-		es = append(es, entry{name: c.Name, node: f.newDir(c.Name, c.Name, "", cockpitListing{}), dir: true})
+		es = append(es, cockpitEntry(f, c.Name))
 	}
 	return es, nil
+}
+
+// rootFiles are the root's own names; a cockpit cannot take them.
+func rootFiles(f *FS) []entry {
+	return []entry{
+		{name: "README", node: f.newFile("README", "", "", f.readme, nil), stable: true},
+		{name: "ports", node: f.newDir("ports", "", "", portsListing{}), dir: true, stable: true},
+	}
+}
+
+func cockpitEntry(f *FS, name string) entry {
+	return entry{name: name, node: f.newDir(name, name, "", cockpitListing{}), dir: true, stable: true}
+}
+
+func (rootListing) lookup(_ context.Context, d *dir, name string) (entry, bool, error) {
+	for _, e := range rootFiles(d.fsys) {
+		if e.name == name {
+			return e, true, nil
+		}
+	}
+	_, err := d.fsys.eng.Cockpit(name)
+	return cockpitEntry(d.fsys, name), err == nil, err
 }
 
 func (rootListing) mkdir(ctx context.Context, d *dir, name string) syscall.Errno {
@@ -70,9 +89,9 @@ func (cockpitListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		return nil, err
 	}
 	return []entry{
-		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{})},
-		{name: "events", node: f.newFile(d.child("events"), c, "", f.eventsView(c, ""), nil)},
-		{name: "stacks", node: f.newDir(d.child("stacks"), c, "", stacksListing{}), dir: true},
+		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{}), stable: true},
+		{name: "events", node: f.newFile(d.child("events"), c, "", f.eventsView(c, ""), nil), stable: true},
+		{name: "stacks", node: f.newDir(d.child("stacks"), c, "", stacksListing{}), dir: true, stable: true},
 	}, nil
 }
 
@@ -86,9 +105,18 @@ func (stacksListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	}
 	es := make([]entry, len(stacks))
 	for i, s := range stacks {
-		es[i] = entry{name: s, node: f.newDir(d.child(s), d.cockpit, s, stackListing{}), dir: true}
+		es[i] = stackEntry(d, s)
 	}
 	return es, nil
+}
+
+func stackEntry(d *dir, stack string) entry {
+	return entry{name: stack, node: d.fsys.newDir(d.child(stack), d.cockpit, stack, stackListing{}), dir: true, stable: true}
+}
+
+func (stacksListing) lookup(_ context.Context, d *dir, name string) (entry, bool, error) {
+	_, err := d.fsys.eng.Stack(d.cockpit, name)
+	return stackEntry(d, name), err == nil, err
 }
 
 func (stacksListing) mkdir(ctx context.Context, d *dir, name string) syscall.Errno {
@@ -116,22 +144,24 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		return nil, err
 	}
 	view := func(name string, fn func(engine.Record) []byte) entry {
-		return entry{name: name, node: f.newFile(d.child(name), c, s, f.stackView(c, s, name, fn), nil)}
+		return entry{name: name, node: f.newFile(d.child(name), c, s, f.stackView(c, s, name, fn), nil), stable: true}
 	}
 	es := []entry{
-		{name: "holders", node: f.newDir(d.child("holders"), c, s, holdersListing{}), dir: true},
-		{name: "ports", node: f.newDir(d.child("ports"), c, s, leasePortsListing{}), dir: true},
-		{name: "entrypoints", node: f.newDir(d.child("entrypoints"), c, s, entrypointsListing{}), dir: true},
-		{name: "drain", node: f.newDir(d.child("drain"), c, s, drainListing{}), dir: true},
+		{name: "holders", node: f.newDir(d.child("holders"), c, s, holdersListing{}), dir: true, stable: true},
+		{name: "ports", node: f.newDir(d.child("ports"), c, s, leasePortsListing{}), dir: true, stable: true},
+		{name: "entrypoints", node: f.newDir(d.child("entrypoints"), c, s, entrypointsListing{}), dir: true, stable: true},
+		{name: "drain", node: f.newDir(d.child("drain"), c, s, drainListing{}), dir: true, stable: true},
 		view("lease", renderLease),
 		view("record", renderRecord),
 		view("revision", renderRevision),
-		{name: "events", node: f.newFile(d.child("events"), c, s, f.eventsView(c, s), nil)},
-		{name: "health", node: f.newFile(d.child("health"), c, s, f.healthView(c, s), nil)},
-		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s)},
+		{name: "events", node: f.newFile(d.child("events"), c, s, f.eventsView(c, s), nil), stable: true},
+		{name: "health", node: f.newFile(d.child("health"), c, s, f.healthView(c, s), nil), stable: true},
+		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s), stable: true},
 	}
 	if r.Value.Lease.Active() {
-		es = append(es, view("env", renderEnv))
+		env := view("env", renderEnv)
+		env.stable = false // it goes when a drain releases the lease
+		es = append(es, env)
 	}
 	return es, nil
 }
@@ -149,6 +179,15 @@ func (holdersListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	}
 	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
 	return es, nil
+}
+
+func (holdersListing) lookup(_ context.Context, d *dir, name string) (entry, bool, error) {
+	r, err := d.fsys.eng.Stack(d.cockpit, d.stack)
+	if err != nil {
+		return entry{}, false, err
+	}
+	_, ok := r.Value.Holder(name)
+	return entry{name: name, node: d.fsys.holderFile(d, name)}, ok, nil
 }
 
 func (f *FS) holderFile(d *dir, name string) *file {
