@@ -119,25 +119,69 @@ func serving(dir string) bool {
 
 // stop ends the daemon with SIGTERM (clean unmount and store close).
 func (d *daemon) stop() {
+	defer detach(d.Dir)
 	if d.cmd == nil {
 		return
 	}
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-d.done:
+		d.cmd = nil
 	case <-time.After(15 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.done
+		fmt.Fprintf(os.Stderr, "bench: daemon %d did not stop on SIGTERM; killing it\n", d.cmd.Process.Pid)
+		if err := d.kill(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+		}
 	}
-	d.cmd = nil
-	detach(d.Dir)
 }
 
-// kill ends the daemon with SIGKILL, leaving a dead mount behind as a crash would.
-func (d *daemon) kill() {
+// kill ends the daemon with SIGKILL, leaving a dead mount behind as a crash would. A daemon with a
+// thread blocked in a request on its own mount cannot finish dying (that thread waits for a server
+// that is gone); then the connection is aborted through fusectl, when mounted, and the threads'
+// kernel stacks are returned in the error.
+func (d *daemon) kill() error {
+	// From mountinfo, not stat: a stat would wait on the daemon as the stuck thread does.
+	conn, connKnown := fuseConnection(d.Dir)
+	pid := d.cmd.Process.Pid
 	d.cmd.Process.Kill()
-	<-d.done
-	d.cmd = nil
+	defer func() { d.cmd = nil }()
+	select {
+	case <-d.done:
+		return nil
+	case <-time.After(10 * time.Second):
+	}
+	stacks := threadStacks(pid)
+	if connKnown {
+		os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", conn), []byte("1"), 0)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(5 * time.Second):
+	}
+	return fmt.Errorf("daemon %d still not dead 10s after SIGKILL; its threads:\n%s", pid, stacks)
+}
+
+// fuseConnection returns the FUSE connection number of the mount on dir (its device minor).
+func fuseConnection(dir string) (string, bool) {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 && fields[4] == dir {
+			_, minor, ok := strings.Cut(fields[2], ":")
+			return minor, ok
+		}
+	}
+	return "", false
+}
+
+func threadStacks(pid int) string {
+	var b strings.Builder
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, task := range tasks {
+		stack, _ := os.ReadFile(filepath.Join(task, "stack"))
+		fmt.Fprintf(&b, "%s:\n%s", task, stack)
+	}
+	return b.String()
 }
 
 // detach lazily unmounts dir if anything is still mounted there.

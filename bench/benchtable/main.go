@@ -1,0 +1,174 @@
+// Command benchtable reads `go test -bench` output for package bench on stdin and prints the
+// issue 7 table: the median of every figure over the -count runs, the ratios between figures of
+// that same input, and each target as met or missed.
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// figures holds every value read: benchmark name (without the -GOMAXPROCS suffix) → unit → values.
+type figures map[string]map[string][]float64
+
+var procSuffix = regexp.MustCompile(`-\d+$`)
+
+func read(in *bufio.Scanner) figures {
+	f := figures{}
+	for in.Scan() {
+		fields := strings.Fields(in.Text())
+		if len(fields) < 4 || !strings.HasPrefix(fields[0], "Benchmark") {
+			continue
+		}
+		name := procSuffix.ReplaceAllString(strings.TrimPrefix(fields[0], "Benchmark"), "")
+		if f[name] == nil {
+			f[name] = map[string][]float64{}
+		}
+		// fields[1] is the iteration count; then value-unit pairs.
+		for i := 2; i+1 < len(fields); i += 2 {
+			v, err := strconv.ParseFloat(fields[i], 64)
+			if err == nil {
+				f[name][fields[i+1]] = append(f[name][fields[i+1]], v)
+			}
+		}
+	}
+	return f
+}
+
+// median returns the median of name's unit, and whether there was any.
+func (f figures) median(name, unit string) (float64, bool) {
+	vs := append([]float64(nil), f[name][unit]...)
+	if len(vs) == 0 {
+		return 0, false
+	}
+	sort.Float64s(vs)
+	if len(vs)%2 == 1 {
+		return vs[len(vs)/2], true
+	}
+	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2, true
+}
+
+type table struct {
+	f    figures
+	rows [][5]string
+}
+
+// row prints one figure; ratio and target cells are filled by the caller ("" when none).
+func (t *table) row(label, name, unit string, scale float64, shown string, ratio, target, verdict string) {
+	value := "n/a"
+	if v, ok := t.f.median(name, unit); ok {
+		value = fmt.Sprintf("%.3g %s", v/scale, shown)
+		if v/scale >= 1000 {
+			value = fmt.Sprintf("%.0f %s", v/scale, shown)
+		}
+	}
+	t.rows = append(t.rows, [5]string{label, value, ratio, target, verdict})
+}
+
+// ratio is a/b of two medians, formatted, with whether it satisfies ok.
+func (t *table) ratio(aName, aUnit, bName, bUnit string, ok func(float64) bool) (string, string) {
+	a, okA := t.f.median(aName, aUnit)
+	b, okB := t.f.median(bName, bUnit)
+	if !okA || !okB || b == 0 {
+		return "n/a", "n/a"
+	}
+	r := a / b
+	if ok(r) {
+		return fmt.Sprintf("%.2f×", r), "met"
+	}
+	return fmt.Sprintf("%.2f×", r), "MISSED"
+}
+
+func (t *table) limit(name, unit string, ok func(float64) bool) string {
+	v, found := t.f.median(name, unit)
+	switch {
+	case !found:
+		return "n/a"
+	case ok(v):
+		return "met"
+	default:
+		return "MISSED"
+	}
+}
+
+func atMost(x float64) func(float64) bool  { return func(v float64) bool { return v <= x } }
+func atLeast(x float64) func(float64) bool { return func(v float64) bool { return v >= x } }
+
+func main() {
+	t := &table{f: read(bufio.NewScanner(os.Stdin))}
+	const us, ms = 1e3, 1e6
+
+	r, v := t.ratio("Read/cockpitfs", "ns/op", "Read/floor", "ns/op", atMost(1.2))
+	t.row("read: cockpitfs open+read+close stacks/s/ports/HTTP", "Read/cockpitfs", "ns/op", us, "µs", r+" of floor", "≤ 1.2× floor", v)
+	t.row("read: FUSE floor (go-fuse, 0 timeouts, direct_io)", "Read/floor", "ns/op", us, "µs", "", "", "")
+	t.row("read: tmpfs", "Read/tmpfs", "ns/op", us, "µs", "", "", "")
+	r, _ = t.ratio("Stat/cockpitfs", "ns/op", "Stat/floor", "ns/op", atMost(1.2))
+	t.row("  part: stat (path walk + getattr), cockpitfs", "Stat/cockpitfs", "ns/op", us, "µs", r+" of floor", "", "")
+	t.row("  part: stat, FUSE floor", "Stat/floor", "ns/op", us, "µs", "", "", "")
+
+	r, v = t.ratio("Write/cockpitfs", "ns/op", "Write/floor", "ns/op", atMost(1.5))
+	t.row("write: cockpitfs claim+release cycle (create, unlink)", "Write/cockpitfs", "ns/op", us, "µs", r+" of floor", "≤ 1.5× floor", v)
+	t.row("write: floor (2 FUSE writes + 2 write+fdatasync)", "Write/floor", "ns/op", us, "µs", "", "", "")
+	t.row("  part: create+unlink on the FUSE floor (no store)", "Write/floor-create-unlink", "ns/op", us, "µs", "", "", "")
+	t.row("  part: engine claim+release in-process (no FUSE)", "Write/engine", "ns/op", us, "µs", "", "", "")
+	t.row("  part: one write+fdatasync on the data disk", "Write/fdatasync", "ns/op", us, "µs", "", "", "")
+	t.row("  part: caller resolution (/proc: tid→pid, cwd, session leader, identity)", "Write/caller-resolution", "ns/op", us, "µs", "", "", "")
+	t.row("  part: listener check (/proc/net/tcp, tcp6)", "Write/listener-check", "ns/op", us, "µs", "", "", "")
+
+	r, v = t.ratio("Claim/peer", "ns/claim", "Claim/cockpitfs", "ns/claim", atLeast(2.5))
+	t.row("claim: cockpitfs through the mount", "Claim/cockpitfs", "ns/claim", us, "µs", "peer is "+r, "peer ≥ 2.5×", v)
+	r, _ = t.ratio("Claim/peer", "ns/claim", "Claim/engine", "ns/claim", atLeast(2.5))
+	t.row("claim: cockpitfs engine in-process", "Claim/engine", "ns/claim", us, "µs", "peer is "+r, "", "")
+	t.row("claim: peer (O_EXCL lock, temp, fsync, rename, fsync dir)", "Claim/peer", "ns/claim", us, "µs", "", "", "")
+
+	for _, shape := range []string{"distinct", "one"} {
+		for _, w := range []int{1, 4, 16} {
+			name := fmt.Sprintf("Concurrency/%s-%d", shape, w)
+			r, v := t.ratio(name, "commits/s", "Concurrency/distinct-1", "commits/s", atLeast(1.5))
+			target := ""
+			if shape == "distinct" && w == 16 {
+				target = "≥ 1.5× 1 writer"
+			} else {
+				v = ""
+			}
+			t.row(fmt.Sprintf("concurrency: %d writers, %s stack(s), commits/s", w, shape), name, "commits/s", 1, "/s", r+" of 1 writer", target, v)
+			target, v = "", ""
+			if shape == "one" {
+				target, v = "≤ 0.1 (no retry storm)", t.limit(name, "conflicts/commit", atMost(0.1))
+			}
+			t.row("  conflict retries per commit", name, "conflicts/commit", 1, "", "", target, v)
+		}
+	}
+
+	for _, n := range []int{1, 100, 1000} {
+		name := fmt.Sprintf("Allocation/stacks-%d", n)
+		r, v := t.ratio(name, "ns/lease", "Allocation/stacks-1", "ns/lease", atMost(1.5))
+		target := ""
+		if n == 1000 {
+			target = "≤ 1.5× at 1"
+		} else {
+			v = ""
+		}
+		t.row(fmt.Sprintf("allocation: lease with %d active stacks", n), name, "ns/lease", us, "µs", r+" of 1 stack", target, v)
+	}
+
+	t.row("footprint: mount ready (exec to serving)", "Footprint", "ms-ready", 1, "ms", "", "≤ 300 ms", t.limit("Footprint", "ms-ready", atMost(300)))
+	t.row("footprint: idle RSS", "Footprint", "MiB-idle", 1, "MiB", "", "≤ 40 MiB", t.limit("Footprint", "MiB-idle", atMost(40)))
+	t.row("footprint: peak RSS over 10k ops (VmHWM)", "Footprint", "MiB-peak", 1, "MiB", "", "≤ 100 MiB", t.limit("Footprint", "MiB-peak", atMost(100)))
+	t.row("footprint: idle RSS after the 10k ops", "Footprint", "MiB-idle-after", 1, "MiB", "", "", "")
+	t.row("footprint: allocated disk after 10k ops (du)", "Footprint", "MiB-disk", 1, "MiB", "", "≤ 20 MiB", t.limit("Footprint", "MiB-disk", atMost(20)))
+	t.row("footprint: restart after kill -9 (to serving)", "Footprint", "ms-restart", 1, "ms", "", "", "")
+	t.row("  restart refused on the dead mount (1 = yes; then timed after umount -l)", "Footprint", "stale-mount-refused", 1, "", "", "0 (SPEC §1)", t.limit("Footprint", "stale-mount-refused", atMost(0)))
+	t.row("footprint: ops/s during the 10k ops", "Footprint", "ops/s", 1, "/s", "", "", "")
+
+	fmt.Println("| measurement | median | ratio | target | |")
+	fmt.Println("|---|---:|---:|---|---|")
+	for _, row := range t.rows {
+		fmt.Printf("| %s |\n", strings.Join(row[:], " | "))
+	}
+}
