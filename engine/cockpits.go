@@ -73,7 +73,7 @@ func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text [
 		if m.Config == string(text) {
 			return errUnchanged
 		}
-		m.Config = string(text)
+		m.Config, m.Declared = string(text), &cfg
 		m.Revision++
 		m.UpdatedAt = Stamp(now)
 		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {

@@ -40,6 +40,8 @@ type cockpitMeta struct {
 	Revision  int64  `json:"revision"`
 	Stacks    int    `json:"stacks"` // read with Get by mkdir/rmdir so removing a cockpit races no new stack
 	Config    string `json:"config"` // the accepted document, as written
+	// Declared is Config parsed when it was accepted, so a claim does not parse TOML again.
+	Declared *portdecl.Config `json:"declared,omitempty"`
 }
 
 // PortOwner is one entry of the machine-wide port index.
@@ -86,11 +88,10 @@ func loadCockpit(tx kv.Txn, cockpit string) (cockpitMeta, error) {
 }
 
 func (m cockpitMeta) config() (portdecl.Config, bool) {
-	if m.Config == "" {
+	if m.Declared == nil {
 		return portdecl.Config{}, false
 	}
-	cfg, err := portdecl.Parse([]byte(m.Config))
-	return cfg, err == nil
+	return *m.Declared, true
 }
 
 func loadRecord(tx kv.Txn, cockpit, stack string) (Record, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 	"github.com/cockpitfs/cockpitfs/kv"
 )
 
@@ -68,6 +69,12 @@ func Verify(db Store) ([]string, int, error) {
 			if err := json.Unmarshal(value, &m); err != nil {
 				bad(key, "%v", err)
 				return nil
+			}
+			if m.Config != "" {
+				cfg, err := portdecl.Parse([]byte(m.Config))
+				if err != nil || m.Declared == nil || !cfg.Declaration.Equal(m.Declared.Declaration) {
+					bad(key, "the accepted config does not parse to the declaration recorded with it")
+				}
 			}
 			if m.Stacks != stacks[m.Name] {
 				bad(key, "counts %d stacks, the store holds %d", m.Stacks, stacks[m.Name])
