@@ -20,13 +20,13 @@ func TestWritesAtOffsetsAndAppends(t *testing.T) {
 	if got := m.read("app/stacks/s/holders/me"); !strings.Contains(got, "state=untracked") {
 		t.Fatalf("after >>: %s", got)
 	}
-	m.ok("echo pid=$$ | dd of=" + h + " bs=1 seek=1000 conv=notrunc status=none")
+	m.ok("echo pid=$PPID | dd of=" + h + " bs=64 oflag=seek_bytes seek=1000 conv=notrunc status=none")
 	if got := m.read("app/stacks/s/holders/me"); !strings.Contains(got, "state=live") {
 		t.Fatalf("after a write at offset 1000: %s", got)
 	}
 	rev := m.read("app/stacks/s/revision")
 	// A write in the middle of what the file shows is not a splice of its text.
-	m.refused("printf 'xx' | dd of="+h+" bs=1 seek=3 conv=notrunc status=none", syscall.EINVAL)
+	m.refused("printf 'xx' | dd of="+h+" bs=64 oflag=seek_bytes seek=3 conv=notrunc status=none", syscall.EINVAL)
 	if got := m.read("app/stacks/s/revision"); got != rev {
 		t.Fatalf("a refused write moved the revision %s -> %s", rev, got)
 	}
