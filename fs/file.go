@@ -95,7 +95,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		h.doc = append([]byte(nil), v.data...)
 	}
 	// Direct I/O: every read reaches the handle's snapshot, never a page cache of another.
-	return h, fuse.FOPEN_DIRECT_IO, 0
+	return h, fuse.FOPEN_DIRECT_IO | noFlush(flags), 0
 }
 
 func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -165,6 +165,14 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		}
 	}
 	return f.Getattr(ctx, fh, out)
+}
+
+// noFlush spares a read-only open its FLUSH round trip at close: there is nothing to flush.
+func noFlush(flags uint32) uint32 {
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		return fuse.FOPEN_NOFLUSH
+	}
+	return 0
 }
 
 // Fsync succeeds: an acknowledged change is already durable.

@@ -45,7 +45,7 @@ func (w *waitFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if err != nil {
 		return nil, 0, syscall.ENOENT
 	}
-	return &waitHandle{seen: r.Revision}, fuse.FOPEN_DIRECT_IO, 0
+	return &waitHandle{seen: r.Revision}, fuse.FOPEN_DIRECT_IO | noFlush(flags), 0
 }
 
 func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
