@@ -37,7 +37,13 @@ type Options struct {
 	Logger     *log.Logger // nil: stderr
 }
 
-// Mount serves the tree for eng at dir and returns once the kernel has it.
+// Mount serves the tree for eng at dir. The kernel has the mount when it returns; requests that
+// arrive before the server has answered the kernel's INIT wait for it.
+//
+// fs.Mount is not used: its WaitMount opens and polls a file on the new mount from this process
+// (go-fuse's poll hack). A daemon killed during that holds a request to itself that nothing will
+// answer, and lingers as a zombie keeping the mount and the store's lock. The daemon never opens
+// its own files, so the hack buys it nothing.
 func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	logger := o.Logger
 	if logger == nil {
@@ -45,9 +51,10 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	}
 	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger}
 	// Zero timeouts: every open, stat and readdir reaches us, so a change by anyone is visible at
-	// the next one whatever the kernel cached.
+	// the next one whatever the kernel cached. Names that only this mount's own operations change
+	// are the exception, entry by entry (see entry.stable).
 	var zero time.Duration
-	return fs.Mount(dir, fsys.newDir("", "", "", rootListing{}), &fs.Options{
+	options := &fs.Options{
 		EntryTimeout:    &zero,
 		AttrTimeout:     &zero,
 		NegativeTimeout: &zero,
@@ -59,7 +66,13 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			Debug:         o.Debug,
 			MaxBackground: 64,
 		},
-	})
+	}
+	server, err := fuse.NewServer(fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), dir, &options.MountOptions)
+	if err != nil {
+		return nil, err
+	}
+	go server.Serve()
+	return server, nil
 }
 
 // caller is who the kernel says asked: FUSE reports the calling thread, resolved here to its

@@ -83,9 +83,6 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
-	if err := server.WaitMount(); err != nil {
-		return err
-	}
 	log.Printf("serving %s (data %s)", mnt, data)
 	if ready != nil {
 		fmt.Fprintln(ready, "ok")
@@ -108,8 +105,9 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 // shutdown unmounts; while files are still open on the mount it detaches it and aborts the FUSE
 // connection, so the daemon exits promptly and closes the store cleanly either way.
 func shutdown(server *fuse.Server, mnt string, done <-chan struct{}) {
-	var st unix.Stat_t
-	statErr := unix.Stat(mnt, &st)
+	// The connection's number from mountinfo, not from a stat: the daemon never makes requests to
+	// its own mount, which a kill during one would leave unanswerable.
+	device, devErr := mountDevice(mnt)
 	if err := server.Unmount(); err == nil {
 		select {
 		case <-done:
@@ -121,9 +119,9 @@ func shutdown(server *fuse.Server, mnt string, done <-chan struct{}) {
 	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
 		log.Printf("detach %s: %v", mnt, err)
 	}
-	if statErr == nil {
+	if devErr == nil {
 		// Open files keep a detached connection alive; abort it so the server stops.
-		abort := fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", unix.Minor(st.Dev))
+		abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", device)
 		if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
 			log.Printf("abort the FUSE connection: %v", err)
 		}
@@ -197,11 +195,26 @@ func daemonize(args []string, data string) error {
 // dir is not a mount point. Reading mountinfo never touches the path, which a dead mount answers
 // with ENOTCONN.
 func mountType(dir string) (string, error) {
+	typ, _, err := mountEntry(dir)
+	return typ, err
+}
+
+// mountDevice returns the minor device number of the mount at dir: its FUSE connection's number.
+func mountDevice(dir string) (string, error) {
+	_, dev, err := mountEntry(dir)
+	if err == nil && dev == "" {
+		err = fmt.Errorf("%s is not mounted", dir)
+	}
+	return dev, err
+}
+
+// mountEntry reads the visible (last) mount on dir from /proc/self/mountinfo: its type and the
+// minor of its device.
+func mountEntry(dir string) (typ, minor string, err error) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	found := ""
 	for _, line := range strings.Split(string(data), "\n") {
 		fields := strings.Fields(line)
 		sep := indexOf(fields, "-")
@@ -209,10 +222,11 @@ func mountType(dir string) (string, error) {
 			continue
 		}
 		if unescapeMountinfo(fields[4]) == dir {
-			found = fields[sep+1] // the last mount on dir is the visible one
+			_, minor, _ = strings.Cut(fields[2], ":")
+			typ = fields[sep+1]
 		}
 	}
-	return found, nil
+	return typ, minor, nil
 }
 
 func indexOf(fields []string, s string) int {
