@@ -1,15 +1,12 @@
 package integration
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -596,74 +593,26 @@ func TestClaimsSizesAndTimes(t *testing.T) {
 	}
 }
 
-// claimsShell is a long-lived bash reading commands from a pipe: it keeps its cwd (and whatever
-// the kernel cached for it) between commands, as a developer's terminal does.
-type claimsShell struct {
-	in  io.WriteCloser
-	out *bufio.Reader
-	n   int
-}
-
-func claimsStartShell(t *testing.T, m *mount, dir string) *claimsShell {
-	t.Helper()
-	cmd := exec.Command("bash")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "M="+m.Dir)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close(); cmd.Wait() })
-	return &claimsShell{in: in, out: bufio.NewReader(out)}
-}
-
-// run sends one command line and returns its output (stdout and stderr).
-func (s *claimsShell) run(t *testing.T, command string) string {
-	t.Helper()
-	s.n++
-	marker := fmt.Sprintf("--done %d--", s.n)
-	fmt.Fprintf(s.in, "%s 2>&1; echo '%s'\n", command, marker)
-	var b strings.Builder
-	for {
-		line, err := s.out.ReadString('\n')
-		if err != nil {
-			t.Fatalf("shell: %v after %q", err, b.String())
-		}
-		if line == marker+"\n" {
-			return b.String()
-		}
-		b.WriteString(line)
-	}
-}
-
 // A change by one process is what the next ls, cat and stat of another show, even a shell that
 // already looked.
 func TestClaimsVisibleAcrossProcesses(t *testing.T) {
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 34200}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
-	watcher := claimsStartShell(t, m, m.Path("app/stacks/s"))
+	watcher := m.shell(m.Path("app/stacks/s"))
 	look := "ls holders ports; cat revision; stat -c %s record; cat record | wc -c; stat -c %s holders/other"
-	before := watcher.run(t, look)
+	before := watcher.run(look)
 	if !strings.HasPrefix(before, "holders:\nme\n\nports:\nHTTP\n1\n") || !strings.Contains(before, "No such file") {
 		t.Fatalf("watcher before:\n%s", before)
 	}
 	m.ok("touch $M/app/stacks/s/holders/other")
-	after := watcher.run(t, look)
+	after := watcher.run(look)
 	lines := strings.Split(after, "\n")
 	if !strings.HasPrefix(after, "holders:\nme\nother\n\nports:\nHTTP\n2\n") || len(lines) < 10 || lines[7] != lines[8] || strings.Contains(after, "No such file") {
 		t.Fatalf("watcher after another shell's claim:\n%s", after)
 	}
 	m.ok("rm $M/app/stacks/s/holders/other")
-	gone := watcher.run(t, look)
+	gone := watcher.run(look)
 	if !strings.HasPrefix(gone, "holders:\nme\n\nports:\nHTTP\n3\n") || !strings.Contains(gone, "No such file") {
 		t.Fatalf("watcher after another shell's release:\n%s", gone)
 	}

@@ -4,10 +4,12 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -269,5 +271,56 @@ func (m *mount) setupApp(count int, bases map[string]int, stacks ...string) {
 	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + b.String() + "EOF")
 	for _, s := range stacks {
 		m.ok("mkdir $M/app/stacks/" + s)
+	}
+}
+
+// shell is a long-lived bash reading commands from a pipe: it keeps its cwd (and whatever the
+// kernel cached for it) between commands, as a developer's terminal does, and costs no process
+// start per command.
+type shell struct {
+	t   *testing.T
+	in  io.WriteCloser
+	out *bufio.Reader
+	n   int
+}
+
+// shell starts one in dir with $M set to the mount point; it ends with the test.
+func (m *mount) shell(dir string) *shell {
+	m.t.Helper()
+	cmd := exec.Command("bash")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "M="+m.Dir)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	m.t.Cleanup(func() { in.Close(); cmd.Wait() })
+	return &shell{t: m.t, in: in, out: bufio.NewReader(out)}
+}
+
+// run sends one command line and returns its output (stdout and stderr).
+func (s *shell) run(command string) string {
+	s.t.Helper()
+	s.n++
+	marker := fmt.Sprintf("--done %d--", s.n)
+	fmt.Fprintf(s.in, "%s 2>&1; echo '%s'\n", command, marker)
+	var b strings.Builder
+	for {
+		line, err := s.out.ReadString('\n')
+		if err != nil {
+			s.t.Fatalf("shell: %v after %q", err, b.String())
+		}
+		if line == marker+"\n" {
+			return b.String()
+		}
+		b.WriteString(line)
 	}
 }
