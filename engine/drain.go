@@ -143,23 +143,25 @@ func planDrain(r Record, lease *Lease, holder Holder, in reserveInput, now time.
 		return nil, malformedRequest("targetIds and actions are not the plan the stack derives for %s of %d targets", q.Purpose, len(targets))
 	}
 	d := &Drain{
-		Purpose:                      q.Purpose,
-		StackID:                      stackID,
-		HolderID:                     holder.HolderID,
-		RequesterID:                  holder.HolderID,
-		ConfigSha256:                 orDerived(q.ConfigSha256, lease.Declaration.SHA256),
-		PlanDigest:                   orDerived(q.PlanDigest, func() string { return digest(canonicalJSON(actions)) }),
-		OperationBasis:               orDerived(q.OperationBasis, func() string { return digest(canonicalJSON(r)) }),
-		Generation:                   orDerived(q.Generation, func() string { return in.generation }),
-		TargetIDs:                    targets,
-		Actions:                      actions,
-		ExpectedCoordinationRevision: r.Revision,
-		CoordinationRevision:         r.Revision + 1,
-		ProgressRevision:             r.Revision + 1,
-		ReservedAt:                   Stamp(now),
-		ReservationID:                in.reservationID,
-		HolderName:                   holder.Name,
-		UID:                          holder.UID,
+		DrainPlan: DrainPlan{
+			Purpose:                      q.Purpose,
+			StackID:                      stackID,
+			HolderID:                     holder.HolderID,
+			RequesterID:                  holder.HolderID,
+			ConfigSha256:                 orDerived(q.ConfigSha256, lease.Declaration.SHA256),
+			PlanDigest:                   orDerived(q.PlanDigest, func() string { return digest(canonicalJSON(actions)) }),
+			OperationBasis:               orDerived(q.OperationBasis, func() string { return digest(canonicalJSON(r)) }),
+			Generation:                   orDerived(q.Generation, func() string { return in.generation }),
+			TargetIDs:                    targets,
+			Actions:                      actions,
+			ExpectedCoordinationRevision: r.Revision,
+		},
+		CoordinationRevision: r.Revision + 1,
+		ProgressRevision:     r.Revision + 1,
+		ReservedAt:           Stamp(now),
+		ReservationID:        in.reservationID,
+		HolderName:           holder.Name,
+		UID:                  holder.UID,
 	}
 	return d, nil
 }

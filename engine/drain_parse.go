@@ -144,20 +144,6 @@ func checkReclaimTargets(purpose string, targets []string) error {
 var requestJSONKeys = []string{"purpose", "stackId", "holderId", "requesterId", "configSha256", "planDigest",
 	"operationBasis", "generation", "targetIds", "actions", "expectedCoordinationRevision"}
 
-type requestJSON struct {
-	Purpose                      string        `json:"purpose"`
-	StackID                      string        `json:"stackId"`
-	HolderID                     string        `json:"holderId"`
-	RequesterID                  string        `json:"requesterId"`
-	ConfigSha256                 string        `json:"configSha256"`
-	PlanDigest                   string        `json:"planDigest"`
-	OperationBasis               string        `json:"operationBasis"`
-	Generation                   string        `json:"generation"`
-	TargetIDs                    []string      `json:"targetIds"`
-	Actions                      []DrainAction `json:"actions"`
-	ExpectedCoordinationRevision int64         `json:"expectedCoordinationRevision"`
-}
-
 // parseDrainRequestJSON reads the seeds' request. Its plan is checked against the stack when the
 // reservation derives its own: the names behind the identities are only known there.
 func parseDrainRequestJSON(data []byte) (DrainRequest, error) {
@@ -173,7 +159,7 @@ func parseDrainRequestJSON(data []byte) (DrainRequest, error) {
 	if len(fields) != len(requestJSONKeys) {
 		return DrainRequest{}, malformedRequest("the JSON request has fields besides %s", strings.Join(requestJSONKeys, ", "))
 	}
-	var j requestJSON
+	var j DrainPlan
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&j); err != nil {

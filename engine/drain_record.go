@@ -1,8 +1,8 @@
 package engine
 
-// Drain is a reserved drain (the seeds' DrainReservation), persisted in the record. HolderName and
-// UID extend it so the tree can name and authorise the drain's holder.
-type Drain struct {
+// DrainPlan is what a drain request fixes: the seeds' request fields, also the JSON form of a
+// drain/request write.
+type DrainPlan struct {
 	Purpose                      string        `json:"purpose"`
 	StackID                      string        `json:"stackId"`
 	HolderID                     string        `json:"holderId"`
@@ -14,14 +14,20 @@ type Drain struct {
 	TargetIDs                    []string      `json:"targetIds"`
 	Actions                      []DrainAction `json:"actions"`
 	ExpectedCoordinationRevision int64         `json:"expectedCoordinationRevision"`
-	CoordinationRevision         int64         `json:"coordinationRevision"`
-	CompletedActionCount         int           `json:"completedActionCount"`
-	ProgressRevision             int64         `json:"progressRevision"`
-	ReservedAt                   string        `json:"reservedAt"`
-	ReservationID                string        `json:"reservationId"`
-	Attempt                      *Attempt      `json:"attempt"`
-	HolderName                   string        `json:"holderName"`
-	UID                          uint32        `json:"uid"`
+}
+
+// Drain is a reserved drain (the seeds' DrainReservation), persisted in the record: its plan and
+// its progress. HolderName and UID extend it so the tree can name and authorise the drain's holder.
+type Drain struct {
+	DrainPlan
+	CoordinationRevision int64    `json:"coordinationRevision"`
+	CompletedActionCount int      `json:"completedActionCount"`
+	ProgressRevision     int64    `json:"progressRevision"`
+	ReservedAt           string   `json:"reservedAt"`
+	ReservationID        string   `json:"reservationId"`
+	Attempt              *Attempt `json:"attempt"`
+	HolderName           string   `json:"holderName"`
+	UID                  uint32   `json:"uid"`
 }
 
 // DrainAction is one step of a drain: runtime-stop of the stack, then one reclaim per target.

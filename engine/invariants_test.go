@@ -71,15 +71,18 @@ func drainedRecord() Record {
 	reserved := invariantsNow.Add(time.Minute)
 	committed := reserved.Add(time.Second)
 	d := &Drain{
-		Purpose: "down", StackID: stack, HolderID: HolderID("alice"), RequesterID: HolderID("alice"),
-		ConfigSha256: invariantDecl().SHA256(), PlanDigest: hexOf("plan"), OperationBasis: hexOf("basis"),
-		Generation: hexOf("generation"), ReservationID: hexOf("reservation"),
-		TargetIDs: targets,
-		Actions: []DrainAction{
-			{Stage: StageRuntimeStop, TargetID: stack, ValidForMs: 60000},
-			{Stage: StageReclaim, TargetID: reclaimID, ValidForMs: 60000, TargetCommitment: commitment(`{"target":"volume:db"}`)},
+		DrainPlan: DrainPlan{
+			Purpose: "down", StackID: stack, HolderID: HolderID("alice"), RequesterID: HolderID("alice"),
+			ConfigSha256: invariantDecl().SHA256(), PlanDigest: hexOf("plan"), OperationBasis: hexOf("basis"),
+			Generation: hexOf("generation"),
+			TargetIDs:  targets,
+			Actions: []DrainAction{
+				{Stage: StageRuntimeStop, TargetID: stack, ValidForMs: 60000},
+				{Stage: StageReclaim, TargetID: reclaimID, ValidForMs: 60000, TargetCommitment: commitment(`{"target":"volume:db"}`)},
+			},
+			ExpectedCoordinationRevision: 5,
 		},
-		ExpectedCoordinationRevision: 5, CoordinationRevision: 6, ProgressRevision: 6,
+		ReservationID: hexOf("reservation"), CoordinationRevision: 6, ProgressRevision: 6,
 		ReservedAt: Stamp(reserved), HolderName: "alice", UID: 1000,
 	}
 	d.Attempt = &Attempt{
