@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -112,16 +113,40 @@ func observeProc(pid int) Observation {
 		}
 		return unknown("/proc/%d/stat could not be read (%v)", pid, err)
 	}
-	bootFile, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	bootID, err := currentBootID()
 	if err != nil {
-		return unknown("the boot ID could not be read (%v)", err)
+		return unknown("%v", err)
 	}
 	fields, statOK := parseStat(string(stat))
-	bootID, bootOK := parseBootID(string(bootFile))
-	if !statOK || !bootOK {
+	if !statOK {
 		return unknown("/proc reported an unrecognised start for process %d", pid)
 	}
 	return Observation{State: Present, Start: "proc:" + bootID + ":" + fields.startTicks}
+}
+
+// bootID is read once: it names this boot, so it cannot change while we run, and every
+// observation would otherwise read it again.
+var bootID struct {
+	sync.Mutex
+	id string
+}
+
+func currentBootID() (string, error) {
+	bootID.Lock()
+	defer bootID.Unlock()
+	if bootID.id != "" {
+		return bootID.id, nil
+	}
+	data, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("the boot ID could not be read (%v)", err)
+	}
+	id, ok := parseBootID(string(data))
+	if !ok {
+		return "", fmt.Errorf("the boot ID %q is not one", data)
+	}
+	bootID.id = id
+	return id, nil
 }
 
 var psPaths = []string{"/bin/ps", "/usr/bin/ps"}
