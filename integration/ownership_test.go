@@ -183,3 +183,46 @@ func TestOwnershipConfigDeniedBeforeValidation(t *testing.T) {
 		t.Fatalf("config changed by nobody's refused write:\nbefore %q\nafter  %q", config, got)
 	}
 }
+
+// A stack's drain belongs to the uid of its holder (§6): anyone else can neither reserve one,
+// nor start, publish, repair or cancel root's; root can.
+func TestOwnershipDrain(t *testing.T) {
+	m := ownershipMount(t, "--allow-other")
+	m.setupApp(20, map[string]int{"HTTP": 33700}, "s")
+	m.ok("touch $M/app/stacks/s/holders/rootholder")
+	const stack = "app/stacks/s/"
+	record := m.read(stack + "record")
+
+	ownershipNobodyRefused(m, "echo sleep > $M/app/stacks/s/drain/request", syscall.EACCES)
+	ownershipDenied(m, stack+"events")
+	if got := m.read(stack + "record"); got != record {
+		t.Fatalf("nobody's refused reservation changed the record")
+	}
+
+	m.ok("echo sleep > $M/app/stacks/s/drain/request")
+	record = m.read(stack + "record")
+	for _, script := range []string{
+		"echo start > $M/app/stacks/s/drain/attempt",
+		"rm $M/app/stacks/s/drain/request",
+	} {
+		ownershipNobodyRefused(m, script, syscall.EACCES)
+		ownershipDenied(m, stack+"events")
+	}
+	m.ok("echo start pid=none > $M/app/stacks/s/drain/attempt")
+	record = m.read(stack + "record")
+	for _, script := range []string{
+		"echo success > $M/app/stacks/s/drain/outcome",
+		"echo failure > $M/app/stacks/s/drain/outcome",
+		"echo terminated > $M/app/stacks/s/drain/repair",
+	} {
+		ownershipNobodyRefused(m, script, syscall.EACCES)
+		ownershipDenied(m, stack+"events")
+	}
+	if got := m.read(stack + "record"); got != record {
+		t.Fatalf("nobody's refused drain steps changed the record")
+	}
+	m.ok("echo success > $M/app/stacks/s/drain/outcome")
+	if got := m.read(stack + "lease"); !strings.Contains(got, "released=true") {
+		t.Fatalf("root's drain did not complete: %s", got)
+	}
+}
