@@ -3,9 +3,9 @@ package engine
 import "sync"
 
 // recordCache keeps decoded records for reads, so the tree renders a file without decoding the
-// record again for every lookup, stat and open. Every commit invalidates its stack's entry before
-// it is announced; a generation per key keeps a read that raced a commit from storing what it
-// read before that commit.
+// record again for every lookup, stat and open. Every commit replaces (or drops) its stack's entry
+// before it is acknowledged; a generation per key keeps a read that raced a commit from storing
+// what it read before that commit.
 type recordCache struct {
 	mu  sync.Mutex
 	gen map[string]uint64
@@ -32,6 +32,14 @@ func (c *recordCache) put(key string, r Record, gen uint64) {
 	c.m[key] = r
 }
 
+// fill replaces key's entry with the record a commit just wrote.
+func (c *recordCache) fill(key string, r Record) {
+	c.invalidate(key)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.m[key] = r
+}
+
 func (c *recordCache) invalidate(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -40,4 +48,7 @@ func (c *recordCache) invalidate(key string) {
 	}
 	c.gen[key]++
 	delete(c.m, key)
+	if c.m == nil {
+		c.m = map[string]Record{}
+	}
 }

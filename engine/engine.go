@@ -31,6 +31,9 @@ type Engine struct {
 	locks   keyedLocks
 	changes notifier
 	records recordCache
+	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
+	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
+	staged sync.Map
 }
 
 // New returns an engine over db.
@@ -49,7 +52,11 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx kv.Txn, now 
 		return err
 	}
 	defer unlock()
-	err = e.db.Update(ctx, func(tx kv.Txn) error { return fn(tx, e.now()) })
+	err = e.db.Update(ctx, func(tx kv.Txn) error {
+		e.staged.Delete(key) // only the run that commits counts
+		return fn(tx, e.now())
+	})
+	committed, staged := e.staged.LoadAndDelete(key)
 	switch {
 	case errors.Is(err, errUnchanged):
 		return nil
@@ -58,7 +65,11 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx kv.Txn, now 
 	case err != nil:
 		return err
 	}
-	e.records.invalidate(key)
+	if staged {
+		e.records.fill(key, committed.(Record))
+	} else {
+		e.records.invalidate(key)
+	}
 	e.changes.publish(key)
 	return nil
 }

@@ -243,6 +243,7 @@ func (e *Engine) commit(tx kv.Txn, c Caller, r Record, v Value, now time.Time) e
 	if err := saveRecord(tx, next); err != nil {
 		return err
 	}
+	e.staged.Store(stackKey(r.Cockpit, r.Stack), next)
 	if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
 		return err
 	}

@@ -1,0 +1,52 @@
+package engine
+
+import "testing"
+
+// A read that raced a commit must not cache what it read before the commit.
+func TestRecordCacheGenerations(t *testing.T) {
+	var c recordCache
+	old := Record{Revision: 1}
+	_, gen, ok := c.get("k")
+	if ok {
+		t.Fatal("empty cache hit")
+	}
+	c.invalidate("k") // a commit lands between the read's get and its put
+	c.put("k", old, gen)
+	if _, _, ok := c.get("k"); ok {
+		t.Fatal("a read from before the commit was cached")
+	}
+	c.fill("k", Record{Revision: 2})
+	if r, _, ok := c.get("k"); !ok || r.Revision != 2 {
+		t.Fatalf("after fill: %v %v", r.Revision, ok)
+	}
+	_, gen, _ = c.get("k")
+	c.put("k", Record{Revision: 3}, gen)
+	if r, _, _ := c.get("k"); r.Revision != 3 {
+		t.Fatalf("a put at the current generation was dropped: %d", r.Revision)
+	}
+}
+
+// Reads see every commit at once: the engine's cached record follows claims and releases.
+func TestStackReadsFollowCommits(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "s")
+	for i := range 5 {
+		if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Claim(t.Context(), me("create", "g"), "app", "s", "g", untracked("g")); err != nil {
+			t.Fatal(err)
+		}
+		r, err := e.Stack("app", "s")
+		if err != nil || len(r.Value.Holders) != 2 {
+			t.Fatalf("round %d: %d holders, %v", i, len(r.Value.Holders), err)
+		}
+		if err := e.Release(t.Context(), me("unlink", "g"), "app", "s", "g"); err != nil {
+			t.Fatal(err)
+		}
+		r, err = e.Stack("app", "s")
+		if err != nil || len(r.Value.Holders) != 1 || r.Value.Holders[0].Name != "h" {
+			t.Fatalf("round %d after release: %+v, %v", i, r.Value.Holders, err)
+		}
+	}
+}
