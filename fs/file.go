@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"syscall"
 	"time"
@@ -181,8 +182,8 @@ func (f *file) Fsync(context.Context, fs.FileHandle, uint32) syscall.Errno { ret
 // Flush commits nothing: commands apply at write(2), and read-only opens flush too.
 func (f *file) Flush(context.Context, fs.FileHandle) syscall.Errno { return 0 }
 
-// refusal builds the refusal of a write the adapter itself rejects.
+// tooLarge refuses a write of n bytes past the 64 KiB a command may take (EFBIG).
 func tooLarge(n int) error {
-	return &engine.Refusal{Code: engine.CommandTooLarge, Message: "a command is at most 64 KiB; this write makes " + itoa(n) + " bytes",
-		Fix: "write a shorter command"}
+	return &engine.Refusal{Code: engine.CommandTooLarge, Fix: "write a shorter command",
+		Message: fmt.Sprintf("a command is at most %d bytes; this write makes %d", maxCommand, n)}
 }

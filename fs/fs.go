@@ -17,10 +17,12 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 )
 
-// maxCommand bounds one control write and a config document (SPEC §2).
-const maxCommand = 64 << 10
+// maxCommand bounds one control write and a config document (SPEC §2): the same 64 KiB the
+// config parser accepts.
+const maxCommand = portdecl.MaxDocumentBytes
 
 // FS is the mounted tree's shared state.
 type FS struct {

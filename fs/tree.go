@@ -262,5 +262,3 @@ func (f *FS) cockpitOwner(cockpit string) (time.Time, uint32, bool) {
 	t, _ := engine.ParseStamp(info.CreatedAt)
 	return t, info.UID, true
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

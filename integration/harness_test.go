@@ -127,12 +127,18 @@ func (m *mount) start(args ...string) {
 
 // serving reports whether dir is a live cockpitfs mount (in mountinfo, and answering).
 func serving(dir string) bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil || !strings.Contains(string(data), " "+dir+" ") {
+	if !mounted(dir) {
 		return false
 	}
-	_, err = os.Stat(filepath.Join(dir, "README"))
+	_, err := os.Stat(filepath.Join(dir, "README"))
 	return err == nil
+}
+
+// mounted reports whether dir is a mount point, live or dead, from mountinfo alone: touching a
+// dead mount answers ENOTCONN, a live one the daemon.
+func mounted(dir string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	return err == nil && strings.Contains(string(data), " "+dir+" ")
 }
 
 // Stop ends the daemon with SIGTERM (a clean unmount and store close) and waits for it.
@@ -178,8 +184,7 @@ func (m *mount) stop() {
 
 // detach lazily unmounts dir if anything is still mounted there.
 func detach(dir string) {
-	data, _ := os.ReadFile("/proc/self/mountinfo")
-	if strings.Contains(string(data), " "+dir+" ") {
+	if mounted(dir) {
 		unix.Unmount(dir, unix.MNT_DETACH)
 	}
 }

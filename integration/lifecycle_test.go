@@ -99,10 +99,16 @@ func lifecycleVerifyClean(t *testing.T, data string, records int) {
 	}
 }
 
-// lifecycleMounted reports whether dir appears in /proc/self/mountinfo (live or dead).
-func lifecycleMounted(dir string) bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	return err == nil && strings.Contains(string(data), " "+dir+" ")
+// lifecycleRestartKeeps starts the daemon again on m's store and checks it serves every record of
+// before, and keeps working on them: a third claim moves on from revision 2.
+func lifecycleRestartKeeps(t *testing.T, m *mount, before map[string]string) {
+	t.Helper()
+	m.start()
+	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
+	m.ok("touch $M/app/stacks/s1/holders/gamma")
+	if got := m.read("app/stacks/s1/revision"); got != "3\n" {
+		t.Fatalf("revision after a claim on the restarted daemon = %q", got)
+	}
 }
 
 // lifecycleSignal sends sig to the daemon and returns how it exited; it fails the test if the
@@ -136,19 +142,11 @@ func TestLifecycleCleanRestartKeepsRecords(t *testing.T) {
 	}
 
 	m.Stop()
-	if lifecycleMounted(m.Dir) {
+	if mounted(m.Dir) {
 		t.Fatalf("%s still mounted after SIGTERM", m.Dir)
 	}
 	lifecycleVerifyClean(t, m.Data, 2)
-	m.start()
-	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
-
-	// The restarted daemon keeps working on the restored records: a third claim moves on from
-	// revision 2.
-	m.ok("touch $M/app/stacks/s1/holders/gamma")
-	if got := m.read("app/stacks/s1/revision"); got != "3\n" {
-		t.Fatalf("revision after a claim on the restarted daemon = %q", got)
-	}
+	lifecycleRestartKeeps(t, m, before)
 	m.Stop()
 	lifecycleVerifyClean(t, m.Data, 2)
 }
@@ -164,12 +162,7 @@ func TestLifecycleKillRestartKeepsRecords(t *testing.T) {
 	detach(m.Dir)
 	lifecycleVerifyClean(t, m.Data, 2)
 	m.Dir = filepath.Join(t.TempDir(), "mnt-after-kill")
-	m.start()
-	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
-	m.ok("touch $M/app/stacks/s1/holders/gamma")
-	if got := m.read("app/stacks/s1/revision"); got != "3\n" {
-		t.Fatalf("revision after a claim on the restarted daemon = %q", got)
-	}
+	lifecycleRestartKeeps(t, m, before)
 	m.Stop()
 	lifecycleVerifyClean(t, m.Data, 2)
 }
@@ -183,7 +176,7 @@ func TestLifecycleKillRestartClearsStaleMount(t *testing.T) {
 
 	m.Kill()
 	// The crash leaves the mount behind, dead: the case under test.
-	if !lifecycleMounted(m.Dir) {
+	if !mounted(m.Dir) {
 		t.Fatalf("no dead mount left on %s after kill -9 (the test cannot show the stale-mount case)", m.Dir)
 	}
 	var st unix.Stat_t
@@ -192,12 +185,7 @@ func TestLifecycleKillRestartClearsStaleMount(t *testing.T) {
 	}
 	lifecycleVerifyClean(t, m.Data, 2)
 
-	m.start() // same mount point, no detach in between
-	lifecycleSameSnapshot(t, before, lifecycleSnapshot(m))
-	m.ok("touch $M/app/stacks/s1/holders/gamma")
-	if got := m.read("app/stacks/s1/revision"); got != "3\n" {
-		t.Fatalf("revision after a claim on the restarted daemon = %q", got)
-	}
+	lifecycleRestartKeeps(t, m, before) // same mount point, no detach in between
 
 	// Twice in a row, then a clean stop: still every record, and only one mount on the point.
 	before = lifecycleSnapshot(m)
@@ -221,7 +209,7 @@ func TestLifecycleSecondDaemonSameData(t *testing.T) {
 	if r.Code == 0 || !strings.Contains(r.Stderr, pid) {
 		t.Fatalf("second daemon on the data dir of %s: want non-zero naming that pid, got exit %d\nstdout: %s\nstderr: %s", pid, r.Code, r.Stdout, r.Stderr)
 	}
-	if lifecycleMounted(other) {
+	if mounted(other) {
 		t.Fatalf("the refused daemon left a mount on %s", other)
 	}
 	// The first daemon is unharmed.
@@ -309,7 +297,7 @@ func TestLifecycleDaemonMode(t *testing.T) {
 	if u.Code != 0 {
 		t.Fatalf("unmount: exit %d\nstdout: %s\nstderr: %s", u.Code, u.Stdout, u.Stderr)
 	}
-	if lifecycleMounted(mnt) {
+	if mounted(mnt) {
 		t.Fatalf("%s still mounted after cockpitfs unmount", mnt)
 	}
 	deadline := time.Now().Add(15 * time.Second)
@@ -337,7 +325,7 @@ func TestLifecycleDaemonUnusableData(t *testing.T) {
 	if !strings.Contains(r.Stderr, "not a directory") || !strings.Contains(r.Stderr, data) {
 		t.Fatalf("mount --daemon with a file as data dir: the reason (%s: not a directory) is missing: %q", data, r.Stderr)
 	}
-	if lifecycleMounted(mnt) {
+	if mounted(mnt) {
 		t.Fatalf("the failed daemon left a mount on %s", mnt)
 	}
 }
@@ -350,7 +338,7 @@ func TestLifecycleSignalsUnmountAndExitZero(t *testing.T) {
 			if err := lifecycleSignal(m, sig); err != nil {
 				t.Fatalf("daemon exit after %v: %v\n%s", sig, err, m.log)
 			}
-			if lifecycleMounted(m.Dir) {
+			if mounted(m.Dir) {
 				t.Fatalf("%s still in mountinfo after %v", m.Dir, sig)
 			}
 			lifecycleVerifyClean(t, m.Data, 0)
@@ -388,7 +376,7 @@ func TestLifecycleSIGTERMWithOpenFile(t *testing.T) {
 	if err := lifecycleSignal(m, syscall.SIGTERM); err != nil {
 		t.Errorf("daemon exit after SIGTERM with a busy mount: %v\n%s", err, m.log)
 	}
-	if lifecycleMounted(m.Dir) {
+	if mounted(m.Dir) {
 		t.Fatalf("%s still in mountinfo after SIGTERM with a busy mount", m.Dir)
 	}
 	// The store was closed: verify can open it.
@@ -512,7 +500,7 @@ func TestLifecycleReadmeFirstCommand(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%q still running 30s after Ctrl-C\n%s", command, log.String())
 	}
-	if lifecycleMounted(mnt) {
+	if mounted(mnt) {
 		t.Fatalf("%s still mounted after Ctrl-C", mnt)
 	}
 	// Unmounted and the store closed: verify can take the default store.

@@ -27,7 +27,7 @@ func ownershipMount(t *testing.T, args ...string) *mount {
 	m := &mount{t: t, Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data")}
 	// Registered first so it runs last: the store goes only once the mount is gone.
 	t.Cleanup(func() {
-		if !lifecycleMounted(m.Dir) {
+		if !mounted(m.Dir) {
 			os.RemoveAll(base)
 		}
 	})

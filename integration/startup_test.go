@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -48,10 +47,4 @@ func TestStartupKillLeavesNoZombie(t *testing.T) {
 func answers(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, "README"))
 	return err == nil
-}
-
-// mounted reads mountinfo only: touching a dead mount answers ENOTCONN, a live one our daemon.
-func mounted(dir string) bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	return err == nil && strings.Contains(string(data), " "+dir+" ")
 }
