@@ -135,7 +135,7 @@ func BenchmarkWrite(b *testing.B) {
 	})
 	b.Run("caller-resolution", func(b *testing.B) {
 		// What a claim through the mount does before its transaction, and a holder-less engine
-		// claim does not: thread → process, its cwd and session leader, and the leader's identity.
+		// claim does not: thread → process, its cwd and session, and the session holder's identity.
 		tid := unix.Gettid()
 		for range b.N {
 			pid, err := liveness.ProcessOf(tid)
@@ -145,11 +145,11 @@ func BenchmarkWrite(b *testing.B) {
 			if _, err := liveness.Cwd(pid); err != nil {
 				b.Fatal(err)
 			}
-			leader, err := liveness.SessionLeader(pid)
+			holder, err := liveness.SessionHolder(pid)
 			if err != nil {
 				b.Fatal(err)
 			}
-			liveness.Observe(leader)
+			liveness.Observe(holder)
 		}
 	})
 	b.Run("listener-check", func(b *testing.B) {

@@ -69,7 +69,7 @@ func processOf(pid int) (string, error) {
 	}
 }
 
-// defaultHolder is a new holder as the caller's process implies it: held by its session leader (a
+// defaultHolder is a new holder as the caller's process implies it: held by its session (a
 // terminal's shell, an agent's session) and checked out at its working directory.
 func defaultHolder(c Caller, name string) (NewHolder, error) {
 	h := NewHolder{Name: name, UID: c.UID}
@@ -82,12 +82,12 @@ func defaultHolder(c Caller, name string) (NewHolder, error) {
 	}
 	h.CheckoutPath = filepath.Clean(cwd)
 	h.PID = c.PID
-	if leader, err := liveness.SessionLeader(c.PID); err == nil && leader > 0 {
-		h.PID = leader
+	if session, err := liveness.SessionHolder(c.PID); err == nil {
+		h.PID = session
 	}
 	start, err := processOf(h.PID)
 	if err != nil {
-		// The session leader is gone (a detached session): the caller itself holds.
+		// It exited since it was found: the caller itself holds.
 		h.PID = c.PID
 		if start, err = processOf(h.PID); err != nil {
 			return h, err

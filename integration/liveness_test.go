@@ -5,6 +5,7 @@ package integration
 // sessions, make, and a pid reused for real through /proc/sys/kernel/ns_last_pid.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -428,5 +429,51 @@ func TestLivenessSessionLeaderExited(t *testing.T) {
 	r := livenessReadRecord(m, "s")
 	if r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != h["id"] {
 		t.Fatalf("lastReleasedHolder = %v, want %s", r.Value.LastReleasedHolder, h["id"])
+	}
+}
+
+// In a pid namespace whose processes' session leader lives outside it (a container, a CI job) the
+// kernel reports session 0; the holder is then the outermost process of the session the daemon
+// can see, so a claim from a short-lived touch is not dead the moment touch exits.
+func TestLivenessSessionOutsidePidNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("a pid namespace needs root and CI=true")
+		}
+		t.Skip("SKIPPING pid namespace test: needs root for unshare --pid")
+	}
+	base := t.TempDir()
+	// The namespace's init is this bash; when it exits the kernel kills the daemon with it, and
+	// the mount, private to the namespace's mount namespace, goes too.
+	script := `set -e
+"$COCKPITFS" mount --daemon --data "$B/data" "$B/mnt" >/dev/null
+S="$B/mnt/app/stacks/s"
+mkdir "$B/mnt/app"
+cat > "$B/mnt/app/config" <<'EOF'
+[ports]
+step = 10
+count = 20
+[ports.bases]
+HTTP = 32280
+EOF
+mkdir "$S"
+echo "sid=$(cut -d' ' -f6 /proc/$$/stat) pid=$$"
+touch "$S/holders/first"
+touch "$S/holders/second"
+echo "holders=$(ls "$S/holders" | tr '\n' ,)"
+grep -E '^(pid|state)=' "$S/holders/first"
+"$COCKPITFS" unmount "$B/mnt"
+`
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", script)
+	cmd.Env = append(os.Environ(), "COCKPITFS="+binary, "B="+base)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("in a new pid namespace: %v\n%s", err, out)
+	}
+	want := "sid=0 pid=1\nholders=first,second,\npid=1\nstate=live\n"
+	if string(out) != want {
+		t.Fatalf("in a new pid namespace:\n%s\nwant:\n%s", out, want)
 	}
 }

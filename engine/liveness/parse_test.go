@@ -17,6 +17,7 @@ func statLine(comm, session, ticks string) string {
 		after[i] = "0"
 	}
 	after[0] = "S"
+	after[1] = "1"
 	after[3] = session
 	after[19] = ticks
 	return "4242 (" + comm + ") " + strings.Join(after, " ") + "\n"
@@ -38,6 +39,9 @@ func TestParseStatRealSelf(t *testing.T) {
 	if fields.session != sid {
 		t.Errorf("session = %d, want getsid(0) = %d", fields.session, sid)
 	}
+	if fields.ppid != os.Getppid() {
+		t.Errorf("ppid = %d, want getppid() = %d", fields.ppid, os.Getppid())
+	}
 	if !decimal.MatchString(fields.startTicks) || fields.startTicks == "0" {
 		t.Errorf("start ticks = %q, want a positive decimal", fields.startTicks)
 	}
@@ -58,8 +62,8 @@ func TestParseStat(t *testing.T) {
 	for _, c := range valid {
 		t.Run(c.name, func(t *testing.T) {
 			fields, ok := parseStat(statLine(c.comm, "777", "123456789"))
-			if !ok || fields.session != 777 || fields.startTicks != "123456789" {
-				t.Fatalf("parseStat with comm %q = %+v, %v; want session 777, ticks 123456789", c.comm, fields, ok)
+			if !ok || fields.ppid != 1 || fields.session != 777 || fields.startTicks != "123456789" {
+				t.Fatalf("parseStat with comm %q = %+v, %v; want ppid 1, session 777, ticks 123456789", c.comm, fields, ok)
 			}
 		})
 	}
@@ -81,6 +85,8 @@ func TestParseStat(t *testing.T) {
 		"non-numeric session":                  statLine("x", "abc", "123"),
 		"negative session":                     statLine("x", "-1", "123"),
 		"huge session":                         statLine("x", "99999999999", "123"),
+		"non-numeric ppid":                     strings.Replace(statLine("x", "777", "123"), ") S 1 ", ") S x ", 1),
+		"huge ppid":                            strings.Replace(statLine("x", "777", "123"), ") S 1 ", ") S 99999999999 ", 1),
 		"fake fields in comm, real ones short": "1 (a) S 0 0 777 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 123) S",
 	}
 	for name, text := range invalid {

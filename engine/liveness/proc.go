@@ -26,17 +26,50 @@ func ProcessOf(tid int) (int, error) {
 	return pid, nil
 }
 
-// SessionLeader returns the session id of pid, which is its session leader's pid.
-func SessionLeader(pid int) (int, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// maxAncestry bounds the walk up the process tree; pid_max is 4 Mi but real trees are shallow.
+const maxAncestry = 4096
+
+// SessionHolder returns the process that stands for pid's session: its leader when the leader is
+// visible and alive; otherwise (the leader is in another pid namespace, or exited and left its
+// session's processes behind) the outermost ancestor of pid still in the same session, so the
+// holder lives as long as what remains of the session rather than as long as one short command.
+func SessionHolder(pid int) (int, error) {
+	own, err := readStat(pid)
 	if err != nil {
 		return 0, fmt.Errorf("session of process %d: %w", pid, err)
 	}
+	if own.session > 0 {
+		if leader, err := readStat(own.session); err == nil && leader.session == own.session {
+			return own.session, nil
+		}
+	}
+	holder, parent := pid, own.ppid
+	for range maxAncestry {
+		if parent <= 0 {
+			break
+		}
+		fields, err := readStat(parent)
+		if err != nil || fields.session != own.session {
+			break
+		}
+		holder, parent = parent, fields.ppid
+	}
+	return holder, nil
+}
+
+func readStat(pid int) (statFields, error) {
+	if pid <= 0 {
+		return statFields{}, fmt.Errorf("no process %d", pid)
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return statFields{}, err
+	}
 	fields, ok := parseStat(string(stat))
 	if !ok {
-		return 0, fmt.Errorf("session of process %d: /proc/%d/stat is unrecognised", pid, pid)
+		return statFields{}, fmt.Errorf("/proc/%d/stat is unrecognised", pid)
 	}
-	return fields.session, nil
+	return fields, nil
 }
 
 // Cwd returns the process's working directory. A directory removed since reads with the kernel's
@@ -50,6 +83,7 @@ func Cwd(pid int) (string, error) {
 }
 
 type statFields struct {
+	ppid       int
 	session    int
 	startTicks string // kept as text: up to 20 digits, compared, never computed with
 }
@@ -61,22 +95,26 @@ var (
 
 // parseStat reads the fields of /proc/<pid>/stat after the command name. The name, in
 // parentheses, may itself hold spaces, parentheses and newlines, so the fields start after the
-// last ')': there index 0 is field 3 (state), so field 6 (session) is index 3 and field 22
-// (start time) is index 19.
+// last ')': there index 0 is field 3 (state), so field 4 (ppid) is index 1, field 6 (session)
+// index 3 and field 22 (start time) index 19.
 func parseStat(text string) (statFields, bool) {
 	end := strings.LastIndexByte(text, ')')
 	if end < 0 || !strings.HasPrefix(text[end+1:], " ") {
 		return statFields{}, false
 	}
 	fields := strings.Split(text[end+2:], " ")
-	if len(fields) < 20 || !smallInt.MatchString(fields[3]) || !decimal.MatchString(fields[19]) {
+	if len(fields) < 20 || !smallInt.MatchString(fields[1]) || !smallInt.MatchString(fields[3]) || !decimal.MatchString(fields[19]) {
+		return statFields{}, false
+	}
+	ppid, err := strconv.Atoi(fields[1])
+	if err != nil || ppid > maxPid {
 		return statFields{}, false
 	}
 	session, err := strconv.Atoi(fields[3])
 	if err != nil || session > maxPid {
 		return statFields{}, false
 	}
-	return statFields{session: session, startTicks: fields[19]}, true
+	return statFields{ppid: ppid, session: session, startTicks: fields[19]}, true
 }
 
 var bootIDPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)

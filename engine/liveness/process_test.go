@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -138,13 +139,12 @@ func TestObserveHostileCommandName(t *testing.T) {
 	if obs.State != Present || !IsStart(obs.Start) {
 		t.Fatalf("Observe(hostile comm) = %+v, want present", obs)
 	}
-	session, err := SessionLeader(cmd.Process.Pid)
+	got, err := SessionHolder(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	own, _ := unix.Getsid(0)
-	if session != own {
-		t.Errorf("SessionLeader(hostile comm) = %d, want inherited session %d", session, own)
+	if own, _ := SessionHolder(os.Getpid()); got != own {
+		t.Errorf("SessionHolder(hostile comm) = %d, want this test's session holder %d", got, own)
 	}
 }
 
@@ -191,26 +191,67 @@ func TestObserveOtherUsersProcess(t *testing.T) {
 	}
 }
 
-func TestSessionLeader(t *testing.T) {
+func TestSessionHolder(t *testing.T) {
 	requireLinux(t)
-	own, err := unix.Getsid(0)
+	own, err := SessionHolder(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := SessionLeader(os.Getpid()); err != nil || got != own {
-		t.Errorf("SessionLeader(self) = %d, %v; want %d", got, err, own)
+	if sid, _ := unix.Getsid(0); sid > 0 {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(sid)); err == nil && own != sid {
+			t.Errorf("SessionHolder(self) = %d; want the visible session leader %d", own, sid)
+		}
 	}
 	// Setsid runs before exec, and Start returns only once exec succeeded.
 	leader := startSleep(t, func(cmd *exec.Cmd) { cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} })
-	if got, err := SessionLeader(leader.Process.Pid); err != nil || got != leader.Process.Pid {
-		t.Errorf("SessionLeader(setsid child) = %d, %v; want its own pid %d", got, err, leader.Process.Pid)
+	if got, err := SessionHolder(leader.Process.Pid); err != nil || got != leader.Process.Pid {
+		t.Errorf("SessionHolder(setsid child) = %d, %v; want its own pid %d", got, err, leader.Process.Pid)
 	}
 	member := startSleep(t, nil)
-	if got, err := SessionLeader(member.Process.Pid); err != nil || got != own {
-		t.Errorf("SessionLeader(plain child) = %d, %v; want inherited %d", got, err, own)
+	if got, err := SessionHolder(member.Process.Pid); err != nil || got != own {
+		t.Errorf("SessionHolder(plain child) = %d, %v; want this test's %d", got, err, own)
 	}
-	if _, err := SessionLeader(-1); err == nil {
-		t.Error("SessionLeader(-1) succeeded")
+	if _, err := SessionHolder(-1); err == nil {
+		t.Error("SessionHolder(-1) succeeded")
+	}
+}
+
+// When the leader has exited, what is left of its session is held by its outermost survivor: here
+// a shell orphaned by the leader, and its child.
+func TestSessionHolderLeaderExited(t *testing.T) {
+	requireLinux(t)
+	out, err := exec.Command("setsid", "sh", "-c", `sh -c 'sleep 60; :' >/dev/null 2>&1 & echo $!`).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	survivor, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatalf("survivor pid %q: %v", out, err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(survivor, syscall.SIGKILL) })
+	children := "/proc/" + strconv.Itoa(survivor) + "/task/" + strconv.Itoa(survivor) + "/children"
+	var child int
+	for range 500 {
+		text, err := os.ReadFile(children)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fields := strings.Fields(string(text)); len(fields) > 0 {
+			if child, err = strconv.Atoi(fields[0]); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if child == 0 {
+		t.Fatalf("the survivor %d never started sleep", survivor)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	for _, pid := range []int{survivor, child} {
+		if got, err := SessionHolder(pid); err != nil || got != survivor {
+			t.Errorf("SessionHolder(%d) = %d, %v; want the survivor %d", pid, got, err, survivor)
+		}
 	}
 }
 
