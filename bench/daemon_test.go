@@ -27,6 +27,9 @@ var workDir string
 var cleanups []func()
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(floorEnv); dir != "" {
+		os.Exit(serveFloor(dir))
+	}
 	flag.Parse()
 	// Without -bench there is nothing to set up: go test ./bench/ stays fast.
 	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {

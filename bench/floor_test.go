@@ -1,8 +1,12 @@
 package bench
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -14,7 +18,7 @@ import (
 
 // The FUSE floor: the least a go-fuse filesystem in cockpitfs's cache mode (zero entry, attr and
 // negative timeouts, FOPEN_DIRECT_IO) costs for the same syscalls, with no store behind it. It is
-// served in-process; the benchmarks only make syscalls against it and never exec on it.
+// served by a re-exec of the benchmark binary, a process of its own as the daemon is.
 
 // floorContent is what stacks/s/ports/HTTP holds in the shared daemon (its first family).
 var floorContent = []byte("20000\n")
@@ -96,6 +100,11 @@ func (r *floorRoot) OnAdd(ctx context.Context) {
 // floorMount is the floor filesystem, mounted at first use for the rest of the run.
 var floorMount string
 
+// floorEnv names the mount point a re-exec of this binary serves the floor on (see TestMain). The
+// floor runs in its own process, as the daemon does: a FUSE round trip between processes costs an
+// address-space switch that one within a process does not.
+const floorEnv = "COCKPITFS_BENCH_FLOOR"
+
 func floorDirFor(b *testing.B) string {
 	b.Helper()
 	if floorMount != "" {
@@ -105,6 +114,30 @@ func floorDirFor(b *testing.B) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), floorEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	cleanups = append(cleanups, func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		detach(dir)
+	})
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "serving\n" {
+		b.Fatalf("floor filesystem did not start: %q, %v", line, err)
+	}
+	floorMount = dir
+	return dir
+}
+
+// serveFloor mounts the floor on dir and serves it until SIGTERM.
+func serveFloor(dir string) int {
 	var zero time.Duration
 	server, err := fs.Mount(dir, &floorRoot{}, &fs.Options{
 		EntryTimeout:    &zero,
@@ -118,15 +151,17 @@ func floorDirFor(b *testing.B) string {
 		},
 	})
 	if err != nil {
-		b.Fatal(err)
+		fmt.Fprintln(os.Stderr, "floor:", err)
+		return 1
 	}
-	cleanups = append(cleanups, func() {
-		if server.Unmount() != nil {
-			detach(dir)
-		}
-	})
-	floorMount = dir
-	return dir
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	fmt.Println("serving")
+	<-stop
+	if server.Unmount() != nil {
+		detach(dir)
+	}
+	return 0
 }
 
 // tmpfsDir returns a directory holding app/stacks/s/ports/HTTP on tmpfs (/dev/shm).
