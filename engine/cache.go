@@ -1,39 +1,60 @@
 package engine
 
-import "sync"
+import (
+	"bytes"
+	"sync"
+)
 
 // recordCache keeps decoded records for reads, so the tree renders a file without decoding the
-// record again for every lookup, stat and open. Every commit replaces (or drops) its stack's entry
+// record again for every lookup, stat and open, and a transaction that reads the same bytes the
+// cache holds need not decode them either. Every commit replaces (or drops) its stack's entry
 // before it is acknowledged; a generation per key keeps a read that raced a commit from storing
 // what it read before that commit.
 type recordCache struct {
 	mu  sync.Mutex
 	gen map[string]uint64
-	m   map[string]Record
+	m   map[string]cachedRecord
+}
+
+// cachedRecord is a record and the bytes it was decoded from (or encoded to).
+type cachedRecord struct {
+	Record
+	raw []byte
 }
 
 func (c *recordCache) get(key string) (Record, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r, ok := c.m[key]
-	return r, c.gen[key], ok
+	e, ok := c.m[key]
+	return e.Record, c.gen[key], ok
 }
 
-// put stores r read at generation gen, unless a commit invalidated key since.
-func (c *recordCache) put(key string, r Record, gen uint64) {
+// decoded returns the cached record of key if it was decoded from exactly raw.
+func (c *recordCache) decoded(key string, raw []byte) (Record, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[key]
+	if !ok || !bytes.Equal(e.raw, raw) {
+		return Record{}, false
+	}
+	return e.Record, true
+}
+
+// put stores r, read as raw at generation gen, unless a commit invalidated key since.
+func (c *recordCache) put(key string, r cachedRecord, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.gen[key] != gen {
 		return
 	}
 	if c.m == nil {
-		c.m = map[string]Record{}
+		c.m = map[string]cachedRecord{}
 	}
 	c.m[key] = r
 }
 
 // fill replaces key's entry with the record a commit just wrote.
-func (c *recordCache) fill(key string, r Record) {
+func (c *recordCache) fill(key string, r cachedRecord) {
 	c.invalidate(key)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -49,6 +70,6 @@ func (c *recordCache) invalidate(key string) {
 	c.gen[key]++
 	delete(c.m, key)
 	if c.m == nil {
-		c.m = map[string]Record{}
+		c.m = map[string]cachedRecord{}
 	}
 }

@@ -5,7 +5,7 @@ import "testing"
 // A read that raced a commit must not cache what it read before the commit.
 func TestRecordCacheGenerations(t *testing.T) {
 	var c recordCache
-	old := Record{Revision: 1}
+	old := cachedRecord{Record{Revision: 1}, []byte("1")}
 	_, gen, ok := c.get("k")
 	if ok {
 		t.Fatal("empty cache hit")
@@ -15,14 +15,34 @@ func TestRecordCacheGenerations(t *testing.T) {
 	if _, _, ok := c.get("k"); ok {
 		t.Fatal("a read from before the commit was cached")
 	}
-	c.fill("k", Record{Revision: 2})
+	c.fill("k", cachedRecord{Record{Revision: 2}, []byte("2")})
 	if r, _, ok := c.get("k"); !ok || r.Revision != 2 {
 		t.Fatalf("after fill: %v %v", r.Revision, ok)
 	}
 	_, gen, _ = c.get("k")
-	c.put("k", Record{Revision: 3}, gen)
+	c.put("k", cachedRecord{Record{Revision: 3}, []byte("3")}, gen)
 	if r, _, _ := c.get("k"); r.Revision != 3 {
 		t.Fatalf("a put at the current generation was dropped: %d", r.Revision)
+	}
+}
+
+// A transaction skips decoding only bytes identical to those the cached record came from.
+func TestRecordCacheDecodedOnlyFromTheSameBytes(t *testing.T) {
+	var c recordCache
+	if _, ok := c.decoded("k", []byte("3")); ok {
+		t.Fatal("empty cache hit")
+	}
+	c.fill("k", cachedRecord{Record{Revision: 3}, []byte("3")})
+	if r, ok := c.decoded("k", []byte("3")); !ok || r.Revision != 3 {
+		t.Fatalf("same bytes: %v %v", r.Revision, ok)
+	}
+	for _, other := range []string{"4", "", "33"} {
+		if _, ok := c.decoded("k", []byte(other)); ok {
+			t.Fatalf("bytes %q were taken for the cached %q", other, "3")
+		}
+	}
+	if _, ok := c.decoded("j", []byte("3")); ok {
+		t.Fatal("another key's entry was used")
 	}
 }
 

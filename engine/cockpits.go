@@ -100,7 +100,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 		} else if !errors.Is(err, kv.ErrNotFound) {
 			return err
 		}
-		if err := saveRecord(tx, newRecord(cockpit, stack, now)); err != nil {
+		if _, err := saveRecord(tx, newRecord(cockpit, stack, now)); err != nil {
 			return err
 		}
 		m.Stacks++
@@ -118,7 +118,7 @@ func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack strin
 		if err != nil {
 			return err
 		}
-		r, err := loadRecord(tx, cockpit, stack)
+		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err
 		}

@@ -400,7 +400,7 @@ func repairAttempt(r Record, c Caller, seen executorCheck, now time.Time) (Value
 // applyDrainStep commits the value step derives from the stack's current record.
 func (e *Engine) applyDrainStep(ctx context.Context, c Caller, cockpit, stack string, step func(Record, time.Time) (Value, error)) error {
 	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
-		r, err := loadRecord(tx, cockpit, stack)
+		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err
 		}

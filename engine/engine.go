@@ -66,7 +66,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx kv.Txn, now 
 		return err
 	}
 	if staged {
-		e.records.fill(key, committed.(Record))
+		e.records.fill(key, committed.(cachedRecord))
 	} else {
 		e.records.invalidate(key)
 	}
@@ -218,14 +218,15 @@ func (e *Engine) Stack(cockpit, stack string) (Record, error) {
 	if ok {
 		return r, nil
 	}
+	var read cachedRecord
 	err := e.db.View(func(tx kv.Txn) (err error) {
-		r, err = loadRecord(tx, cockpit, stack)
+		read, err = e.readRecord(tx, cockpit, stack)
 		return err
 	})
 	if err == nil {
-		e.records.put(key, r, gen)
+		e.records.put(key, read, gen)
 	}
-	return r, err
+	return read.Record, err
 }
 
 // Ports lists every port of every active lease on the machine, in port order.

@@ -188,7 +188,7 @@ func TestHealthOfAMissingStackIsNotFound(t *testing.T) {
 func writeRecord(t *testing.T, db Store, stack string, change func(*Record)) {
 	t.Helper()
 	err := db.Update(context.Background(), func(tx kv.Txn) error {
-		r, err := loadRecord(tx, "app", stack)
+		r, err := new(Engine).loadRecord(tx, "app", stack) // no cache: always decoded
 		if err != nil {
 			return err
 		}

@@ -174,7 +174,7 @@ func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name strin
 		if err != nil {
 			return err
 		}
-		r, err := loadRecord(tx, cockpit, stack)
+		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err
 		}
@@ -239,15 +239,15 @@ func defaultHolderOr(c Caller, name string, attrs *HolderAttrs) (NewHolder, erro
 
 // commit writes the next revision of r with value v, its port index and its events line.
 func (e *Engine) commit(tx kv.Txn, c Caller, r Record, v Value, now time.Time) error {
-	next := r.next(v, now)
-	if err := saveRecord(tx, next); err != nil {
+	saved, err := saveRecord(tx, r.next(v, now))
+	if err != nil {
 		return err
 	}
-	e.staged.Store(stackKey(r.Cockpit, r.Stack), next)
+	e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
 	if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
 		return err
 	}
-	return appendEvent(tx, r.Cockpit, r.Stack, okEvent(c, now, next.Revision))
+	return appendEvent(tx, r.Cockpit, r.Stack, okEvent(c, now, saved.Revision))
 }
 
 // SetHolder applies a holder write. createdHere says the write comes through the open that
@@ -261,7 +261,7 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name s
 		}
 	}
 	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
-		r, err := loadRecord(tx, cockpit, stack)
+		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err
 		}
@@ -304,7 +304,7 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name s
 // reserved, never the last one.
 func (e *Engine) Release(ctx context.Context, c Caller, cockpit, stack, name string) error {
 	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
-		r, err := loadRecord(tx, cockpit, stack)
+		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err
 		}

@@ -94,24 +94,40 @@ func (m cockpitMeta) config() (portdecl.Config, bool) {
 	return *m.Declared, true
 }
 
-func loadRecord(tx kv.Txn, cockpit, stack string) (Record, error) {
-	data, err := tx.Get(stackKey(cockpit, stack))
+// loadRecord reads a stack's record in tx. The bytes are always read (the transaction must Get
+// what it depends on); decoding them is skipped when they are the bytes the cache holds.
+func (e *Engine) loadRecord(tx kv.Txn, cockpit, stack string) (Record, error) {
+	r, err := e.readRecord(tx, cockpit, stack)
+	return r.Record, err
+}
+
+func (e *Engine) readRecord(tx kv.Txn, cockpit, stack string) (cachedRecord, error) {
+	key := stackKey(cockpit, stack)
+	data, err := tx.Get(key)
 	if errors.Is(err, kv.ErrNotFound) {
-		return Record{}, refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
+		return cachedRecord{}, refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
 	}
 	if err != nil {
-		return Record{}, err
+		return cachedRecord{}, err
 	}
-	return decodeRecord(data)
+	if r, ok := e.records.decoded(key, data); ok {
+		return cachedRecord{r, data}, nil
+	}
+	r, err := decodeRecord(data)
+	return cachedRecord{r, data}, err
 }
 
 // saveRecord writes r after checking every invariant: a transition that would break one is a bug
-// and commits nothing.
-func saveRecord(tx kv.Txn, r Record) error {
+// and commits nothing. It returns what it wrote.
+func saveRecord(tx kv.Txn, r Record) (cachedRecord, error) {
 	if err := Check(r); err != nil {
-		return refuse(StateRecordMalformed, r.SubjectID, "report this as a cockpitfs bug", "transition would break the record's invariants: %v", err)
+		return cachedRecord{}, refuse(StateRecordMalformed, r.SubjectID, "report this as a cockpitfs bug", "transition would break the record's invariants: %v", err)
 	}
-	return setJSON(tx, stackKey(r.Cockpit, r.Stack), r)
+	data, err := json.Marshal(r)
+	if err != nil {
+		return cachedRecord{}, err
+	}
+	return cachedRecord{r, data}, tx.Set(stackKey(r.Cockpit, r.Stack), data)
 }
 
 // reindexLease moves the port index and the cockpit's active-lease count from before's lease to
