@@ -121,26 +121,26 @@ func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *f
 	if errno != 0 {
 		return nil, errno
 	}
-	in, errno := d.adopt(ctx, e, &out.Attr)
-	if errno == 0 && e.stable {
-		out.SetEntryTimeout(stableEntry)
-	}
-	return in, errno
+	return d.enter(ctx, e, out, nil)
 }
 
-// adopt returns the inode of e, reusing the one already known for its path, and fills its attrs.
-func (d *dir) adopt(ctx context.Context, e entry, a *fuse.Attr) (*fs.Inode, syscall.Errno) {
+// enter answers a lookup of e: its inode (the one already known for its path, if any), its
+// attributes (from fh's view when an open already took one) and its entry timeout.
+func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh fs.FileHandle) (*fs.Inode, syscall.Errno) {
 	mode := uint32(syscall.S_IFREG)
 	if e.dir {
 		mode = syscall.S_IFDIR
 	}
 	in := d.NewInode(ctx, e.node, fs.StableAttr{Mode: mode, Ino: ino(d.child(e.name))})
 	if g, ok := in.Operations().(fs.NodeGetattrer); ok {
-		var out fuse.AttrOut
-		if errno := g.Getattr(ctx, nil, &out); errno != 0 {
+		var attr fuse.AttrOut
+		if errno := g.Getattr(ctx, fh, &attr); errno != 0 {
 			return nil, errno
 		}
-		*a = out.Attr
+		out.Attr = attr.Attr
+	}
+	if e.stable {
+		out.SetEntryTimeout(stableEntry)
 	}
 	return in, 0
 }
@@ -207,11 +207,16 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	in, errno := d.Lookup(ctx, name, out)
+	e, errno := d.find(ctx, name)
 	if errno == syscall.ENOENT {
 		// Released again before we could look it up: ESTALE has the kernel retry the create.
 		return nil, nil, 0, syscall.ESTALE
 	}
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	// The attributes are those of the snapshot the create's open took, rendered once.
+	in, errno := d.enter(ctx, e, out, h)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
