@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
+	"github.com/cockpitfs/cockpitfs/kv"
 )
 
 // 1. read: open+read+close of the same path through cockpitfs, the FUSE floor and tmpfs.
@@ -118,6 +119,30 @@ func BenchmarkWrite(b *testing.B) {
 		b.ResetTimer()
 		for range b.N {
 			if err := f.cycle("app", "s", "w"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("store-commit", func(b *testing.B) {
+		// One kv.Update writing one record-sized value: badger with SyncWrites, no engine. Badger
+		// syncs its value log on every synced commit, written to or not (value.go, vlog.write),
+		// then its memtable's WAL: two device flushes where fdatasync needs one.
+		db := newStore(b, "store-commit")
+		value := make([]byte, 1200)
+		b.ResetTimer()
+		for range b.N {
+			if err := db.Update(ctx, func(tx kv.Txn) error { return tx.Set("k", value) }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("flush", func(b *testing.B) {
+		// fdatasync with nothing to write: what the disk's cache flush alone costs.
+		disk := diskFile(b)
+		defer unix.Close(disk)
+		b.ResetTimer()
+		for range b.N {
+			if err := unix.Fdatasync(disk); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -32,12 +32,19 @@ func untracked(name string) *engine.HolderAttrs {
 
 func newEngine(b *testing.B, name string) *engineFixture {
 	b.Helper()
+	db := newStore(b, name)
+	return &engineFixture{db: db, eng: engine.New(db)}
+}
+
+// newStore opens a fresh store below workDir for the rest of the run.
+func newStore(b *testing.B, name string) *kv.DB {
+	b.Helper()
 	db, err := kv.Open(filepath.Join(workDir, name))
 	if err != nil {
 		b.Fatal(err)
 	}
 	cleanups = append(cleanups, func() { db.Close() })
-	return &engineFixture{db: db, eng: engine.New(db)}
+	return db
 }
 
 // cockpit creates a cockpit with config(base, step, count).

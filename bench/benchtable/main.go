@@ -53,6 +53,19 @@ func (f figures) median(name, unit string) (float64, bool) {
 	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2, true
 }
 
+// sum records under name the sum of the medians of terms in unit, when all of them ran.
+func (f figures) sum(name, unit string, terms ...string) {
+	var total float64
+	for _, term := range terms {
+		v, ok := f.median(term, unit)
+		if !ok {
+			return
+		}
+		total += v
+	}
+	f[name] = map[string][]float64{unit: {total}}
+}
+
 type table struct {
 	f    figures
 	rows [][5]string
@@ -117,6 +130,12 @@ func main() {
 	t.row("  part: create+unlink on the FUSE floor (no store)", "Write/floor-create-unlink", "ns/op", us, "µs", "", "", "")
 	t.row("  part: engine claim+release in-process (no FUSE)", "Write/engine", "ns/op", us, "µs", "", "", "")
 	t.row("  part: one write+fdatasync on the data disk", "Write/fdatasync", "ns/op", us, "µs", "", "", "")
+	r, _ = t.ratio("Write/store-commit", "ns/op", "Write/fdatasync", "ns/op", atLeast(0))
+	t.row("  part: one store commit (kv.Update, 1 record-sized key, SyncWrites)", "Write/store-commit", "ns/op", us, "µs", r+" of write+fdatasync", "", "")
+	t.row("  part: fdatasync with nothing to write (the disk's cache flush)", "Write/flush", "ns/op", us, "µs", "", "", "")
+	t.f.sum("Write/least", "ns/op", "Write/store-commit", "Write/store-commit", "Write/floor-create-unlink")
+	r, _ = t.ratio("Write/least", "ns/op", "Write/floor", "ns/op", atLeast(0))
+	t.row("  least a cycle can cost on this store: 2 store commits + create/unlink floor", "Write/least", "ns/op", us, "µs", r+" of floor", "", "")
 	t.row("  part: caller resolution (/proc: tid→pid, cwd, session leader, identity)", "Write/caller-resolution", "ns/op", us, "µs", "", "", "")
 	t.row("  part: listener check (/proc/net/tcp, tcp6)", "Write/listener-check", "ns/op", us, "µs", "", "", "")
 

@@ -31,4 +31,12 @@ PASS
 	if _, ok := f.median("Read/floor", "ns/op"); ok {
 		t.Error("a benchmark that did not run has a median")
 	}
+	f.sum("Sum", "ns/op", "Read/cockpitfs", "Read/cockpitfs")
+	if got, ok := f.median("Sum", "ns/op"); !ok || got != 400000 {
+		t.Errorf("sum of two medians = %v, %v; want 400000", got, ok)
+	}
+	f.sum("Partial", "ns/op", "Read/cockpitfs", "Read/floor")
+	if _, ok := f.median("Partial", "ns/op"); ok {
+		t.Error("a sum over a benchmark that did not run has a value")
+	}
 }
