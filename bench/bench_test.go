@@ -234,6 +234,13 @@ func BenchmarkClaim(b *testing.B) {
 		timeClaims(b, func() error { return writeFile(holder, unix.O_CREAT, "") },
 			func() error { return retry(func() error { return unix.Unlink(holder) }) })
 	})
+	b.Run("floor", func(b *testing.B) {
+		// The FUSE part of a claim alone: the same create, on the floor filesystem.
+		holder := filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "c")
+		defer reportInterrupted(b)()
+		timeClaims(b, func() error { return writeFile(holder, unix.O_CREAT, "") },
+			func() error { return retry(func() error { return unix.Unlink(holder) }) })
+	})
 	b.Run("engine", func(b *testing.B) {
 		f := writeEngine(b)
 		timeClaims(b, func() error { return f.eng.Claim(ctx, caller("create"), "app", "s", "c", untracked("c")) },

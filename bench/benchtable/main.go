@@ -53,11 +53,12 @@ func (f figures) median(name, unit string) (float64, bool) {
 	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2, true
 }
 
-// sum records under name the sum of the medians of terms in unit, when all of them ran.
-func (f figures) sum(name, unit string, terms ...string) {
+// sum records under name and unit the sum of the medians of terms ({name, unit} each), when all
+// of them ran.
+func (f figures) sum(name, unit string, terms ...[2]string) {
 	var total float64
 	for _, term := range terms {
-		v, ok := f.median(term, unit)
+		v, ok := f.median(term[0], term[1])
 		if !ok {
 			return
 		}
@@ -133,7 +134,8 @@ func main() {
 	r, _ = t.ratio("Write/store-commit", "ns/op", "Write/fdatasync", "ns/op", atLeast(0))
 	t.row("  part: one store commit (kv.Update, 1 record-sized key, SyncWrites)", "Write/store-commit", "ns/op", us, "µs", r+" of write+fdatasync", "", "")
 	t.row("  part: fdatasync with nothing to write (the disk's cache flush)", "Write/flush", "ns/op", us, "µs", "", "", "")
-	t.f.sum("Write/least", "ns/op", "Write/store-commit", "Write/store-commit", "Write/floor-create-unlink")
+	commit := [2]string{"Write/store-commit", "ns/op"}
+	t.f.sum("Write/least", "ns/op", commit, commit, [2]string{"Write/floor-create-unlink", "ns/op"})
 	r, _ = t.ratio("Write/least", "ns/op", "Write/floor", "ns/op", atLeast(0))
 	t.row("  least a cycle can cost on this store: 2 store commits + create/unlink floor", "Write/least", "ns/op", us, "µs", r+" of floor", "", "")
 	t.row("  part: caller resolution (/proc: tid→pid, cwd, session leader, identity)", "Write/caller-resolution", "ns/op", us, "µs", "", "", "")
@@ -144,6 +146,10 @@ func main() {
 	r, _ = t.ratio("Claim/peer", "ns/claim", "Claim/engine", "ns/claim", atLeast(2.5))
 	t.row("claim: cockpitfs engine in-process", "Claim/engine", "ns/claim", us, "µs", "peer is "+r, "", "")
 	t.row("claim: peer (O_EXCL lock, temp, fsync, rename, fsync dir)", "Claim/peer", "ns/claim", us, "µs", "", "", "")
+	t.row("  part: the same create on the FUSE floor (no store)", "Claim/floor", "ns/claim", us, "µs", "", "", "")
+	t.f.sum("Claim/least", "ns/claim", commit, [2]string{"Claim/floor", "ns/claim"})
+	r, _ = t.ratio("Claim/peer", "ns/claim", "Claim/least", "ns/claim", atLeast(0))
+	t.row("  least a claim through the mount can cost: 1 store commit + create floor", "Claim/least", "ns/claim", us, "µs", "peer is "+r, "", "")
 
 	for _, shape := range []string{"distinct", "one"} {
 		for _, w := range []int{1, 4, 16} {

@@ -31,11 +31,12 @@ PASS
 	if _, ok := f.median("Read/floor", "ns/op"); ok {
 		t.Error("a benchmark that did not run has a median")
 	}
-	f.sum("Sum", "ns/op", "Read/cockpitfs", "Read/cockpitfs")
-	if got, ok := f.median("Sum", "ns/op"); !ok || got != 400000 {
-		t.Errorf("sum of two medians = %v, %v; want 400000", got, ok)
+	read, claim := [2]string{"Read/cockpitfs", "ns/op"}, [2]string{"Claim/peer", "ns/claim"}
+	f.sum("Sum", "ns/op", read, claim)
+	if got, ok := f.median("Sum", "ns/op"); !ok || got != 2023021.5 {
+		t.Errorf("sum of two medians = %v, %v; want 2023021.5", got, ok)
 	}
-	f.sum("Partial", "ns/op", "Read/cockpitfs", "Read/floor")
+	f.sum("Partial", "ns/op", read, [2]string{"Read/floor", "ns/op"})
 	if _, ok := f.median("Partial", "ns/op"); ok {
 		t.Error("a sum over a benchmark that did not run has a value")
 	}
