@@ -127,7 +127,10 @@ func BenchmarkWrite(b *testing.B) {
 		// One kv.Update writing one record-sized value: badger with SyncWrites, no engine. Badger
 		// syncs its value log on every synced commit, written to or not (value.go, vlog.write),
 		// then its memtable's WAL: two device flushes where fdatasync needs one.
-		db := newStore(b, "store-commit")
+		if commitStore == nil {
+			commitStore = newStore(b, "store-commit")
+		}
+		db := commitStore
 		value := make([]byte, 1200)
 		b.ResetTimer()
 		for range b.N {
@@ -213,7 +216,10 @@ func syncWrite(fd int, line []byte) error {
 	return unix.Fdatasync(fd)
 }
 
-var writeFixture *engineFixture
+var (
+	writeFixture *engineFixture
+	commitStore  *kv.DB
+)
 
 func writeEngine(b *testing.B) *engineFixture {
 	if writeFixture == nil {

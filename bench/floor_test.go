@@ -17,7 +17,7 @@ import (
 )
 
 // The FUSE floor: the least a go-fuse filesystem in cockpitfs's cache mode (zero entry, attr and
-// negative timeouts, FOPEN_DIRECT_IO) costs for the same syscalls, with no store behind it. It is
+// negative timeouts, FOPEN_DIRECT_IO|FOPEN_NOFLUSH) costs for the same syscalls, with no store behind it. It is
 // served by a re-exec of the benchmark binary, a process of its own as the daemon is.
 
 // floorContent is what stacks/s/ports/HTTP holds in the shared daemon (its first family).
@@ -32,11 +32,13 @@ var (
 	_ = (fs.NodeWriter)((*floorFile)(nil))
 	_ = (fs.NodeGetattrer)((*floorFile)(nil))
 	_ = (fs.NodeSetattrer)((*floorFile)(nil))
-	_ = (fs.NodeFlusher)((*floorFile)(nil))
 )
 
+// floorOpenFlags are cockpitfs's own.
+const floorOpenFlags = fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH
+
 func (*floorFile) Open(context.Context, uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	return nil, fuse.FOPEN_DIRECT_IO, 0
+	return nil, floorOpenFlags, 0
 }
 
 func (*floorFile) Read(_ context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -61,8 +63,6 @@ func (f *floorFile) Setattr(ctx context.Context, fh fs.FileHandle, _ *fuse.SetAt
 	return f.Getattr(ctx, fh, out)
 }
 
-func (*floorFile) Flush(context.Context, fs.FileHandle) syscall.Errno { return 0 }
-
 // floorDir is a directory where files can be created and unlinked, like holders/.
 type floorDir struct{ fs.Inode }
 
@@ -74,7 +74,7 @@ var (
 func (d *floorDir) Create(ctx context.Context, _ string, _, _ uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	out.Mode = syscall.S_IFREG | 0o644
 	out.Nlink = 1
-	return d.NewInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), nil, fuse.FOPEN_DIRECT_IO, 0
+	return d.NewInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), nil, floorOpenFlags, 0
 }
 
 func (*floorDir) Unlink(context.Context, string) syscall.Errno { return 0 }

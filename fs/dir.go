@@ -220,7 +220,7 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	return in, h, fuse.FOPEN_DIRECT_IO, 0
+	return in, h, openFlags, 0
 }
 
 func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {

@@ -56,8 +56,12 @@ var (
 	_ = (fs.NodeGetattrer)((*file)(nil))
 	_ = (fs.NodeSetattrer)((*file)(nil))
 	_ = (fs.NodeFsyncer)((*file)(nil))
-	_ = (fs.NodeFlusher)((*file)(nil))
 )
+
+// openFlags are every open's: direct I/O, so every read reaches the handle's snapshot and never a
+// page cache of another; no FLUSH at close, since nothing waits for one (a command applies at its
+// write(2), and its errno is that write's).
+const openFlags = fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH
 
 func (f *FS) newFile(path, cockpit, stack string, r render, w writer) *file {
 	return &file{fsys: f, path: path, cockpit: cockpit, stack: stack, render: r, writer: w}
@@ -95,8 +99,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		// SETATTR(size=0), and cannot be told apart here from a write in place.
 		h.doc = append([]byte(nil), v.data...)
 	}
-	// Direct I/O: every read reaches the handle's snapshot, never a page cache of another.
-	return h, fuse.FOPEN_DIRECT_IO | noFlush(flags), 0
+	return h, openFlags, 0
 }
 
 func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -168,19 +171,8 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	return f.Getattr(ctx, fh, out)
 }
 
-// noFlush spares a read-only open its FLUSH round trip at close: there is nothing to flush.
-func noFlush(flags uint32) uint32 {
-	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
-		return fuse.FOPEN_NOFLUSH
-	}
-	return 0
-}
-
 // Fsync succeeds: an acknowledged change is already durable.
 func (f *file) Fsync(context.Context, fs.FileHandle, uint32) syscall.Errno { return 0 }
-
-// Flush commits nothing: commands apply at write(2), and read-only opens flush too.
-func (f *file) Flush(context.Context, fs.FileHandle) syscall.Errno { return 0 }
 
 // tooLarge refuses a write of n bytes past the 64 KiB a command may take (EFBIG).
 func tooLarge(n int) error {

@@ -30,7 +30,6 @@ var (
 	_ = (fs.NodeOpener)((*waitFile)(nil))
 	_ = (fs.NodeReader)((*waitFile)(nil))
 	_ = (fs.NodeGetattrer)((*waitFile)(nil))
-	_ = (fs.NodeFlusher)((*waitFile)(nil))
 )
 
 func (f *FS) newWaitFile(path, cockpit, stack string) *waitFile {
@@ -45,7 +44,7 @@ func (w *waitFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if err != nil {
 		return nil, 0, syscall.ENOENT
 	}
-	return &waitHandle{seen: r.Revision}, fuse.FOPEN_DIRECT_IO | noFlush(flags), 0
+	return &waitHandle{seen: r.Revision}, openFlags, 0
 }
 
 func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -83,5 +82,3 @@ func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrO
 	setTimes(&out.Attr, stamp(r.UpdatedAt))
 	return 0
 }
-
-func (w *waitFile) Flush(context.Context, fs.FileHandle) syscall.Errno { return 0 }
