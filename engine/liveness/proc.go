@@ -33,6 +33,8 @@ const maxAncestry = 4096
 // visible and alive; otherwise (the leader is in another pid namespace, or exited and left its
 // session's processes behind) the outermost ancestor of pid still in the same session, so the
 // holder lives as long as what remains of the session rather than as long as one short command.
+// A process found on the session id's pid is the leader itself: the kernel keeps that pid from
+// being reused while any process of the session lives.
 func SessionHolder(pid int) (int, error) {
 	own, err := readStat(pid)
 	if err != nil {
