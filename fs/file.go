@@ -134,7 +134,7 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("getattr "+f.path, &errno)
 	var v view
-	if h, ok := fh.(*handle); ok {
+	if h, ok := f.fsys.openedHandle(ctx, fh); ok {
 		h.mu.Lock()
 		v = h.view
 		h.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"log"
 	"os"
 	"runtime/debug"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,6 +31,7 @@ type FS struct {
 	started time.Time
 	uid     uint32 // the daemon's uid: owner of what no one else owns
 	log     *log.Logger
+	byPath  sync.Map // cancel channels of the GETATTRs in flight that carry no file handle
 }
 
 // Options configure a mount.
@@ -69,12 +71,45 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			MaxBackground: 64,
 		},
 	}
-	server, err := fuse.NewServer(fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), dir, &options.MountOptions)
+	raw := statsByPath{fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}
+	server, err := fuse.NewServer(raw, dir, &options.MountOptions)
 	if err != nil {
 		return nil, err
 	}
 	go server.Serve()
 	return server, nil
+}
+
+// statsByPath marks the GETATTRs the kernel sends without a file handle: a stat by path. go-fuse
+// answers those with any handle open on the inode (libfuse#62), which here would be another
+// open's snapshot, so a stat would show what that open saw rather than the current state. Only
+// the raw request carries the kernel's flag; it reaches Getattr keyed by the request's cancel
+// channel, which is the request's own while it is in flight.
+type statsByPath struct {
+	fuse.RawFileSystem
+	fsys *FS
+}
+
+func (s statsByPath) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	if in.Flags()&fuse.FUSE_GETATTR_FH == 0 {
+		s.fsys.byPath.Store(cancel, struct{}{})
+		defer s.fsys.byPath.Delete(cancel)
+	}
+	return s.RawFileSystem.GetAttr(cancel, in, out)
+}
+
+// openedHandle is the handle a Getattr is about: fh, unless the request is a stat by path.
+func (f *FS) openedHandle(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
+	h, ok := fh.(*handle)
+	if !ok {
+		return nil, false
+	}
+	if fc, isRequest := ctx.(*fuse.Context); isRequest {
+		if _, byPath := f.byPath.Load(fc.Cancel); byPath {
+			return nil, false
+		}
+	}
+	return h, true
 }
 
 // caller is who the kernel says asked: FUSE reports the calling thread, resolved here to its

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -60,4 +61,41 @@ func TestNeverStale(t *testing.T) {
 		}
 	}
 	t.Logf("%d rounds, no stale read", rounds)
+}
+
+// A stat shows the current state even while another open of the file holds an older snapshot
+// (go-fuse would answer it from any handle open on the file); that open still reads its own
+// snapshot, and a seek to its end lands at the end of what it reads (the kernel asks with its
+// handle). fstat is a stat: the kernel does not say which open asks.
+func TestStatWhileAnOlderOpenLives(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 38580}, "s")
+	m.ok("touch $M/app/stacks/s/holders/keeper")
+	record := m.Path("app", "stacks", "s", "record")
+
+	old, err := os.Open(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	m.ok("touch $M/app/stacks/s/holders/another")
+
+	current := m.read("app", "stacks", "s", "record")
+	if got := strings.TrimSpace(m.ok("stat -c %s " + record)); got != strconv.Itoa(len(current)) {
+		t.Fatalf("stat while an older open lives: size %s, want the current %d", got, len(current))
+	}
+	if info, err := old.Stat(); err != nil || info.Size() != int64(len(current)) {
+		t.Fatalf("fstat of the older open: %v, %v; want the current size %d", info.Size(), err, len(current))
+	}
+	snapshot, err := io.ReadAll(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(snapshot), "another") || len(snapshot) == len(current) {
+		t.Fatalf("the older open read %d bytes (holding another: %v); want its own snapshot, not the current %d",
+			len(snapshot), strings.Contains(string(snapshot), "another"), len(current))
+	}
+	if end, err := old.Seek(0, io.SeekEnd); err != nil || end != int64(len(snapshot)) {
+		t.Fatalf("seek to the end of the older open: %d, %v; want its snapshot's %d", end, err, len(snapshot))
+	}
 }
