@@ -447,7 +447,8 @@ func TestLivenessSessionOutsidePidNamespace(t *testing.T) {
 	}
 	base := t.TempDir()
 	// The namespace's init is this bash; when it exits the kernel kills the daemon with it, and
-	// the mount, private to the namespace's mount namespace, goes too.
+	// the mount, private to the namespace's mount namespace, goes too. --kill-child ends it if
+	// the test's timeout kills unshare first.
 	script := `set -e
 "$COCKPITFS" mount --daemon --data "$B/data" "$B/mnt" >/dev/null
 S="$B/mnt/app/stacks/s"
@@ -469,7 +470,7 @@ grep -E '^(pid|state)=' "$S/holders/first"
 `
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", script)
+	cmd := exec.CommandContext(ctx, "unshare", "--pid", "--kill-child", "--mount-proc", "bash", "-c", script)
 	cmd.Env = append(os.Environ(), "COCKPITFS="+binary, "B="+base)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
