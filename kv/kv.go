@@ -43,6 +43,7 @@ type DB struct {
 	bdb       *badger.DB
 	lock      *os.File
 	readOnly  bool
+	sync      *groupSync
 	conflicts atomic.Uint64
 }
 
@@ -77,7 +78,7 @@ func open(dir string, readOnly bool) (*DB, error) {
 		lock.Close()
 		return nil, fmt.Errorf("kv: open badger in %s: %w", dir, err)
 	}
-	return &DB{bdb: bdb, lock: lock, readOnly: readOnly}, nil
+	return &DB{bdb: bdb, lock: lock, readOnly: readOnly, sync: newGroupSync(dir)}, nil
 }
 
 // badgerOptions trades throughput for footprint (FIELD-NOTES: ≈35 MiB idle instead
@@ -89,7 +90,8 @@ func open(dir string, readOnly bool) (*DB, error) {
 // so no record is ever written; badger may still replay and flush its own log.
 func badgerOptions(dir string) badger.Options {
 	return badger.DefaultOptions(dir).
-		WithSyncWrites(true).
+		// Commits are made durable by groupSync, not by badger.
+		WithSyncWrites(false).
 		WithMemTableSize(4 << 20).
 		WithNumMemtables(2).
 		WithNumLevelZeroTables(2).
@@ -98,11 +100,7 @@ func badgerOptions(dir string) badger.Options {
 		WithNumLevelZeroTablesStall(6).
 		WithBaseTableSize(1 << 20).
 		WithBaseLevelSize(4 << 20).
-		// Badger requires ValueThreshold ≤ 15 % of the memtable (≈614 KiB here).
-		// 256 KiB keeps every record we write (≤ ~64 KiB) in the LSM, so the value
-		// log stays empty and never needs GC, and still lets a transaction carry
-		// two values just under the threshold.
-		WithValueThreshold(256 << 10).
+		WithValueThreshold(valueThreshold).
 		WithValueLogFileSize(16 << 20).
 		WithNumCompactors(2).
 		WithCompression(options.None).
@@ -144,9 +142,16 @@ func removeEmptyLogs(dir string) error {
 	return nil
 }
 
+// valueThreshold is the size from which badger stores a value in its value log instead of the
+// LSM. Badger requires it ≤ 15 % of the memtable (≈614 KiB here). 256 KiB keeps every record we
+// write (≤ ~64 KiB) in the LSM, so the value log stays empty, never needs GC, and needs no sync;
+// a transaction can still carry two values just under it.
+const valueThreshold = 256 << 10
+
 // Close closes badger, then releases the directory lock.
 func (db *DB) Close() error {
 	err := db.bdb.Close()
+	db.sync.close()
 	if lockErr := db.lock.Close(); err == nil {
 		err = lockErr
 	}
@@ -172,7 +177,11 @@ type Txn interface {
 	Scan(prefix string, fn func(key string, value []byte) error) error
 }
 
-type txn struct{ btx *badger.Txn }
+type txn struct {
+	btx *badger.Txn
+	// wroteValueLog is set by a Set whose value badger puts in its value log.
+	wroteValueLog *bool
+}
 
 func (t txn) Get(key string) ([]byte, error) {
 	item, err := t.btx.Get([]byte(key))
@@ -193,6 +202,9 @@ func (t txn) Get(key string) ([]byte, error) {
 func (t txn) Set(key string, value []byte) error {
 	if err := t.btx.Set([]byte(key), value); err != nil {
 		return fmt.Errorf("kv: set %q: %w", key, err)
+	}
+	if len(value) >= valueThreshold {
+		*t.wroteValueLog = true
 	}
 	return nil
 }
@@ -222,10 +234,16 @@ func (t txn) Scan(prefix string, fn func(key string, value []byte) error) error 
 	return nil
 }
 
-// View runs fn in a read-only transaction on one consistent snapshot. fn's error
-// is returned unchanged.
+// View runs fn in a read-only transaction on one consistent snapshot, which holds
+// only durable commits. fn's error is returned unchanged.
 func (db *DB) View(fn func(Txn) error) error {
-	return db.bdb.View(func(btx *badger.Txn) error { return fn(txn{btx}) })
+	btx := db.bdb.NewTransaction(false)
+	defer btx.Discard()
+	// Every commit the snapshot can see took its ticket before the snapshot began.
+	if err := db.sync.visible(); err != nil {
+		return err
+	}
+	return fn(txn{btx: btx})
 }
 
 // Update runs fn in a read-write transaction and commits it. If the commit
@@ -261,16 +279,23 @@ func (db *DB) Update(ctx context.Context, fn func(Txn) error) error {
 func (db *DB) tryUpdate(fn func(Txn) error) (conflicted bool, err error) {
 	btx := db.bdb.NewTransaction(true)
 	defer btx.Discard()
-	if err := fn(txn{btx}); err != nil {
+	var wroteValueLog bool
+	if err := fn(txn{btx: btx, wroteValueLog: &wroteValueLog}); err != nil {
+		// fn decided on what it read, which must be durable before anyone acts on the decision.
+		if syncErr := db.sync.visible(); syncErr != nil {
+			return false, syncErr
+		}
 		return false, err
 	}
+	ticket := db.sync.begin()
 	if err := btx.Commit(); err != nil {
+		db.sync.abandon(ticket)
 		if errors.Is(err, badger.ErrConflict) {
 			return true, err
 		}
 		return false, fmt.Errorf("kv: commit: %w", err)
 	}
-	return false, nil
+	return false, db.sync.durable(ticket, wroteValueLog)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -282,6 +307,11 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-timer.C:
 		return nil
 	}
+}
+
+// Syncs returns how many fdatasync rounds made commits durable since Open.
+func (db *DB) Syncs() uint64 {
+	return db.sync.rounds.Load()
 }
 
 // Conflicts returns how many times Update retried because of a conflict since Open.

@@ -530,7 +530,7 @@ func TestOpenHeldByAnotherProcess(t *testing.T) {
 }
 
 // BenchmarkUpdate measures one compare-and-swap commit (Get and Set of one key)
-// with SyncWrites on, which is what every engine operation pays.
+// and its fdatasync, which is what every engine operation pays.
 func BenchmarkUpdate(b *testing.B) {
 	db, err := Open(b.TempDir())
 	if err != nil {

@@ -1,0 +1,175 @@
+package kv
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// commitsEnv names the directory TestHelperCommits writes to when the test binary runs as a
+// child process.
+const commitsEnv = "COCKPITFS_KV_COMMITS_DIR"
+
+const helperCommits = 20
+
+// TestHelperCommits is not a test: run under strace by TestAcknowledgedCommitIsSynced, it
+// commits helperCommits times and writes "acked N" to stdout after each Update returns.
+func TestHelperCommits(t *testing.T) {
+	dir := os.Getenv(commitsEnv)
+	if dir == "" {
+		t.Skip("helper process only")
+	}
+	db, err := Open(dir)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	for i := range helperCommits {
+		if err := increment(db, "counter"); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		fmt.Printf("acked %d\n", i)
+	}
+	db.Close()
+}
+
+// TestAcknowledgedCommitIsSynced watches the system calls of a process committing: between one
+// acknowledgement and the next there must be an fdatasync of a memtable log, which is where the
+// commit's entries are.
+func TestAcknowledgedCommitIsSynced(t *testing.T) {
+	strace, err := exec.LookPath("strace")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("strace is missing (apt-get install strace)")
+		}
+		t.Skip("SKIPPED LOUDLY: strace is missing, so the syncs cannot be watched (apt-get install strace)")
+	}
+	trace := filepath.Join(t.TempDir(), "trace")
+	cmd := exec.Command(strace, "-f", "-y", "-qq", "-e", "trace=fdatasync,fsync,msync,write", "-o", trace,
+		os.Args[0], "-test.run=^TestHelperCommits$")
+	cmd.Env = append(os.Environ(), commitsEnv+"="+filepath.Join(t.TempDir(), "data"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper under strace: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "Operation not permitted") {
+		t.Skipf("SKIPPED LOUDLY: this machine refuses ptrace: %s", out)
+	}
+	f, err := os.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	memSync := regexp.MustCompile(`fdatasync\(\d+<[^>]*\.mem>\) += 0`)
+	ack := regexp.MustCompile(`write\(1<[^>]*>, "acked (\d+)\\n"`)
+	synced, acks := false, 0
+	var lines []string
+	scanner := bufio.NewScanner(f)
+	for scanner.Scan() {
+		line := scanner.Text()
+		lines = append(lines, line)
+		switch {
+		case memSync.MatchString(line):
+			synced = true
+		case ack.MatchString(line):
+			if !synced {
+				t.Fatalf("commit acknowledged with no memtable log synced since the last one: %s\ntrace:\n%s",
+					line, strings.Join(lines[max(0, len(lines)-20):], "\n"))
+			}
+			synced = false
+			acks++
+		}
+	}
+	if acks != helperCommits {
+		t.Fatalf("saw %d acknowledgements in the trace, want %d:\n%s", acks, helperCommits, strings.Join(lines, "\n"))
+	}
+}
+
+// TestConcurrentCommitsShareSyncs shows the group commit: writers committing at once are made
+// durable by fewer fdatasync rounds than commits, and every commit counts.
+func TestConcurrentCommitsShareSyncs(t *testing.T) {
+	db, _ := openTemp(t)
+	const writers, each = 16, 25
+	before := db.Syncs()
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for range each {
+				if err := increment(db, fmt.Sprint("k", w%4)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	total := 0
+	for k := range 4 {
+		v, _ := get(t, db, fmt.Sprint("k", k))
+		var n int
+		fmt.Sscan(v, &n)
+		total += n
+	}
+	if total != writers*each {
+		t.Errorf("counters add up to %d, want %d", total, writers*each)
+	}
+	if rounds := db.Syncs() - before; rounds >= writers*each {
+		t.Errorf("%d sync rounds for %d concurrent commits: none shared", rounds, writers*each)
+	}
+}
+
+// TestReadWaitsForCommitsInFlight: a read that begins while a commit has yet to be synced waits
+// for it, so nothing anyone reads can be undone by a power cut.
+func TestReadWaitsForCommitsInFlight(t *testing.T) {
+	g := newGroupSync(t.TempDir())
+	defer g.close()
+	ticket := g.begin()
+	done := make(chan error)
+	go func() { done <- g.visible() }()
+	select {
+	case err := <-done:
+		t.Fatalf("visible returned (%v) while a commit awaited its sync", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := g.durable(ticket, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// An abandoned commit (a conflict) releases readers too.
+	ticket = g.begin()
+	go func() { done <- g.visible() }()
+	g.abandon(ticket)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFailedSyncIsSticky: once a sync fails, what was written since can never be acknowledged,
+// so every later commit and read fails too, even once syncing would work again.
+func TestFailedSyncIsSticky(t *testing.T) {
+	db, dir := openTemp(t)
+	set(t, db, "k", "v")
+	write := func(tx Txn) error { return tx.Set("k", []byte("w")) }
+	db.sync.dir = filepath.Join(t.TempDir(), "missing") // the next round cannot list the logs
+	if err := db.Update(context.Background(), write); err == nil {
+		t.Fatal("Update acknowledged a commit it could not sync")
+	}
+	db.sync.dir = dir
+	if err := db.Update(context.Background(), write); err == nil {
+		t.Fatal("a commit after a failed sync was acknowledged")
+	}
+	if err := db.View(func(Txn) error { return nil }); err == nil {
+		t.Fatal("View succeeded after a failed sync")
+	}
+}
