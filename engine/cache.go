@@ -2,6 +2,8 @@ package engine
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"sync"
 )
 
@@ -72,4 +74,44 @@ func (c *recordCache) invalidate(key string) {
 	if c.m == nil {
 		c.m = map[string]cachedRecord{}
 	}
+}
+
+// cockpitCache keeps each cockpit's metadata decoded, with the bytes it came from: every file
+// rendered asks for its cockpit's owner, and decoding the parsed declaration each time cost more
+// than the rest of an open. A hit needs the very bytes read, so an entry is never stale.
+type cockpitCache struct {
+	mu sync.Mutex
+	m  map[string]cachedCockpit
+}
+
+type cachedCockpit struct {
+	cockpitMeta
+	raw []byte
+}
+
+// decode returns raw, key's value, decoded. The Declared it shares must not be modified.
+func (c *cockpitCache) decode(key string, raw []byte) (cockpitMeta, error) {
+	c.mu.Lock()
+	e, ok := c.m[key]
+	c.mu.Unlock()
+	if ok && bytes.Equal(e.raw, raw) {
+		return e.cockpitMeta, nil
+	}
+	var m cockpitMeta
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return m, fmt.Errorf("decode %s: %w", key, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]cachedCockpit{}
+	}
+	c.m[key] = cachedCockpit{m, raw}
+	return m, nil
+}
+
+func (c *cockpitCache) forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, key)
 }

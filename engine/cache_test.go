@@ -70,3 +70,26 @@ func TestStackReadsFollowCommits(t *testing.T) {
 		}
 	}
 }
+
+// A cockpit's metadata is decoded from exactly the bytes read: new bytes are decoded anew, and
+// bytes that fail to decode are refused without replacing the cached entry.
+func TestCockpitCacheDecodesTheBytesRead(t *testing.T) {
+	var c cockpitCache
+	first := []byte(`{"name":"app","uid":1000}`)
+	second := []byte(`{"name":"app","uid":1001}`)
+	for i, step := range []struct {
+		raw     []byte
+		wantUID uint32
+	}{{first, 1000}, {first, 1000}, {second, 1001}, {first, 1000}} {
+		m, err := c.decode("c/app", step.raw)
+		if err != nil || m.UID != step.wantUID {
+			t.Fatalf("step %d: uid %d, %v; want %d", i, m.UID, err, step.wantUID)
+		}
+	}
+	if _, err := c.decode("c/app", []byte(`{"uid":`)); err == nil {
+		t.Fatal("malformed bytes decoded")
+	}
+	if m, err := c.decode("c/app", first); err != nil || m.UID != 1000 {
+		t.Fatalf("after a malformed read: uid %d, %v; want 1000", m.UID, err)
+	}
+}

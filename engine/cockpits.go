@@ -35,7 +35,7 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 // RemoveCockpit removes a namespace that has no stacks; only its owner (or root) may.
 func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error {
 	return e.update(ctx, cockpitKey(name), func(tx kv.Txn, now time.Time) error {
-		m, err := loadCockpit(tx, name)
+		m, err := e.loadCockpit(tx, name)
 		if err != nil {
 			return err
 		}
@@ -58,7 +58,7 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 // Leases keep the declaration they were taken under.
 func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text []byte) error {
 	return e.update(ctx, cockpitKey(cockpit), func(tx kv.Txn, now time.Time) error {
-		m, err := loadCockpit(tx, cockpit)
+		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err
 		}
@@ -91,7 +91,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 		return err
 	}
 	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
-		m, err := loadCockpit(tx, cockpit)
+		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err
 		}
@@ -114,7 +114,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 // RemoveStack removes a stack with no holders, no active lease and no drain.
 func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack string) error {
 	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
-		m, err := loadCockpit(tx, cockpit)
+		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err
 		}

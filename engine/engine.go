@@ -26,11 +26,12 @@ type Store interface {
 
 // Engine applies operations to one store. It is safe for concurrent use.
 type Engine struct {
-	db      Store
-	now     func() time.Time
-	locks   keyedLocks
-	changes notifier
-	records recordCache
+	db       Store
+	now      func() time.Time
+	locks    keyedLocks
+	changes  notifier
+	records  recordCache
+	cockpits cockpitCache
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
 	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
 	staged sync.Map
@@ -188,7 +189,7 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 	var m cockpitMeta
 	err := e.db.View(func(tx kv.Txn) (err error) {
-		m, err = loadCockpit(tx, name)
+		m, err = e.loadCockpit(tx, name)
 		return err
 	})
 	return m.info(), err
@@ -198,7 +199,7 @@ func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 func (e *Engine) Stacks(cockpit string) ([]string, error) {
 	var out []string
 	err := e.db.View(func(tx kv.Txn) error {
-		if _, err := loadCockpit(tx, cockpit); err != nil {
+		if _, err := e.loadCockpit(tx, cockpit); err != nil {
 			return err
 		}
 		return tx.Scan(stacksPrefix(cockpit), func(k string, _ []byte) error {

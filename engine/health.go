@@ -91,7 +91,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		if r, readErr = decodeRecord(data); readErr == nil {
 			readErr = Check(r)
 		}
-		if m, err := loadCockpit(tx, cockpit); err == nil {
+		if m, err := e.loadCockpit(tx, cockpit); err == nil {
 			if cfg, ok := m.config(); ok {
 				configured, candidates = true, candidatePorts(cfg.Declaration)
 			}

@@ -170,7 +170,7 @@ func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name strin
 	// recorded exactly as observed.
 	dead := deadHolders(before.Value.Holders, HolderID(name))
 	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
-		m, err := loadCockpit(tx, cockpit)
+		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err
 		}

@@ -75,16 +75,17 @@ func setJSON(tx kv.Txn, key string, v any) error {
 	return tx.Set(key, data)
 }
 
-func loadCockpit(tx kv.Txn, cockpit string) (cockpitMeta, error) {
-	var m cockpitMeta
-	ok, err := getJSON(tx, cockpitKey(cockpit), &m)
+func (e *Engine) loadCockpit(tx kv.Txn, cockpit string) (cockpitMeta, error) {
+	key := cockpitKey(cockpit)
+	raw, err := tx.Get(key)
+	if errors.Is(err, kv.ErrNotFound) {
+		e.cockpits.forget(key)
+		return cockpitMeta{}, refuse(NotFound, CockpitID(cockpit), "", "cockpit %s does not exist", cockpit)
+	}
 	if err != nil {
-		return m, err
+		return cockpitMeta{}, err
 	}
-	if !ok {
-		return m, refuse(NotFound, CockpitID(cockpit), "", "cockpit %s does not exist", cockpit)
-	}
-	return m, nil
+	return e.cockpits.decode(key, raw)
 }
 
 func (m cockpitMeta) config() (portdecl.Config, bool) {
