@@ -28,20 +28,23 @@ func BenchmarkRead(b *testing.B) {
 		"floor":     filepath.Join(floorDirFor(b), path),
 		"tmpfs":     filepath.Join(tmpfsDirFor(b), path),
 	}
-	ops := map[string]func() error{}
+	ops := map[string]op{}
 	for name, target := range targets {
 		if n, err := readOnce(target, buf); err != nil || n != len(floorContent) {
 			b.Fatalf("read %s: %d bytes, %v (want %d bytes)", target, n, err, len(floorContent))
 		}
-		ops[name] = func() error { _, err := readOnce(target, buf); return err }
+		ops[name] = op{run: func() error { _, err := readOnce(target, buf); return err }}
 	}
 	paired(b, ops)
 }
 
+// op is one operation timed by paired; undo, when set, runs after it untimed.
+type op struct{ run, undo func() error }
+
 // paired times each op once per iteration, in turn, and reports each op's median as
 // "ns/<name>": the VM's wake-up latencies drift by 2× over seconds, and ops timed side by side
 // see the same drift, so their ratio holds where sequential sub-benchmarks' did not.
-func paired(b *testing.B, ops map[string]func() error) {
+func paired(b *testing.B, ops map[string]op) {
 	names := make([]string, 0, len(ops))
 	for name := range ops {
 		names = append(names, name)
@@ -54,10 +57,15 @@ func paired(b *testing.B, ops map[string]func() error) {
 		for j := range names {
 			name := names[(i+j)%len(names)] // rotate, so no op always follows the same one
 			start := time.Now()
-			if err := ops[name](); err != nil {
+			if err := ops[name].run(); err != nil {
 				b.Fatalf("%s: %v", name, err)
 			}
 			samples[name] = append(samples[name], time.Since(start))
+			if undo := ops[name].undo; undo != nil {
+				if err := undo(); err != nil {
+					b.Fatalf("%s, undoing: %v", name, err)
+				}
+			}
 		}
 	}
 	for name, ds := range samples {
@@ -87,28 +95,22 @@ func readOnce(path string, buf []byte) (n int, err error) {
 func BenchmarkStat(b *testing.B) {
 	path := filepath.Join("app", "stacks", "s", "ports", "HTTP")
 	var st unix.Stat_t
-	stat := func(target string) func() error {
-		return func() error { return retry(func() error { return unix.Stat(target, &st) }) }
+	stat := func(target string) op {
+		return op{run: func() error { return retry(func() error { return unix.Stat(target, &st) }) }}
 	}
-	paired(b, map[string]func() error{
+	paired(b, map[string]op{
 		"cockpitfs": stat(sharedDaemon(b).path(path)),
 		"floor":     stat(filepath.Join(floorDirFor(b), path)),
 	})
 }
 
 // 2. write: a claim+release cycle through the mount against two FUSE writes and two fdatasyncs,
-// with the parts of the cycle measured alone to show where its time goes.
+// with the parts of the cycle measured alone to show where its time goes. The cycle, its floors
+// and the disk's parts are timed side by side (see paired); the engine in-process alone.
 func BenchmarkWrite(b *testing.B) {
-	b.Run("cockpitfs", func(b *testing.B) {
+	b.Run("paired", func(b *testing.B) {
 		holder := sharedDaemon(b).path("app", "stacks", "s", "holders", "w")
-		defer reportInterrupted(b)()
-		for range b.N {
-			if err := createUnlink(holder); err != nil {
-				b.Fatalf("%v\n%s", err, shared.log.String())
-			}
-		}
-	})
-	b.Run("floor", func(b *testing.B) {
+		floorHolder := filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "w")
 		fuseFd, err := unix.Open(filepath.Join(floorDirFor(b), "app", "stacks", "s", "ports", "HTTP"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			b.Fatal(err)
@@ -116,70 +118,46 @@ func BenchmarkWrite(b *testing.B) {
 		defer unix.Close(fuseFd)
 		disk := diskFile(b)
 		defer unix.Close(disk)
+		if commitStore == nil {
+			commitStore = newStore(b, "store-commit")
+		}
 		line := []byte("holder=w checkout=/src/w\n")
-		b.ResetTimer()
-		for range b.N {
-			for range 2 {
-				if _, err := unix.Pwrite(fuseFd, line, 0); err != nil {
-					b.Fatal(err)
+		value := make([]byte, 1200)
+		paired(b, map[string]op{
+			"cockpitfs": {run: func() error {
+				if err := createUnlink(holder); err != nil {
+					return fmt.Errorf("%w\n%s", err, shared.log.String())
 				}
-				if err := syncWrite(disk, line); err != nil {
-					b.Fatal(err)
+				return nil
+			}},
+			"floor": {run: func() error {
+				for range 2 {
+					if _, err := unix.Pwrite(fuseFd, line, 0); err != nil {
+						return err
+					}
+					if err := syncWrite(disk, line); err != nil {
+						return err
+					}
 				}
-			}
-		}
-	})
-	b.Run("floor-create-unlink", func(b *testing.B) {
-		holder := filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "w")
-		defer reportInterrupted(b)()
-		for range b.N {
-			if err := createUnlink(holder); err != nil {
-				b.Fatal(err)
-			}
-		}
+				return nil
+			}},
+			"floor-create-unlink": {run: func() error { return createUnlink(floorHolder) }},
+			// One kv.Update writing one record-sized value, no engine: badger's commit into its
+			// memory-mapped WAL, then kv's fdatasync of that log (a page written in place).
+			"store-commit": {run: func() error {
+				return commitStore.Update(ctx, func(tx kv.Txn) error { return tx.Set("k", value) })
+			}},
+			"fdatasync": {run: func() error { return syncWrite(disk, line) }},
+			// With nothing left to write (every op above syncs what it wrote): the disk's cache
+			// flush alone.
+			"flush": {run: func() error { return unix.Fdatasync(disk) }},
+		})
 	})
 	b.Run("engine", func(b *testing.B) {
 		f := writeEngine(b)
 		b.ResetTimer()
 		for range b.N {
 			if err := f.cycle("app", "s", "w"); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("store-commit", func(b *testing.B) {
-		// One kv.Update writing one record-sized value, no engine: badger's commit into its
-		// memory-mapped WAL, then kv's fdatasync of that log (a page written in place).
-		if commitStore == nil {
-			commitStore = newStore(b, "store-commit")
-		}
-		db := commitStore
-		value := make([]byte, 1200)
-		b.ResetTimer()
-		for range b.N {
-			if err := db.Update(ctx, func(tx kv.Txn) error { return tx.Set("k", value) }); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("flush", func(b *testing.B) {
-		// fdatasync with nothing to write: what the disk's cache flush alone costs.
-		disk := diskFile(b)
-		defer unix.Close(disk)
-		b.ResetTimer()
-		for range b.N {
-			if err := unix.Fdatasync(disk); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("fdatasync", func(b *testing.B) {
-		disk := diskFile(b)
-		defer unix.Close(disk)
-		line := []byte("holder=w checkout=/src/w\n")
-		b.ResetTimer()
-		for range b.N {
-			if err := syncWrite(disk, line); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -257,43 +235,23 @@ func writeEngine(b *testing.B) *engineFixture {
 // 6. peer: one claim by cockpitfs (through the mount and in-process) and by the seeds' lock-file
 // transaction on the same disk. The release after each claim is not counted: ns/claim is the figure.
 func BenchmarkClaim(b *testing.B) {
-	b.Run("cockpitfs", func(b *testing.B) {
-		holder := sharedDaemon(b).path("app", "stacks", "s", "holders", "c")
-		defer reportInterrupted(b)()
-		timeClaims(b, func() error { return writeFile(holder, unix.O_CREAT, "") },
-			func() error { return retry(func() error { return unix.Unlink(holder) }) })
-	})
-	b.Run("floor", func(b *testing.B) {
-		// The FUSE part of a claim alone: the same create, on the floor filesystem.
-		holder := filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "c")
-		defer reportInterrupted(b)()
-		timeClaims(b, func() error { return writeFile(holder, unix.O_CREAT, "") },
-			func() error { return retry(func() error { return unix.Unlink(holder) }) })
-	})
-	b.Run("engine", func(b *testing.B) {
-		f := writeEngine(b)
-		timeClaims(b, func() error { return f.eng.Claim(ctx, caller("create"), "app", "s", "c", untracked("c")) },
-			func() error { return f.eng.Release(ctx, caller("unlink"), "app", "s", "c") })
-	})
-	b.Run("peer", func(b *testing.B) {
-		p := peer(b)
-		timeClaims(b, func() error { return p.claim("c") }, func() error { return p.release("c") })
-	})
-}
-
-func timeClaims(b *testing.B, claim, release func() error) {
-	var claiming time.Duration
-	for range b.N {
-		began := time.Now()
-		if err := claim(); err != nil {
-			b.Fatal(err)
-		}
-		claiming += time.Since(began)
-		if err := release(); err != nil {
-			b.Fatal(err)
+	// create claims holder c (the FUSE part alone on the floor); the release is untimed.
+	create := func(holder string) op {
+		return op{
+			run:  func() error { return writeFile(holder, unix.O_CREAT, "") },
+			undo: func() error { return retry(func() error { return unix.Unlink(holder) }) },
 		}
 	}
-	b.ReportMetric(float64(claiming.Nanoseconds())/float64(b.N), "ns/claim")
+	f, p := writeEngine(b), peer(b)
+	paired(b, map[string]op{
+		"cockpitfs": create(sharedDaemon(b).path("app", "stacks", "s", "holders", "c")),
+		"floor":     create(filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "c")),
+		"engine": {
+			run:  func() error { return f.eng.Claim(ctx, caller("create"), "app", "s", "c", untracked("c")) },
+			undo: func() error { return f.eng.Release(ctx, caller("unlink"), "app", "s", "c") },
+		},
+		"peer": {run: func() error { return p.claim("c") }, undo: func() error { return p.release("c") }},
+	})
 }
 
 var peerFixture *peerStore
