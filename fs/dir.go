@@ -16,15 +16,19 @@ type entry struct {
 	name string
 	node fs.InodeEmbedder
 	dir  bool
-	// stable: the name comes and goes only through this mount's own mkdir, rmdir, create or
-	// unlink of it, which the kernel's dentry cache follows by itself, so the kernel may keep
-	// it. Names another operation changes (holders released by a claim or a drain, the ports
-	// and env of a lease) are looked up every time.
-	stable bool
 }
 
-// stableEntry is how long the kernel may keep a stable name.
-const stableEntry = time.Hour
+// entryTimeout is how long the kernel may keep a name it looked up. Names that vanish through
+// another operation (holders released by a claim or a drain, the ports and env of a lease)
+// cannot be kept stale by it: attributes are never cached, so a stat of a kept name reaches
+// Getattr, which answers ENOENT once it is gone, and an open reaches Open, which answers ESTALE
+// so the kernel walks the path again with a fresh LOOKUP.
+const entryTimeout = time.Hour
+
+// ownNames is implemented by listings whose names appear only through this mount's own mkdir or
+// create in them (cockpits, stacks, holders): the kernel follows those by itself, so it may also
+// keep the answer that a name does not exist, and a claim's create skips its LOOKUP.
+type ownNames interface{ namesAppearOnlyThroughOwnOps() }
 
 // lookuper finds one child without listing them all (a stack may have a thousand holders).
 type lookuper interface {
@@ -118,6 +122,12 @@ func (d *dir) find(ctx context.Context, name string) (entry, syscall.Errno) {
 func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("lookup "+d.child(name), &errno)
 	e, errno := d.find(ctx, name)
+	if errno == syscall.ENOENT {
+		if _, ok := d.list.(ownNames); ok {
+			out.SetEntryTimeout(entryTimeout) // a negative entry: see rawLayer.Lookup
+		}
+		return nil, errno
+	}
 	if errno != 0 {
 		return nil, errno
 	}
@@ -139,9 +149,7 @@ func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh fs.File
 		}
 		out.Attr = attr.Attr
 	}
-	if e.stable {
-		out.SetEntryTimeout(stableEntry)
-	}
+	out.SetEntryTimeout(entryTimeout)
 	return in, 0
 }
 

@@ -20,7 +20,7 @@ func (drainListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	es := make([]entry, len(drainFiles))
 	for i, name := range drainFiles {
 		es[i] = entry{name: name, node: d.fsys.newFile(d.child(name), d.cockpit, d.stack,
-			d.fsys.stackView(d.cockpit, d.stack, "drain/"+name, drainRenderers[name]), drainWriter{name: name}), stable: true}
+			d.fsys.stackView(d.cockpit, d.stack, "drain/"+name, drainRenderers[name]), drainWriter{name: name})}
 	}
 	return es, nil
 }

@@ -54,14 +54,13 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
 	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger}
-	// Zero timeouts: every open, stat and readdir reaches us, so a change by anyone is visible at
-	// the next one whatever the kernel cached. Names that only this mount's own operations change
-	// are the exception, entry by entry (see entry.stable).
+	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
+	// by anyone is visible at the next one whatever the kernel cached. Names are kept (see
+	// entryTimeout), and so are missing ones where only this mount's own operations create names
+	// (see ownNames). No NegativeTimeout: with one, go-fuse's bridge would override Lookup's.
 	var zero time.Duration
 	options := &fs.Options{
-		EntryTimeout:    &zero,
-		AttrTimeout:     &zero,
-		NegativeTimeout: &zero,
+		AttrTimeout: &zero,
 		MountOptions: fuse.MountOptions{
 			AllowOther:    o.AllowOther,
 			FsName:        "cockpitfs",
@@ -71,7 +70,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			MaxBackground: 64,
 		},
 	}
-	raw := statsByPath{fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}
+	raw := rawLayer{fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}
 	server, err := fuse.NewServer(raw, dir, &options.MountOptions)
 	if err != nil {
 		return nil, err
@@ -80,22 +79,34 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	return server, nil
 }
 
-// statsByPath marks the GETATTRs the kernel sends without a file handle: a stat by path. go-fuse
-// answers those with any handle open on the inode (libfuse#62), which here would be another
-// open's snapshot, so a stat would show what that open saw rather than the current state. Only
-// the raw request carries the kernel's flag; it reaches Getattr keyed by the request's cancel
-// channel, which is the request's own while it is in flight.
-type statsByPath struct {
+// rawLayer does on raw requests what go-fuse's node API cannot express.
+type rawLayer struct {
 	fuse.RawFileSystem
 	fsys *FS
 }
 
-func (s statsByPath) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+// GetAttr marks the GETATTRs the kernel sends without a file handle: a stat by path. go-fuse
+// answers those with any handle open on the inode (libfuse#62), which here would be another
+// open's snapshot, so a stat would show what that open saw rather than the current state. Only
+// the raw request carries the kernel's flag; it reaches Getattr keyed by the request's cancel
+// channel, which is the request's own while it is in flight.
+func (s rawLayer) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
 	if in.Flags()&fuse.FUSE_GETATTR_FH == 0 {
 		s.fsys.byPath.Store(cancel, struct{}{})
 		defer s.fsys.byPath.Delete(cancel)
 	}
 	return s.RawFileSystem.GetAttr(cancel, in, out)
+}
+
+// Lookup answers a missing name that Lookup gave an entry timeout as FUSE's negative entry
+// (success with node id 0), which the kernel keeps; an ENOENT it would not.
+func (s rawLayer) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	status := s.RawFileSystem.Lookup(cancel, header, name, out)
+	if status == fuse.ENOENT && out.EntryTimeout() > 0 {
+		out.NodeId = 0
+		return fuse.OK
+	}
+	return status
 }
 
 // openedHandle is the handle a Getattr is about: fh, unless the request is a stat by path.

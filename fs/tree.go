@@ -14,6 +14,8 @@ import (
 
 type rootListing struct{}
 
+func (rootListing) namesAppearOnlyThroughOwnOps() {}
+
 func (rootListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	f := d.fsys
 	cockpits, err := f.eng.Cockpits()
@@ -30,13 +32,13 @@ func (rootListing) entries(_ context.Context, d *dir) ([]entry, error) {
 // rootFiles are the root's own names; a cockpit cannot take them.
 func rootFiles(f *FS) []entry {
 	return []entry{
-		{name: "README", node: f.newFile("README", "", "", f.readme, nil), stable: true},
-		{name: "ports", node: f.newDir("ports", "", "", portsListing{}), dir: true, stable: true},
+		{name: "README", node: f.newFile("README", "", "", f.readme, nil)},
+		{name: "ports", node: f.newDir("ports", "", "", portsListing{}), dir: true},
 	}
 }
 
 func cockpitEntry(f *FS, name string) entry {
-	return entry{name: name, node: f.newDir(name, name, "", cockpitListing{}), dir: true, stable: true}
+	return entry{name: name, node: f.newDir(name, name, "", cockpitListing{}), dir: true}
 }
 
 func (rootListing) lookup(_ context.Context, d *dir, name string) (entry, bool, error) {
@@ -89,13 +91,15 @@ func (cockpitListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		return nil, err
 	}
 	return []entry{
-		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{}), stable: true},
-		{name: "events", node: f.newFile(d.child("events"), c, "", f.eventsView(c, ""), nil), stable: true},
-		{name: "stacks", node: f.newDir(d.child("stacks"), c, "", stacksListing{}), dir: true, stable: true},
+		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{})},
+		{name: "events", node: f.newFile(d.child("events"), c, "", f.eventsView(c, ""), nil)},
+		{name: "stacks", node: f.newDir(d.child("stacks"), c, "", stacksListing{}), dir: true},
 	}, nil
 }
 
 type stacksListing struct{}
+
+func (stacksListing) namesAppearOnlyThroughOwnOps() {}
 
 func (stacksListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	f := d.fsys
@@ -111,7 +115,7 @@ func (stacksListing) entries(_ context.Context, d *dir) ([]entry, error) {
 }
 
 func stackEntry(d *dir, stack string) entry {
-	return entry{name: stack, node: d.fsys.newDir(d.child(stack), d.cockpit, stack, stackListing{}), dir: true, stable: true}
+	return entry{name: stack, node: d.fsys.newDir(d.child(stack), d.cockpit, stack, stackListing{}), dir: true}
 }
 
 func (stacksListing) lookup(_ context.Context, d *dir, name string) (entry, bool, error) {
@@ -144,29 +148,29 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		return nil, err
 	}
 	view := func(name string, fn func(engine.Record) []byte) entry {
-		return entry{name: name, node: f.newFile(d.child(name), c, s, f.stackView(c, s, name, fn), nil), stable: true}
+		return entry{name: name, node: f.newFile(d.child(name), c, s, f.stackView(c, s, name, fn), nil)}
 	}
 	es := []entry{
-		{name: "holders", node: f.newDir(d.child("holders"), c, s, holdersListing{}), dir: true, stable: true},
-		{name: "ports", node: f.newDir(d.child("ports"), c, s, leasePortsListing{}), dir: true, stable: true},
-		{name: "entrypoints", node: f.newDir(d.child("entrypoints"), c, s, entrypointsListing{}), dir: true, stable: true},
-		{name: "drain", node: f.newDir(d.child("drain"), c, s, drainListing{}), dir: true, stable: true},
+		{name: "holders", node: f.newDir(d.child("holders"), c, s, holdersListing{}), dir: true},
+		{name: "ports", node: f.newDir(d.child("ports"), c, s, leasePortsListing{}), dir: true},
+		{name: "entrypoints", node: f.newDir(d.child("entrypoints"), c, s, entrypointsListing{}), dir: true},
+		{name: "drain", node: f.newDir(d.child("drain"), c, s, drainListing{}), dir: true},
 		view("lease", renderLease),
 		view("record", renderRecord),
 		view("revision", renderRevision),
-		{name: "events", node: f.newFile(d.child("events"), c, s, f.eventsView(c, s), nil), stable: true},
-		{name: "health", node: f.newFile(d.child("health"), c, s, f.healthView(c, s), nil), stable: true},
-		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s), stable: true},
+		{name: "events", node: f.newFile(d.child("events"), c, s, f.eventsView(c, s), nil)},
+		{name: "health", node: f.newFile(d.child("health"), c, s, f.healthView(c, s), nil)},
+		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s)},
 	}
 	if r.Value.Lease.Active() {
-		env := view("env", renderEnv)
-		env.stable = false // it goes when a drain releases the lease
-		es = append(es, env)
+		es = append(es, view("env", renderEnv))
 	}
 	return es, nil
 }
 
 type holdersListing struct{}
+
+func (holdersListing) namesAppearOnlyThroughOwnOps() {}
 
 func (holdersListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	r, err := d.fsys.eng.Stack(d.cockpit, d.stack)
