@@ -159,9 +159,11 @@ func TestLivenessDeadHolderReleasedByNextClaim(t *testing.T) {
 	if got := livenessNames(m, "s"); got != "keeper next" {
 		t.Fatalf("holders after next's claim: %q, want keeper next", got)
 	}
+	// The kernel kept the name from the reads above; it must not keep it alive.
 	if _, err := os.Stat(m.Path("app/stacks/s/holders/victim")); !os.IsNotExist(err) {
 		t.Fatalf("stat holders/victim after its release: %v, want ENOENT", err)
 	}
+	m.refused("cat $M/app/stacks/s/holders/victim", syscall.ENOENT)
 	if got := livenessLease(m, "s"); got != leaseBefore {
 		t.Fatalf("lease changed by the release:\nbefore:\n%s\nafter:\n%s", leaseBefore, got)
 	}

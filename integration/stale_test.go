@@ -99,3 +99,31 @@ func TestStatWhileAnOlderOpenLives(t *testing.T) {
 		t.Fatalf("seek to the end of the older open: %d, %v; want its snapshot's %d", end, err, len(snapshot))
 	}
 }
+
+// The kernel keeps names it looked up, and keeps "no such name" only where names appear through
+// this mount's own create or mkdir: a lease's ports appear through a claim in holders/, so a
+// port looked up before the lease is found right after it; a holder looked up before it exists
+// is found once another process creates it.
+func TestMissingNamesAppear(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 38680}, "s")
+	stack := m.Path("app", "stacks", "s")
+	looker, creator := m.shell(stack), m.shell(stack)
+	const probe = `stat -c %n ports/HTTP holders/w 2>&1; echo "ports=$(ls ports | tr '\n' ,) holders=$(ls holders | tr '\n' ,)"`
+	missing := "stat: cannot statx 'ports/HTTP': No such file or directory\n" +
+		"stat: cannot statx 'holders/w': No such file or directory\nports= holders=\n"
+	for range 2 { // the second time from what the kernel kept
+		if got := looker.run(probe); got != missing {
+			t.Fatalf("before any claim:\n%s\nwant\n%s", got, missing)
+		}
+	}
+	if got := creator.run(": > holders/w && echo ok"); got != "ok\n" {
+		t.Fatalf("claim: %s", got)
+	}
+	if got, want := looker.run(probe), "ports/HTTP\nholders/w\nports=HTTP, holders=w,\n"; got != want {
+		t.Fatalf("after another process's claim:\n%s\nwant\n%s", got, want)
+	}
+	if got := looker.run("cat ports/HTTP; sed -n 's/^name=//p' holders/w"); got != "38680\nw\n" {
+		t.Fatalf("reading what appeared: %q", got)
+	}
+}
