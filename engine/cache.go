@@ -77,16 +77,23 @@ func (c *recordCache) invalidate(key string) {
 }
 
 // cockpitCache keeps each cockpit's metadata decoded, with the bytes it came from: every file
-// rendered asks for its cockpit's owner, and decoding the parsed declaration each time cost more
-// than the rest of an open. A hit needs the very bytes read, so an entry is never stale.
+// rendered asks for its cockpit's owner, and reading and decoding it each time cost more than the
+// rest of an open. A transaction, which must read the bytes anyway, skips only the decode when
+// they are the bytes cached. A read outside a transaction is served from the cache while no
+// commit has happened since the entry was read: any commit counts, since cockpits change rarely
+// and a stack's mkdir or rmdir changes its cockpit too.
 type cockpitCache struct {
-	mu sync.Mutex
-	m  map[string]cachedCockpit
+	mu      sync.Mutex
+	commits uint64 // every commit bumps it
+	m       map[string]cachedCockpit
 }
 
 type cachedCockpit struct {
 	cockpitMeta
 	raw []byte
+	// current: read by a View at commits == readAt, so it is the cockpit until the next commit.
+	current bool
+	readAt  uint64
 }
 
 // decode returns raw, key's value, decoded. The Declared it shares must not be modified.
@@ -106,8 +113,41 @@ func (c *cockpitCache) decode(key string, raw []byte) (cockpitMeta, error) {
 	if c.m == nil {
 		c.m = map[string]cachedCockpit{}
 	}
-	c.m[key] = cachedCockpit{m, raw}
+	c.m[key] = cachedCockpit{cockpitMeta: m, raw: raw}
 	return m, nil
+}
+
+// current returns key's cockpit if no commit happened since it was read.
+func (c *cockpitCache) current(key string) (cockpitMeta, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[key]
+	return e.cockpitMeta, ok && e.current && e.readAt == c.commits
+}
+
+// since returns the commit count to pass to read.
+func (c *cockpitCache) since() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.commits
+}
+
+// read marks key's entry, just decoded by a View begun after since returned at, as current
+// unless a commit happened meanwhile.
+func (c *cockpitCache) read(key string, at uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[key]; ok && at == c.commits {
+		e.current, e.readAt = true, at
+		c.m[key] = e
+	}
+}
+
+// committed ends every entry's currency.
+func (c *cockpitCache) committed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.commits++
 }
 
 func (c *cockpitCache) forget(key string) {

@@ -1,6 +1,9 @@
 package engine
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // A read that raced a commit must not cache what it read before the commit.
 func TestRecordCacheGenerations(t *testing.T) {
@@ -91,5 +94,56 @@ func TestCockpitCacheDecodesTheBytesRead(t *testing.T) {
 	}
 	if m, err := c.decode("c/app", first); err != nil || m.UID != 1000 {
 		t.Fatalf("after a malformed read: uid %d, %v; want 1000", m.UID, err)
+	}
+}
+
+// A cockpit read outside a transaction is served from the cache only until the next commit, and
+// not at all if a commit happened while it was read.
+func TestCockpitCacheCurrency(t *testing.T) {
+	var c cockpitCache
+	raw := []byte(`{"name":"app","uid":1000}`)
+	if _, err := c.decode("c/app", raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.current("c/app"); ok {
+		t.Fatal("decoded inside a transaction, yet current")
+	}
+	c.read("c/app", c.since())
+	if m, ok := c.current("c/app"); !ok || m.UID != 1000 {
+		t.Fatalf("after a read: %+v, %v", m, ok)
+	}
+	c.committed()
+	if _, ok := c.current("c/app"); ok {
+		t.Fatal("current after a commit")
+	}
+	at := c.since()
+	c.committed() // a commit while the View ran
+	c.read("c/app", at)
+	if _, ok := c.current("c/app"); ok {
+		t.Fatal("current though a commit raced its read")
+	}
+}
+
+// Engine.Cockpit follows every change: a config written, the cockpit removed.
+func TestCockpitReadsFollowCommits(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig)
+	for range 2 { // the second from the cache
+		if info, err := e.Cockpit("app"); err != nil || info.Config != exampleConfig {
+			t.Fatalf("Cockpit: %q, %v", info.Config, err)
+		}
+	}
+	changed := strings.Replace(exampleConfig, "count = ", "count = 1", 1)
+	if err := e.SetConfig(t.Context(), me("write", "config"), "app", []byte(changed)); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.Cockpit("app"); err != nil || info.Config != changed {
+		t.Fatalf("after a config change: %q, %v; want %q", info.Config, err, changed)
+	}
+	if err := e.RemoveCockpit(t.Context(), me("rmdir", "app"), "app"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Cockpit("app"); AsRefusal(err).Code != NotFound {
+		t.Fatalf("after rmdir: %v, want NotFound", err)
 	}
 }

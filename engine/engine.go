@@ -57,6 +57,8 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx kv.Txn, now 
 		e.staged.Delete(key) // only the run that commits counts
 		return fn(tx, e.now())
 	})
+	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
+	e.cockpits.committed()
 	committed, staged := e.staged.LoadAndDelete(key)
 	switch {
 	case errors.Is(err, errUnchanged):
@@ -187,11 +189,19 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 
 // Cockpit returns one cockpit.
 func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
+	key := cockpitKey(name)
+	if m, ok := e.cockpits.current(key); ok {
+		return m.info(), nil
+	}
+	at := e.cockpits.since()
 	var m cockpitMeta
 	err := e.db.View(func(tx kv.Txn) (err error) {
 		m, err = e.loadCockpit(tx, name)
 		return err
 	})
+	if err == nil {
+		e.cockpits.read(key, at)
+	}
 	return m.info(), err
 }
 
