@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-
-	"golang.org/x/sys/unix"
 )
 
 // groupSync makes commits durable in groups. Badger runs with SyncWrites off, so a commit returns
@@ -163,7 +161,7 @@ func (g *groupSync) syncLogs(vlog bool) error {
 			}
 			g.files[name] = f
 		}
-		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		if err := datasync(f); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}

@@ -15,6 +15,9 @@ import (
 
 // ProcessOf resolves a thread id (what FUSE reports as the caller) to its process id.
 func ProcessOf(tid int) (int, error) {
+	if tid > 0 && isProcess(tid) {
+		return tid, nil
+	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
 	if err != nil {
 		return 0, fmt.Errorf("process of thread %d: %w", tid, err)
