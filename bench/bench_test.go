@@ -111,7 +111,7 @@ func BenchmarkWrite(b *testing.B) {
 	b.Run("paired", func(b *testing.B) {
 		holder := sharedDaemon(b).path("app", "stacks", "s", "holders", "w")
 		floorHolder := filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "w")
-		fuseFd, err := unix.Open(filepath.Join(floorDirFor(b), "app", "stacks", "s", "ports", "HTTP"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		fuseFd, err := unix.Open(filepath.Join(floorDirFor(b), "app", "stacks", "s", "control"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -16,16 +16,21 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// The FUSE floor: the least a go-fuse filesystem in cockpitfs's cache mode (names and missing
-// names kept an hour, attributes never, FOPEN_DIRECT_IO|FOPEN_NOFLUSH) costs for the same
-// syscalls, with no store behind it. It is served by a re-exec of the benchmark binary, a process
-// of its own as the daemon is.
+// The FUSE floor: the least a go-fuse filesystem in cockpitfs's cache mode costs for the same
+// syscalls, with no store behind it. As in cockpitfs, ports/HTTP is a frozen file (looked up at
+// every open, its attributes and pages kept by the kernel, FOPEN_KEEP_CACHE|FOPEN_NOFLUSH);
+// directories and holders are kept an hour, missing holders too; holders open with
+// FOPEN_DIRECT_IO|FOPEN_NOFLUSH. It is served by a re-exec of the benchmark binary, a process of
+// its own as the daemon is.
 
 // floorContent is what stacks/s/ports/HTTP holds in the shared daemon (its first family).
 var floorContent = []byte("20000\n")
 
 // floorFile is a static file that accepts and drops writes.
-type floorFile struct{ fs.Inode }
+type floorFile struct {
+	fs.Inode
+	frozen bool
+}
 
 var (
 	_ = (fs.NodeOpener)((*floorFile)(nil))
@@ -35,11 +40,14 @@ var (
 	_ = (fs.NodeSetattrer)((*floorFile)(nil))
 )
 
-// floorOpenFlags are cockpitfs's own.
-const floorOpenFlags = fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH
+// floorKept is how long the floor lets the kernel keep what cockpitfs lets it keep.
+const floorKept = time.Hour
 
-func (*floorFile) Open(context.Context, uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	return nil, floorOpenFlags, 0
+func (f *floorFile) Open(context.Context, uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if f.frozen {
+		return nil, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
+	}
+	return nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (*floorFile) Read(_ context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -53,10 +61,13 @@ func (*floorFile) Write(_ context.Context, _ fs.FileHandle, data []byte, _ int64
 	return uint32(len(data)), 0
 }
 
-func (*floorFile) Getattr(_ context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+func (f *floorFile) Getattr(_ context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	out.Mode = syscall.S_IFREG | 0o644
 	out.Nlink = 1
 	out.Size = uint64(len(floorContent))
+	if f.frozen {
+		out.SetTimeout(floorKept)
+	}
 	return 0
 }
 
@@ -68,21 +79,44 @@ func (f *floorFile) Setattr(ctx context.Context, fh fs.FileHandle, _ *fuse.SetAt
 type floorDir struct{ fs.Inode }
 
 var (
+	_ = (fs.NodeLookuper)((*floorDir)(nil))
 	_ = (fs.NodeCreater)((*floorDir)(nil))
 	_ = (fs.NodeUnlinker)((*floorDir)(nil))
 )
 
+// Lookup keeps names as cockpitfs does: a frozen file's not at all, its attributes for good.
+func (d *floorDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	child := d.GetChild(name)
+	if child == nil {
+		return nil, syscall.ENOENT
+	}
+	if f, ok := child.Operations().(*floorFile); ok {
+		var attr fuse.AttrOut
+		f.Getattr(ctx, nil, &attr)
+		out.Attr = attr.Attr
+		if f.frozen {
+			out.SetAttrTimeout(floorKept)
+			return child, 0
+		}
+	} else {
+		out.Mode = syscall.S_IFDIR | 0o755
+	}
+	out.SetEntryTimeout(floorKept)
+	return child, 0
+}
+
 func (d *floorDir) Create(ctx context.Context, _ string, _, _ uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	out.Mode = syscall.S_IFREG | 0o644
 	out.Nlink = 1
-	return d.NewInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), nil, floorOpenFlags, 0
+	out.SetEntryTimeout(floorKept)
+	return d.NewInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (*floorDir) Unlink(context.Context, string) syscall.Errno { return 0 }
 
-// floorRoot builds app/stacks/s/ports/HTTP and app/stacks/s/holders/, the paths the cockpitfs
-// benchmarks use, so both walk the same number of components.
-type floorRoot struct{ fs.Inode }
+// floorRoot builds app/stacks/s/ports/HTTP, app/stacks/s/control and app/stacks/s/holders/, the
+// paths the cockpitfs benchmarks use, so both walk the same number of components.
+type floorRoot struct{ floorDir }
 
 var _ = (fs.NodeOnAdder)((*floorRoot)(nil))
 
@@ -92,9 +126,11 @@ func (r *floorRoot) OnAdd(ctx context.Context) {
 		parent.AddChild(name, ch, false)
 		return ch
 	}
-	s := dir(dir(dir(&r.Inode, "app", &fs.Inode{}), "stacks", &fs.Inode{}), "s", &fs.Inode{})
-	ports := dir(s, "ports", &fs.Inode{})
-	ports.AddChild("HTTP", ports.NewPersistentInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), false)
+	s := dir(dir(dir(&r.Inode, "app", &floorDir{}), "stacks", &floorDir{}), "s", &floorDir{})
+	ports := dir(s, "ports", &floorDir{})
+	ports.AddChild("HTTP", ports.NewPersistentInode(ctx, &floorFile{frozen: true}, fs.StableAttr{Mode: syscall.S_IFREG}), false)
+	// control takes the write floor's writes, with a control file's direct I/O.
+	s.AddChild("control", s.NewPersistentInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), false)
 	dir(s, "holders", &floorDir{})
 }
 
@@ -139,11 +175,10 @@ func floorDirFor(b *testing.B) string {
 
 // serveFloor mounts the floor on dir and serves it until SIGTERM.
 func serveFloor(dir string) int {
-	// cockpitfs keeps missing names only in holders/ here, the floor's one directory whose names
-	// change at all.
-	zero, kept := time.Duration(0), time.Hour
+	// Timeouts are floorDir's and floorFile's; missing names are kept, as cockpitfs keeps missing
+	// holders (holders/ is the floor's one directory whose names change at all).
+	zero, kept := time.Duration(0), floorKept
 	server, err := fs.Mount(dir, &floorRoot{}, &fs.Options{
-		EntryTimeout:    &kept,
 		AttrTimeout:     &zero,
 		NegativeTimeout: &kept,
 		MountOptions: fuse.MountOptions{

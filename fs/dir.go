@@ -16,6 +16,10 @@ type entry struct {
 	name string
 	node fs.InodeEmbedder
 	dir  bool
+	// frozen: a read-only file rendered from the stack's record alone. Each of its contents is
+	// a node of its own (see frozenFile), so the kernel may keep the node's pages and attributes
+	// for good; the name is looked up at every open, which finds the node of the current content.
+	frozen bool
 }
 
 // entryTimeout is how long the kernel may keep a name it looked up. Names that vanish through
@@ -134,23 +138,44 @@ func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *f
 	return d.enter(ctx, e, out, nil)
 }
 
-// enter answers a lookup of e: its inode (the one already known for its path, if any), its
-// attributes (from fh's view when an open already took one) and its entry timeout.
+// enter answers a lookup of e: its inode (the one already known for its identity, if any), its
+// attributes (from fh's view when an open already took one) and its timeouts.
 func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh fs.FileHandle) (*fs.Inode, syscall.Errno) {
-	mode := uint32(syscall.S_IFREG)
-	if e.dir {
-		mode = syscall.S_IFDIR
+	node, id, errno := d.node(ctx, e)
+	if errno != 0 {
+		return nil, errno
 	}
-	in := d.NewInode(ctx, e.node, fs.StableAttr{Mode: mode, Ino: ino(d.child(e.name))})
+	in := d.NewInode(ctx, node, id)
 	if g, ok := in.Operations().(fs.NodeGetattrer); ok {
 		var attr fuse.AttrOut
 		if errno := g.Getattr(ctx, fh, &attr); errno != 0 {
 			return nil, errno
 		}
 		out.Attr = attr.Attr
+		out.SetAttrTimeout(attr.Timeout())
 	}
-	out.SetEntryTimeout(entryTimeout)
+	if !e.frozen {
+		out.SetEntryTimeout(entryTimeout)
+	}
 	return in, 0
+}
+
+// node is what e is now, and its identity: for a frozen entry, the file rendered now, whose
+// inode number is that of its path and content, so the same content is the same node.
+func (d *dir) node(ctx context.Context, e entry) (fs.InodeEmbedder, fs.StableAttr, syscall.Errno) {
+	path := d.child(e.name)
+	if e.dir {
+		return e.node, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino(path)}, 0
+	}
+	f, ok := e.node.(*file)
+	if !e.frozen || !ok {
+		return e.node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino(path)}, 0
+	}
+	v, errno := f.snapshot(ctx, "lookup")
+	if errno != 0 {
+		return nil, fs.StableAttr{}, errno
+	}
+	return d.fsys.frozenFile(f, v), fs.StableAttr{Mode: syscall.S_IFREG, Ino: frozenIno(path, v)}, 0
 }
 
 func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno) {
@@ -159,13 +184,16 @@ func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno)
 	if err != nil {
 		return nil, d.fsys.fail(caller(ctx, "readdir", d.path), "", "", err)
 	}
-	out := make([]fuse.DirEntry, len(es))
-	for i, e := range es {
-		mode := uint32(syscall.S_IFREG)
-		if e.dir {
-			mode = syscall.S_IFDIR
+	out := make([]fuse.DirEntry, 0, len(es))
+	for _, e := range es {
+		_, id, errno := d.node(ctx, e)
+		if errno == syscall.ENOENT {
+			continue // gone since the listing
 		}
-		out[i] = fuse.DirEntry{Name: e.name, Mode: mode, Ino: ino(d.child(e.name))}
+		if errno != 0 {
+			return nil, errno
+		}
+		out = append(out, fuse.DirEntry{Name: e.name, Mode: id.Mode, Ino: id.Ino})
 	}
 	return fs.NewListDirStream(out), 0
 }

@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"syscall"
 	"time"
@@ -39,6 +40,7 @@ type file struct {
 	stack   string
 	render  render
 	writer  writer // nil: read-only
+	fixed   *view  // a frozen file's one content (see entry.frozen)
 }
 
 // handle is one open of a file.
@@ -63,8 +65,25 @@ var (
 // write(2), and its errno is that write's).
 const openFlags = fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH
 
+// frozenOpenFlags are a frozen file's opens: its content never changes, so the pages the kernel
+// keeps are right for every open of it.
+const frozenOpenFlags = fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH
+
 func (f *FS) newFile(path, cockpit, stack string, r render, w writer) *file {
 	return &file{fsys: f, path: path, cockpit: cockpit, stack: stack, render: r, writer: w}
+}
+
+// frozenFile is read-only f fixed at v.
+func (f *FS) frozenFile(of *file, v view) *file {
+	return &file{fsys: f, path: of.path, cockpit: of.cockpit, stack: of.stack, fixed: &v}
+}
+
+// frozenIno numbers a frozen file by its path and everything a stat or read shows of it.
+func frozenIno(path string, v view) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00%d\x00%d\x00", path, v.mtime.UnixNano(), v.uid)
+	h.Write(v.data)
+	return h.Sum64() | 1<<63 // never 0, and apart from the paths' own numbers
 }
 
 func (f *file) snapshot(ctx context.Context, op string) (view, syscall.Errno) {
@@ -82,6 +101,9 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 	defer f.fsys.guard("open "+f.path, &errno)
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && f.writer == nil {
 		return nil, 0, syscall.EACCES
+	}
+	if f.fixed != nil {
+		return &handle{view: *f.fixed}, frozenOpenFlags, 0
 	}
 	v, errno := f.snapshot(ctx, "open")
 	if errno == syscall.ENOENT {
@@ -134,7 +156,10 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("getattr "+f.path, &errno)
 	var v view
-	if h, ok := f.fsys.openedHandle(ctx, fh); ok {
+	if f.fixed != nil {
+		v = *f.fixed
+		out.SetTimeout(entryTimeout) // it never changes
+	} else if h, ok := f.fsys.openedHandle(ctx, fh); ok {
 		h.mu.Lock()
 		v = h.view
 		h.mu.Unlock()

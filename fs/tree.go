@@ -148,7 +148,7 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		return nil, err
 	}
 	view := func(name string, fn func(engine.Record) []byte) entry {
-		return entry{name: name, node: f.newFile(d.child(name), c, s, f.stackView(c, s, name, fn), nil)}
+		return entry{name: name, node: f.newFile(d.child(name), c, s, f.stackView(c, s, name, fn), nil), frozen: true}
 	}
 	es := []entry{
 		{name: "holders", node: f.newDir(d.child("holders"), c, s, holdersListing{}), dir: true},
@@ -233,7 +233,7 @@ func (leasePortsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	}
 	var es []entry
 	for key := range r.Value.Lease.Ports {
-		es = append(es, entry{name: key, node: f.newFile(d.child(key), d.cockpit, d.stack, f.leasePortView(d.cockpit, d.stack, key), nil)})
+		es = append(es, entry{name: key, node: f.newFile(d.child(key), d.cockpit, d.stack, f.leasePortView(d.cockpit, d.stack, key), nil), frozen: true})
 	}
 	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
 	return es, nil
@@ -249,7 +249,7 @@ func (entrypointsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	}
 	var es []entry
 	for _, e := range entrypoints(r) {
-		es = append(es, entry{name: e.Name, node: f.newFile(d.child(e.Name), d.cockpit, d.stack, f.entrypointView(d.cockpit, d.stack, e.Name), nil)})
+		es = append(es, entry{name: e.Name, node: f.newFile(d.child(e.Name), d.cockpit, d.stack, f.entrypointView(d.cockpit, d.stack, e.Name), nil), frozen: true})
 	}
 	return es, nil
 }

@@ -66,37 +66,81 @@ func TestNeverStale(t *testing.T) {
 // A stat shows the current state even while another open of the file holds an older snapshot
 // (go-fuse would answer it from any handle open on the file); that open still reads its own
 // snapshot, and a seek to its end lands at the end of what it reads (the kernel asks with its
-// handle). fstat is a stat: the kernel does not say which open asks.
+// handle). For a file whose content is rendered per open (events), fstat is a stat: the kernel
+// does not say which open asks. A frozen file's open (record) is of its own node, so its fstat
+// is its snapshot's.
 func TestStatWhileAnOlderOpenLives(t *testing.T) {
 	m := newMount(t)
 	m.setupApp(4, map[string]int{"HTTP": 38580}, "s")
 	m.ok("touch $M/app/stacks/s/holders/keeper")
-	record := m.Path("app", "stacks", "s", "record")
+	events, record := m.Path("app", "stacks", "s", "events"), m.Path("app", "stacks", "s", "record")
 
-	old, err := os.Open(record)
+	oldEvents, err := os.Open(events)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer old.Close()
+	defer oldEvents.Close()
+	oldRecord, err := os.Open(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oldRecord.Close()
 	m.ok("touch $M/app/stacks/s/holders/another")
 
-	current := m.read("app", "stacks", "s", "record")
-	if got := strings.TrimSpace(m.ok("stat -c %s " + record)); got != strconv.Itoa(len(current)) {
-		t.Fatalf("stat while an older open lives: size %s, want the current %d", got, len(current))
+	for _, c := range []struct {
+		name  string
+		old   *os.File
+		fstat func(snapshot, current int) int // what fstat of the older open shows
+	}{
+		{"events", oldEvents, func(_, current int) int { return current }},
+		{"record", oldRecord, func(snapshot, _ int) int { return snapshot }},
+	} {
+		current := m.read("app", "stacks", "s", c.name)
+		if got := strings.TrimSpace(m.ok("stat -c %s " + c.old.Name())); got != strconv.Itoa(len(current)) {
+			t.Fatalf("%s: stat while an older open lives: size %s, want the current %d", c.name, got, len(current))
+		}
+		snapshot, err := io.ReadAll(c.old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(snapshot), "another") || len(snapshot) == len(current) {
+			t.Fatalf("%s: the older open read %d bytes (with another: %v); want its own snapshot, not the current %d",
+				c.name, len(snapshot), strings.Contains(string(snapshot), "another"), len(current))
+		}
+		if info, err := c.old.Stat(); err != nil || info.Size() != int64(c.fstat(len(snapshot), len(current))) {
+			t.Fatalf("%s: fstat of the older open: %v, %v; want %d", c.name, info.Size(), err, c.fstat(len(snapshot), len(current)))
+		}
+		if end, err := c.old.Seek(0, io.SeekEnd); err != nil || end != int64(len(snapshot)) {
+			t.Fatalf("%s: seek to the end of the older open: %d, %v; want its snapshot's %d", c.name, end, err, len(snapshot))
+		}
 	}
-	if info, err := old.Stat(); err != nil || info.Size() != int64(len(current)) {
-		t.Fatalf("fstat of the older open: %v, %v; want the current size %d", info.Size(), err, len(current))
+}
+
+// A frozen file (rendered from the record alone) is read from the kernel's page cache until its
+// content changes, and the change is read at the next open: the daemon sees one READ per content.
+func TestFrozenFileReadOncePerContent(t *testing.T) {
+	m := newMount(t, "--debug")
+	m.setupApp(4, map[string]int{"HTTP": 38780}, "s")
+	m.ok("touch $M/app/stacks/s/holders/keeper")
+	reads := func() int { return strings.Count(m.log.String(), ": READ n") }
+	revision := func() string { return strings.TrimSpace(m.read("app", "stacks", "s", "revision")) }
+
+	first := revision()
+	before := reads()
+	for range 3 {
+		if got := revision(); got != first {
+			t.Fatalf("revision %s, then %s with nothing changed", first, got)
+		}
 	}
-	snapshot, err := io.ReadAll(old)
-	if err != nil {
-		t.Fatal(err)
+	if n := reads() - before; n != 0 {
+		t.Fatalf("%d READs reached the daemon for an unchanged revision file, want 0 (page cache)", n)
 	}
-	if strings.Contains(string(snapshot), "another") || len(snapshot) == len(current) {
-		t.Fatalf("the older open read %d bytes (holding another: %v); want its own snapshot, not the current %d",
-			len(snapshot), strings.Contains(string(snapshot), "another"), len(current))
+	m.ok("touch $M/app/stacks/s/holders/another")
+	if got, err := strconv.Atoi(revision()); err != nil || strconv.Itoa(got-1) != first {
+		t.Fatalf("revision after a claim: %d, %v; want %s + 1", got, err, first)
 	}
-	if end, err := old.Seek(0, io.SeekEnd); err != nil || end != int64(len(snapshot)) {
-		t.Fatalf("seek to the end of the older open: %d, %v; want its snapshot's %d", end, err, len(snapshot))
+	if n := reads() - before; n != 1 {
+		t.Fatalf("%d READs after the change, want 1 (the new content, once)", n)
 	}
 }
 

@@ -119,7 +119,7 @@ func main() {
 
 	r, v := t.ratio("Read", "ns/cockpitfs", "Read", "ns/floor", atMost(1.2))
 	t.row("read: cockpitfs open+read+close stacks/s/ports/HTTP", "Read", "ns/cockpitfs", us, "µs", r+" of floor", "≤ 1.2× floor", v)
-	t.row("read: FUSE floor (go-fuse, same timeouts, direct_io)", "Read", "ns/floor", us, "µs", "", "", "")
+	t.row("read: FUSE floor (go-fuse, same cache mode)", "Read", "ns/floor", us, "µs", "", "", "")
 	t.row("read: tmpfs", "Read", "ns/tmpfs", us, "µs", "", "", "")
 	r, _ = t.ratio("Stat", "ns/cockpitfs", "Stat", "ns/floor", atMost(1.2))
 	t.row("  part: stat (path walk + getattr), cockpitfs", "Stat", "ns/cockpitfs", us, "µs", r+" of floor", "", "")
