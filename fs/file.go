@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"sync"
@@ -81,7 +82,11 @@ func (f *FS) frozenFile(of *file, v view) *file {
 // frozenIno numbers a frozen file by its path and everything a stat or read shows of it.
 func frozenIno(path string, v view) uint64 {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%s\x00%d\x00%d\x00", path, v.mtime.UnixNano(), v.uid)
+	h.Write([]byte(path))
+	var attrs [13]byte // a 0 ends the path, then mtime and uid
+	binary.LittleEndian.PutUint64(attrs[1:], uint64(v.mtime.UnixNano()))
+	binary.LittleEndian.PutUint32(attrs[9:], v.uid)
+	h.Write(attrs[:])
 	h.Write(v.data)
 	return h.Sum64() | 1<<63 // never 0, and apart from the paths' own numbers
 }

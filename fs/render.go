@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -18,10 +19,23 @@ func notFound(format string, args ...any) error {
 	return &engine.Refusal{Code: engine.NotFound, Message: fmt.Sprintf(format, args...)}
 }
 
+// stamp is the time a record's stamp names. The last one parsed is kept: every file of a stack
+// carries its record's updatedAt, and parsing it strictly cost more than rendering most of them.
 func stamp(s string) time.Time {
+	if last := lastStamp.Load(); last != nil && last.text == s {
+		return last.time
+	}
 	t, _ := engine.ParseStamp(s)
+	lastStamp.Store(&parsedStamp{s, t})
 	return t
 }
+
+type parsedStamp struct {
+	text string
+	time time.Time
+}
+
+var lastStamp atomic.Pointer[parsedStamp]
 
 func (f *FS) readme() (view, error) {
 	return view{data: []byte(readmeText), mtime: f.started, uid: f.uid}, nil
@@ -117,8 +131,8 @@ func (f *FS) stackUID(r engine.Record) uint32 {
 	if r.Value.Drain != nil {
 		return r.Value.Drain.UID
 	}
-	if _, uid, ok := f.cockpitOwner(r.Cockpit); ok {
-		return uid
+	if info, err := f.eng.Cockpit(r.Cockpit); err == nil {
+		return info.UID
 	}
 	return f.uid
 }

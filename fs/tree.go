@@ -233,10 +233,27 @@ func (leasePortsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	}
 	var es []entry
 	for key := range r.Value.Lease.Ports {
-		es = append(es, entry{name: key, node: f.newFile(d.child(key), d.cockpit, d.stack, f.leasePortView(d.cockpit, d.stack, key), nil), frozen: true})
+		es = append(es, leasePortEntry(d, key))
 	}
 	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
 	return es, nil
+}
+
+func (leasePortsListing) lookup(_ context.Context, d *dir, key string) (entry, bool, error) {
+	r, err := d.fsys.eng.Stack(d.cockpit, d.stack)
+	if err != nil {
+		return entry{}, false, err
+	}
+	if !r.Value.Lease.Active() {
+		return entry{}, false, nil
+	}
+	_, ok := r.Value.Lease.Ports[key]
+	return leasePortEntry(d, key), ok, nil
+}
+
+func leasePortEntry(d *dir, key string) entry {
+	f := d.fsys
+	return entry{name: key, node: f.newFile(d.child(key), d.cockpit, d.stack, f.leasePortView(d.cockpit, d.stack, key), nil), frozen: true}
 }
 
 type entrypointsListing struct{}

@@ -41,3 +41,23 @@ PASS
 		t.Error("a sum over a benchmark that did not run has a value")
 	}
 }
+
+// Paired figures compare run by run: the median of each line's own ratio, not the ratio of
+// medians taken from different runs.
+func TestPairedRatioIsPerRun(t *testing.T) {
+	out := `BenchmarkRead-2 	 300	 1 ns/op	 100 ns/cockpitfs	 50 ns/floor
+BenchmarkRead-2 	 300	 1 ns/op	 30 ns/cockpitfs	 20 ns/floor
+BenchmarkRead-2 	 300	 1 ns/op	 60 ns/cockpitfs	 100 ns/floor
+`
+	f := read(bufio.NewScanner(strings.NewReader(out)))
+	if r, ok := f.pairedRatio("Read", "ns/cockpitfs", "ns/floor"); !ok || r != 1.5 {
+		t.Errorf("paired ratio = %v, %v; want 1.5 (runs 2, 1.5, 0.6)", r, ok)
+	}
+	tab := &table{f: f}
+	if r, verdict := tab.ratio("Read", "ns/cockpitfs", "Read", "ns/floor", atMost(1.2)); r != "1.50×" || verdict != "MISSED" {
+		t.Errorf("table ratio = %s %s; want 1.50× MISSED, not the ratio of medians 60/50 = 1.20×", r, verdict)
+	}
+	if _, ok := f.pairedRatio("Read", "ns/cockpitfs", "ns/tmpfs"); ok {
+		t.Error("a paired ratio with a unit no line has")
+	}
+}
