@@ -23,15 +23,7 @@ const helperCommits = 20
 // TestHelperCommits is not a test: run under strace by TestAcknowledgedCommitIsSynced, it
 // commits helperCommits times and writes "acked N" to stdout after each Update returns.
 func TestHelperCommits(t *testing.T) {
-	dir := os.Getenv(commitsEnv)
-	if dir == "" {
-		t.Skip("helper process only")
-	}
-	db, err := Open(dir)
-	if err != nil {
-		fmt.Println(err)
-		os.Exit(1)
-	}
+	db := helperStore(t, commitsEnv)
 	for i := range helperCommits {
 		if err := increment(db, "counter"); err != nil {
 			fmt.Println(err)

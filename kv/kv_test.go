@@ -450,7 +450,17 @@ const holdEnv = "COCKPITFS_KV_HOLD_DIR"
 // opens the store, writes one key, says "ready" and holds the store until its
 // stdin closes.
 func TestHelperHoldDir(t *testing.T) {
-	dir := os.Getenv(holdEnv)
+	db := helperStore(t, holdEnv)
+	set(t, db, "written-by", "child")
+	fmt.Println("ready")
+	io.Copy(io.Discard, os.Stdin)
+	db.Close()
+}
+
+// helperStore opens the store in the directory env names when the test binary runs as a helper
+// process, and skips the test otherwise.
+func helperStore(t *testing.T, env string) *DB {
+	dir := os.Getenv(env)
 	if dir == "" {
 		t.Skip("helper process only")
 	}
@@ -459,10 +469,7 @@ func TestHelperHoldDir(t *testing.T) {
 		fmt.Println(err)
 		os.Exit(1)
 	}
-	set(t, db, "written-by", "child")
-	fmt.Println("ready")
-	io.Copy(io.Discard, os.Stdin)
-	db.Close()
+	return db
 }
 
 // startHolder runs TestHelperHoldDir in a child process and waits until it holds dir.
