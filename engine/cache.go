@@ -132,12 +132,13 @@ func (c *cockpitCache) since() uint64 {
 	return c.commits
 }
 
-// read marks key's entry, just decoded by a View begun after since returned at, as current
-// unless a commit happened meanwhile.
-func (c *cockpitCache) read(key string, at uint64) {
+// read marks key's entry current if it holds raw, the bytes a View begun after since returned at
+// read, and no commit happened meanwhile. (A transaction may have decoded other bytes since: ones
+// not yet acknowledged, or its own uncommitted write.)
+func (c *cockpitCache) read(key string, raw []byte, at uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.m[key]; ok && at == c.commits {
+	if e, ok := c.m[key]; ok && at == c.commits && bytes.Equal(e.raw, raw) {
 		e.current, e.readAt = true, at
 		c.m[key] = e
 	}

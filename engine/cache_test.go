@@ -108,7 +108,12 @@ func TestCockpitCacheCurrency(t *testing.T) {
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("decoded inside a transaction, yet current")
 	}
-	c.read("c/app", c.since())
+	other := []byte(`{"name":"app","uid":1001}`)
+	c.read("c/app", other, c.since()) // a View read other bytes than the entry holds
+	if _, ok := c.current("c/app"); ok {
+		t.Fatal("current though the View read other bytes")
+	}
+	c.read("c/app", raw, c.since())
 	if m, ok := c.current("c/app"); !ok || m.UID != 1000 {
 		t.Fatalf("after a read: %+v, %v", m, ok)
 	}
@@ -118,7 +123,7 @@ func TestCockpitCacheCurrency(t *testing.T) {
 	}
 	at := c.since()
 	c.committed() // a commit while the View ran
-	c.read("c/app", at)
+	c.read("c/app", raw, at)
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("current though a commit raced its read")
 	}

@@ -195,12 +195,13 @@ func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 	}
 	at := e.cockpits.since()
 	var m cockpitMeta
+	var raw []byte
 	err := e.db.View(func(tx kv.Txn) (err error) {
-		m, err = e.loadCockpit(tx, name)
+		m, raw, err = e.readCockpit(tx, name)
 		return err
 	})
 	if err == nil {
-		e.cockpits.read(key, at)
+		e.cockpits.read(key, raw, at)
 	}
 	return m.info(), err
 }

@@ -76,16 +76,23 @@ func setJSON(tx kv.Txn, key string, v any) error {
 }
 
 func (e *Engine) loadCockpit(tx kv.Txn, cockpit string) (cockpitMeta, error) {
+	m, _, err := e.readCockpit(tx, cockpit)
+	return m, err
+}
+
+// readCockpit is loadCockpit that also returns the bytes read.
+func (e *Engine) readCockpit(tx kv.Txn, cockpit string) (cockpitMeta, []byte, error) {
 	key := cockpitKey(cockpit)
 	raw, err := tx.Get(key)
 	if errors.Is(err, kv.ErrNotFound) {
 		e.cockpits.forget(key)
-		return cockpitMeta{}, refuse(NotFound, CockpitID(cockpit), "", "cockpit %s does not exist", cockpit)
+		return cockpitMeta{}, nil, refuse(NotFound, CockpitID(cockpit), "", "cockpit %s does not exist", cockpit)
 	}
 	if err != nil {
-		return cockpitMeta{}, err
+		return cockpitMeta{}, nil, err
 	}
-	return e.cockpits.decode(key, raw)
+	m, err := e.cockpits.decode(key, raw)
+	return m, raw, err
 }
 
 func (m cockpitMeta) config() (portdecl.Config, bool) {
