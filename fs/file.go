@@ -61,9 +61,9 @@ var (
 	_ = (fs.NodeFsyncer)((*file)(nil))
 )
 
-// openFlags are every open's: direct I/O, so every read reaches the handle's snapshot and never a
-// page cache of another; no FLUSH at close, since nothing waits for one (a command applies at its
-// write(2), and its errno is that write's).
+// openFlags are every open's but a frozen file's: direct I/O, so every read reaches the handle's
+// snapshot and never a page cache of another; no FLUSH at close, since nothing waits for one (a
+// command applies at its write(2), and its errno is that write's).
 const openFlags = fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH
 
 // frozenOpenFlags are a frozen file's opens: its content never changes, so the pages the kernel

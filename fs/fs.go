@@ -55,9 +55,11 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	}
 	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger}
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
-	// by anyone is visible at the next one whatever the kernel cached. Names are kept (see
-	// entryTimeout), and so are missing ones where only this mount's own operations create names
-	// (see ownNames). No NegativeTimeout: with one, go-fuse's bridge would override Lookup's.
+	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the
+	// exception: their nodes never change, and their names are looked up at every open (see
+	// entry.frozen). Other names are kept (see entryTimeout), and so are missing ones where only
+	// this mount's own operations create names (see ownNames). No NegativeTimeout: with one,
+	// go-fuse's bridge would override Lookup's.
 	var zero time.Duration
 	options := &fs.Options{
 		AttrTimeout: &zero,
