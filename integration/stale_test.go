@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestNeverStale alternates a writer process and a reader process through the mount: the writer
@@ -122,7 +123,22 @@ func TestFrozenFileReadOncePerContent(t *testing.T) {
 	m := newMount(t, "--debug")
 	m.setupApp(4, map[string]int{"HTTP": 38780}, "s")
 	m.ok("touch $M/app/stacks/s/holders/keeper")
-	reads := func() int { return strings.Count(m.log.String(), ": READ n") }
+	// The debug log reaches the test through a pipe, after the request it logs: a lookup of a
+	// fresh name, made now, shows up once every request before it has.
+	settles := 0
+	reads := func() int {
+		settles++
+		name := "settle-" + strconv.Itoa(settles)
+		m.sh("stat " + m.Path("app", "stacks", "s", name))
+		marker := `"` + name + `"`
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(m.log.String(), marker); {
+			if time.Now().After(deadline) {
+				t.Fatalf("the daemon's log never showed the lookup of %s", marker)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return strings.Count(m.log.String(), ": READ n")
+	}
 	revision := func() string { return strings.TrimSpace(m.read("app", "stacks", "s", "revision")) }
 
 	first := revision()
