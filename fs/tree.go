@@ -148,7 +148,7 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		return nil, err
 	}
 	view := func(name string, fn func(engine.Record) []byte) entry {
-		return entry{name: name, node: f.newFile(d.child(name), c, s, f.stackView(c, s, name, fn), nil), frozen: true}
+		return frozenEntry(d, name, f.stackView(c, s, name, fn))
 	}
 	es := []entry{
 		{name: "holders", node: f.newDir(d.child("holders"), c, s, holdersListing{}), dir: true},
@@ -166,6 +166,12 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		es = append(es, view("env", renderEnv))
 	}
 	return es, nil
+}
+
+// frozenEntry is a read-only file of d's stack rendered by r from the record alone (see
+// entry.frozen).
+func frozenEntry(d *dir, name string, r render) entry {
+	return entry{name: name, node: d.fsys.newFile(d.child(name), d.cockpit, d.stack, r, nil), frozen: true}
 }
 
 type holdersListing struct{}
@@ -252,8 +258,7 @@ func (leasePortsListing) lookup(_ context.Context, d *dir, key string) (entry, b
 }
 
 func leasePortEntry(d *dir, key string) entry {
-	f := d.fsys
-	return entry{name: key, node: f.newFile(d.child(key), d.cockpit, d.stack, f.leasePortView(d.cockpit, d.stack, key), nil), frozen: true}
+	return frozenEntry(d, key, d.fsys.leasePortView(d.cockpit, d.stack, key))
 }
 
 type entrypointsListing struct{}
@@ -266,7 +271,7 @@ func (entrypointsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	}
 	var es []entry
 	for _, e := range entrypoints(r) {
-		es = append(es, entry{name: e.Name, node: f.newFile(d.child(e.Name), d.cockpit, d.stack, f.entrypointView(d.cockpit, d.stack, e.Name), nil), frozen: true})
+		es = append(es, frozenEntry(d, e.Name, f.entrypointView(d.cockpit, d.stack, e.Name)))
 	}
 	return es, nil
 }

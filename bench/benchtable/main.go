@@ -108,8 +108,12 @@ func (t *table) row(label, name, unit string, scale float64, shown string, ratio
 // ratio is a/b, formatted, with whether it satisfies ok: the median of each run's own ratio when
 // both figures come from the same (paired) benchmark lines, else the ratio of the two medians.
 func (t *table) ratio(aName, aUnit, bName, bUnit string, ok func(float64) bool) (string, string) {
-	r, found := t.f.pairedRatio(aName, aUnit, bUnit)
-	if aName != bName || !found {
+	var r float64
+	found := false
+	if aName == bName {
+		r, found = t.f.pairedRatio(aName, aUnit, bUnit)
+	}
+	if !found {
 		a, okA := t.f.median(aName, aUnit)
 		b, okB := t.f.median(bName, bUnit)
 		if !okA || !okB || b == 0 {
