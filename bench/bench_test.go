@@ -16,6 +16,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // 1. read: open+read+close of the same path through cockpitfs, the FUSE floor and tmpfs, taken in
@@ -145,7 +146,7 @@ func BenchmarkWrite(b *testing.B) {
 			// One kv.Update writing one record-sized value, no engine: badger's commit into its
 			// memory-mapped WAL, then kv's fdatasync of that log (a page written in place).
 			"store-commit": {run: func() error {
-				return commitStore.Update(ctx, func(tx kv.Txn) error { return tx.Set("k", value) })
+				return commitStore.Update(ctx, func(tx storage.Txn) error { return tx.Set("k", value) })
 			}},
 			"fdatasync": {run: func() error { return syncWrite(disk, line) }},
 			// With nothing left to write (every op above syncs what it wrote): the disk's cache

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
@@ -18,10 +18,10 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 		return refuse(StateRecordMalformed, name, "use 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-', and not README or ports",
 			"cockpit name %q is invalid", name)
 	}
-	return e.update(ctx, cockpitKey(name), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, cockpitKey(name), func(tx storage.Txn, now time.Time) error {
 		if _, err := tx.Get(cockpitKey(name)); err == nil {
 			return refuse(Exists, CockpitID(name), "", "cockpit %s already exists", name)
-		} else if !errors.Is(err, kv.ErrNotFound) {
+		} else if !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
 		m := cockpitMeta{Name: name, ID: CockpitID(name), UID: c.UID, CreatedAt: Stamp(now), UpdatedAt: Stamp(now)}
@@ -34,7 +34,7 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 
 // RemoveCockpit removes a namespace that has no stacks; only its owner (or root) may.
 func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error {
-	return e.update(ctx, cockpitKey(name), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, cockpitKey(name), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, name)
 		if err != nil {
 			return err
@@ -57,7 +57,7 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 // SetConfig accepts a port declaration (§3) for the cockpit; only its owner (or root) may.
 // Leases keep the declaration they were taken under.
 func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text []byte) error {
-	return e.update(ctx, cockpitKey(cockpit), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, cockpitKey(cockpit), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err
@@ -90,14 +90,14 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 	if err := checkName("stack", stack); err != nil {
 		return err
 	}
-	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err
 		}
 		if _, err := tx.Get(stackKey(cockpit, stack)); err == nil {
 			return refuse(Exists, StackID(cockpit, stack), "", "stack %s already exists", stack)
-		} else if !errors.Is(err, kv.ErrNotFound) {
+		} else if !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
 		if _, err := saveRecord(tx, newRecord(cockpit, stack, now)); err != nil {
@@ -113,7 +113,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 
 // RemoveStack removes a stack with no holders, no active lease and no drain.
 func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack string) error {
-	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err

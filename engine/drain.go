@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Drains (SPEC §7): reserve, start an attempt, publish its outcome, repair an interrupted one,
@@ -399,7 +399,7 @@ func repairAttempt(r Record, c Caller, seen executorCheck, now time.Time) (Value
 
 // applyDrainStep commits the value step derives from the stack's current record.
 func (e *Engine) applyDrainStep(ctx context.Context, c Caller, cockpit, stack string, step func(Record, time.Time) (Value, error)) error {
-	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err

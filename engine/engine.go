@@ -10,19 +10,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // lockTimeout is how long an operation waits for its stack before refusing with STATE_LOCKED.
 const lockTimeout = 2 * time.Second
 
-// Store is what the engine needs of a store: consistent reads, and compare-and-swap transactions
-// that commit only if nothing they read with Get changed (retried on conflict, durable on return).
-// kv.DB is the badger one; an etcd backend would map Get to a ModRevision compare in its Txn.
-type Store interface {
-	View(fn func(kv.Txn) error) error
-	Update(ctx context.Context, fn func(kv.Txn) error) error
-}
+// Store is what the engine needs of a store (the contract is storage's package comment).
+type Store = storage.Store
 
 // Engine applies operations to one store. It is safe for concurrent use.
 type Engine struct {
@@ -47,13 +42,13 @@ var errUnchanged = errors.New("unchanged")
 
 // update runs fn as one transaction while holding the lock of key, so writers of one stack queue
 // here instead of retrying conflicts in the store. Watchers of key are woken after the commit.
-func (e *Engine) update(ctx context.Context, key string, fn func(tx kv.Txn, now time.Time) error) error {
+func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn, now time.Time) error) error {
 	unlock, err := e.locks.lock(ctx, key)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	err = e.db.Update(ctx, func(tx kv.Txn) error {
+	err = e.db.Update(ctx, func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		return fn(tx, e.now())
 	})
@@ -63,7 +58,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx kv.Txn, now 
 	switch {
 	case errors.Is(err, errUnchanged):
 		return nil
-	case errors.Is(err, kv.ErrLocked):
+	case errors.Is(err, storage.ErrLocked):
 		return refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
 	case err != nil:
 		return err
@@ -174,7 +169,7 @@ func (m cockpitMeta) info() CockpitInfo {
 // Cockpits lists every cockpit, by name.
 func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 	var out []CockpitInfo
-	err := e.db.View(func(tx kv.Txn) error {
+	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan("c/", func(_ string, v []byte) error {
 			var m cockpitMeta
 			if err := jsonUnmarshal(v, &m); err != nil {
@@ -196,7 +191,7 @@ func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 	at := e.cockpits.since()
 	var m cockpitMeta
 	var raw []byte
-	err := e.db.View(func(tx kv.Txn) (err error) {
+	err := e.db.View(func(tx storage.Txn) (err error) {
 		m, raw, err = e.readCockpit(tx, name)
 		return err
 	})
@@ -209,7 +204,7 @@ func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 // Stacks lists a cockpit's stack names in order.
 func (e *Engine) Stacks(cockpit string) ([]string, error) {
 	var out []string
-	err := e.db.View(func(tx kv.Txn) error {
+	err := e.db.View(func(tx storage.Txn) error {
 		if _, err := e.loadCockpit(tx, cockpit); err != nil {
 			return err
 		}
@@ -231,7 +226,7 @@ func (e *Engine) Stack(cockpit, stack string) (Record, error) {
 		return r, nil
 	}
 	var read cachedRecord
-	err := e.db.View(func(tx kv.Txn) (err error) {
+	err := e.db.View(func(tx storage.Txn) (err error) {
 		read, err = e.readRecord(tx, cockpit, stack)
 		return err
 	})
@@ -244,7 +239,7 @@ func (e *Engine) Stack(cockpit, stack string) (Record, error) {
 // Ports lists every port of every active lease on the machine, in port order.
 func (e *Engine) Ports() ([]PortOwner, error) {
 	var out []PortOwner
-	err := e.db.View(func(tx kv.Txn) error {
+	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(portsPrefix, func(_ string, v []byte) error {
 			var o PortOwner
 			if err := jsonUnmarshal(v, &o); err != nil {
@@ -264,7 +259,7 @@ func (e *Engine) Events(cockpit, stack string) ([]byte, error) {
 		stack = cockpitLevel
 	}
 	var out []byte
-	err := e.db.View(func(tx kv.Txn) (err error) {
+	err := e.db.View(func(tx storage.Txn) (err error) {
 		out, err = readEvents(tx, cockpit, stack)
 		return err
 	})
@@ -279,7 +274,7 @@ func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno s
 	if stack != "" {
 		key = stackKey(cockpit, stack)
 	}
-	return e.update(context.Background(), key, func(tx kv.Txn, now time.Time) error {
+	return e.update(context.Background(), key, func(tx storage.Txn, now time.Time) error {
 		level := stack
 		if stack == "" || !exists(tx, stackKey(cockpit, stack)) {
 			level = cockpitLevel
@@ -295,7 +290,7 @@ func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno s
 }
 
 // exists reads key with Get, so the transaction conflicts with its creation or removal.
-func exists(tx kv.Txn, key string) bool {
+func exists(tx storage.Txn, key string) bool {
 	_, err := tx.Get(key)
 	return err == nil
 }

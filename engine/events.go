@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // EventsKept is how many lines each events file keeps.
@@ -51,7 +51,7 @@ func okEvent(c Caller, now time.Time, revision int64) Event {
 
 // appendEvent adds e to the log of (cockpit, stack) inside tx, so a change and its line commit
 // together; stack is cockpitLevel for the cockpit's own log.
-func appendEvent(tx kv.Txn, cockpit, stack string, e Event) error {
+func appendEvent(tx storage.Txn, cockpit, stack string, e Event) error {
 	var seq uint64
 	if _, err := getJSON(tx, eventsSeqKey(cockpit, stack), &seq); err != nil {
 		return err
@@ -77,7 +77,7 @@ func eventKey(cockpit, stack string, seq uint64) string {
 	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
 }
 
-func deleteEvents(tx kv.Txn, cockpit, stack string) error {
+func deleteEvents(tx storage.Txn, cockpit, stack string) error {
 	var keys []string
 	if err := tx.Scan(eventsPrefix(cockpit, stack), func(k string, _ []byte) error {
 		keys = append(keys, k)
@@ -94,7 +94,7 @@ func deleteEvents(tx kv.Txn, cockpit, stack string) error {
 	return nil
 }
 
-func readEvents(tx kv.Txn, cockpit, stack string) ([]byte, error) {
+func readEvents(tx storage.Txn, cockpit, stack string) ([]byte, error) {
 	var out []byte
 	err := tx.Scan(eventsPrefix(cockpit, stack), func(_ string, v []byte) error {
 		out = append(append(out, v...), '\n')

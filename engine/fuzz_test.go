@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // renderHolderAttrs writes a as the holder write that sets exactly it.
@@ -188,7 +189,7 @@ type sequenceRig struct {
 // newSequenceRig empties db first: one store serves every input of a fuzz process, because
 // opening one costs as much as a whole sequence.
 func newSequenceRig(t *testing.T, db *kv.DB) *sequenceRig {
-	err := db.Update(context.Background(), func(tx kv.Txn) error {
+	err := db.Update(context.Background(), func(tx storage.Txn) error {
 		var keys []string
 		if err := tx.Scan("", func(k string, _ []byte) error {
 			keys = append(keys, k)
@@ -224,7 +225,7 @@ func (rig *sequenceRig) caller(in *sequenceInput, op, path string) Caller {
 // snapshot is every key of the store and its value.
 func (rig *sequenceRig) snapshot() map[string]string {
 	out := map[string]string{}
-	err := rig.db.View(func(tx kv.Txn) error {
+	err := rig.db.View(func(tx storage.Txn) error {
 		return tx.Scan("", func(k string, v []byte) error {
 			out[k] = string(v)
 			return nil

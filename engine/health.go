@@ -8,7 +8,7 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Observation codes and owners of a stack's health, in the seeds' environment-observation shape
@@ -80,9 +80,9 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		configured bool
 		candidates []int
 	)
-	err := e.db.View(func(tx kv.Txn) error {
+	err := e.db.View(func(tx storage.Txn) error {
 		data, err := tx.Get(stackKey(cockpit, stack))
-		if errors.Is(err, kv.ErrNotFound) {
+		if errors.Is(err, storage.ErrNotFound) {
 			return refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
 		}
 		if err != nil {
@@ -153,7 +153,7 @@ func available(value bool, reason, at string) Observed {
 
 // leaseCollision checks r's active lease against the machine: every port indexed to r's stack, and
 // no other record's active lease holding it. It returns why not, or "".
-func leaseCollision(tx kv.Txn, r Record) (string, error) {
+func leaseCollision(tx storage.Txn, r Record) (string, error) {
 	lease := r.Value.Lease
 	var problems []string
 	for _, key := range sortedPortKeys(lease.Ports) {

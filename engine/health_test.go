@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // healthConfig keeps its ports clear of the usual ephemeral range (32768-60999) and of
@@ -158,7 +158,7 @@ func TestHealthOfABrokenRecordFails(t *testing.T) {
 	writeRecord(t, e.db, "a", func(r *Record) {
 		r.Value.Holders = []Holder{NewHolder{Name: "me", CheckoutPath: "/src/me"}.holder(e.now())}
 	})
-	if err := e.db.Update(context.Background(), func(tx kv.Txn) error { return tx.Set(stackKey("app", "b"), []byte("{")) }); err != nil {
+	if err := e.db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(stackKey("app", "b"), []byte("{")) }); err != nil {
 		t.Fatal(err)
 	}
 	for stack, reason := range map[string]string{"a": "the stack has holders but no active lease", "b": "decode record"} {
@@ -187,7 +187,7 @@ func TestHealthOfAMissingStackIsNotFound(t *testing.T) {
 // corruption verify and health exist to find.
 func writeRecord(t *testing.T, db Store, stack string, change func(*Record)) {
 	t.Helper()
-	err := db.Update(context.Background(), func(tx kv.Txn) error {
+	err := db.Update(context.Background(), func(tx storage.Txn) error {
 		r, err := new(Engine).loadRecord(tx, "app", stack) // no cache: always decoded
 		if err != nil {
 			return err

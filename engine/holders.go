@@ -11,7 +11,7 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // HolderAttrs is a holder write: `pid=<n>|none checkout=<absolute path>`, each optional.
@@ -169,7 +169,7 @@ func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name strin
 	// Probes are slow, so they run before the transaction; it releases only holders still
 	// recorded exactly as observed.
 	dead := deadHolders(before.Value.Holders, HolderID(name))
-	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err
@@ -238,7 +238,7 @@ func defaultHolderOr(c Caller, name string, attrs *HolderAttrs) (NewHolder, erro
 }
 
 // commit writes the next revision of r with value v, its port index and its events line.
-func (e *Engine) commit(tx kv.Txn, c Caller, r Record, v Value, now time.Time) error {
+func (e *Engine) commit(tx storage.Txn, c Caller, r Record, v Value, now time.Time) error {
 	saved, err := saveRecord(tx, r.next(v, now))
 	if err != nil {
 		return err
@@ -260,7 +260,7 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name s
 			return err
 		}
 	}
-	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err
@@ -303,7 +303,7 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name s
 // Release removes the caller's own holder (§4): only its owner may, never while a drain is
 // reserved, never the last one.
 func (e *Engine) Release(ctx context.Context, c Caller, cockpit, stack, name string) error {
-	return e.update(ctx, stackKey(cockpit, stack), func(tx kv.Txn, now time.Time) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 const (
@@ -390,7 +390,7 @@ func TestCheckGuardsSaveRecord(t *testing.T) {
 	before := recordSnapshot(t, e, "app", "main")
 	r := stackRecord(t, e, "app", "main")
 	r.Value.Lease = nil
-	err := e.db.Update(t.Context(), func(tx kv.Txn) error { _, err := saveRecord(tx, r); return err })
+	err := e.db.Update(t.Context(), func(tx storage.Txn) error { _, err := saveRecord(tx, r); return err })
 	requireCode(t, err, StateRecordMalformed)
 	if after := recordSnapshot(t, e, "app", "main"); after != before {
 		t.Fatalf("a record breaking its invariants was saved:\n%s", after)

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Keys of the store. Names never hold '/', so it separates components unambiguously.
@@ -53,9 +53,9 @@ type PortOwner struct {
 	Offset  int    `json:"offset"`
 }
 
-func getJSON(tx kv.Txn, key string, v any) (bool, error) {
+func getJSON(tx storage.Txn, key string, v any) (bool, error) {
 	data, err := tx.Get(key)
-	if errors.Is(err, kv.ErrNotFound) {
+	if errors.Is(err, storage.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
@@ -67,7 +67,7 @@ func getJSON(tx kv.Txn, key string, v any) (bool, error) {
 	return true, nil
 }
 
-func setJSON(tx kv.Txn, key string, v any) error {
+func setJSON(tx storage.Txn, key string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -75,16 +75,16 @@ func setJSON(tx kv.Txn, key string, v any) error {
 	return tx.Set(key, data)
 }
 
-func (e *Engine) loadCockpit(tx kv.Txn, cockpit string) (cockpitMeta, error) {
+func (e *Engine) loadCockpit(tx storage.Txn, cockpit string) (cockpitMeta, error) {
 	m, _, err := e.readCockpit(tx, cockpit)
 	return m, err
 }
 
 // readCockpit is loadCockpit that also returns the bytes read.
-func (e *Engine) readCockpit(tx kv.Txn, cockpit string) (cockpitMeta, []byte, error) {
+func (e *Engine) readCockpit(tx storage.Txn, cockpit string) (cockpitMeta, []byte, error) {
 	key := cockpitKey(cockpit)
 	raw, err := tx.Get(key)
-	if errors.Is(err, kv.ErrNotFound) {
+	if errors.Is(err, storage.ErrNotFound) {
 		e.cockpits.forget(key)
 		return cockpitMeta{}, nil, refuse(NotFound, CockpitID(cockpit), "", "cockpit %s does not exist", cockpit)
 	}
@@ -104,15 +104,15 @@ func (m cockpitMeta) config() (portdecl.Config, bool) {
 
 // loadRecord reads a stack's record in tx. The bytes are always read (the transaction must Get
 // what it depends on); decoding them is skipped when they are the bytes the cache holds.
-func (e *Engine) loadRecord(tx kv.Txn, cockpit, stack string) (Record, error) {
+func (e *Engine) loadRecord(tx storage.Txn, cockpit, stack string) (Record, error) {
 	r, err := e.readRecord(tx, cockpit, stack)
 	return r.Record, err
 }
 
-func (e *Engine) readRecord(tx kv.Txn, cockpit, stack string) (cachedRecord, error) {
+func (e *Engine) readRecord(tx storage.Txn, cockpit, stack string) (cachedRecord, error) {
 	key := stackKey(cockpit, stack)
 	data, err := tx.Get(key)
-	if errors.Is(err, kv.ErrNotFound) {
+	if errors.Is(err, storage.ErrNotFound) {
 		return cachedRecord{}, refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
 	}
 	if err != nil {
@@ -127,7 +127,7 @@ func (e *Engine) readRecord(tx kv.Txn, cockpit, stack string) (cachedRecord, err
 
 // saveRecord writes r after checking every invariant: a transition that would break one is a bug
 // and commits nothing. It returns what it wrote.
-func saveRecord(tx kv.Txn, r Record) (cachedRecord, error) {
+func saveRecord(tx storage.Txn, r Record) (cachedRecord, error) {
 	if err := Check(r); err != nil {
 		return cachedRecord{}, refuse(StateRecordMalformed, r.SubjectID, "report this as a cockpitfs bug", "transition would break the record's invariants: %v", err)
 	}
@@ -140,7 +140,7 @@ func saveRecord(tx kv.Txn, r Record) (cachedRecord, error) {
 
 // reindexLease moves the port index and the cockpit's active-lease count from before's lease to
 // after's. Every key is read with Get so a concurrent lease of the same port conflicts.
-func reindexLease(tx kv.Txn, cockpit, stack string, before, after *Lease) error {
+func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) error {
 	if before.Active() == after.Active() && (!before.Active() || before.Offset == after.Offset) {
 		return nil
 	}
@@ -184,7 +184,7 @@ func reindexLease(tx kv.Txn, cockpit, stack string, before, after *Lease) error 
 
 // portOwner reads the index entry of port with Get, so the transaction conflicts with a
 // concurrent lease of it.
-func portOwner(tx kv.Txn, cockpit, stack string) func(int) (string, error) {
+func portOwner(tx storage.Txn, cockpit, stack string) func(int) (string, error) {
 	return func(port int) (string, error) {
 		var owner PortOwner
 		taken, err := getJSON(tx, portKey(port), &owner)

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Verify checks the whole store offline: every record against Check, the port index against the
@@ -20,7 +20,7 @@ func Verify(db Store) ([]string, int, error) {
 	records := map[string]Record{}
 	stacks := map[string]int{}
 	leases := map[string]int{}
-	err := db.View(func(tx kv.Txn) error {
+	err := db.View(func(tx storage.Txn) error {
 		if err := tx.Scan("s/", func(key string, value []byte) error {
 			r, err := decodeRecord(value)
 			if err != nil {

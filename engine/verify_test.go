@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 const verifyConfig = `[ports]
@@ -69,9 +69,9 @@ func TestVerifyIsCleanAfterEngineOperations(t *testing.T) {
 func TestVerifyNamesEachCorruption(t *testing.T) {
 	for _, c := range []struct {
 		name, key, says string
-		corrupt         func(tx kv.Txn) error
+		corrupt         func(tx storage.Txn) error
 	}{
-		{"holders without a lease", "s/app/c", "the stack has holders but no active lease", func(tx kv.Txn) error {
+		{"holders without a lease", "s/app/c", "the stack has holders but no active lease", func(tx storage.Txn) error {
 			r, err := new(Engine).loadRecord(tx, "app", "c") // no cache: always decoded
 			if err != nil {
 				return err
@@ -79,22 +79,22 @@ func TestVerifyNamesEachCorruption(t *testing.T) {
 			r.Value.Holders = []Holder{NewHolder{Name: "me", CheckoutPath: "/src/me"}.holder(time.Now())}
 			return setJSON(tx, stackKey("app", "c"), r)
 		}},
-		{"a record that is not JSON", "s/app/c", "decode record", func(tx kv.Txn) error {
+		{"a record that is not JSON", "s/app/c", "decode record", func(tx storage.Txn) error {
 			return tx.Set(stackKey("app", "c"), []byte(`{"format":`))
 		}},
-		{"an orphan index entry", "p/22090", "indexed for app/c key HTTP, which holds no such active lease", func(tx kv.Txn) error {
+		{"an orphan index entry", "p/22090", "indexed for app/c key HTTP, which holds no such active lease", func(tx storage.Txn) error {
 			return setJSON(tx, portKey(22090), PortOwner{Port: 22090, Cockpit: "app", Stack: "c", Key: "HTTP", Offset: 10})
 		}},
-		{"a lease port missing from the index", "s/app/a", "active lease port DB=22432 is missing from the port index", func(tx kv.Txn) error {
+		{"a lease port missing from the index", "s/app/a", "active lease port DB=22432 is missing from the port index", func(tx storage.Txn) error {
 			return tx.Delete(portKey(22432))
 		}},
-		{"a lease port indexed to another stack", "s/web/x", "active lease port HTTP=23080 is missing from the port index", func(tx kv.Txn) error {
+		{"a lease port indexed to another stack", "s/web/x", "active lease port HTTP=23080 is missing from the port index", func(tx storage.Txn) error {
 			return setJSON(tx, portKey(23080), PortOwner{Port: 23080, Cockpit: "app", Stack: "a", Key: "HTTP", Offset: 0})
 		}},
-		{"a wrong lease count", "n/app", "counts 2 active leases, the store holds 1", func(tx kv.Txn) error {
+		{"a wrong lease count", "n/app", "counts 2 active leases, the store holds 1", func(tx storage.Txn) error {
 			return setJSON(tx, leaseCountKey("app"), 2)
 		}},
-		{"a wrong stack count", "c/web", "counts 0 stacks, the store holds 1", func(tx kv.Txn) error {
+		{"a wrong stack count", "c/web", "counts 0 stacks, the store holds 1", func(tx storage.Txn) error {
 			var m cockpitMeta
 			if _, err := getJSON(tx, cockpitKey("web"), &m); err != nil {
 				return err

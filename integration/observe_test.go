@@ -15,6 +15,7 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Seeing what is going on: the machine-wide port index, health, wait, events and verify (SPEC §2,
@@ -394,7 +395,7 @@ rmdir b c`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = db.Update(context.Background(), func(tx kv.Txn) error {
+	err = db.Update(context.Background(), func(tx storage.Txn) error {
 		data, err := tx.Get("s/web/x")
 		if err != nil {
 			return err

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // commitsEnv names the directory TestHelperCommits writes to when the test binary runs as a
@@ -152,7 +154,7 @@ func TestReadWaitsForCommitsInFlight(t *testing.T) {
 func TestFailedSyncIsSticky(t *testing.T) {
 	db, dir := openTemp(t)
 	set(t, db, "k", "v")
-	write := func(tx Txn) error { return tx.Set("k", []byte("w")) }
+	write := func(tx storage.Txn) error { return tx.Set("k", []byte("w")) }
 	db.sync.dir = filepath.Join(t.TempDir(), "missing") // the next round cannot list the logs
 	if err := db.Update(context.Background(), write); err == nil {
 		t.Fatal("Update acknowledged a commit it could not sync")
@@ -161,7 +163,7 @@ func TestFailedSyncIsSticky(t *testing.T) {
 	if err := db.Update(context.Background(), write); err == nil {
 		t.Fatal("a commit after a failed sync was acknowledged")
 	}
-	if err := db.View(func(Txn) error { return nil }); err == nil {
+	if err := db.View(func(storage.Txn) error { return nil }); err == nil {
 		t.Fatal("View succeeded after a failed sync")
 	}
 }

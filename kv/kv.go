@@ -1,7 +1,7 @@
 // Package kv is cockpitfs's durable store: a badger database in the data directory,
 // guarded by a pid-bearing flock so that exactly one process uses it, sized for a
 // laptop, and exposed as string-keyed transactions where Update retries write
-// conflicts for up to two seconds before giving up with ErrLocked.
+// conflicts for up to two seconds before giving up with storage.ErrLocked.
 package kv
 
 import (
@@ -17,14 +17,9 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
+
+	"github.com/cockpitfs/cockpitfs/storage"
 )
-
-// ErrNotFound is returned (unwrapped) by Txn.Get for a missing key.
-var ErrNotFound = errors.New("kv: key not found")
-
-// ErrLocked means Update could not commit because concurrent transactions kept
-// conflicting with it until its deadline. The engine reports it as STATE_LOCKED.
-var ErrLocked = errors.New("kv: contention did not clear")
 
 // lockWait bounds how long Update keeps retrying conflicts (SPEC: STATE_LOCKED).
 const lockWait = 2 * time.Second
@@ -161,22 +156,6 @@ func (db *DB) Close() error {
 	return nil
 }
 
-// Txn is what a transaction function sees.
-type Txn interface {
-	// Get returns a copy of the value, safe to keep after the transaction, or
-	// ErrNotFound. In Update it records the read, so a concurrent commit to key
-	// makes this transaction conflict and retry.
-	Get(key string) ([]byte, error)
-	Set(key string, value []byte) error
-	Delete(key string) error
-	// Scan calls fn for each key starting with prefix, in ascending key order,
-	// with a copy of its value. fn returning an error stops the scan and Scan
-	// returns that error. Scan does NOT protect against phantoms: a key another
-	// transaction inserts under prefix causes no conflict. Get every key whose
-	// absence a decision depends on (uniqueness, indexes).
-	Scan(prefix string, fn func(key string, value []byte) error) error
-}
-
 type txn struct {
 	btx *badger.Txn
 	// wroteValueLog is set by a Set whose value badger puts in its value log.
@@ -186,7 +165,7 @@ type txn struct {
 func (t txn) Get(key string) ([]byte, error) {
 	item, err := t.btx.Get([]byte(key))
 	if errors.Is(err, badger.ErrKeyNotFound) {
-		return nil, ErrNotFound
+		return nil, storage.ErrNotFound
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kv: get %q: %w", key, err)
@@ -236,7 +215,7 @@ func (t txn) Scan(prefix string, fn func(key string, value []byte) error) error 
 
 // View runs fn in a read-only transaction on one consistent snapshot, which holds
 // only durable commits. fn's error is returned unchanged.
-func (db *DB) View(fn func(Txn) error) error {
+func (db *DB) View(fn func(storage.Txn) error) error {
 	btx := db.bdb.NewTransaction(false)
 	defer btx.Discard()
 	// Every commit the snapshot can see took its ticket before the snapshot began.
@@ -249,10 +228,10 @@ func (db *DB) View(fn func(Txn) error) error {
 // Update runs fn in a read-write transaction and commits it. If the commit
 // conflicts with a concurrent one, fn runs again on a fresh transaction, so fn
 // must be safe to re-run. After 2 s, or once ctx is done, Update gives up with an
-// error wrapping ErrLocked (and ctx's error, if that was the cause). An error from
+// error wrapping storage.ErrLocked (and ctx's error, if that was the cause). An error from
 // fn discards the transaction and is returned unchanged. A nil return means the
 // commit is on disk.
-func (db *DB) Update(ctx context.Context, fn func(Txn) error) error {
+func (db *DB) Update(ctx context.Context, fn func(storage.Txn) error) error {
 	if db.readOnly {
 		return errReadOnly
 	}
@@ -264,11 +243,11 @@ func (db *DB) Update(ctx context.Context, fn func(Txn) error) error {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %d attempts conflicted over %v", ErrLocked, attempt, lockWait)
+			return fmt.Errorf("%w: %d attempts conflicted over %v", storage.ErrLocked, attempt, lockWait)
 		}
 		db.conflicts.Add(1)
 		if err := sleep(ctx, rand.N(backoff)+backoff/2); err != nil {
-			return fmt.Errorf("%w: %d attempts conflicted: %w", ErrLocked, attempt, err)
+			return fmt.Errorf("%w: %d attempts conflicted: %w", storage.ErrLocked, attempt, err)
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
@@ -276,7 +255,7 @@ func (db *DB) Update(ctx context.Context, fn func(Txn) error) error {
 
 // tryUpdate is one attempt. It commits by hand, unlike badger's Update, so that
 // only a conflict at commit is retried, never an error of fn's.
-func (db *DB) tryUpdate(fn func(Txn) error) (conflicted bool, err error) {
+func (db *DB) tryUpdate(fn func(storage.Txn) error) (conflicted bool, err error) {
 	btx := db.bdb.NewTransaction(true)
 	defer btx.Discard()
 	var wroteValueLog bool

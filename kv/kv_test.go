@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/storage"
+
 	"github.com/dgraph-io/badger/v4"
 )
 
@@ -34,7 +36,7 @@ func openTemp(t *testing.T) (*DB, string) {
 
 func set(t *testing.T, db *DB, key, value string) {
 	t.Helper()
-	err := db.Update(context.Background(), func(tx Txn) error { return tx.Set(key, []byte(value)) })
+	err := db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(key, []byte(value)) })
 	if err != nil {
 		t.Fatalf("Update set %q: %v", key, err)
 	}
@@ -43,7 +45,7 @@ func set(t *testing.T, db *DB, key, value string) {
 // get returns the value of key, or ok=false if it is missing.
 func get(t *testing.T, db *DB, key string) (value string, ok bool) {
 	t.Helper()
-	err := db.View(func(tx Txn) error {
+	err := db.View(func(tx storage.Txn) error {
 		b, err := tx.Get(key)
 		if err != nil {
 			return err
@@ -51,13 +53,13 @@ func get(t *testing.T, db *DB, key string) (value string, ok bool) {
 		value, ok = string(b), true
 		return nil
 	})
-	if err != nil && !errors.Is(err, ErrNotFound) {
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("View get %q: %v", key, err)
 	}
 	return value, ok
 }
 
-func scan(t *testing.T, tx Txn, prefix string) []string {
+func scan(t *testing.T, tx storage.Txn, prefix string) []string {
 	t.Helper()
 	var got []string
 	err := tx.Scan(prefix, func(key string, value []byte) error {
@@ -74,7 +76,7 @@ func TestGetSetDeleteScan(t *testing.T) {
 	db, _ := openTemp(t)
 	ctx := context.Background()
 
-	err := db.Update(ctx, func(tx Txn) error {
+	err := db.Update(ctx, func(tx storage.Txn) error {
 		// Inserted out of order; Scan must sort them.
 		for _, kv := range [][2]string{
 			{"stack/b", "2"}, {"stack/a", "1"}, {"stack/c", "3"},
@@ -94,7 +96,7 @@ func TestGetSetDeleteScan(t *testing.T) {
 		t.Fatalf("Update: %v", err)
 	}
 
-	err = db.View(func(tx Txn) error {
+	err = db.View(func(tx storage.Txn) error {
 		got := fmt.Sprint(scan(t, tx, "stack/"))
 		if want := "[stack/a=1 stack/b=2 stack/c=3]"; got != want {
 			t.Errorf("Scan(stack/) = %s, want %s", got, want)
@@ -109,8 +111,8 @@ func TestGetSetDeleteScan(t *testing.T) {
 		if err != nil || len(v) != 0 {
 			t.Errorf("Get(empty) = %q, %v; want empty value, nil", v, err)
 		}
-		if _, err := tx.Get("missing"); err != ErrNotFound {
-			t.Errorf("Get(missing) error = %v, want ErrNotFound itself", err)
+		if _, err := tx.Get("missing"); err != storage.ErrNotFound {
+			t.Errorf("Get(missing) error = %v, want storage.ErrNotFound itself", err)
 		}
 		return nil
 	})
@@ -119,7 +121,7 @@ func TestGetSetDeleteScan(t *testing.T) {
 	}
 
 	// Get returns a copy: changing it must not change the store.
-	err = db.View(func(tx Txn) error {
+	err = db.View(func(tx storage.Txn) error {
 		v, err := tx.Get("stack/a")
 		if err != nil {
 			return err
@@ -134,7 +136,7 @@ func TestGetSetDeleteScan(t *testing.T) {
 		t.Errorf("stack/a = %q after mutating a returned slice, want 1", v)
 	}
 
-	if err := db.Update(ctx, func(tx Txn) error { return tx.Delete("stack/b") }); err != nil {
+	if err := db.Update(ctx, func(tx storage.Txn) error { return tx.Delete("stack/b") }); err != nil {
 		t.Fatalf("Update delete: %v", err)
 	}
 	if _, ok := get(t, db, "stack/b"); ok {
@@ -144,7 +146,7 @@ func TestGetSetDeleteScan(t *testing.T) {
 	// An error from the Scan callback stops the scan and comes back unchanged.
 	stop := errors.New("stop")
 	visited := 0
-	err = db.View(func(tx Txn) error {
+	err = db.View(func(tx storage.Txn) error {
 		return tx.Scan("stack/", func(string, []byte) error { visited++; return stop })
 	})
 	if !errors.Is(err, stop) || visited != 1 {
@@ -157,13 +159,13 @@ func TestViewSeesOneSnapshot(t *testing.T) {
 	set(t, db, "a", "old")
 	set(t, db, "b", "old")
 
-	err := db.View(func(tx Txn) error {
+	err := db.View(func(tx storage.Txn) error {
 		a, err := tx.Get("a")
 		if err != nil {
 			return err
 		}
 		// Commit a change to both keys between the two reads.
-		err = db.Update(context.Background(), func(w Txn) error {
+		err = db.Update(context.Background(), func(w storage.Txn) error {
 			if err := w.Set("a", []byte("new")); err != nil {
 				return err
 			}
@@ -192,11 +194,11 @@ func TestViewSeesOneSnapshot(t *testing.T) {
 // increment adds one to the decimal counter at key, reading it with Get so that a
 // concurrent increment conflicts.
 func increment(db *DB, key string) error {
-	return db.Update(context.Background(), func(tx Txn) error {
+	return db.Update(context.Background(), func(tx storage.Txn) error {
 		n := 0
 		v, err := tx.Get(key)
 		switch {
-		case errors.Is(err, ErrNotFound):
+		case errors.Is(err, storage.ErrNotFound):
 		case err != nil:
 			return err
 		default:
@@ -239,7 +241,7 @@ func TestUpdateReturnsFnErrorAndWritesNothing(t *testing.T) {
 	db, _ := openTemp(t)
 	refused := errors.New("refused")
 	runs := 0
-	err := db.Update(context.Background(), func(tx Txn) error {
+	err := db.Update(context.Background(), func(tx storage.Txn) error {
 		runs++
 		if err := tx.Set("k", []byte("v")); err != nil {
 			return err
@@ -259,12 +261,12 @@ func TestUpdateReturnsFnErrorAndWritesNothing(t *testing.T) {
 
 // conflictForever reads key, then commits a blind write to key from another
 // transaction before returning, so every commit attempt conflicts.
-func conflictForever(db *DB, key string) func(Txn) error {
-	return func(tx Txn) error {
-		if _, err := tx.Get(key); err != nil && !errors.Is(err, ErrNotFound) {
+func conflictForever(db *DB, key string) func(storage.Txn) error {
+	return func(tx storage.Txn) error {
+		if _, err := tx.Get(key); err != nil && !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
-		if err := db.Update(context.Background(), func(w Txn) error { return w.Set(key, []byte("theirs")) }); err != nil {
+		if err := db.Update(context.Background(), func(w storage.Txn) error { return w.Set(key, []byte("theirs")) }); err != nil {
 			return err
 		}
 		return tx.Set(key, []byte("ours"))
@@ -274,8 +276,8 @@ func conflictForever(db *DB, key string) func(Txn) error {
 func TestUpdateGivesUpWithErrLocked(t *testing.T) {
 	db, _ := openTemp(t)
 	err := db.Update(context.Background(), conflictForever(db, "hot"))
-	if !errors.Is(err, ErrLocked) {
-		t.Fatalf("Update error = %v, want ErrLocked", err)
+	if !errors.Is(err, storage.ErrLocked) {
+		t.Fatalf("Update error = %v, want storage.ErrLocked", err)
 	}
 	if db.Conflicts() == 0 {
 		t.Errorf("Conflicts() = 0 after retrying a conflict")
@@ -290,8 +292,8 @@ func TestUpdateGivesUpWhenContextEnds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	err := db.Update(ctx, conflictForever(db, "hot"))
-	if !errors.Is(err, ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Update error = %v, want ErrLocked and context.DeadlineExceeded", err)
+	if !errors.Is(err, storage.ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Update error = %v, want storage.ErrLocked and context.DeadlineExceeded", err)
 	}
 }
 
@@ -299,7 +301,7 @@ func TestUpdateSurfacesTxnTooBig(t *testing.T) {
 	db, _ := openTemp(t)
 	runs := 0
 	big := make([]byte, 255<<10) // just under the value threshold, so it is counted in full
-	err := db.Update(context.Background(), func(tx Txn) error {
+	err := db.Update(context.Background(), func(tx storage.Txn) error {
 		runs++
 		for i := range 3 {
 			if err := tx.Set(fmt.Sprint("big/", i), big); err != nil {
@@ -433,7 +435,7 @@ func TestOpenReadOnly(t *testing.T) {
 	if v, _ := get(t, ro, "k"); v != "v" {
 		t.Errorf("k = %q, want v", v)
 	}
-	err = ro.Update(context.Background(), func(tx Txn) error { return tx.Set("k", []byte("w")) })
+	err = ro.Update(context.Background(), func(tx storage.Txn) error { return tx.Set("k", []byte("w")) })
 	if err == nil {
 		t.Errorf("Update on a read-only store succeeded")
 	}

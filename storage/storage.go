@@ -1,0 +1,58 @@
+// Package storage is the contract between the engine and a durable store: the transaction a
+// file operation runs in, the errors a backend reports, and what a backend must guarantee.
+// kv (badger, the default) implements it; any other backend implements the same interface and
+// passes the same conformance suite (storage/storagetest).
+//
+// What a backend must keep:
+//
+//   - Serializable read-compare-write. Update runs fn against one snapshot and commits its writes
+//     only if no key fn read with Get was changed by another commit since the snapshot; otherwise
+//     fn runs again on a fresh snapshot (fn must be safe to re-run). Scan does not protect against
+//     phantoms: a key inserted under a scanned prefix causes no conflict, so a decision that
+//     depends on a key's absence Gets that key.
+//   - Durable before acknowledgement. Update returns nil only once the commit survives a crash of
+//     the process and of the machine; View sees only such commits.
+//   - Bounded waiting. Update gives up with an error wrapping ErrLocked once conflicts have kept
+//     it from committing for its budget, or once ctx is done.
+//   - Errors of fn are returned unchanged, and nothing fn wrote is applied.
+//
+// The engine caches decoded records and wakes waiters on its own commits. That is correct only
+// while this process is the only writer of the store (badger: the data directory's flock). A
+// backend shared by several processes must say so through SingleWriter, and the engine then
+// reads through (see engine's cache).
+package storage
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrNotFound is returned (unwrapped) by Txn.Get for a missing key.
+var ErrNotFound = errors.New("storage: key not found")
+
+// ErrLocked means Update could not commit because concurrent transactions kept conflicting with
+// it until its deadline. The engine reports it as STATE_LOCKED.
+var ErrLocked = errors.New("storage: contention did not clear")
+
+// Txn is what a transaction function sees.
+type Txn interface {
+	// Get returns a copy of the value, safe to keep after the transaction, or ErrNotFound. In
+	// Update it records the read, so a concurrent commit to key makes this transaction conflict
+	// and retry.
+	Get(key string) ([]byte, error)
+	Set(key string, value []byte) error
+	Delete(key string) error
+	// Scan calls fn for each key starting with prefix, in ascending key order, with a copy of its
+	// value. fn returning an error stops the scan and Scan returns that error. Scan does NOT
+	// protect against phantoms (see the package comment).
+	Scan(prefix string, fn func(key string, value []byte) error) error
+}
+
+// Store is a durable, transactional key-value store.
+type Store interface {
+	// View runs fn in a read-only transaction on one consistent snapshot of durable commits.
+	// fn's error is returned unchanged.
+	View(fn func(Txn) error) error
+	// Update runs fn in a read-write transaction and commits it (see the package comment).
+	Update(ctx context.Context, fn func(Txn) error) error
+}
