@@ -1,8 +1,9 @@
 // Package listeners answers whether TCP ports have a listener on this host, so that leasing a port
 // family (SPEC §4) skips families already in use and the health view can report what listens now.
-// The evidence is the kernel's socket tables (/proc/net/tcp and /proc/net/tcp6); where those cannot
-// be read it falls back to a loopback connect probe. A check that cannot decide returns an error
-// wrapping ErrUndecided instead of guessing "free".
+// The evidence is the kernel's: asked through sock_diag about the given ports only, or, where
+// netlink cannot answer, read from its socket tables (/proc/net/tcp and /proc/net/tcp6); where
+// neither can be read it falls back to a loopback connect probe. A check that cannot decide returns
+// an error wrapping ErrUndecided instead of guessing "free".
 package listeners
 
 import (
@@ -21,15 +22,27 @@ const (
 )
 
 // Listening returns the subset of ports (in the order given, no duplicates) that have a TCP socket in
-// LISTEN state on this host, IPv4 or IPv6, bound to any address. It reads the kernel's socket tables
-// and falls back to a loopback connect probe on 127.0.0.1 and [::1] when they cannot be read. Any
-// failure to decide, including a port outside 1-65535, is an error wrapping ErrUndecided.
+// LISTEN state on this host, IPv4 or IPv6, bound to any address. It asks the kernel through
+// sock_diag, then reads the kernel's socket tables when netlink cannot answer, and falls back to a
+// loopback connect probe on 127.0.0.1 and [::1] when they cannot be read either. Any failure to
+// decide, including a port outside 1-65535, is an error wrapping ErrUndecided.
 func Listening(ports []int) ([]int, error) {
-	return listeningFrom(tcpTablePath, tcp6TablePath, ports)
+	want, err := wanted(ports)
+	if err != nil || len(want) == 0 {
+		return nil, err
+	}
+	found, err := sockDiagListening(want)
+	if errors.Is(err, errDiagUnavailable) {
+		return listeningFrom(tcpTablePath, tcp6TablePath, ports)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return inOrder(ports, found), nil
 }
 
-// listeningFrom is Listening with the table paths as parameters, so tests can feed real files.
-func listeningFrom(tcpPath, tcp6Path string, ports []int) ([]int, error) {
+// wanted is the set of ports, each checked to be a TCP port.
+func wanted(ports []int) (map[int]bool, error) {
 	want := make(map[int]bool, len(ports))
 	for _, port := range ports {
 		if port < 1 || port > 65535 {
@@ -37,8 +50,15 @@ func listeningFrom(tcpPath, tcp6Path string, ports []int) ([]int, error) {
 		}
 		want[port] = true
 	}
-	if len(want) == 0 {
-		return nil, nil
+	return want, nil
+}
+
+// listeningFrom is Listening without sock_diag, with the table paths as parameters, so tests can
+// feed real files.
+func listeningFrom(tcpPath, tcp6Path string, ports []int) ([]int, error) {
+	want, err := wanted(ports)
+	if err != nil || len(want) == 0 {
+		return nil, err
 	}
 	found, readable, err := readTables(tcpPath, tcp6Path, want)
 	if err != nil {

@@ -1,0 +1,176 @@
+package listeners
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// The kernel's sock_diag interface (linux/inet_diag.h), asked only about the candidate ports: a
+// listener check then costs the same whatever the number of sockets on the host, where reading
+// /proc/net/tcp{,6} formats and parses every one of them.
+const (
+	inetDiagReqBytecode = 1  // INET_DIAG_REQ_BYTECODE: the request's filter attribute
+	inetDiagBcJmp       = 1  // INET_DIAG_BC_JMP
+	inetDiagBcSEq       = 11 // INET_DIAG_BC_S_EQ: local port equal to the next op's "no"
+	tcpListenState      = 10
+
+	inetDiagReqV2Size = 56 // family, protocol, ext, pad, states, inet_diag_sockid (48)
+	inetDiagMsgSize   = 72 // up to inode; only family, state and the local port are read
+	bcPortSize        = 12 // per port: S_EQ, the port, JMP (see portFilter)
+
+	// diagPortsPerRequest keeps a filter's jumps within its 16-bit offsets (12 bytes a port).
+	diagPortsPerRequest = 1024
+)
+
+// errDiagUnavailable means sock_diag cannot answer here (no netlink, no tcp_diag, a sandbox that
+// refuses it): the caller falls back to the socket tables.
+var errDiagUnavailable = errors.New("sock_diag unavailable")
+
+// sockDiagListening sets found[port] for every port of want with a TCP socket in LISTEN state,
+// IPv4 or IPv6 (v4-mapped and dual-stack sockets are IPv6 sockets). It returns an error wrapping
+// errDiagUnavailable when the kernel cannot be asked, and one wrapping ErrUndecided when its
+// answer does not parse.
+func sockDiagListening(want map[int]bool) (map[int]bool, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errDiagUnavailable, err)
+	}
+	defer unix.Close(fd)
+	ports := make([]int, 0, len(want))
+	for port := range want {
+		ports = append(ports, port)
+	}
+	found := make(map[int]bool, len(want))
+	buf := make([]byte, 32<<10)
+	seq := uint32(0)
+	for start := 0; start < len(ports); start += diagPortsPerRequest {
+		chunk := ports[start:min(start+diagPortsPerRequest, len(ports))]
+		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+			seq++
+			err := dumpListeners(fd, buf, seq, family, chunk, found)
+			// Without IPv6 in the kernel there is no AF_INET6 handler (ENOENT): no IPv6 listeners.
+			if family == unix.AF_INET6 && errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	return found, nil
+}
+
+// dumpListeners sends one SOCK_DIAG_BY_FAMILY dump of family's TCP listeners filtered to ports
+// and marks the ports of the sockets it returns.
+func dumpListeners(fd int, buf []byte, seq uint32, family uint8, ports []int, found map[int]bool) error {
+	if err := unix.Sendto(fd, diagRequest(seq, family, ports), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("%w: send: %v", errDiagUnavailable, err)
+	}
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: receive: %v", errDiagUnavailable, err)
+		}
+		done, err := readDiagReplies(buf[:n], seq, found)
+		if done || err != nil {
+			return err
+		}
+	}
+}
+
+// diagRequest is a netlink message: header, inet_diag_req_v2 for TCP sockets in LISTEN state of
+// family, and the bytecode attribute keeping only the given local ports.
+func diagRequest(seq uint32, family uint8, ports []int) []byte {
+	filter := portFilter(ports)
+	attrLen := unix.SizeofNlAttr + len(filter)
+	size := unix.NLMSG_HDRLEN + inetDiagReqV2Size + attrLen
+	msg := make([]byte, size)
+	ne := binary.NativeEndian
+	ne.PutUint32(msg[0:], uint32(size))
+	ne.PutUint16(msg[4:], unix.SOCK_DIAG_BY_FAMILY)
+	ne.PutUint16(msg[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	ne.PutUint32(msg[8:], seq)
+	req := msg[unix.NLMSG_HDRLEN:]
+	req[0], req[1] = family, unix.IPPROTO_TCP
+	ne.PutUint32(req[4:], 1<<tcpListenState)
+	attr := req[inetDiagReqV2Size:]
+	ne.PutUint16(attr[0:], uint16(attrLen))
+	ne.PutUint16(attr[2:], inetDiagReqBytecode)
+	copy(attr[unix.SizeofNlAttr:], filter)
+	return msg
+}
+
+// portFilter is inet_diag bytecode accepting a socket whose local port is any of ports. The
+// kernel runs it as a program of 4-byte ops {code, yes, no}: it jumps forward by yes when the
+// condition holds, by no when not, and accepts when it lands exactly on the end. Per port:
+//
+//	S_EQ  yes=8 (to the JMP)  no=12 (to the next port's S_EQ; after the last, past the end: reject)
+//	      port (the operand, in the "no" field of a second op)
+//	JMP   yes=4 (the kernel's checker walks ops by yes)  no=to the end: accept
+//
+// "yes" is one byte, so a match cannot jump to the end directly; "no" has 16 bits.
+func portFilter(ports []int) []byte {
+	ne := binary.NativeEndian
+	bc := make([]byte, bcPortSize*len(ports))
+	for i, port := range ports {
+		op := bc[bcPortSize*i:]
+		remaining := len(bc) - bcPortSize*i
+		op[0], op[1] = inetDiagBcSEq, 8
+		ne.PutUint16(op[2:], bcPortSize)
+		if i == len(ports)-1 {
+			ne.PutUint16(op[2:], uint16(remaining+4))
+		}
+		ne.PutUint16(op[6:], uint16(port))
+		op[8], op[9] = inetDiagBcJmp, 4
+		ne.PutUint16(op[10:], uint16(remaining-8))
+	}
+	return bc
+}
+
+// readDiagReplies parses one datagram of the dump answering seq, marking listeners' ports; done
+// once it holds NLMSG_DONE. An NLMSG_ERROR is returned as the errno it carries.
+func readDiagReplies(b []byte, seq uint32, found map[int]bool) (done bool, err error) {
+	ne := binary.NativeEndian
+	for len(b) >= unix.NLMSG_HDRLEN {
+		size := int(ne.Uint32(b[0:]))
+		kind := ne.Uint16(b[4:])
+		replySeq := ne.Uint32(b[8:])
+		if size < unix.NLMSG_HDRLEN || size > len(b) {
+			return true, fmt.Errorf("%w: sock_diag: malformed reply (length %d of %d)", ErrUndecided, size, len(b))
+		}
+		body := b[unix.NLMSG_HDRLEN:size]
+		b = b[min(nlmsgAlign(size), len(b)):]
+		if replySeq != seq {
+			continue // left over from an earlier request on this socket
+		}
+		switch kind {
+		case unix.NLMSG_DONE:
+			return true, nil
+		case unix.NLMSG_ERROR:
+			if len(body) < 4 {
+				return true, fmt.Errorf("%w: sock_diag: short error reply", ErrUndecided)
+			}
+			if errno := -int32(ne.Uint32(body)); errno != 0 {
+				return true, fmt.Errorf("%w: %w", errDiagUnavailable, unix.Errno(errno))
+			}
+		case unix.SOCK_DIAG_BY_FAMILY:
+			if len(body) < inetDiagMsgSize {
+				return true, fmt.Errorf("%w: sock_diag: short socket reply (%d bytes)", ErrUndecided, len(body))
+			}
+			// inet_diag_msg: family, state, timer, retrans, then the socket id whose first field
+			// is the local port in network byte order.
+			if body[1] == tcpListenState {
+				found[int(binary.BigEndian.Uint16(body[4:]))] = true
+			}
+		}
+	}
+	return false, nil
+}
+
+func nlmsgAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }

@@ -1,0 +1,10 @@
+//go:build !linux
+
+package listeners
+
+import "errors"
+
+// errDiagUnavailable: sock_diag is Linux's; elsewhere the socket tables or the probe answer.
+var errDiagUnavailable = errors.New("sock_diag unavailable")
+
+func sockDiagListening(map[int]bool) (map[int]bool, error) { return nil, errDiagUnavailable }
