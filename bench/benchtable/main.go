@@ -168,7 +168,7 @@ func main() {
 	r, _ = t.ratio("Write/least", "ns/op", "Write/paired", "ns/floor", atLeast(0))
 	t.row("  least a cycle can cost on this store: 2 store commits + create/unlink floor", "Write/least", "ns/op", us, "µs", r+" of floor", "", "")
 	t.row("  part: caller resolution (/proc: tid→pid, cwd, session leader, identity)", "Write/caller-resolution", "ns/op", us, "µs", "", "", "")
-	t.row("  part: listener check (/proc/net/tcp, tcp6)", "Write/listener-check", "ns/op", us, "µs", "", "", "")
+	t.row("  part: listener check (sock_diag, one family's 2 ports)", "Write/listener-check", "ns/op", us, "µs", "", "", "")
 
 	r, v = t.ratio("Claim", "ns/peer", "Claim", "ns/cockpitfs", atLeast(2.5))
 	t.row("claim: cockpitfs through the mount", "Claim", "ns/cockpitfs", us, "µs", "peer is "+r, "peer ≥ 2.5×", v)
@@ -179,6 +179,13 @@ func main() {
 	t.f.sum("Claim/least", "ns/claim", commit, [2]string{"Claim", "ns/floor"})
 	r, _ = t.ratio("Claim", "ns/peer", "Claim/least", "ns/claim", atLeast(0))
 	t.row("  least a claim through the mount can cost: 1 store commit + create floor", "Claim/least", "ns/claim", us, "µs", "peer is "+r, "", "")
+
+	r, v = t.ratio("NewLease", "ns/new-lease", "NewLease", "ns/co-tenant", atMost(1.3))
+	t.row("new lease: claim on an idle stack through the mount, 10,000 sockets open", "NewLease", "ns/new-lease", us, "µs", r+" of co-tenant", "≤ 1.3× co-tenant", v)
+	t.row("new lease: a co-tenant's claim (lease kept), same run", "NewLease", "ns/co-tenant", us, "µs", "", "", "")
+	t.row("  part: the listener check (sock_diag, 2 ports)", "NewLease", "ns/listener-check", us, "µs", "", "", "")
+	t.row("  part: reading /proc/net/tcp and tcp6 (the check before sock_diag)", "NewLease", "ns/socket-tables", us, "µs", "", "", "")
+	t.row("  TCP sockets on the machine during the run", "NewLease", "sockets", 1, "", "", "", "")
 
 	for _, shape := range []string{"distinct", "one"} {
 		for _, w := range []int{1, 4, 16} {

@@ -1,0 +1,134 @@
+package bench
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
+)
+
+// busySockets is how many TCP sockets the new-lease benchmark keeps open: a busy laptop's worth.
+const busySockets = 10000
+
+// 7. new lease: a claim that leases a family (its stack was idle) against a co-tenant's claim (the
+// stack keeps its lease), both through the mount, while the machine has 10,000 more open TCP
+// sockets. A new lease differs by its listener check, which asks the kernel about the candidate
+// ports only; reading the socket tables, as the check did before, is timed beside it. Each claim
+// is undone untimed: the co-tenant's by its release, the new lease by a sleep drain.
+func BenchmarkNewLease(b *testing.B) {
+	d := sharedDaemon(b)
+	idle := d.path("app", "stacks", "n")
+	if _, err := os.Stat(idle); os.IsNotExist(err) {
+		if err := os.Mkdir(idle, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	closeSockets := openSockets(b, busySockets)
+	defer closeSockets()
+	holder := d.path("app", "stacks", "n", "holders", "h")
+	cotenant := d.path("app", "stacks", "s", "holders", "t")
+	// The ports a new lease of stack n checks: the first family s does not hold.
+	family := []int{20010, 20710}
+	buf := make([]byte, 1<<20)
+	paired(b, map[string]op{
+		"co-tenant": {
+			run:  func() error { return writeFile(cotenant, unix.O_CREAT, "") },
+			undo: func() error { return retry(func() error { return unix.Unlink(cotenant) }) },
+		},
+		"new-lease": {
+			run:  func() error { return writeFile(holder, unix.O_CREAT, "") },
+			undo: func() error { return sleepDrain(d.path("app", "stacks", "n")) },
+		},
+		"listener-check": {run: func() error { _, err := listeners.Listening(family); return err }},
+		"socket-tables": {run: func() error {
+			for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+				if _, err := readAll(table, buf); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+	})
+	b.ReportMetric(float64(tableRows(b)), "sockets")
+}
+
+// sleepDrain ends the stack's lease through its drain files: reserve a sleep, start its one action,
+// publish success.
+func sleepDrain(stack string) error {
+	for _, step := range [][2]string{{"request", "sleep"}, {"attempt", "start"}, {"outcome", "success"}} {
+		if err := writeFile(stack+"/drain/"+step[0], unix.O_TRUNC, step[1]+"\n"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openSockets opens n TCP sockets on loopback (n/2 connections, both ends in this process) and
+// returns what closes them. They close with a reset, so no TIME_WAIT entries outlive them.
+func openSockets(b *testing.B, n int) func() {
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	var conns []*net.TCPConn
+	closeAll := func() {
+		for _, c := range conns {
+			c.SetLinger(0)
+			c.Close()
+		}
+	}
+	for range n / 2 {
+		client, err := net.Dial("tcp4", l.Addr().String())
+		if err != nil {
+			closeAll()
+			b.Fatalf("opening %d sockets: %v", n, err)
+		}
+		server, err := l.Accept()
+		if err != nil {
+			client.Close()
+			closeAll()
+			b.Fatal(err)
+		}
+		conns = append(conns, client.(*net.TCPConn), server.(*net.TCPConn))
+	}
+	return closeAll
+}
+
+// readAll reads path to its end into buf, as a table reader does.
+func readAll(path string, buf []byte) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	total := 0
+	for {
+		n, err := f.Read(buf)
+		total += n
+		if err == io.EOF || err == nil && n == 0 {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// tableRows counts the sockets the kernel's TCP tables list: what a table reader parses.
+func tableRows(b *testing.B) int {
+	rows := 0
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rows += bytes.Count(data, []byte("\n")) - 1
+	}
+	return rows
+}
