@@ -305,7 +305,7 @@ func TestDrainDownExecutor(t *testing.T) {
 	startRev := drainRevision(t, m, "s")
 	work := drainWorkDirs(t)
 	marker := filepath.Join(t.TempDir(), "failed-once")
-	script, err := filepath.Abs("testdata/drain-executor.sh")
+	script, err := filepath.Abs("../examples/drain-executor.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestDrainDownMakefile(t *testing.T) {
 	m := newMount(t)
 	// count = 1: the cockpit's one lease must be given back by the drain for s2 to claim.
 	m.setupApp(1, map[string]int{"HTTP": 36280, "DB": 36281}, "s1", "s2")
-	makefile, err := filepath.Abs("testdata/Makefile.drain")
+	makefile, err := filepath.Abs("../examples/Makefile.drain")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# drain-executor.sh: take a cockpitfs stack down through its drain/ files (SPEC §7).
+# drain-executor.sh: take a cockpitfs stack down through its drain/ files (docs/spec.md §7).
 #
-# usage: drain-executor.sh STACK_DIR [FAIL_ONCE_MARKER]
+# usage: examples/drain-executor.sh STACK_DIR [FAIL_ONCE_MARKER]
 #   STACK_DIR         e.g. $M/app/stacks/feature-x
 #   FAIL_ONCE_MARKER  optional: the first reclaim of $FAIL_TARGET fails (and creates this file), so
 #                     the loop shows how a failed action is retried
