@@ -125,22 +125,33 @@ func drainRequester(v Value, q DrainRequest) (Holder, error) {
 }
 
 // planDrain derives the reservation: runtime-stop of the stack, then one committed reclaim per
-// other target in sorted order. A JSON request must state exactly this plan.
+// other target in sorted order. A JSON request states its own plan, kept as given when it is in
+// that order (the seeds' validDrainActions): each action its own validForMs, each reclaim its own
+// commitment, a canonical JSON body and its sha256.
 func planDrain(r Record, lease *Lease, holder Holder, in reserveInput, now time.Time) (*Drain, error) {
 	q := in.request
 	stackID := r.SubjectID
-	reclaim := sortedCopy(q.Targets)
-	validFor := q.validForMs()
-	actions := []DrainAction{{Stage: StageRuntimeStop, TargetID: stackID, ValidForMs: validFor}}
-	for _, t := range reclaim {
-		if t == stackID {
-			return nil, malformedRequest("target %s is the stack itself, which every drain stops first", t)
+	var targets []string
+	var actions []DrainAction
+	if g := q.given; g != nil {
+		if err := checkTargets(g.TargetIDs); err != nil {
+			return nil, malformedRequest("targetIds: %v", err)
 		}
-		actions = append(actions, DrainAction{Stage: StageReclaim, TargetID: t, ValidForMs: validFor, TargetCommitment: commitTo(stackID, t)})
-	}
-	targets := sortedCopy(append([]string{stackID}, reclaim...))
-	if g := q.given; g != nil && (!equalStrings(g.TargetIDs, targets) || canonicalJSON(g.Actions) != canonicalJSON(actions)) {
-		return nil, malformedRequest("targetIds and actions are not the plan the stack derives for %s of %d targets", q.Purpose, len(targets))
+		if err := checkActions(q.Purpose, stackID, g.TargetIDs, g.Actions); err != nil {
+			return nil, malformedRequest("actions: %v", err)
+		}
+		targets, actions = g.TargetIDs, g.Actions
+	} else {
+		reclaim := sortedCopy(q.Targets)
+		validFor := q.validForMs()
+		actions = []DrainAction{{Stage: StageRuntimeStop, TargetID: stackID, ValidForMs: validFor}}
+		for _, t := range reclaim {
+			if t == stackID {
+				return nil, malformedRequest("target %s is the stack itself, which every drain stops first", t)
+			}
+			actions = append(actions, DrainAction{Stage: StageReclaim, TargetID: t, ValidForMs: validFor, TargetCommitment: commitTo(stackID, t)})
+		}
+		targets = sortedCopy(append([]string{stackID}, reclaim...))
 	}
 	d := &Drain{
 		DrainPlan: DrainPlan{

@@ -180,3 +180,29 @@ func FuzzParseDrainRequest(f *testing.F) {
 		}
 	})
 }
+
+// Canonical is what JSON.stringify writes back, byte for byte.
+func TestIsCanonicalJSON(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"a":1,"b":[true,null,"x"]}`:     true,
+		`{"b":1,"a":2}`:                   false, // keys unsorted
+		`{"a": 1}`:                        false, // white space
+		`{"a":"<&>"}`:                     true,  // JSON.stringify escapes no HTML
+		`{"a":"\u003c"}`:                  false, // an escape it would not write
+		"{\"a\":\"\u2028\"}":              true,
+		`{"a":"\u0001\n"}`:                true,
+		`{"a":"\u0001\u000a"}`:            false, // \n has a short escape
+		`{"a":1.0}`:                       false, // written 1
+		`{"a":1e21}`:                      false, // written 1e+21
+		`{"a":1e+21}`:                     true,
+		`{"a":100000000000000000000}`:     true,
+		`{"a":-0}`:                        false, // written 0
+		"{\"\uffff\":1,\"\U0001F600\":2}": false, // UTF-16: the surrogate pair sorts first
+		"{\"\U0001F600\":2,\"\uffff\":1}": true,
+		`{"a":1`:                          false,
+	} {
+		if got := isCanonicalJSON(body); got != want {
+			t.Errorf("isCanonicalJSON(%s) = %t, want %t", body, got, want)
+		}
+	}
+}

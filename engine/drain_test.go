@@ -349,10 +349,26 @@ func TestDrainJSONRequest(t *testing.T) {
 	for name, change := range map[string]func(map[string]any){
 		"another stack": func(m map[string]any) { m["stackId"] = StackID("app", "t") },
 		"fewer actions": func(m map[string]any) { m["actions"] = planned.Actions[:1] },
-		"another valid": func(m map[string]any) {
+		"valid for 0": func(m map[string]any) {
 			a := append([]DrainAction{}, planned.Actions...)
-			a[1].ValidForMs = 1
+			a[1].ValidForMs = 0
 			m["actions"] = a
+		},
+		"commitment sha256 of another body": func(m map[string]any) {
+			a := append([]DrainAction{}, planned.Actions...)
+			c := *a[1].TargetCommitment
+			c.Sha256 = digest(`{"other":1}`)
+			a[1].TargetCommitment = &c
+			m["actions"] = a
+		},
+		"commitment body not canonical": func(m map[string]any) {
+			a := append([]DrainAction{}, planned.Actions...)
+			body := `{ "target": "volume:db" }`
+			a[1].TargetCommitment = &Commitment{Format: commitmentFormat, Sha256: digest(body), Body: body}
+			m["actions"] = a
+		},
+		"targets unsorted": func(m map[string]any) {
+			m["targetIds"] = []string{planned.TargetIDs[1], planned.TargetIDs[0]}
 		},
 		"stack twice": func(m map[string]any) {
 			m["purpose"] = "down"
@@ -473,5 +489,41 @@ func TestRepairOfReplacedAttempt(t *testing.T) {
 	v, err := repairAttempt(r, c, executorCheck{attemptID: r.Value.Drain.Attempt.AttemptID}, clock.now())
 	if err != nil || v.Drain.Attempt.Status != AttemptFailed || Check(r.next(v, clock.now())) != nil {
 		t.Fatalf("repair of the observed attempt: %+v %v", v.Drain, err)
+	}
+}
+
+// The seeds accept any request whose actions are in the persisted order, each with its own
+// validForMs and a commitment whose sha256 matches a canonical JSON body: the reservation keeps
+// them as given, and each attempt is valid for its own action's validForMs.
+func TestDrainJSONRequestOwnValidityAndCommitment(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	r := stackOf(t, e)
+	stackID, holderID := r.SubjectID, HolderID("me")
+	// Canonical as JSON.stringify writes it: keys sorted, "<" and "\u2028" written raw.
+	body := "{\"kind\":\"volume\",\"n\":1.5,\"name\":\"db <main>\u2028\"}"
+	actions := []DrainAction{
+		{Stage: StageRuntimeStop, TargetID: stackID, ValidForMs: 5000},
+		{Stage: StageReclaim, TargetID: "volume:db", ValidForMs: 250000,
+			TargetCommitment: &Commitment{Format: commitmentFormat, Sha256: digest(body), Body: body}},
+	}
+	request := map[string]any{
+		"purpose": "down", "stackId": stackID, "holderId": holderID, "requesterId": holderID,
+		"configSha256": digest("config"), "planDigest": digest("plan"), "operationBasis": digest("basis"), "generation": digest("generation"),
+		"targetIds": sortedCopy([]string{stackID, "volume:db"}), "actions": actions, "expectedCoordinationRevision": r.Revision,
+	}
+	data, _ := json.Marshal(request)
+	d := mustStep(t, e, reserveText(t, e, string(data))).Value.Drain
+	if canonicalJSON(d.Actions) != canonicalJSON(actions) {
+		t.Fatalf("reservation actions %s, want %s", canonicalJSON(d.Actions), canonicalJSON(actions))
+	}
+	for i, want := range []int64{5000, 250000} {
+		a := mustStep(t, e, startExecutor(e, 0)).Value.Drain.Attempt
+		committed, _ := ParseStamp(a.CommittedAt)
+		valid, _ := ParseStamp(a.ValidThrough)
+		if got := valid.Sub(committed).Milliseconds(); got != want {
+			t.Fatalf("attempt %d valid for %d ms, want %d", i, got, want)
+		}
+		clock.advance(time.Millisecond)
+		mustStep(t, e, publish(e, true, ""))
 	}
 }

@@ -212,12 +212,10 @@ func checkCommitment(c *Commitment) error {
 	if hex.EncodeToString(sum[:]) != c.Sha256 {
 		return errors.New("target commitment sha256 does not match its body")
 	}
-	var body any
-	if err := json.Unmarshal([]byte(c.Body), &body); err != nil {
+	if !json.Valid([]byte(c.Body)) {
 		return errors.New("target commitment body is not JSON")
 	}
-	canonical, _ := json.Marshal(body) // encoding/json sorts map keys: canonical for our bodies
-	if string(canonical) != c.Body {
+	if !isCanonicalJSON(c.Body) {
 		return errors.New("target commitment body is not canonical JSON")
 	}
 	return nil

@@ -607,13 +607,13 @@ func TestDrainJSONRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	hexsum := func(s string) string { sum := sha256.Sum256([]byte(s)); return hex.EncodeToString(sum[:]) }
-	commitment := func(target string) map[string]any {
-		body := fmt.Sprintf(`{"stackId":%q,"target":%q}`, stackID, target)
-		return map[string]any{"format": "cockpit-reclaim-target/v1", "sha256": hexsum(body), "body": body}
-	}
+	// The executor's own commitment body (any canonical JSON with its sha256), and a validity of
+	// its own for each action: the reservation keeps both as given.
+	commitmentBody := fmt.Sprintf(`{"driver":"local","labels":{"stack":%q},"volume":"db"}`, stackID)
 	actions := []map[string]any{
 		{"stage": "runtime-stop", "targetId": stackID, "validForMs": 60000},
-		{"stage": "reclaim", "targetId": "volume:db", "validForMs": 60000, "targetCommitment": commitment("volume:db")},
+		{"stage": "reclaim", "targetId": "volume:db", "validForMs": 90000,
+			"targetCommitment": map[string]any{"format": "cockpit-reclaim-target/v1", "sha256": hexsum(commitmentBody), "body": commitmentBody}},
 	}
 	actionsJSON, _ := json.Marshal(actions)
 	targets := []string{stackID, "volume:db"}
@@ -662,8 +662,17 @@ func TestDrainJSONRequest(t *testing.T) {
 	if d["holderName"] != "me" || d["expectedCoordinationRevision"] != rec["revision"] {
 		t.Errorf("reservation: %v", d)
 	}
-	// The derived configSha256 would be the same: the lease's declaration.
-	m.ok("cd $M/app/stacks/s && for i in 1 2; do echo start > drain/attempt && echo success > drain/outcome; done")
+	// Each attempt is valid for its own action's validForMs.
+	for _, validFor := range []time.Duration{60 * time.Second, 90 * time.Second} {
+		m.ok("echo start > $M/app/stacks/s/drain/attempt")
+		att := drainJSON(t, m, "app/stacks/s/drain/attempt")
+		committed, _ := time.Parse(time.RFC3339Nano, att["committedAt"].(string))
+		valid, _ := time.Parse(time.RFC3339Nano, att["validThrough"].(string))
+		if valid.Sub(committed) != validFor {
+			t.Fatalf("attempt %v: valid for %s, want %s", att["actionIndex"], valid.Sub(committed), validFor)
+		}
+		m.ok("echo success > $M/app/stacks/s/drain/outcome")
+	}
 	drainReleased(t, m, "s", holderID, "36980", "36981")
 }
 
