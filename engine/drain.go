@@ -169,7 +169,7 @@ func planDrain(r Record, lease *Lease, holder Holder, in reserveInput, now time.
 		},
 		CoordinationRevision: r.Revision + 1,
 		ProgressRevision:     r.Revision + 1,
-		ReservedAt:           Stamp(now),
+		ReservedAt:           r.stampAfter(now),
 		ReservationID:        in.reservationID,
 		HolderName:           holder.Name,
 		UID:                  holder.UID,
@@ -278,8 +278,11 @@ func startAttempt(r Record, c Caller, ex executor, attemptID string, now time.Ti
 		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "publish its outcome (drain/outcome) or repair it ("+repairCommand+")",
 			"attempt %s is already active%s", a.AttemptID, executorText(a))
 	}
+	if err := inOrder(r, now); err != nil {
+		return r.Value, err
+	}
 	action := d.Actions[d.CompletedActionCount]
-	committed := notBefore(now, d.ReservedAt)
+	committed := now.Truncate(time.Millisecond)
 	next := *d
 	next.Attempt = &Attempt{
 		AttemptID:     attemptID,
@@ -311,13 +314,15 @@ func executorText(a *Attempt) string {
 	return fmt.Sprintf(" (executor process %d)", a.ExecutorPID)
 }
 
-// notBefore is now, or the recorded stamp earliest when the clock stepped back past it, so a
-// record's chronology survives a clock adjustment.
-func notBefore(now time.Time, earliest string) time.Time {
-	if t, ok := ParseStamp(earliest); ok && now.Before(t) {
-		return t
+// inOrder refuses a drain step the clock would date before the stack's last step, as the seeds
+// do: a retry before the failure it retries, an outcome before its attempt started. Clamping the
+// stamp instead would record a step at a time it did not happen.
+func inOrder(r Record, now time.Time) error {
+	if at := Stamp(now); at < r.UpdatedAt {
+		return refuse(ExecutionPreconditionChanged, r.SubjectID, "correct the system clock, or wait until it passes "+r.UpdatedAt+", then retry",
+			"the clock reads %s, before the stack's last step at %s: a drain step never precedes the step it follows", at, r.UpdatedAt)
 	}
-	return now
+	return nil
 }
 
 // activeAttempt returns the active attempt c may publish to; attemptID "" names whichever is active.
@@ -341,6 +346,9 @@ func activeAttempt(r Record, c Caller, attemptID, what string) (*Drain, *Attempt
 func publishOutcome(r Record, c Caller, success bool, attemptID string, now time.Time) (Value, error) {
 	d, a, err := activeAttempt(r, c, attemptID, "publish an outcome for")
 	if err != nil {
+		return r.Value, err
+	}
+	if err := inOrder(r, now); err != nil {
 		return r.Value, err
 	}
 	if !success {
@@ -371,7 +379,7 @@ func publishOutcome(r Record, c Caller, success bool, attemptID string, now time
 func failAttempt(v Value, d *Drain, now time.Time) Value {
 	failed := *d.Attempt
 	failedRevision := failed.CommittedRevision + 1
-	failedAt := Stamp(notBefore(now, failed.CommittedAt))
+	failedAt := Stamp(now)
 	failed.Status, failed.FailedRevision, failed.FailedAt = AttemptFailed, &failedRevision, &failedAt
 	next := *d
 	next.Attempt = &failed
@@ -395,6 +403,9 @@ func repairAttempt(r Record, c Caller, seen executorCheck, now time.Time) (Value
 	}
 	if a.AttemptID != seen.attemptID {
 		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "write terminated again", "attempt %s replaced the one observed", a.AttemptID)
+	}
+	if err := inOrder(r, now); err != nil {
+		return r.Value, err
 	}
 	if a.ExecutorPID != 0 && !seen.gone {
 		return r.Value, refuse(ClaimCoTenant, r.SubjectID, fmt.Sprintf("let it finish and publish its outcome, or stop it with `kill %d`", a.ExecutorPID),

@@ -527,3 +527,51 @@ func TestDrainJSONRequestOwnValidityAndCommitment(t *testing.T) {
 		mustStep(t, e, publish(e, true, ""))
 	}
 }
+
+// A clock stepped back never makes a drain's chronology run backwards: a retry cannot start
+// before the failure it retries, an outcome cannot be published before its attempt started (the
+// seeds refuse both), and no record's updatedAt goes back.
+func TestDrainRefusesAClockSteppedBack(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	mustStep(t, e, reserveText(t, e, "down volume:db"))
+	clock.advance(time.Second)
+	mustStep(t, e, startExecutor(e, 0))
+	clock.advance(time.Second)
+	failed := mustStep(t, e, publish(e, false, "")).Value.Drain.Attempt
+	failedAt, _ := ParseStamp(*failed.FailedAt)
+
+	clock.advance(-time.Minute)
+	back := mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return startExecutor(e, 0) })
+	if !strings.Contains(back.Message, *failed.FailedAt) {
+		t.Fatalf("refusal %q does not name the failure it would precede", back.Message)
+	}
+	clock.advance(time.Minute)
+	retry := mustStep(t, e, startExecutor(e, 0)).Value.Drain.Attempt
+	if committed, _ := ParseStamp(retry.CommittedAt); committed.Before(failedAt) {
+		t.Fatalf("retry committed at %s, before the failure at %s", retry.CommittedAt, *failed.FailedAt)
+	}
+
+	clock.advance(-time.Millisecond)
+	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return publish(e, true, "") })
+	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return publish(e, false, "") })
+	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return repairStack(e) })
+	clock.advance(time.Millisecond)
+	mustStep(t, e, publish(e, true, ""))
+}
+
+func TestUpdatedAtNeverGoesBack(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	before := stackOf(t, e)
+	clock.advance(-time.Hour)
+	claimStack(t, e, "s", "other", untracked("other"))
+	after := stackOf(t, e)
+	if after.Revision != before.Revision+1 || after.UpdatedAt != before.UpdatedAt {
+		t.Fatalf("updatedAt went from %s to %s at revision %d", before.UpdatedAt, after.UpdatedAt, after.Revision)
+	}
+	// The reservation is stamped no earlier than the record it follows.
+	mustStep(t, e, e.Release(drainCtx, me("unlink", "app/stacks/s/holders/me"), "app", "s", "me"))
+	d := mustStep(t, e, reserveText(t, e, "sleep holder=other")).Value.Drain
+	if d.ReservedAt != after.UpdatedAt {
+		t.Fatalf("reserved at %s, before the record's %s", d.ReservedAt, after.UpdatedAt)
+	}
+}

@@ -89,13 +89,23 @@ func newRecord(cockpit, stack string, now time.Time) Record {
 	}
 }
 
-// next is the record a transition to v commits: the following revision, stamped now.
+// next is the record a transition to v commits: the following revision, stamped now, or at the
+// record's own stamp when the clock stepped back past it: updatedAt is every file's st_mtime, and
+// make takes a file whose mtime went back for up to date.
 func (r Record) next(v Value, now time.Time) Record {
 	n := r
 	n.Revision++
-	n.UpdatedAt = Stamp(now)
+	n.UpdatedAt = r.stampAfter(now)
 	n.Value = v
 	return n
+}
+
+// stampAfter is now as a record stamp, never before r's updatedAt.
+func (r Record) stampAfter(now time.Time) string {
+	if at := Stamp(now); at > r.UpdatedAt || !isStamp(r.UpdatedAt) {
+		return at
+	}
+	return r.UpdatedAt
 }
 
 // Holder returns the holder with the given name.
