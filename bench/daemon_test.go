@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/internal/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,6 +23,10 @@ var binary string
 
 // workDir holds every mount point and data directory of the run, on the disk os.TempDir is on.
 var workDir string
+
+// daemonNetns is the network namespace every daemon of the run serves in, so that the ports they
+// hold are not taken by daemons of other runs on this machine (nil when not root).
+var daemonNetns *netns.NS
 
 // cleanups run after every benchmark, for fixtures shared between benchmark invocations.
 var cleanups []func()
@@ -49,6 +54,13 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(workDir)
+	if os.Geteuid() == 0 {
+		if daemonNetns, err = netns.New(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: a network namespace for the daemons:", err)
+			return 1
+		}
+		defer daemonNetns.Close()
+	}
 	binary = os.Getenv("COCKPITFS_BIN")
 	if binary == "" {
 		binary = filepath.Join(workDir, "cockpitfs")
@@ -88,7 +100,7 @@ func (d *daemon) start() (time.Duration, error) {
 	d.cmd = exec.Command(binary, "mount", "--data", d.Data, d.Dir)
 	d.cmd.Stdout, d.cmd.Stderr = &d.log, &d.log
 	began := time.Now()
-	if err := d.cmd.Start(); err != nil {
+	if err := daemonNetns.Do(d.cmd.Start); err != nil {
 		return 0, err
 	}
 	d.done = make(chan error, 1)

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,18 +63,16 @@ func claimsSnapshot(m *mount, stack string) string {
 	return m.ok(fmt.Sprintf(`cd $M/app/stacks/%s && cat revision record lease && ls holders ports entrypoints && ls $M/ports`, stack))
 }
 
-// claimsListen opens a TCP listener for the test's duration, skipping when the address family is
-// not available here.
-func claimsListen(t *testing.T, network, addr string) {
-	t.Helper()
-	l, err := net.Listen(network, addr)
-	if err != nil {
+// claimsListen opens a TCP listener in the daemon's network namespace for the test's duration,
+// skipping when the address family is not available here.
+func claimsListen(m *mount, network, addr string) {
+	m.t.Helper()
+	if _, err := m.listen(network, addr); err != nil {
 		if network == "tcp6" || strings.HasPrefix(addr, "[") {
-			t.Skipf("IPv6 listener unavailable: %v", err)
+			m.t.Skipf("IPv6 listener unavailable: %v", err)
 		}
-		t.Fatalf("listen %s %s: %v", network, addr, err)
+		m.t.Fatalf("listen %s %s: %v", network, addr, err)
 	}
-	t.Cleanup(func() { l.Close() })
 }
 
 // claimsConfig writes a cockpit's config in one write(2), as cat does (bash's printf writes line
@@ -186,8 +183,8 @@ func TestClaimsListenerSkipsFamily(t *testing.T) {
 	} {
 		t.Run(tc.host, func(t *testing.T) {
 			base := 32000 + 100*i
-			claimsListen(t, tc.network, fmt.Sprintf("%s:%d", tc.host, base))
 			m := newMount(t)
+			claimsListen(m, tc.network, fmt.Sprintf("%s:%d", tc.host, base))
 			m.setupApp(5, map[string]int{"HTTP": base, "DB": base + 50}, "s")
 			m.ok("touch $M/app/stacks/s/holders/me")
 			if got := m.read("app/stacks/s/ports/HTTP"); got != fmt.Sprintf("%d\n", base+10) {
@@ -203,9 +200,9 @@ func TestClaimsListenerSkipsFamily(t *testing.T) {
 // Every candidate family blocked by host listeners: EADDRINUSE, nothing claimed.
 func TestClaimsAllCandidatesBlockedByListeners(t *testing.T) {
 	base := 32400
-	claimsListen(t, "tcp4", fmt.Sprintf("127.0.0.1:%d", base))
-	claimsListen(t, "tcp4", fmt.Sprintf("0.0.0.0:%d", base+10))
 	m := newMount(t)
+	claimsListen(m, "tcp4", fmt.Sprintf("127.0.0.1:%d", base))
+	claimsListen(m, "tcp4", fmt.Sprintf("0.0.0.0:%d", base+10))
 	m.setupApp(2, map[string]int{"HTTP": base}, "s")
 	before := claimsSnapshot(m, "s")
 	m.refused("touch $M/app/stacks/s/holders/me", syscall.EADDRINUSE)

@@ -721,7 +721,7 @@ func drainServeInPidNamespace(t *testing.T, m *mount) {
 	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child=SIGTERM", binary, "mount", "--data", m.Data, m.Dir)
 	cmd.Stdout, cmd.Stderr = &log, &log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := m.ns.Do(cmd.Start); err != nil {
 		t.Skipf("unshare: %v", err)
 	}
 	done := make(chan error, 1)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/internal/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -77,6 +79,9 @@ type mount struct {
 	t    *testing.T
 	Dir  string // the mount point
 	Data string // the store
+	// ns is the network namespace the daemon runs in: its port holds and the listeners it sees
+	// are the namespace's (nil: the test's own, when it cannot make one).
+	ns   *netns.NS
 	cmd  *exec.Cmd
 	log  *syncBuffer
 	done chan error
@@ -85,15 +90,58 @@ type mount struct {
 	corrupted bool
 }
 
-// newMount starts a daemon on a fresh store; it is stopped and unmounted when the test ends,
-// whatever happened.
+// newMount starts a daemon on a fresh store, in a network namespace of its own; it is stopped and
+// unmounted when the test ends, whatever happened.
+//
+// Every test daemon gets its own namespace because a daemon holds its leased ports machine-wide
+// (per network namespace, as TCP ports are): daemons of other tests — and of other people's test
+// runs on this machine — would otherwise take each other's port families. Listen in the
+// daemon's namespace with m.listen. Tests about several daemons on one machine share one with
+// newMountIn.
 func newMount(t *testing.T, args ...string) *mount {
 	t.Helper()
+	return newMountIn(t, ownNetns(t), args...)
+}
+
+// newMountIn is newMount with the daemon in ns (nil: the test's own namespace).
+func newMountIn(t *testing.T, ns *netns.NS, args ...string) *mount {
+	t.Helper()
 	base := t.TempDir()
-	m := &mount{t: t, Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data")}
+	m := &mount{t: t, ns: ns, Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data")}
 	m.start(args...)
 	t.Cleanup(m.stop)
 	return m
+}
+
+// ownNetns makes a network namespace for the test, closed when it ends. Without root there is
+// none to make, and the test's daemons share the machine's (nil).
+func ownNetns(t *testing.T) *netns.NS {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Log("not root: the daemon shares the machine's network namespace (its port holds and listeners)")
+		return nil
+	}
+	ns, err := netns.New()
+	if err != nil {
+		t.Fatalf("a network namespace for the daemon: %v", err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	return ns
+}
+
+// listen opens a TCP listener in the daemon's network namespace (where its listener check
+// looks), closed when the test ends.
+func (m *mount) listen(network, addr string) (net.Listener, error) {
+	m.t.Helper()
+	var l net.Listener
+	err := m.ns.Do(func() (err error) {
+		l, err = net.Listen(network, addr)
+		return err
+	})
+	if err == nil {
+		m.t.Cleanup(func() { l.Close() })
+	}
+	return l, err
 }
 
 // start runs the daemon in the foreground as a subprocess and waits until it serves.
@@ -103,7 +151,7 @@ func (m *mount) start(args ...string) {
 	all := append([]string{"mount", "--data", m.Data}, args...)
 	m.cmd = exec.Command(binary, append(all, m.Dir)...)
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
-	if err := m.cmd.Start(); err != nil {
+	if err := m.ns.Do(m.cmd.Start); err != nil {
 		m.t.Fatal(err)
 	}
 	m.done = make(chan error, 1)

@@ -70,7 +70,7 @@ func TestNonRootMountServes(t *testing.T) {
 	cmd := nonrootCommand(path, "mount", "--data", data, mnt)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	if err := ownNetns(t).Do(cmd.Start); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})

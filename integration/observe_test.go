@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -143,7 +142,7 @@ func TestHealthOfAStackUpAndDown(t *testing.T) {
 	}
 
 	// The stack's web service comes up on its leased HTTP port.
-	l, err := net.Listen("tcp", "127.0.0.1:"+strings.TrimSpace(m.read(stack, "ports/HTTP")))
+	l, err := m.listen("tcp", "127.0.0.1:"+strings.TrimSpace(m.read(stack, "ports/HTTP")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ func ownershipMount(t *testing.T, args ...string) *mount {
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m := &mount{t: t, Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data")}
+	m := &mount{t: t, ns: ownNetns(t), Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data")}
 	// Registered first so it runs last: the store goes only once the mount is gone.
 	t.Cleanup(func() {
 		if !mounted(m.Dir) {

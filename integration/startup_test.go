@@ -38,7 +38,7 @@ func TestStartupKillLeavesNoZombie(t *testing.T) {
 			t.Fatalf("round %d: the killed daemon (pid %d) did not die: a thread waits on its own mount", round, cmd.Process.Pid)
 		}
 	}
-	m := &mount{t: t, Dir: mnt, Data: data}
+	m := &mount{t: t, ns: ownNetns(t), Dir: mnt, Data: data}
 	m.start()
 	t.Cleanup(m.stop)
 	m.ok("ls $M")
