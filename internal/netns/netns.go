@@ -58,6 +58,31 @@ func (n *NS) Do(fn func() error) error {
 	})
 }
 
+// Enter moves the calling goroutine, locked to its thread, into the namespace until leave is
+// called, for work that cannot be handed to Do (a benchmark's loop). A nil NS enters nothing.
+func (n *NS) Enter() (leave func(), err error) {
+	if n == nil {
+		return func() {}, nil
+	}
+	runtime.LockOSThread()
+	home, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	if err := unix.Setns(int(n.file.Fd()), unix.CLONE_NEWNET); err != nil {
+		home.Close()
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("setns: %w", err)
+	}
+	return func() {
+		defer home.Close()
+		if unix.Setns(int(home.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+	}, nil
+}
+
 // Close lets the namespace go once nothing else lives in it.
 func (n *NS) Close() error {
 	if n == nil {

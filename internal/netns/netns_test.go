@@ -56,3 +56,35 @@ func TestNamespaceIsItsOwn(t *testing.T) {
 		t.Fatalf("dialled %s from outside the namespace", l.Addr())
 	}
 }
+
+// A goroutine that entered sees the namespace's sockets from its thread until it leaves.
+func TestEnterAndLeave(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPING: a network namespace needs root")
+	}
+	ns, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	inside := func() string {
+		link, err := os.Readlink("/proc/thread-self/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return link
+	}
+	home := inside()
+	leave, err := ns.Enter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	there := inside()
+	leave()
+	if there == home {
+		t.Fatalf("Enter left the thread in %s", home)
+	}
+	if got := inside(); got != home {
+		t.Fatalf("after leave the thread is in %s, want %s", got, home)
+	}
+}
