@@ -9,8 +9,128 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 )
 
-// Transitions of claims and leases: pure functions of (value, request, now). The transaction in
-// engine.go feeds them what they read and commits what they return.
+// Claims and leases: the pure steps of a claim, a holder write and a release, beside the drain
+// steps in drain.go. Use cases (operations.go) observe processes first; applyStep (commit.go)
+// runs the step in the stack's transaction and commits what it returns.
+
+// drainReservedFix is how a holder change refused by a reserved drain is resolved.
+const drainReservedFix = "wait for the drain to finish (cat wait) or cancel an unstarted one (rm drain/request)"
+
+// claimInput is a claim as observed before its transaction: the holder proposed, the holders
+// proven dead, and the host's listener probe.
+type claimInput struct {
+	holder    NewHolder
+	dead      []Holder
+	listening func(ports []int) ([]int, error) // host TCP listeners among ports
+}
+
+// claimHolder adds in.holder to the stack and leases the stack a port family if it has none (§4).
+// Holders observed dead are released first; when none would remain, the claimant takes the stack
+// over. A lease its holders kept is not probed for listeners: they are the stack's own.
+func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value, error) {
+	if r.Value.Drain != nil {
+		return r.Value, refuse(ClaimCoTenant, r.SubjectID, drainReservedFix, "claims are refused while a drain is reserved on the stack")
+	}
+	m, err := reads.cockpit()
+	if err != nil {
+		return r.Value, err
+	}
+	cfg, ok := m.config()
+	if !ok {
+		return r.Value, refuse(PortFamilyOutOfRange, m.ID, fmt.Sprintf("write %s/config first", r.Cockpit), "cockpit %s has no port declaration", r.Cockpit)
+	}
+	retained := len(r.Value.Holders) > 0 && r.Value.Lease.Active()
+	v, released := releaseDead(r.Value, in.dead, &in.holder, now)
+	v, added, err := addHolder(v, in.holder, now)
+	if err != nil {
+		return r.Value, err
+	}
+	if !added && len(released) == 0 {
+		return r.Value, errUnchanged
+	}
+	if retained && v.Lease.Active() {
+		if added && !v.Lease.Declaration.Equal(cfg.Declaration) {
+			return r.Value, declarationChanged(r.SubjectID)
+		}
+		return v, nil
+	}
+	var active int
+	if !v.Lease.Active() {
+		if active, err = reads.activeLeases(); err != nil {
+			return r.Value, err
+		}
+	}
+	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, occupiedBy: reads.portOwner, listening: in.listening})
+	if err != nil {
+		return r.Value, err
+	}
+	if !v.Lease.Active() {
+		v.Lease = lease
+	}
+	return v, nil
+}
+
+// declarationChanged refuses a claim on a lease taken under another declaration than the
+// cockpit's: its ports would not be the family the config now declares.
+func declarationChanged(target string) error {
+	return refuse(ConfigChangedDuringExecution, target, "drain the stack, then claim again",
+		"the stack's lease was taken under another port declaration")
+}
+
+// holderWrite is a write to an existing holder file, its pid observed before the transaction.
+type holderWrite struct {
+	name  string
+	attrs HolderAttrs
+	start string // the process start of attrs.PID
+	// createdHere: the write comes through the open that created the holder, the only one that
+	// may still choose its checkout.
+	createdHere bool
+}
+
+// setHolder applies a holder write: only the holder's owner may, never while a drain is reserved,
+// and a checkout, part of a holder's identity, only through the open that created it.
+func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
+	h, ok := r.Value.Holder(w.name)
+	if !ok {
+		return r.Value, refuse(NotFound, HolderID(w.name), "", "holder %s does not claim this stack", w.name)
+	}
+	if !c.may(h.UID) {
+		return r.Value, c.denied("holder "+w.name, h.UID)
+	}
+	if r.Value.Drain != nil {
+		return r.Value, refuse(ClaimCoTenant, h.HolderID, drainReservedFix, "holders cannot change while a drain is reserved")
+	}
+	changed := h
+	if w.attrs.Checkout != "" && CheckoutID(w.attrs.Checkout) != h.CheckoutID {
+		if !w.createdHere {
+			return r.Value, refuse(StateRecordMalformed, h.HolderID, "claim under another holder name for another checkout",
+				"holder %s is bound to checkout %s; a checkout is part of a holder's identity", w.name, h.CheckoutPath)
+		}
+		changed.CheckoutPath, changed.CheckoutID = w.attrs.Checkout, CheckoutID(w.attrs.Checkout)
+	}
+	if w.attrs.SetPID {
+		changed.PID, changed.ProcessStart = w.attrs.PID, w.start
+	}
+	if changed == h {
+		return r.Value, errUnchanged
+	}
+	v := r.Value
+	v.Holders = append([]Holder(nil), v.Holders...)
+	for i := range v.Holders {
+		if v.Holders[i].HolderID == h.HolderID {
+			v.Holders[i] = changed
+		}
+	}
+	return v, nil
+}
+
+// releaseOwn is an unlink of a holder file: only its owner may (§4, §6).
+func releaseOwn(r Record, c Caller, name string) (Value, error) {
+	if h, ok := r.Value.Holder(name); ok && !c.may(h.UID) {
+		return r.Value, c.denied("holder "+name, h.UID)
+	}
+	return releaseHolder(r.Value, name)
+}
 
 // NewHolder is a holder as a claim proposes it.
 type NewHolder struct {
@@ -124,8 +244,7 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 	candidates := decl.Candidates()
 	if current.Active() {
 		if !current.Declaration.Equal(decl) {
-			return nil, refuse(ConfigChangedDuringExecution, "", "drain the stack, then claim again",
-				"the stack's lease was taken under another port declaration")
+			return nil, declarationChanged("")
 		}
 		family, ok := decl.FamilyAt(current.Offset)
 		if !ok {

@@ -2,22 +2,19 @@ package engine
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
-
-	"github.com/cockpitfs/cockpitfs/engine/liveness"
-	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Drains (SPEC §7): reserve, start an attempt, publish its outcome, repair an interrupted one,
 // cancel an unstarted reservation. Each step is a pure transition of (record, request, now) to
-// the next value; the Engine methods observe processes first, then commit one transition under
-// the stack's lock. Every step of a drain belongs to the uid of the drain's holder (§6).
+// the next value; the use cases (operations.go) observe processes first, then commit one
+// transition under the stack's lock (commit.go). Every step of a drain belongs to the uid of the
+// drain's holder (§6).
 
 const (
 	repairCommand  = "echo terminated > drain/repair"
@@ -417,100 +414,4 @@ func repairAttempt(r Record, c Caller, seen executorCheck, now time.Time) (Value
 			"attempt %s records no executor, so it may still run until %s", a.AttemptID, a.ValidThrough)
 	}
 	return failAttempt(r.Value, d, now), nil
-}
-
-// applyDrainStep commits the value step derives from the stack's current record.
-func (e *Engine) applyDrainStep(ctx context.Context, c Caller, cockpit, stack string, step func(Record, time.Time) (Value, error)) error {
-	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
-		r, err := e.loadRecord(tx, cockpit, stack)
-		if err != nil {
-			return err
-		}
-		v, err := step(r, now)
-		if err != nil {
-			return err
-		}
-		return e.commit(tx, c, r, v, now)
-	})
-}
-
-// ReserveDrain applies a drain/request write. openedAt is the stack's revision when the file was
-// opened: the expected revision unless the request names one.
-func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack string, req DrainRequest, openedAt int64) error {
-	before, err := e.Stack(cockpit, stack)
-	if err != nil {
-		return err
-	}
-	expected := openedAt
-	if req.Revision != nil {
-		expected = *req.Revision
-	}
-	var dead []Holder
-	if before.Value.Drain == nil {
-		// Probes are slow, so they run before the transaction; the requester is never probed.
-		except := req.requesterID()
-		if except == "" && len(before.Value.Holders) == 1 {
-			except = before.Value.Holders[0].HolderID
-		}
-		dead = deadHolders(before.Value.Holders, except)
-	}
-	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, generation: randomHex(), reservationID: randomHex()}
-	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, now time.Time) (Value, error) {
-		return reserveDrain(r, in, now)
-	})
-}
-
-// CancelDrain applies an unlink of drain/request.
-func (e *Engine) CancelDrain(ctx context.Context, c Caller, cockpit, stack string) error {
-	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, _ time.Time) (Value, error) {
-		return cancelDrain(r, c)
-	})
-}
-
-// StartAttempt applies `start [pid=<n>|none]` to drain/attempt: executorPID -1 names the writer,
-// 0 none.
-func (e *Engine) StartAttempt(ctx context.Context, c Caller, cockpit, stack string, executorPID int) error {
-	if executorPID < 0 {
-		if c.PID <= 0 {
-			return refuse(StateRecordMalformed, StackID(cockpit, stack), "write start pid=<executor pid> or start pid=none",
-				"the writing process could not be resolved to name the executor")
-		}
-		executorPID = c.PID
-	}
-	ex := executor{pid: executorPID}
-	if ex.pid > 0 {
-		var err error
-		if ex.start, err = processOf(ex.pid); err != nil {
-			return err
-		}
-	}
-	attemptID := randomHex()
-	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, now time.Time) (Value, error) {
-		return startAttempt(r, c, ex, attemptID, now)
-	})
-}
-
-// PublishOutcome applies `success|failure [attempt=<id>]` to drain/outcome.
-func (e *Engine) PublishOutcome(ctx context.Context, c Caller, cockpit, stack string, success bool, attemptID string) error {
-	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, now time.Time) (Value, error) {
-		return publishOutcome(r, c, success, attemptID, now)
-	})
-}
-
-// Repair applies `terminated` to drain/repair. The executor is observed before the transaction,
-// which then applies only to the attempt observed.
-func (e *Engine) Repair(ctx context.Context, c Caller, cockpit, stack string) error {
-	before, err := e.Stack(cockpit, stack)
-	if err != nil {
-		return err
-	}
-	var seen executorCheck
-	if d := before.Value.Drain; d != nil && d.Attempt != nil {
-		a := d.Attempt
-		seen.attemptID = a.AttemptID
-		seen.gone = a.ExecutorPID != 0 && liveness.Gone(a.ExecutorStart, liveness.Observe(a.ExecutorPID))
-	}
-	return e.applyDrainStep(ctx, c, cockpit, stack, func(r Record, now time.Time) (Value, error) {
-		return repairAttempt(r, c, seen, now)
-	})
 }

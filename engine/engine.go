@@ -5,16 +5,12 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
-
-// lockTimeout is how long an operation waits for its stack before refusing with STATE_LOCKED.
-const lockTimeout = 2 * time.Second
 
 // Store is what the engine needs of a store (the contract is storage's package comment).
 type Store = storage.Store
@@ -35,41 +31,6 @@ type Engine struct {
 // New returns an engine over db.
 func New(db Store) *Engine {
 	return &Engine{db: db, now: time.Now}
-}
-
-// errUnchanged aborts a transaction that would change nothing: the operation still succeeds.
-var errUnchanged = errors.New("unchanged")
-
-// update runs fn as one transaction while holding the lock of key, so writers of one stack queue
-// here instead of retrying conflicts in the store. Watchers of key are woken after the commit.
-func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn, now time.Time) error) error {
-	unlock, err := e.locks.lock(ctx, key)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	err = e.db.Update(ctx, func(tx storage.Txn) error {
-		e.staged.Delete(key) // only the run that commits counts
-		return fn(tx, e.now())
-	})
-	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
-	e.cockpits.committed()
-	committed, staged := e.staged.LoadAndDelete(key)
-	switch {
-	case errors.Is(err, errUnchanged):
-		return nil
-	case errors.Is(err, storage.ErrLocked):
-		return refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
-	case err != nil:
-		return err
-	}
-	if staged {
-		e.records.fill(key, committed.(cachedRecord))
-	} else {
-		e.records.invalidate(key)
-	}
-	e.changes.publish(key)
-	return nil
 }
 
 // Changed returns a channel closed at the next committed change of the stack.
@@ -93,63 +54,6 @@ func (e *Engine) Wait(ctx context.Context, cockpit, stack string, seen int64) (i
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
-	}
-}
-
-type keyedLocks struct {
-	mu sync.Mutex
-	m  map[string]chan struct{}
-}
-
-func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
-	k.mu.Lock()
-	if k.m == nil {
-		k.m = map[string]chan struct{}{}
-	}
-	ch, ok := k.m[key]
-	if !ok {
-		ch = make(chan struct{}, 1)
-		k.m[key] = ch
-	}
-	k.mu.Unlock()
-	timer := time.NewTimer(lockTimeout)
-	defer timer.Stop()
-	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, nil
-	case <-timer.C:
-		return nil, refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// notifier wakes waiters on a key: next hands out a channel that publish closes.
-type notifier struct {
-	mu sync.Mutex
-	m  map[string]chan struct{}
-}
-
-func (n *notifier) next(key string) <-chan struct{} {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.m == nil {
-		n.m = map[string]chan struct{}{}
-	}
-	ch, ok := n.m[key]
-	if !ok {
-		ch = make(chan struct{})
-		n.m[key] = ch
-	}
-	return ch
-}
-
-func (n *notifier) publish(key string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if ch, ok := n.m[key]; ok {
-		close(ch)
-		delete(n.m, key)
 	}
 }
 

@@ -182,19 +182,6 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 	return setJSON(tx, leaseCountKey(cockpit), n+delta)
 }
 
-// portOwner reads the index entry of port with Get, so the transaction conflicts with a
-// concurrent lease of it.
-func portOwner(tx storage.Txn, cockpit, stack string) func(int) (string, error) {
-	return func(port int) (string, error) {
-		var owner PortOwner
-		taken, err := getJSON(tx, portKey(port), &owner)
-		if err != nil || !taken || owner.Cockpit == cockpit && owner.Stack == stack {
-			return "", err
-		}
-		return owner.Cockpit + "/" + owner.Stack, nil
-	}
-}
-
 func splitStackKey(key string) (cockpit, stack string) {
 	rest := strings.TrimPrefix(key, "s/")
 	cockpit, stack, _ = strings.Cut(rest, "/")

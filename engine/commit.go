@@ -1,0 +1,177 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// Commit plumbing. Every stack operation has one shape: its use case observes what lies outside
+// the store (processes, listeners' probe, the caller), then applyStep runs the operation's pure
+// step over the stack's record inside one transaction and commits what it returns: invariants,
+// record, port index and events line together, then the cache and the waiters.
+
+// lockTimeout is how long an operation waits for its stack before refusing with STATE_LOCKED.
+const lockTimeout = 2 * time.Second
+
+// errUnchanged aborts a transaction that would change nothing: the operation still succeeds.
+var errUnchanged = errors.New("unchanged")
+
+// step is one operation's rule: the value that follows r, or why not (a refusal, or errUnchanged
+// when there is nothing to commit). It changes nothing itself; what it reads beyond r it reads
+// through reads.
+type step func(r Record, reads stepReads, now time.Time) (Value, error)
+
+// stepReads is what a step may read beyond its stack's record. Each read is a Get inside the
+// commit's transaction, so a concurrent change of what the step decided on conflicts and retries.
+type stepReads interface {
+	cockpit() (cockpitMeta, error)
+	activeLeases() (int, error)         // active leases in the cockpit
+	portOwner(port int) (string, error) // "cockpit/stack" of another stack's active lease of port, "" if none
+}
+
+// txReads serves stepReads from a transaction on the stack (cockpit, stack).
+type txReads struct {
+	e           *Engine
+	tx          storage.Txn
+	cockpitName string
+	stack       string
+}
+
+func (t txReads) cockpit() (cockpitMeta, error) { return t.e.loadCockpit(t.tx, t.cockpitName) }
+
+func (t txReads) activeLeases() (int, error) {
+	var n int
+	_, err := getJSON(t.tx, leaseCountKey(t.cockpitName), &n)
+	return n, err
+}
+
+func (t txReads) portOwner(port int) (string, error) {
+	var owner PortOwner
+	taken, err := getJSON(t.tx, portKey(port), &owner)
+	if err != nil || !taken || owner.Cockpit == t.cockpitName && owner.Stack == t.stack {
+		return "", err
+	}
+	return owner.Cockpit + "/" + owner.Stack, nil
+}
+
+// applyStep commits the value s derives from the stack's current record.
+func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string, s step) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+		r, err := e.loadRecord(tx, cockpit, stack)
+		if err != nil {
+			return err
+		}
+		v, err := s(r, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack}, now)
+		if err != nil {
+			return err
+		}
+		return e.commit(tx, c, r, v, now)
+	})
+}
+
+// commit writes the next revision of r with value v, its port index and its events line.
+func (e *Engine) commit(tx storage.Txn, c Caller, r Record, v Value, now time.Time) error {
+	saved, err := saveRecord(tx, r.next(v, now))
+	if err != nil {
+		return err
+	}
+	e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
+	if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
+		return err
+	}
+	return appendEvent(tx, r.Cockpit, r.Stack, okEvent(c, now, saved.Revision))
+}
+
+// update runs fn as one transaction while holding the lock of key, so writers of one stack queue
+// here instead of retrying conflicts in the store. Watchers of key are woken after the commit.
+func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn, now time.Time) error) error {
+	unlock, err := e.locks.lock(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	err = e.db.Update(ctx, func(tx storage.Txn) error {
+		e.staged.Delete(key) // only the run that commits counts
+		return fn(tx, e.now())
+	})
+	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
+	e.cockpits.committed()
+	committed, staged := e.staged.LoadAndDelete(key)
+	switch {
+	case errors.Is(err, errUnchanged):
+		return nil
+	case errors.Is(err, storage.ErrLocked):
+		return refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
+	case err != nil:
+		return err
+	}
+	if staged {
+		e.records.fill(key, committed.(cachedRecord))
+	} else {
+		e.records.invalidate(key)
+	}
+	e.changes.publish(key)
+	return nil
+}
+
+// keyedLocks queues the writers of one key in this process.
+type keyedLocks struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]chan struct{}{}
+	}
+	ch, ok := k.m[key]
+	if !ok {
+		ch = make(chan struct{}, 1)
+		k.m[key] = ch
+	}
+	k.mu.Unlock()
+	timer := time.NewTimer(lockTimeout)
+	defer timer.Stop()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-timer.C:
+		return nil, refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// notifier wakes waiters on a key: next hands out a channel that publish closes.
+type notifier struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+func (n *notifier) next(key string) <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil {
+		n.m = map[string]chan struct{}{}
+	}
+	ch, ok := n.m[key]
+	if !ok {
+		ch = make(chan struct{})
+		n.m[key] = ch
+	}
+	return ch
+}
+
+func (n *notifier) publish(key string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if ch, ok := n.m[key]; ok {
+		close(ch)
+		delete(n.m, key)
+	}
+}

@@ -1,0 +1,277 @@
+package engine
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+)
+
+// The claim, holder-write and release steps on records built in memory: no store, no processes.
+
+// fakeReads serves a step's reads from fields and records which were made.
+type fakeReads struct {
+	meta    cockpitMeta
+	missing bool
+	active  int
+	owners  map[int]string
+	err     error // returned by every index read
+	made    []string
+}
+
+func (f *fakeReads) cockpit() (cockpitMeta, error) {
+	f.made = append(f.made, "cockpit")
+	if f.missing {
+		return cockpitMeta{}, refuse(NotFound, "", "", "cockpit app does not exist")
+	}
+	return f.meta, nil
+}
+
+func (f *fakeReads) activeLeases() (int, error) {
+	f.made = append(f.made, "activeLeases")
+	return f.active, f.err
+}
+
+func (f *fakeReads) portOwner(port int) (string, error) {
+	f.made = append(f.made, "portOwner")
+	return f.owners[port], f.err
+}
+
+func declared(d portdecl.Declaration) cockpitMeta {
+	return cockpitMeta{Name: "app", ID: CockpitID("app"), Declared: &portdecl.Config{Declaration: d}}
+}
+
+// stepRecord is stack app/s at revision 3 with value v.
+func stepRecord(v Value) Record {
+	r := newRecord("app", "s", claimNow)
+	r.Revision = 3
+	if v.Holders == nil {
+		v.Holders = []Holder{}
+	}
+	r.Value = v
+	return r
+}
+
+func holders(hs ...Holder) []Holder {
+	out := append([]Holder{}, hs...)
+	sortHolders(out)
+	return out
+}
+
+func TestClaimHolderStep(t *testing.T) {
+	tracked := func(name string, pid int) Holder {
+		h := newHolder(name).holder(claimNow)
+		h.PID, h.ProcessStart = pid, "proc:00000000-0000-0000-0000-000000000000:1"
+		return h
+	}
+	alice, bob := tracked("alice", 100), newHolder("bob").holder(claimNow)
+	otherDecl := portdecl.Declaration{Step: 10, Count: 3, Bases: map[string]int{"HTTP": 30000, "DB": 31000}}
+	lease0 := leaseAt(t, pureDecl, 0)
+	released := &Lease{Offset: 10, Ports: leaseAt(t, pureDecl, 10).Ports, Released: true, Declaration: pureDecl}
+	cases := []struct {
+		name        string
+		v           Value
+		claimant    string
+		dead        []Holder
+		reads       fakeReads
+		busy        []int
+		wantCode    Code
+		wantErr     error
+		wantHolders []string
+		wantOffset  int // of the lease after, -1: none
+		wantReads   []string
+		wantProbes  int
+	}{
+		{name: "first claim leases the first family", claimant: "alice", reads: fakeReads{meta: declared(pureDecl)},
+			wantHolders: []string{"alice"}, wantOffset: 0, wantReads: []string{"cockpit", "activeLeases", "portOwner", "portOwner"}, wantProbes: 1},
+		{name: "a family in the index is skipped", claimant: "alice", reads: fakeReads{meta: declared(pureDecl), owners: map[int]string{20000: "other/s"}},
+			wantHolders: []string{"alice"}, wantOffset: 10, wantProbes: 1},
+		{name: "a family with a host listener is skipped", claimant: "alice", reads: fakeReads{meta: declared(pureDecl)}, busy: []int{21000},
+			wantHolders: []string{"alice"}, wantOffset: 10, wantProbes: 2},
+		{name: "a released lease is leased anew", claimant: "alice", v: Value{Lease: released}, reads: fakeReads{meta: declared(pureDecl)},
+			wantHolders: []string{"alice"}, wantOffset: 0, wantProbes: 1},
+		{name: "a co-holder keeps the lease, unprobed and unindexed", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0},
+			reads: fakeReads{meta: declared(pureDecl)}, wantHolders: []string{"alice", "bob"}, wantOffset: 0, wantReads: []string{"cockpit"}},
+		{name: "the same claim again changes nothing", claimant: "bob", v: Value{Holders: holders(alice, bob), Lease: lease0},
+			reads: fakeReads{meta: declared(pureDecl)}, wantErr: errUnchanged},
+		{name: "a dead sole holder is taken over with its lease", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0}, dead: []Holder{alice},
+			reads: fakeReads{meta: declared(pureDecl)}, wantHolders: []string{"bob"}, wantOffset: 0, wantReads: []string{"cockpit"}},
+		{name: "a holder observed dead that changed since is kept", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0},
+			dead:  []Holder{func() Holder { h := alice; h.PID = 101; return h }()},
+			reads: fakeReads{meta: declared(pureDecl)}, wantHolders: []string{"alice", "bob"}, wantOffset: 0},
+		{name: "a dead co-holder is released beside the claim", claimant: "carol", v: Value{Holders: holders(alice, bob), Lease: lease0}, dead: []Holder{alice},
+			reads: fakeReads{meta: declared(pureDecl)}, wantHolders: []string{"bob", "carol"}, wantOffset: 0, wantReads: []string{"cockpit"}},
+		{name: "a drain is reserved", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0, Drain: &Drain{}},
+			reads: fakeReads{meta: declared(pureDecl)}, wantCode: ClaimCoTenant, wantReads: []string{}},
+		{name: "the cockpit has no declaration", claimant: "alice", reads: fakeReads{meta: cockpitMeta{Name: "app"}}, wantCode: PortFamilyOutOfRange},
+		{name: "the cockpit is gone", claimant: "alice", reads: fakeReads{missing: true}, wantCode: NotFound},
+		{name: "a new holder on a lease of another declaration", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0},
+			reads: fakeReads{meta: declared(otherDecl)}, wantCode: ConfigChangedDuringExecution},
+		{name: "an existing holder on a lease of another declaration", claimant: "alice", v: Value{Holders: holders(alice, bob), Lease: lease0},
+			reads: fakeReads{meta: declared(otherDecl)}, wantErr: errUnchanged},
+		{name: "an existing holder's claim releases a dead co-holder under another declaration", claimant: "bob", v: Value{Holders: holders(alice, bob), Lease: lease0},
+			dead: []Holder{alice}, reads: fakeReads{meta: declared(otherDecl)}, wantHolders: []string{"bob"}, wantOffset: 0},
+		{name: "the cockpit's count is reached", claimant: "alice", reads: fakeReads{meta: declared(pureDecl), active: 3}, wantCode: PortLeaseExhausted},
+		{name: "every family has a listener", claimant: "alice", reads: fakeReads{meta: declared(pureDecl)}, busy: []int{20000, 20010, 20020},
+			wantCode: PortFamilyCollision, wantProbes: 3},
+		{name: "another checkout under the same name", claimant: "alice", v: Value{Holders: holders(newHolder("alice").holder(claimNow))},
+			reads: fakeReads{meta: declared(pureDecl)}, wantCode: StateRecordMalformed},
+		{name: "the index cannot be read", claimant: "alice", reads: fakeReads{meta: declared(pureDecl), err: errors.New("disk")}, wantErr: errors.New("disk")},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := stepRecord(tc.v)
+			before := canonicalJSON(r)
+			nh := newHolder(tc.claimant)
+			if tc.name == "another checkout under the same name" {
+				nh.CheckoutPath = "/elsewhere"
+			}
+			p := &probes{busy: map[int]bool{}}
+			for _, port := range tc.busy {
+				p.busy[port] = true
+			}
+			reads := tc.reads
+			v, err := claimHolder(r, claimInput{holder: nh, dead: tc.dead, listening: p.listening}, &reads, claimNow.Add(time.Minute))
+			if canonicalJSON(r) != before {
+				t.Fatalf("the step modified its input record")
+			}
+			if len(p.calls) != tc.wantProbes {
+				t.Errorf("%d listener probes, want %d: %v", len(p.calls), tc.wantProbes, p.calls)
+			}
+			if tc.wantReads != nil && !(len(tc.wantReads) == 0 && len(reads.made) == 0) && !reflect.DeepEqual(reads.made, tc.wantReads) {
+				t.Errorf("reads %v, want %v", reads.made, tc.wantReads)
+			}
+			switch {
+			case tc.wantCode != "":
+				requireCode(t, err, tc.wantCode)
+				return
+			case tc.wantErr != nil:
+				if err == nil || err.Error() != tc.wantErr.Error() {
+					t.Fatalf("got %v, want %v", err, tc.wantErr)
+				}
+				return
+			case err != nil:
+				t.Fatal(err)
+			}
+			if names := holderNames(v); !reflect.DeepEqual(names, tc.wantHolders) {
+				t.Fatalf("holders %v, want %v", names, tc.wantHolders)
+			}
+			if !v.Lease.Active() || v.Lease.Offset != tc.wantOffset {
+				t.Fatalf("lease %+v, want offset %d", v.Lease, tc.wantOffset)
+			}
+			if err := Check(r.next(v, claimNow.Add(time.Minute))); err != nil {
+				t.Fatalf("the step broke an invariant: %v", err)
+			}
+		})
+	}
+}
+
+func TestSetHolderStep(t *testing.T) {
+	alice := newHolder("alice").holder(claimNow)
+	alice.UID = 1000
+	base := Value{Holders: holders(alice), Lease: leaseAt(t, pureDecl, 0)}
+	drained := base
+	drained.Drain = &Drain{}
+	owner := Caller{UID: 1000}
+	const s42 = "proc:00000000-0000-0000-0000-000000000000:42"
+	cases := []struct {
+		name     string
+		v        Value
+		c        Caller
+		w        holderWrite
+		wantCode Code
+		wantErr  error
+		want     func(Holder) Holder // the holder after
+	}{
+		{name: "a pid is recorded", v: base, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true, PID: 42}, start: s42},
+			want: func(h Holder) Holder { h.PID, h.ProcessStart = 42, s42; return h }},
+		{name: "root may write", v: base, c: Caller{UID: 0}, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true, PID: 42}, start: s42},
+			want: func(h Holder) Holder { h.PID, h.ProcessStart = 42, s42; return h }},
+		{name: "pid=none untracks", v: Value{Holders: holders(func() Holder { h := alice; h.PID, h.ProcessStart = 7, s42; return h }()), Lease: base.Lease},
+			c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true}}, want: func(h Holder) Holder { h.PID, h.ProcessStart = 0, ""; return h }},
+		{name: "the creating open chooses the checkout", v: base, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{Checkout: "/src/other"}, createdHere: true},
+			want: func(h Holder) Holder { h.CheckoutPath, h.CheckoutID = "/src/other", CheckoutID("/src/other"); return h }},
+		{name: "a later open may not", v: base, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{Checkout: "/src/other"}}, wantCode: StateRecordMalformed},
+		{name: "the same checkout changes nothing", v: base, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{Checkout: "/src/alice"}}, wantErr: errUnchanged},
+		{name: "an empty write changes nothing", v: base, c: owner, w: holderWrite{name: "alice"}, wantErr: errUnchanged},
+		{name: "another uid", v: base, c: Caller{UID: 1001}, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true}}, wantCode: PermissionDenied},
+		{name: "an unknown holder", v: base, c: owner, w: holderWrite{name: "bob", attrs: HolderAttrs{SetPID: true}}, wantCode: NotFound},
+		{name: "a drain is reserved", v: drained, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true}}, wantCode: ClaimCoTenant},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := stepRecord(tc.v)
+			before := canonicalJSON(r)
+			v, err := setHolder(r, tc.c, tc.w)
+			if canonicalJSON(r) != before {
+				t.Fatalf("the step modified its input record")
+			}
+			switch {
+			case tc.wantCode != "":
+				requireCode(t, err, tc.wantCode)
+				return
+			case tc.wantErr != nil:
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("got %v, want %v", err, tc.wantErr)
+				}
+				return
+			case err != nil:
+				t.Fatal(err)
+			}
+			was, _ := tc.v.Holder("alice")
+			if got, _ := v.Holder("alice"); got != tc.want(was) {
+				t.Fatalf("holder %+v, want %+v", got, tc.want(was))
+			}
+			if err := Check(r.next(v, claimNow)); err != nil {
+				t.Fatalf("the step broke an invariant: %v", err)
+			}
+		})
+	}
+}
+
+func TestReleaseOwnStep(t *testing.T) {
+	alice, bob := newHolder("alice").holder(claimNow), newHolder("bob").holder(claimNow)
+	bob.UID = 1001
+	two := Value{Holders: holders(alice, bob), Lease: leaseAt(t, pureDecl, 0)}
+	cases := []struct {
+		name     string
+		c        Caller
+		release  string
+		wantCode Code
+	}{
+		{name: "the owner releases", c: Caller{UID: 1001}, release: "bob"},
+		{name: "root releases", c: Caller{UID: 0}, release: "bob"},
+		{name: "another uid", c: Caller{UID: 1000}, release: "bob", wantCode: PermissionDenied},
+		{name: "an unknown holder", c: Caller{UID: 1000}, release: "carol", wantCode: NotFound},
+		{name: "the last holder", c: Caller{UID: 1000}, release: "alice", wantCode: ClaimCoTenant},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := two
+			if tc.name == "the last holder" {
+				v.Holders = holders(alice)
+			}
+			r := stepRecord(v)
+			before := canonicalJSON(r)
+			got, err := releaseOwn(r, tc.c, tc.release)
+			if canonicalJSON(r) != before {
+				t.Fatalf("the step modified its input record")
+			}
+			if tc.wantCode != "" {
+				requireCode(t, err, tc.wantCode)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if names := holderNames(got); !reflect.DeepEqual(names, []string{"alice"}) {
+				t.Fatalf("holders %v, want [alice]", names)
+			}
+			if err := Check(r.next(got, claimNow)); err != nil {
+				t.Fatalf("the step broke an invariant: %v", err)
+			}
+		})
+	}
+}

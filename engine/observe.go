@@ -1,0 +1,141 @@
+package engine
+
+import (
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
+)
+
+// Host observation: what a use case learns about processes before its transaction. Probes are
+// slow and may block, so none runs while a stack's lock is held; a step then acts only on what is
+// still recorded exactly as observed. (The listener probe is the exception: which family it probes
+// depends on the port index read in the transaction, so the claim step calls it there.)
+
+// processOf observes pid for a holder or executor: its start identity, refusing a pid that does
+// not exist. A pid whose start cannot be confirmed is kept without one (unknown is never dead).
+func processOf(pid int) (string, error) {
+	obs := liveness.Observe(pid)
+	switch obs.State {
+	case liveness.Absent:
+		return "", refuse(StateRecordMalformed, "", "name a running process", "process %d does not exist", pid)
+	case liveness.Present:
+		return obs.Start, nil
+	default:
+		return "", nil
+	}
+}
+
+// observeClaimant is the holder a claim proposes: the one attrs describe, or, without attrs, the
+// one the caller's process implies.
+func observeClaimant(c Caller, name string, attrs *HolderAttrs) (NewHolder, error) {
+	if attrs == nil {
+		return defaultHolder(c, name)
+	}
+	nh := NewHolder{Name: name, UID: c.UID, CheckoutPath: attrs.Checkout}
+	if nh.CheckoutPath == "" {
+		return nh, refuse(StateRecordMalformed, HolderID(name), "write checkout=<absolute path>", "a holder needs a checkout")
+	}
+	if attrs.PID > 0 {
+		start, err := processOf(attrs.PID)
+		if err != nil {
+			return nh, err
+		}
+		nh.PID, nh.ProcessStart = attrs.PID, start
+	}
+	return nh, nil
+}
+
+// defaultHolder is a new holder as the caller's process implies it: held by its session (a
+// terminal's shell, an agent's session) and checked out at its working directory.
+func defaultHolder(c Caller, name string) (NewHolder, error) {
+	h := NewHolder{Name: name, UID: c.UID}
+	if c.PID <= 0 {
+		return h, refuse(StateRecordMalformed, HolderID(name), "claim from a process cockpitfs can see", "the calling process could not be resolved")
+	}
+	cwd, err := liveness.Cwd(c.PID)
+	if err != nil || !filepath.IsAbs(cwd) || strings.HasSuffix(cwd, " (deleted)") {
+		return h, refuse(StateRecordMalformed, HolderID(name), "claim from an existing directory or write checkout=<path>", "the caller's working directory could not be read")
+	}
+	h.CheckoutPath = filepath.Clean(cwd)
+	h.PID = c.PID
+	if session, err := liveness.SessionHolder(c.PID); err == nil {
+		h.PID = session
+	}
+	start, err := processOf(h.PID)
+	if err != nil {
+		// It exited since it was found: the caller itself holds.
+		h.PID = c.PID
+		if start, err = processOf(h.PID); err != nil {
+			return h, err
+		}
+	}
+	h.ProcessStart = start
+	return h, nil
+}
+
+// maxHolderProbes bounds concurrent liveness probes; a stack may have a thousand holders.
+const maxHolderProbes = 4
+
+// deadHolders observes every holder with a pid except the one named and returns those proven gone.
+func deadHolders(holders []Holder, except string) []Holder {
+	var candidates []Holder
+	for _, h := range holders {
+		if h.PID != 0 && h.HolderID != except {
+			candidates = append(candidates, h)
+		}
+	}
+	gone := make([]bool, len(candidates))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for w := 0; w < min(maxHolderProbes, len(candidates)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				gone[i] = liveness.Gone(candidates[i].ProcessStart, liveness.Observe(candidates[i].PID))
+			}
+		}()
+	}
+	for i := range candidates {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	var dead []Holder
+	for i, h := range candidates {
+		if gone[i] {
+			dead = append(dead, h)
+		}
+	}
+	return dead
+}
+
+// observeExecutor is what Repair needs to know of the attempt recorded in r: which it is and
+// whether its executor is proven gone.
+func observeExecutor(r Record) executorCheck {
+	var seen executorCheck
+	if d := r.Value.Drain; d != nil && d.Attempt != nil {
+		a := d.Attempt
+		seen.attemptID = a.AttemptID
+		seen.gone = a.ExecutorPID != 0 && liveness.Gone(a.ExecutorStart, liveness.Observe(a.ExecutorPID))
+	}
+	return seen
+}
+
+// HolderState is what reading a holder file reports: live, dead, unknown, or untracked (no pid).
+func HolderState(h Holder) string {
+	if h.PID == 0 {
+		return "untracked"
+	}
+	obs := liveness.Observe(h.PID)
+	switch {
+	case liveness.Gone(h.ProcessStart, obs):
+		return "dead"
+	case obs.State == liveness.Present:
+		return "live"
+	default:
+		return "unknown"
+	}
+}

@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
+)
+
+// The stack's use cases, every one in the same shape: observe what lies outside the store
+// (observe.go), then applyStep runs the operation's pure step (claims.go, drain.go) over the
+// stack's record in one transaction and commits what it returns (commit.go).
+
+// Claim adds a holder to the stack and leases it a port family (§4). attrs, when given, replace the
+// caller-derived pid and checkout.
+func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name string, attrs *HolderAttrs) error {
+	if err := checkName("holder", name); err != nil {
+		return err
+	}
+	nh, err := observeClaimant(c, name, attrs)
+	if err != nil {
+		return err
+	}
+	before, err := e.Stack(cockpit, stack)
+	if err != nil {
+		return err
+	}
+	in := claimInput{holder: nh, dead: deadHolders(before.Value.Holders, HolderID(name)), listening: listeners.Listening}
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+		return claimHolder(r, in, reads, now)
+	})
+}
+
+// SetHolder applies a holder write. createdHere says the write comes through the open that
+// created the holder, the only one that may still choose its checkout.
+func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name string, attrs HolderAttrs, createdHere bool) error {
+	w := holderWrite{name: name, attrs: attrs, createdHere: createdHere}
+	if attrs.SetPID && attrs.PID > 0 {
+		var err error
+		if w.start, err = processOf(attrs.PID); err != nil {
+			return err
+		}
+	}
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
+		return setHolder(r, c, w)
+	})
+}
+
+// Release removes the caller's own holder (§4): only its owner may, never while a drain is
+// reserved, never the last one.
+func (e *Engine) Release(ctx context.Context, c Caller, cockpit, stack, name string) error {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
+		return releaseOwn(r, c, name)
+	})
+}
+
+// ReserveDrain applies a drain/request write. openedAt is the stack's revision when the file was
+// opened: the expected revision unless the request names one.
+func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack string, req DrainRequest, openedAt int64) error {
+	before, err := e.Stack(cockpit, stack)
+	if err != nil {
+		return err
+	}
+	expected := openedAt
+	if req.Revision != nil {
+		expected = *req.Revision
+	}
+	var dead []Holder
+	if before.Value.Drain == nil {
+		// The requester is never probed.
+		except := req.requesterID()
+		if except == "" && len(before.Value.Holders) == 1 {
+			except = before.Value.Holders[0].HolderID
+		}
+		dead = deadHolders(before.Value.Holders, except)
+	}
+	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, generation: randomHex(), reservationID: randomHex()}
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
+		return reserveDrain(r, in, now)
+	})
+}
+
+// CancelDrain applies an unlink of drain/request.
+func (e *Engine) CancelDrain(ctx context.Context, c Caller, cockpit, stack string) error {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
+		return cancelDrain(r, c)
+	})
+}
+
+// StartAttempt applies `start [pid=<n>|none]` to drain/attempt: executorPID -1 names the writer,
+// 0 none.
+func (e *Engine) StartAttempt(ctx context.Context, c Caller, cockpit, stack string, executorPID int) error {
+	if executorPID < 0 {
+		if c.PID <= 0 {
+			return refuse(StateRecordMalformed, StackID(cockpit, stack), "write start pid=<executor pid> or start pid=none",
+				"the writing process could not be resolved to name the executor")
+		}
+		executorPID = c.PID
+	}
+	ex := executor{pid: executorPID}
+	if ex.pid > 0 {
+		var err error
+		if ex.start, err = processOf(ex.pid); err != nil {
+			return err
+		}
+	}
+	attemptID := randomHex()
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
+		return startAttempt(r, c, ex, attemptID, now)
+	})
+}
+
+// PublishOutcome applies `success|failure [attempt=<id>]` to drain/outcome.
+func (e *Engine) PublishOutcome(ctx context.Context, c Caller, cockpit, stack string, success bool, attemptID string) error {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
+		return publishOutcome(r, c, success, attemptID, now)
+	})
+}
+
+// Repair applies `terminated` to drain/repair. The executor is observed before the transaction,
+// which then applies only to the attempt observed.
+func (e *Engine) Repair(ctx context.Context, c Caller, cockpit, stack string) error {
+	before, err := e.Stack(cockpit, stack)
+	if err != nil {
+		return err
+	}
+	seen := observeExecutor(before)
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
+		return repairAttempt(r, c, seen, now)
+	})
+}
