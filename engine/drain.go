@@ -45,7 +45,7 @@ func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
 		return r.Value, malformedRequest("stackId %s is not this stack's %s", q.given.StackID, r.SubjectID)
 	}
 	if d := r.Value.Drain; d != nil {
-		return r.Value, resumeDrain(d, q, in.caller)
+		return r.Value, resumeDrain(r, d, in)
 	}
 	if in.expected != r.Revision {
 		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "re-open drain/request and write again",
@@ -70,18 +70,38 @@ func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
 	return v, nil
 }
 
-// resumeDrain accepts a request for the drain already reserved; any other request waits for it.
-// The targets count too: resuming a drain that reclaims other targets would claim work not done.
-func resumeDrain(d *Drain, q DrainRequest, c Caller) error {
+// resumeDrain accepts a request for the drain already reserved (errUnchanged), in the order the
+// seeds' recovery checks it: the drain's own holder, its purpose, no attempt active (that one
+// needs its outcome or a repair), planned at the current revision or the one the reservation
+// was planned at, and the same work — resuming a drain that reclaims other targets would claim
+// work not done.
+func resumeDrain(r Record, d *Drain, in reserveInput) error {
+	q, c := in.request, in.caller
 	if !c.may(d.UID) {
 		return c.denied("the drain of holder "+d.HolderName, d.UID)
 	}
-	id := q.requesterID()
-	if q.Purpose == d.Purpose && (id == "" || id == d.HolderID) && equalStrings(sortedCopy(q.Targets), reclaimTargets(d)) {
-		return errUnchanged
+	if id := q.requesterID(); id != "" && id != d.HolderID {
+		return refuse(ClaimCoTenant, d.StackID, finishDrainFix,
+			"the reserved %s drain belongs to holder %s, not %s", d.Purpose, d.HolderName, q.holderName())
 	}
-	return refuse(DrainAttemptRepairRequired, d.StackID, finishDrainFix,
-		"a %s drain by holder %s is already reserved (%d of %d actions done)", d.Purpose, d.HolderName, d.CompletedActionCount, len(d.Actions))
+	if q.Purpose != d.Purpose {
+		return refuse(DrainAttemptRepairRequired, d.StackID, finishDrainFix,
+			"a %s drain by holder %s is already reserved (%d of %d actions done)", d.Purpose, d.HolderName, d.CompletedActionCount, len(d.Actions))
+	}
+	if a := d.Attempt; a != nil && a.Status == AttemptActive {
+		return refuse(DrainAttemptRepairRequired, d.StackID, "publish its outcome (drain/outcome), or "+repairFix,
+			"attempt %s of the reserved drain is active%s; a resume cannot take it over", a.AttemptID, executorText(a))
+	}
+	if in.expected != r.Revision && in.expected != d.ExpectedCoordinationRevision {
+		return refuse(ExecutionPreconditionChanged, d.StackID, "re-open drain/request and write again",
+			"the request was planned at revision %d; the drain was reserved at revision %d and the stack is now at revision %d",
+			in.expected, d.ExpectedCoordinationRevision, r.Revision)
+	}
+	if !q.samePlan(d) {
+		return refuse(ClaimCoTenant, d.StackID, finishDrainFix,
+			"the reserved %s drain does not match the request: it reclaims %v with the plan %s", d.Purpose, reclaimTargets(d), d.PlanDigest)
+	}
+	return errUnchanged
 }
 
 // drainRequester is the holder a request names, or the stack's only holder, which must be the

@@ -45,6 +45,34 @@ func (q DrainRequest) requesterID() string {
 	}
 }
 
+// holderName names the holder the request names, for a message.
+func (q DrainRequest) holderName() string {
+	if q.Holder != "" {
+		return q.Holder
+	}
+	return q.requesterID()
+}
+
+// samePlan reports whether q asks for the work d reserved: the same reclaim targets and, where q
+// states them, the same validity and the same plan fields (all of them for a JSON request, the
+// seeds' sameDrainRequest but for the revision, which the caller checks).
+func (q DrainRequest) samePlan(d *Drain) bool {
+	if g := q.given; g != nil {
+		return g.StackID == d.StackID && q.ConfigSha256 == d.ConfigSha256 && q.PlanDigest == d.PlanDigest &&
+			q.OperationBasis == d.OperationBasis && q.Generation == d.Generation &&
+			equalStrings(g.TargetIDs, d.TargetIDs) && canonicalJSON(g.Actions) == canonicalJSON(d.Actions)
+	}
+	if !equalStrings(sortedCopy(q.Targets), reclaimTargets(d)) {
+		return false
+	}
+	for _, a := range d.Actions {
+		if q.ValidFor != 0 && a.ValidForMs != q.ValidFor {
+			return false
+		}
+	}
+	return true
+}
+
 func (q DrainRequest) validForMs() int64 {
 	if q.ValidFor == 0 {
 		return defaultValidForMs

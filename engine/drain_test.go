@@ -302,17 +302,43 @@ func TestDrainCancel(t *testing.T) {
 	mustRefuse(t, e, ClaimCoTenant, func() error { return cancelStack(e) }) // an action is done
 }
 
+// Resuming follows the seeds' recovery: the drain's own holder, its purpose, no attempt active,
+// planned at the current revision (or the one the reservation names), and the same work.
 func TestDrainResume(t *testing.T) {
-	e, _ := newDrainEngine(t)
-	reserved := mustStep(t, e, reserveText(t, e, "down volume:db"))
-	for _, same := range []string{"down volume:db", "down target=volume:db holder=me", "down volume:db revision=0"} {
+	e, clock := newDrainEngine(t)
+	reserved := mustStep(t, e, reserveText(t, e, "down volume:db valid_for=60000"))
+	planned := reserved.Value.Drain.ExpectedCoordinationRevision
+	resumes := []string{"down volume:db", "down target=volume:db holder=me", "down volume:db valid_for=60000",
+		fmt.Sprintf("down volume:db revision=%d", planned), fmt.Sprintf("down volume:db revision=%d", reserved.Revision)}
+	for _, same := range resumes {
 		if r := mustStep(t, e, reserveText(t, e, same)); r.Revision != reserved.Revision {
 			t.Fatalf("resume %q changed the record", same)
 		}
 	}
-	for _, other := range []string{"sleep", "reset volume:db", "down volume:other", "down"} {
+	// Another holder (the seeds: "persisted drain belongs to another holder"), then another
+	// purpose, then other work.
+	claimOther := "down volume:db holder=other"
+	mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, claimOther) })
+	for _, other := range []string{"sleep", "reset volume:db"} {
 		mustRefuse(t, e, DrainAttemptRepairRequired, func() error { return reserveText(t, e, other) })
 	}
+	for _, other := range []string{"down volume:other", "down", "down volume:db valid_for=1000"} {
+		mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, other) })
+	}
+	// Planned from a revision that is neither the reservation's nor the current one.
+	stale := fmt.Sprintf("down volume:db revision=%d", planned-1)
+	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return reserveText(t, e, stale) })
+
+	// While an attempt is active the drain needs its outcome or a repair, not a resume.
+	clock.advance(time.Millisecond)
+	mustStep(t, e, startExecutor(e, 0))
+	mustRefuse(t, e, DrainAttemptRepairRequired, func() error { return reserveText(t, e, "down volume:db") })
+	clock.advance(time.Millisecond)
+	failed := mustStep(t, e, publish(e, false, ""))
+	// After its failure it resumes at the current revision, no longer at the one of the start.
+	mustStep(t, e, reserveText(t, e, "down volume:db"))
+	startedAt := fmt.Sprintf("down volume:db revision=%d", failed.Revision-1)
+	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return reserveText(t, e, startedAt) })
 }
 
 func TestDrainReleasesDeadHolderAtReservation(t *testing.T) {

@@ -12,7 +12,8 @@
 #
 # Each write to a drain file is one command whose refusal the write itself reports, so `set -e`
 # stops the script at the first refusal; the stack's events file says why. Rerunning the script
-# resumes: writing the same request again is accepted and changes nothing.
+# resumes: writing the same request again is accepted and changes nothing (an attempt left active
+# by a killed run is refused until `echo terminated > $S/drain/repair` records it failed).
 set -euo pipefail
 
 S=${1:?usage: drain-executor.sh STACK_DIR [FAIL_ONCE_MARKER]}

@@ -585,9 +585,18 @@ func TestDrainResume(t *testing.T) {
 
 	drainRefused(t, m, "s", "echo down > $M/app/stacks/s/drain/request", syscall.ENOTRECOVERABLE, "DRAIN_ATTEMPT_REPAIR_REQUIRED")
 	drainRefused(t, m, "s", "echo 'down volume:db' > $M/app/stacks/s/drain/request", syscall.ENOTRECOVERABLE, "DRAIN_ATTEMPT_REPAIR_REQUIRED")
-	// Resuming also works mid-drain.
-	m.ok("cd $M/app/stacks/s && echo start > drain/attempt && echo sleep > drain/request")
-	if att := drainJSON(t, m, "app/stacks/s/drain/attempt"); att["status"] != "active" {
+	// Another holder's request for the same purpose: the drain is not theirs (the seeds'
+	// CLAIM_CO_TENANT), and a request planned before the last step is stale.
+	drainRefused(t, m, "s", "echo 'sleep holder=other' > $M/app/stacks/s/drain/request", syscall.EBUSY, "CLAIM_CO_TENANT")
+	reservedAt := drainValue(t, m, "s")["drain"].(map[string]any)["expectedCoordinationRevision"].(float64)
+	drainRefused(t, m, "s", fmt.Sprintf("echo 'sleep revision=%d' > $M/app/stacks/s/drain/request", int(reservedAt)-1), syscall.ESTALE, "EXECUTION_PRECONDITION_CHANGED")
+	// While an attempt is active a resume would take over a running executor's work: the
+	// attempt needs its outcome or a repair first.
+	m.ok("echo start pid=none > $M/app/stacks/s/drain/attempt")
+	drainRefused(t, m, "s", "echo sleep > $M/app/stacks/s/drain/request", syscall.ENOTRECOVERABLE, "DRAIN_ATTEMPT_REPAIR_REQUIRED")
+	// After a failure it resumes again.
+	m.ok("cd $M/app/stacks/s && echo failure > drain/outcome && echo sleep > drain/request")
+	if att := drainJSON(t, m, "app/stacks/s/drain/attempt"); att["status"] != "failed" {
 		t.Fatalf("attempt after resume: %v", att)
 	}
 }

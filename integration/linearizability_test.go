@@ -31,12 +31,14 @@ const (
 )
 
 // linState is one stack as the engine's rules see it: holder names (sorted, space-separated),
-// whether the lease is active, the drain phase ("", "reserved", "attempt") and the revision.
+// whether the lease is active, the drain phase ("", "reserved", "attempt"), the revision and the
+// revision the drain was planned from.
 type linState struct {
 	Holders  string
 	Lease    bool
 	Drain    string
 	Revision int64
+	Planned  int64
 }
 
 func (s linState) holders() []string { return strings.Fields(s.Holders) }
@@ -135,7 +137,9 @@ func linSteps(s linState, in linInput) []linStep {
 		return []linStep{{out: linOutput{Value: strconv.Itoa(linHTTPBase)}, next: s}}
 	case "reserve":
 		switch {
-		case s.Drain != "":
+		case s.Drain == "attempt":
+			return []linStep{refused("ENOTRECOVERABLE")} // a resume never takes over an active attempt
+		case s.Drain != "" && (in.Revision == s.Revision || in.Revision == s.Planned):
 			return []linStep{ok(s)} // the same sleep drain: a resume
 		case in.Revision != s.Revision:
 			return []linStep{refused("ESTALE")}
@@ -143,7 +147,7 @@ func linSteps(s linState, in linInput) []linStep {
 			return []linStep{refused("EBUSY")}
 		}
 		next := s
-		next.Drain = "reserved"
+		next.Drain, next.Planned = "reserved", s.Revision
 		return []linStep{ok(bump(next))}
 	case "start":
 		switch s.Drain {
