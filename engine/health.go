@@ -69,14 +69,15 @@ type Freshness struct {
 	State string `json:"state"`
 }
 
-// Health observes the stack now: whether its record is readable and consistent, whether its
-// lease collides with another active lease, whether something listens on each leased port, and
-// whether its ports lie in the kernel's ephemeral range. A stack that does not exist is NotFound.
+// Health observes the stack now: whether its cockpit's records are readable and consistent,
+// whether the machine's active leases are pairwise disjoint, whether something listens on each
+// leased port, and whether its ports lie in the kernel's ephemeral range. A stack that does not
+// exist is NotFound.
 func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 	var (
 		r          Record
 		readErr    error
-		collision  string
+		inventory  healthInventory
 		configured bool
 		candidates []int
 	)
@@ -96,8 +97,9 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 				configured, candidates = true, candidatePorts(cfg.Declaration)
 			}
 		}
-		if readErr == nil && r.Value.Lease.Active() {
-			collision, err = leaseCollision(tx, r)
+		inventory, err = e.readHealthInventory(tx, cockpit, stack)
+		if err == nil && readErr == nil && r.Value.Lease.Active() {
+			err = inventory.checkIndexed(tx, r)
 		}
 		return err
 	})
@@ -114,28 +116,25 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 	}
 	claim := base
 	claim.Code, claim.Owner, claim.Remedy = codeClaimState, claimsOwner, "repair or release malformed coordination state (stop the daemon, run cockpitfs verify)"
-	family := base
-	family.Code, family.Owner, family.Remedy = codePortFamily, portsOwner, "lease the declared port family before starting the stack"
-	family.Source = "ports"
 	if readErr != nil {
 		reason := strings.ReplaceAll(readErr.Error(), "\n", "; ")
 		claim.Observed = Observed{State: ObservedFailed, Reason: reason, ObservedAt: at}
-		family.Observed = Observed{State: ObservedFailed, Reason: "the stack's record is unreadable: " + reason, ObservedAt: at}
+		family := portFamilyObservation(base, nil, healthInventory{unsound: "the stack's record is unreadable: " + reason}, listenerEvidence{}, at)
 		return []Observation{claim, family}, nil
 	}
-	claim.Observed = available(true, "", at)
-	lease := r.Value.Lease
-	switch {
-	case !lease.Active():
-		family.Observed = Observed{State: ObservedUnavailable, Reason: "the stack has no active port-family lease", ObservedAt: at}
-	case collision != "":
-		family.Observed = available(false, collision, at)
-	default:
-		family.Observed = available(true, "", at)
+	if inventory.unsound != "" {
+		claim.Observed = Observed{State: ObservedFailed, Reason: inventory.unsound, ObservedAt: at}
+	} else {
+		claim.Observed = available(true, "", at)
 	}
-	obs := []Observation{claim, family}
+	lease := r.Value.Lease
+	var evidence listenerEvidence
 	if lease.Active() {
-		obs = append(obs, listenerObservations(base, lease, at)...)
+		evidence.busy, evidence.err = listeners.Listening(leasePorts(lease))
+	}
+	obs := []Observation{claim, portFamilyObservation(base, lease, inventory, evidence, at)}
+	if lease.Active() {
+		obs = append(obs, listenerObservations(base, lease, evidence, at)...)
 		obs = append(obs, ephemeralObservation(base, leasePorts(lease), "leased", at))
 	} else if configured {
 		obs = append(obs, ephemeralObservation(base, candidates, "candidate", at))
@@ -151,17 +150,79 @@ func available(value bool, reason, at string) Observed {
 	return Observed{State: ObservedAvailable, Value: &value, Reason: reason, ObservedAt: at}
 }
 
-// leaseCollision checks r's active lease against the machine: every port indexed to r's stack, and
-// no other record's active lease holding it. It returns why not, or "".
-func leaseCollision(tx storage.Txn, r Record) (string, error) {
+// healthInventory is what health reads of the records around a stack, as the seeds' observations
+// read their inventories: whether the cockpit's records are sound (readActiveStackInventory
+// refuses on the first broken one, or on more stacks than it reads), and whether the machine's
+// active leases share a port (readRootPortInventory, which skips other cockpits' unreadable
+// records).
+type healthInventory struct {
+	unsound   string // why the cockpit's inventory is unsound, "" when sound
+	collision string // the ports two active leases share, or this lease's index problems; "" when none
+}
+
+// listenerEvidence is the host's listener check of a lease's ports, read at the observation.
+type listenerEvidence struct {
+	busy []int
+	err  error
+}
+
+// readHealthInventory scans every record on the machine once.
+func (e *Engine) readHealthInventory(tx storage.Txn, cockpit, stack string) (healthInventory, error) {
+	var inv healthInventory
+	var collisions []string
+	type owner struct{ stack, key string }
+	owners := map[int]owner{}
+	stacks := 0
+	err := tx.Scan("s/", func(k string, v []byte) error {
+		c, s := splitStackKey(k)
+		r, ok := e.records.decoded(k, v)
+		var err error
+		if !ok {
+			r, err = decodeRecord(v)
+		}
+		if err == nil {
+			err = Check(r)
+		}
+		if c == cockpit {
+			stacks++
+			if err != nil && inv.unsound == "" {
+				inv.unsound = fmt.Sprintf("%s/%s: %s", c, s, strings.ReplaceAll(err.Error(), "\n", "; "))
+			}
+		}
+		if err != nil || !r.Value.Lease.Active() {
+			return nil
+		}
+		for _, key := range sortedPortKeys(r.Value.Lease.Ports) {
+			port := r.Value.Lease.Ports[key]
+			if first, taken := owners[port]; taken {
+				collisions = append(collisions, fmt.Sprintf("port %d (%s) is leased by %s and %s/%s", port, first.key, first.stack, c, s))
+				continue
+			}
+			owners[port] = owner{c + "/" + s, key}
+		}
+		return nil
+	})
+	if stacks > MaxStacks && inv.unsound == "" {
+		inv.unsound = fmt.Sprintf("cockpit %s has %d stacks, more than the %d its inventory reads", cockpit, stacks, MaxStacks)
+	}
+	inv.collision = strings.Join(collisions, "; ")
+	return inv, err
+}
+
+// checkIndexed adds to the collision every port of r's active lease the machine's port index
+// does not give to r's stack.
+func (inv *healthInventory) checkIndexed(tx storage.Txn, r Record) error {
 	lease := r.Value.Lease
-	var problems []string
+	problems := []string{}
+	if inv.collision != "" {
+		problems = append(problems, inv.collision)
+	}
 	for _, key := range sortedPortKeys(lease.Ports) {
 		port := lease.Ports[key]
 		var owner PortOwner
 		ok, err := getJSON(tx, portKey(port), &owner)
 		if err != nil {
-			return "", err
+			return err
 		}
 		switch {
 		case !ok:
@@ -170,40 +231,43 @@ func leaseCollision(tx storage.Txn, r Record) (string, error) {
 			problems = append(problems, fmt.Sprintf("port %d (%s) is indexed to %s/%s %s", port, key, owner.Cockpit, owner.Stack, owner.Key))
 		}
 	}
-	mine := map[int]string{}
-	for key, port := range lease.Ports {
-		mine[port] = key
+	inv.collision = strings.Join(problems, "; ")
+	return nil
+}
+
+// portFamilyObservation is the seeds' observePortFamily: failed when the inventory cannot be
+// read, false when two active leases share a port, true only for an active lease with current
+// host-listener evidence, unavailable otherwise.
+func portFamilyObservation(base Observation, lease *Lease, inv healthInventory, evidence listenerEvidence, at string) Observation {
+	o := base
+	o.Code, o.Owner, o.Remedy = codePortFamily, portsOwner, "lease the declared port family before starting the stack"
+	o.Source = "ports"
+	switch {
+	case inv.unsound != "":
+		o.Observed = Observed{State: ObservedFailed, Reason: "the coordination records cannot be trusted: " + inv.unsound, ObservedAt: at}
+	case inv.collision != "":
+		o.Observed = available(false, inv.collision, at)
+	case !lease.Active():
+		o.Observed = Observed{State: ObservedUnavailable, Reason: "the stack has no active port-family lease", ObservedAt: at}
+	case evidence.err != nil:
+		o.Observed = Observed{State: ObservedUnavailable, Reason: "current host-listener evidence is unavailable: " + evidence.err.Error(), ObservedAt: at}
+	default:
+		o.Observed = available(true, "", at)
 	}
-	self := stackKey(r.Cockpit, r.Stack)
-	err := tx.Scan("s/", func(k string, v []byte) error {
-		if k == self {
-			return nil
-		}
-		other, err := decodeRecord(v)
-		if err != nil || !other.Value.Lease.Active() {
-			return nil // an unreadable record is its own claim-state failure
-		}
-		for _, port := range leasePorts(other.Value.Lease) {
-			if key, ok := mine[port]; ok {
-				problems = append(problems, fmt.Sprintf("port %d (%s) is also leased by %s/%s", port, key, other.Cockpit, other.Stack))
-			}
-		}
-		return nil
-	})
-	return strings.Join(problems, "; "), err
+	return o
 }
 
 // listenerObservations says, per leased port in key order, whether something listens on it now:
 // whether the stack's services are up.
-func listenerObservations(base Observation, lease *Lease, at string) []Observation {
+func listenerObservations(base Observation, lease *Lease, evidence listenerEvidence, at string) []Observation {
 	keys := sortedPortKeys(lease.Ports)
 	ports := make([]int, len(keys))
 	for i, k := range keys {
 		ports[i] = lease.Ports[k]
 	}
-	busy, err := listeners.Listening(ports)
+	err := evidence.err
 	listening := map[int]bool{}
-	for _, p := range busy {
+	for _, p := range evidence.busy {
 		listening[p] = true
 	}
 	out := make([]Observation, len(keys))

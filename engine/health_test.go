@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -141,12 +142,12 @@ func TestHealthSeesACollidingLease(t *testing.T) {
 	})
 	fromA := observationOf(t, health(t, e, "a"), codePortFamily, "")
 	wantValue(t, fromA, false)
-	if !strings.Contains(fromA.Observed.Reason, "port 21080 (HTTP) is also leased by app/b") {
+	if !strings.Contains(fromA.Observed.Reason, "port 21080 (HTTP) is leased by app/a and app/b") {
 		t.Fatalf("reason from a: %q", fromA.Observed.Reason)
 	}
 	fromB := observationOf(t, health(t, e, "b"), codePortFamily, "")
 	wantValue(t, fromB, false)
-	if !strings.Contains(fromB.Observed.Reason, "port 21432 (DB) is indexed to app/a DB") || !strings.Contains(fromB.Observed.Reason, "also leased by app/a") {
+	if !strings.Contains(fromB.Observed.Reason, "port 21432 (DB) is indexed to app/a DB") || !strings.Contains(fromB.Observed.Reason, "port 21080 (HTTP) is leased by app/a and app/b") {
 		t.Fatalf("reason from b: %q", fromB.Observed.Reason)
 	}
 }
@@ -197,5 +198,88 @@ func writeRecord(t *testing.T, db Store, stack string, change func(*Record)) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// claim-state observes the cockpit's whole inventory, as the seeds' observeClaimState reads
+// every coordination record of the namespace: one broken record makes every stack's claim-state
+// fail, naming it; another cockpit's record does not.
+func TestHealthClaimStateObservesTheCockpit(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a", "b")
+	newCockpit(t, e, "other", healthConfig, "c")
+	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(stackKey("other", "c"), []byte("{")) }); err != nil {
+		t.Fatal(err)
+	}
+	wantValue(t, observationOf(t, health(t, e, "a"), codeClaimState, ""), true)
+
+	writeRecord(t, e.db, "b", func(r *Record) {
+		r.Value.Holders = []Holder{NewHolder{Name: "me", CheckoutPath: "/src/me"}.holder(e.now())}
+	})
+	obs := health(t, e, "a")
+	claim := observationOf(t, obs, codeClaimState, "")
+	if claim.Observed.State != ObservedFailed || !strings.Contains(claim.Observed.Reason, "app/b") ||
+		!strings.Contains(claim.Observed.Reason, "the stack has holders but no active lease") {
+		t.Fatalf("claim-state of a beside a broken b: %+v", claim.Observed)
+	}
+	if family := observationOf(t, obs, codePortFamily, ""); family.Observed.State != ObservedFailed {
+		t.Fatalf("port-family of a beside a broken b: %+v, want failed as the seeds' inventory refusal", family.Observed)
+	}
+}
+
+// port-family is false while any two active leases on the machine share a port, as the seeds'
+// observePortFamily judges the whole root inventory, not only this stack's ports.
+func TestHealthPortFamilySeesCollisionsBetweenOthers(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a", "b")
+	newCockpit(t, e, "other", healthConfig, "c")
+	for _, s := range []struct{ cockpit, stack string }{{"app", "a"}, {"app", "b"}} {
+		if err := e.Claim(context.Background(), me("create", s.cockpit+"/stacks/"+s.stack+"/holders/me"), s.cockpit, s.stack, "me", untracked("me")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantValue(t, observationOf(t, health(t, e, "a"), codePortFamily, ""), true)
+	b, _ := e.Stack("app", "b")
+	// other/c holds b's family too: a's own ports are clear, the machine's leases are not.
+	err := e.db.Update(context.Background(), func(tx storage.Txn) error {
+		r, err := new(Engine).loadRecord(tx, "other", "c")
+		if err != nil {
+			return err
+		}
+		lease := *b.Value.Lease
+		last := HolderID("gone")
+		r.Value.Lease, r.Value.LastReleasedHolder = &lease, &last
+		return setJSON(tx, stackKey("other", "c"), r)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	family := observationOf(t, health(t, e, "a"), codePortFamily, "")
+	wantValue(t, family, false)
+	if !strings.Contains(family.Observed.Reason, "port 21090 (HTTP) is leased by app/b and other/c") {
+		t.Fatalf("reason %q", family.Observed.Reason)
+	}
+}
+
+// port-family reads true only with current host-listener evidence (the seeds'
+// listenerEvidenceCurrent); without it the observation is unavailable, never true.
+func TestHealthPortFamilyNeedsListenerEvidence(t *testing.T) {
+	lease := &Lease{Offset: 0, Ports: map[string]int{"HTTP": 21080}}
+	base := Observation{StackID: StackID("app", "a")}
+	at := Stamp(time.Now())
+	undecided := portFamilyObservation(base, lease, healthInventory{}, listenerEvidence{err: errors.New("no socket table")}, at)
+	if o := undecided.Observed; o.State != ObservedUnavailable || o.Value != nil ||
+		!strings.Contains(o.Reason, "current host-listener evidence is unavailable") || !strings.Contains(o.Reason, "no socket table") {
+		t.Fatalf("port-family without listener evidence: %+v", o)
+	}
+	wantValue(t, portFamilyObservation(base, lease, healthInventory{}, listenerEvidence{}, at), true)
+	collided := portFamilyObservation(base, lease, healthInventory{collision: "port 1 is leased twice"}, listenerEvidence{err: errors.New("x")}, at)
+	wantValue(t, collided, false)
+	failed := portFamilyObservation(base, lease, healthInventory{unsound: "app/b: decode record"}, listenerEvidence{}, at)
+	if failed.Observed.State != ObservedFailed {
+		t.Fatalf("port-family over an unsound inventory: %+v", failed.Observed)
 	}
 }

@@ -62,6 +62,9 @@ const (
 	stampLayout  = "2006-01-02T15:04:05.000Z"
 	// MaxHolders bounds a stack's holders (the seeds' structured input limit).
 	MaxHolders = 1024
+	// MaxStacks bounds a cockpit's stacks: the seeds' inventory reads at most this many records
+	// of a namespace (the same structured input limit).
+	MaxStacks = 1024
 )
 
 // Stamp renders t as the records' canonical timestamp.

@@ -431,3 +431,77 @@ rmdir b c`)
 		t.Logf("verify output:\n%s", out)
 	}
 }
+
+// observeCorrupt changes a stopped daemon's store as a bug or a hand edit would, then serves it
+// again.
+func (m *mount) observeCorrupt(change func(tx storage.Txn) error) {
+	m.t.Helper()
+	m.Stop()
+	m.corrupted = true
+	db, err := kv.Open(m.Data)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	err = db.Update(context.Background(), change)
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	m.start()
+}
+
+// Health judges the inventory around a stack as the seeds' observations do: port-family is false
+// while any two active leases on the machine share a port, even two other stacks'; claim-state
+// fails while any record of the cockpit is broken.
+func TestHealthObservesTheInventory(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 24680}, "a", "b", "c", "d")
+	m.ok("touch $M/app/stacks/a/holders/me $M/app/stacks/b/holders/me")
+	healthy := m.observeHealth("app/stacks/a")
+	observeWant(t, healthy, "CLAIM_STATE_UNHEALTHY ", true)
+	observeWant(t, healthy, "PORT_FAMILY_COLLISION ", true)
+
+	// c's record takes b's lease: a's own port is clear, the machine's leases are not.
+	m.observeCorrupt(func(tx storage.Txn) error {
+		data, err := tx.Get("s/app/b")
+		if err != nil {
+			return err
+		}
+		var b map[string]any
+		if err := json.Unmarshal(data, &b); err != nil {
+			return err
+		}
+		if data, err = tx.Get("s/app/c"); err != nil {
+			return err
+		}
+		var c map[string]any
+		if err := json.Unmarshal(data, &c); err != nil {
+			return err
+		}
+		value := c["value"].(map[string]any)
+		value["lease"] = b["value"].(map[string]any)["lease"]
+		value["lastReleasedHolder"] = b["value"].(map[string]any)["holders"].([]any)[0].(map[string]any)["holderId"]
+		if data, err = json.Marshal(c); err != nil {
+			return err
+		}
+		return tx.Set("s/app/c", data)
+	})
+	collided := m.observeHealth("app/stacks/a")
+	observeWant(t, collided, "PORT_FAMILY_COLLISION ", false)
+	if reason := collided["PORT_FAMILY_COLLISION "].Observed.Reason; !strings.Contains(reason, "port 24690 (HTTP) is leased by app/b and app/c") {
+		t.Fatalf("port-family reason %q", reason)
+	}
+	observeWant(t, collided, "CLAIM_STATE_UNHEALTHY ", true)
+
+	// d's record is not JSON: every stack of the cockpit reports it.
+	m.observeCorrupt(func(tx storage.Txn) error { return tx.Set("s/app/d", []byte("{")) })
+	broken := m.observeHealth("app/stacks/a")
+	if o := broken["CLAIM_STATE_UNHEALTHY "].Observed; o.State != "failed" || !strings.Contains(o.Reason, "app/d") {
+		t.Fatalf("claim-state beside a broken record: %+v", o)
+	}
+	if o := broken["PORT_FAMILY_COLLISION "].Observed; o.State != "failed" {
+		t.Fatalf("port-family beside a broken record: %+v", o)
+	}
+}
