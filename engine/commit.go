@@ -14,7 +14,8 @@ import (
 // step over the stack's record inside one transaction and commits what it returns: invariants,
 // record, port index and events line together, then the cache and the waiters.
 
-// lockTimeout is how long an operation waits for its stack before refusing with STATE_LOCKED.
+// lockTimeout is how long an operation waits for its stack, its lock and the store's conflicts
+// together, before refusing with STATE_LOCKED.
 const lockTimeout = 2 * time.Second
 
 // errUnchanged aborts a transaction that would change nothing: the operation still succeeds.
@@ -88,13 +89,17 @@ func (e *Engine) commit(tx storage.Txn, c Caller, r Record, v Value, now time.Ti
 
 // update runs fn as one transaction while holding the lock of key, so writers of one stack queue
 // here instead of retrying conflicts in the store. Watchers of key are woken after the commit.
+// The wait for the lock and the store's conflict retries share one budget, so STATE_LOCKED comes
+// within it, not within twice it.
 func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn, now time.Time) error) error {
-	unlock, err := e.locks.lock(ctx, key)
+	budget, cancel := context.WithTimeout(ctx, e.budget)
+	defer cancel()
+	unlock, err := e.locks.lock(budget, key)
 	if err != nil {
-		return err
+		return e.locked(ctx, key)
 	}
 	defer unlock()
-	err = e.db.Update(ctx, func(tx storage.Txn) error {
+	err = e.db.Update(budget, func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		return fn(tx, e.now())
 	})
@@ -105,7 +110,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	case errors.Is(err, errUnchanged):
 		return nil
 	case errors.Is(err, storage.ErrLocked):
-		return refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
+		return e.locked(ctx, key)
 	case err != nil:
 		return err
 	}
@@ -118,7 +123,16 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	return nil
 }
 
-// keyedLocks queues the writers of one key in this process.
+// locked is why an operation on key gave up waiting: the caller's own cancellation (an
+// interrupt), or contention that outlasted the budget (STATE_LOCKED).
+func (e *Engine) locked(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return refuse(StateLocked, key, "retry", "contention did not clear within %s", e.budget)
+}
+
+// keyedLocks queues the writers of one key in this process; lock waits until ctx is done.
 type keyedLocks struct {
 	mu sync.Mutex
 	m  map[string]chan struct{}
@@ -135,13 +149,9 @@ func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
 		k.m[key] = ch
 	}
 	k.mu.Unlock()
-	timer := time.NewTimer(lockTimeout)
-	defer timer.Stop()
 	select {
 	case ch <- struct{}{}:
 		return func() { <-ch }, nil
-	case <-timer.C:
-		return nil, refuse(StateLocked, key, "retry", "contention did not clear within %s", lockTimeout)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}

@@ -5,6 +5,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -16,9 +17,37 @@ import (
 type Store = storage.Store
 
 // Engine applies operations to one store. It is safe for concurrent use.
+//
+// # SINGLE WRITER
+//
+// An Engine must be the only writer of its store: one Engine per store, in one process (kv holds
+// the data directory's flock for as long as it is open, so a second daemon cannot open it). The
+// caches rely on it, since they learn of changes only from this Engine's own commits:
+//   - records serves Stack from memory until a commit through update replaces the entry; a commit
+//     by anyone else would leave it stale for good.
+//   - cockpits treats an entry as current until the next commit through update.
+//   - changes wakes `wait` readers at this Engine's commits only.
+//   - staged hands a commit's record to the cache under the stack's keyedLocks entry, which
+//     queues writers of this process only.
+//
+// Correctness of every decision does not rest on this: each transaction reads what it decides on
+// with Get, so the store's conflict check orders it against any writer. A backend shared by
+// several processes needs the caches bypassed, not only the flock removed.
+//
+// # LOCK ORDERING
+//
+// A goroutine acquires locks only in this order, never the reverse, and never two of one level:
+//  1. fs: a handle's mu (fs.handle, fs.waitHandle), held across engine calls on that handle.
+//  2. keyedLocks: the lock of one key (a stack's or a cockpit's), held by update for the whole
+//     transaction and the cache fill after it. No operation takes two keys; LogRefusal takes none.
+//  3. the store's transaction (kv's group commit lock inside it; the store calls back into
+//     the engine only through fn, which takes level 4 locks only).
+//  4. leaves, held for a map access and never while acquiring another lock: keyedLocks.mu,
+//     notifier.mu, recordCache.mu, cockpitCache.mu, staged.
 type Engine struct {
 	db       Store
 	now      func() time.Time
+	budget   time.Duration // of one operation's waiting: lockTimeout
 	locks    keyedLocks
 	changes  notifier
 	records  recordCache
@@ -30,7 +59,7 @@ type Engine struct {
 
 // New returns an engine over db.
 func New(db Store) *Engine {
-	return &Engine{db: db, now: time.Now}
+	return &Engine{db: db, now: time.Now, budget: lockTimeout}
 }
 
 // Changed returns a channel closed at the next committed change of the stack.
@@ -173,12 +202,15 @@ func (e *Engine) Events(cockpit, stack string) ([]byte, error) {
 // LogRefusal records a refused operation in the events file of the stack, or of the cockpit when
 // stack is "" or no longer exists (the nearest one), errno named by the adapter that chose it. A
 // cockpit that does not exist has no events file, and then nothing is recorded.
+//
+// It does not queue for the stack's lock: a refusal for contention (STATE_LOCKED) would otherwise
+// wait for the same contention again before the caller hears of it. The events sequence is read
+// with Get, so the store orders this line against the stack's commits.
 func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno string) error {
-	key := cockpitKey(cockpit)
-	if stack != "" {
-		key = stackKey(cockpit, stack)
-	}
-	return e.update(context.Background(), key, func(tx storage.Txn, now time.Time) error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.budget)
+	defer cancel()
+	err := e.db.Update(ctx, func(tx storage.Txn) error {
+		now := e.now()
 		level := stack
 		if stack == "" || !exists(tx, stackKey(cockpit, stack)) {
 			level = cockpitLevel
@@ -191,6 +223,11 @@ func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno s
 			Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix,
 		})
 	})
+	e.cockpits.committed()
+	if errors.Is(err, errUnchanged) {
+		return nil
+	}
+	return err
 }
 
 // exists reads key with Get, so the transaction conflicts with its creation or removal.
