@@ -31,6 +31,7 @@ type reserveInput struct {
 	caller        Caller
 	expected      int64
 	dead          []Holder
+	mine          map[int]bool // the caller's own processes: its own and its session's
 	generation    string
 	reservationID string
 }
@@ -55,7 +56,7 @@ func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
 	if !v.Lease.Active() {
 		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "claim the stack first (touch holders/<name>)", "the stack has no active lease")
 	}
-	holder, err := drainRequester(v, q)
+	holder, err := drainRequester(v, q, in.mine)
 	if err != nil {
 		return r.Value, err
 	}
@@ -106,7 +107,7 @@ func resumeDrain(r Record, d *Drain, in reserveInput) error {
 
 // drainRequester is the holder a request names, or the stack's only holder, which must be the
 // only holder left after dead-holder release.
-func drainRequester(v Value, q DrainRequest) (Holder, error) {
+func drainRequester(v Value, q DrainRequest, mine map[int]bool) (Holder, error) {
 	const fix = "let the other holders release their claims (or stop them), then write the request again"
 	id := q.requesterID()
 	if id == "" {
@@ -116,7 +117,12 @@ func drainRequester(v Value, q DrainRequest) (Holder, error) {
 		case 0:
 			return Holder{}, refuse(ClaimCoTenant, "", "claim the stack first (touch holders/<name>)", "no live holder claims the stack")
 		default:
-			return Holder{}, refuse(ClaimCoTenant, "", fix, "%s", liveHolderMessage(v.Holders))
+			// The requester is unnamed; the caller's own holders are not the ones in its way.
+			others := v.Holders
+			if notMine := heldByOthers(v.Holders, mine); len(notMine) > 0 {
+				others = notMine
+			}
+			return Holder{}, refuse(ClaimCoTenant, "", fix+", or name yours with holder=<name>", "%s", liveHolderMessage(others, mine))
 		}
 	}
 	var requester Holder
@@ -136,9 +142,20 @@ func drainRequester(v Value, q DrainRequest) (Holder, error) {
 		return Holder{}, refuse(NotFound, id, "name a holder listed in holders/", "holder %s does not claim this stack", name)
 	}
 	if len(others) > 0 {
-		return Holder{}, refuse(ClaimCoTenant, id, fix, "%s", liveHolderMessage(others))
+		return Holder{}, refuse(ClaimCoTenant, id, fix, "%s", liveHolderMessage(others, mine))
 	}
 	return requester, nil
+}
+
+// heldByOthers is holders but those held by one of the caller's own processes.
+func heldByOthers(holders []Holder, mine map[int]bool) []Holder {
+	var out []Holder
+	for _, h := range holders {
+		if h.PID == 0 || !mine[h.PID] {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // planDrain derives the reservation: runtime-stop of the stack, then one committed reclaim per

@@ -601,3 +601,28 @@ func TestUpdatedAtNeverGoesBack(t *testing.T) {
 		t.Fatalf("reserved at %s, before the record's %s", d.ReservedAt, after.UpdatedAt)
 	}
 }
+
+// The live-holder refusal names only the others: never the requester, never a process of the
+// caller's own session as one to kill (the seeds name the holders other than the requester).
+func TestDrainCoTenantRefusalNamesOnlyTheOthers(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	live := spawnSleeper(t)
+	pid, mine := live.Process.Pid, os.Getpid()
+	claimStack(t, e, "s", "mine", &HolderAttrs{SetPID: true, PID: mine, Checkout: "/src/mine"})
+	claimStack(t, e, "s", "other", &HolderAttrs{SetPID: true, PID: pid, Checkout: "/src/other"})
+	for _, text := range []string{"sleep", "sleep holder=mine"} {
+		r := mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, text) })
+		if !strings.Contains(r.Message, fmt.Sprintf("kill %d`", pid)) || strings.Contains(r.Message, fmt.Sprint(mine)) {
+			t.Fatalf("%q: refusal %q must say kill %d and never name the caller's process %d", text, r.Message, pid, mine)
+		}
+		if strings.Contains(r.Message, "mine (") {
+			t.Fatalf("%q: refusal %q names the caller's own holder", text, r.Message)
+		}
+	}
+	// Holders of the caller's own session are released by the caller, not killed.
+	mustStep(t, e, e.Release(drainCtx, me("unlink", "app/stacks/s/holders/other"), "app", "s", "other"))
+	r := mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, "sleep holder=me") })
+	if strings.Contains(r.Message, "kill") || !strings.Contains(r.Message, "rm holders/mine") {
+		t.Fatalf("refusal %q for a holder of the caller's own session", r.Message)
+	}
+}

@@ -75,6 +75,19 @@ func defaultHolder(c Caller, name string) (NewHolder, error) {
 	return h, nil
 }
 
+// callerProcesses are the caller's process and the process holding its session: a holder held by
+// either is the caller's own.
+func callerProcesses(c Caller) map[int]bool {
+	mine := map[int]bool{}
+	if c.PID > 0 {
+		mine[c.PID] = true
+		if session, err := liveness.SessionHolder(c.PID); err == nil {
+			mine[session] = true
+		}
+	}
+	return mine
+}
+
 // maxHolderProbes bounds concurrent liveness probes; a stack may have a thousand holders.
 const maxHolderProbes = 4
 

@@ -74,7 +74,8 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 		}
 		dead = deadHolders(before.Value.Holders, except)
 	}
-	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, generation: randomHex(), reservationID: randomHex()}
+	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, mine: callerProcesses(c),
+		generation: randomHex(), reservationID: randomHex()}
 	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
 		return reserveDrain(r, in, now)
 	})

@@ -784,3 +784,27 @@ func TestDrainStartUnresolvedWriter(t *testing.T) {
 		t.Fatalf("attempt: %v", att)
 	}
 }
+
+// A reservation refused for co-tenants names only them: holders of the writer's own session are
+// to be released, never killed (the message once said `kill <your shell> <your shell>`).
+func TestDrainCoTenantRefusalSparesTheWriter(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(20, map[string]int{"HTTP": 37180}, "s")
+	other := drainStartSleeper(t)
+	m.ok(fmt.Sprintf("touch $M/app/stacks/s/holders/them && echo pid=%d > $M/app/stacks/s/holders/them", other.cmd.Process.Pid))
+	// One session claims two holders and asks for the drain.
+	r := m.sh(`setsid -w bash -c 'cd $M/app/stacks/s && touch holders/me holders/also-me && echo "$$" > /dev/stderr && echo sleep > drain/request'`)
+	session := strings.TrimSpace(strings.SplitN(r.Stderr, "\n", 2)[0])
+	if r.Code == 0 || session == "" {
+		t.Fatalf("the reservation was not refused: %+v", r)
+	}
+	ev := drainEvents(t, m, "s")
+	last := ev[len(ev)-1]
+	msg := last["message"].(string)
+	if last["code"] != "CLAIM_CO_TENANT" || last["errno"] != "EBUSY" {
+		t.Fatalf("last event %v", last)
+	}
+	if !strings.Contains(msg, fmt.Sprintf("kill %d`", other.cmd.Process.Pid)) || strings.Contains(msg, session) {
+		t.Fatalf("refusal %q must name kill %d and never the writer's session %s", msg, other.cmd.Process.Pid, session)
+	}
+}
