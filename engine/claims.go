@@ -40,6 +40,7 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 		return r.Value, refuse(PortFamilyOutOfRange, m.ID, fmt.Sprintf("write %s/config first", r.Cockpit), "cockpit %s has no port declaration", r.Cockpit)
 	}
 	retained := len(r.Value.Holders) > 0 && r.Value.Lease.Active()
+	_, held := r.Value.Holder(in.holder.Name)
 	v, released := releaseDead(r.Value, in.dead, &in.holder, now)
 	v, added, err := addHolder(v, in.holder, now)
 	if err != nil {
@@ -49,7 +50,10 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 		return r.Value, errUnchanged
 	}
 	if retained && v.Lease.Active() {
-		if added && !v.Lease.Declaration.Equal(cfg.Declaration) {
+		// Joining counts whether the claimant is added here or takes the stack over from its
+		// dead holders inside releaseDead: either way it would hold ports the config no longer
+		// declares.
+		if !held && !v.Lease.Declaration.Equal(cfg.Declaration) {
 			return r.Value, declarationChanged(r.SubjectID)
 		}
 		return v, nil

@@ -109,6 +109,8 @@ func TestClaimHolderStep(t *testing.T) {
 		{name: "the cockpit is gone", claimant: "alice", reads: fakeReads{missing: true}, wantCode: NotFound},
 		{name: "a new holder on a lease of another declaration", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0},
 			reads: fakeReads{meta: declared(otherDecl)}, wantCode: ConfigChangedDuringExecution},
+		{name: "a dead sole holder's takeover of a lease of another declaration", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0},
+			dead: []Holder{alice}, reads: fakeReads{meta: declared(otherDecl)}, wantCode: ConfigChangedDuringExecution},
 		{name: "an existing holder on a lease of another declaration", claimant: "alice", v: Value{Holders: holders(alice, bob), Lease: lease0},
 			reads: fakeReads{meta: declared(otherDecl)}, wantErr: errUnchanged},
 		{name: "an existing holder's claim releases a dead co-holder under another declaration", claimant: "bob", v: Value{Holders: holders(alice, bob), Lease: lease0},

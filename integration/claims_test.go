@@ -298,6 +298,27 @@ func TestClaimsConfigChangedAfterLease(t *testing.T) {
 	}
 }
 
+// A claim that would take the stack over from its dead holder meets the same check as any new
+// holder: the lease was taken under another declaration, so ESTALE, and nothing changes (the
+// dead holder is not released either).
+func TestClaimsTakeoverAfterConfigChange(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(20, map[string]int{"HTTP": 33050}, "s")
+	holder := drainStartSleeper(t)
+	m.ok(fmt.Sprintf("touch $M/app/stacks/s/holders/gone && echo pid=%d > $M/app/stacks/s/holders/gone", holder.cmd.Process.Pid))
+	claimsConfig(m, "app", "[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 33150\n")
+	holder.kill()
+	if state := m.read("app/stacks/s/holders/gone"); !strings.Contains(state, "state=dead\n") {
+		t.Fatalf("the holder is not dead:\n%s", state)
+	}
+	before := claimsSnapshot(m, "s")
+	m.refused("touch $M/app/stacks/s/holders/successor", syscall.ESTALE)
+	claimsRefusalEvent(t, m, "app/stacks/s/events", "CONFIG_CHANGED_DURING_EXECUTION", "ESTALE")
+	if after := claimsSnapshot(m, "s"); after != before {
+		t.Fatalf("a refused takeover changed the stack:\n%s\n->\n%s", before, after)
+	}
+}
+
 // A holder file says who holds and how: pid is the creating shell's session leader, checkout its
 // working directory; writes change pid, never a checkout chosen by an earlier open.
 func TestClaimsHolderFile(t *testing.T) {
