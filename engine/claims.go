@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
 // Claims and leases: the pure steps of a claim, a holder write and a release, beside the drain
@@ -64,7 +65,7 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 			return r.Value, err
 		}
 	}
-	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, occupiedBy: reads.portOwner, listening: in.listening})
+	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, occupiedBy: reads.portOwner, listening: in.listening, hold: reads.hold})
 	if err != nil {
 		return r.Value, err
 	}
@@ -238,6 +239,9 @@ type leaseInputs struct {
 	activeLeases int                              // active leases in the cockpit, other stacks
 	occupiedBy   func(port int) (string, error)   // owner ("cockpit/stack") of port in another active lease, "" if free
 	listening    func(ports []int) ([]int, error) // host TCP listeners among ports
+	// hold takes the machine-wide holds of a family's ports, all or none, and says who holds the
+	// port it could not take (nil when it took them all); nil when the engine holds no ports.
+	hold func(ports map[string]int) (*portlock.Holder, int, error)
 }
 
 // leaseFamily keeps an active lease or leases the first free family (the seeds' leasePortFamily).
@@ -281,6 +285,19 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 			if len(busy) > 0 {
 				sawListener = true
 				occupied = append(occupied, fmt.Sprintf("%s (host listener on %s)", joinPorts(ports), joinPorts(busy)))
+				continue
+			}
+		}
+		if in.hold != nil {
+			holder, port, err := in.hold(family.Ports)
+			if err != nil {
+				return nil, err
+			}
+			if holder != nil {
+				// Another daemon's lease is like another stack's; anything else holding the port is
+				// in the way as a listener is.
+				sawListener = sawListener || holder.Identity == nil
+				occupied = append(occupied, fmt.Sprintf("%s (port %d held by %s)", joinPorts(ports), port, holder))
 				continue
 			}
 		}

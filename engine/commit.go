@@ -3,9 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
@@ -32,14 +35,29 @@ type stepReads interface {
 	cockpit() (cockpitMeta, error)
 	activeLeases() (int, error)         // active leases in the cockpit
 	portOwner(port int) (string, error) // "cockpit/stack" of another stack's active lease of port, "" if none
+	// hold takes the machine-wide holds of a candidate family's ports for the stack, all or none,
+	// and says who holds the port it could not take (nil: taken, or the engine holds no ports).
+	hold(ports map[string]int) (*portlock.Holder, int, error)
 }
 
 // txReads serves stepReads from a transaction on the stack (cockpit, stack).
 type txReads struct {
-	e           *Engine
-	tx          storage.Txn
-	cockpitName string
-	stack       string
+	e             *Engine
+	tx            storage.Txn
+	cockpitName   string
+	stack         string
+	heldElsewhere *[]string // why hold skipped candidate families, for the events line
+}
+
+func (t txReads) hold(ports map[string]int) (*portlock.Holder, int, error) {
+	if t.e.holds == nil {
+		return nil, 0, nil
+	}
+	holder, port, err := t.e.holds.takeFamily(stackKey(t.cockpitName, t.stack), t.cockpitName, t.stack, ports)
+	if holder != nil {
+		*t.heldElsewhere = append(*t.heldElsewhere, fmt.Sprintf("port %d is held by %s", port, holder))
+	}
+	return holder, port, err
 }
 
 func (t txReads) cockpit() (cockpitMeta, error) { return t.e.loadCockpit(t.tx, t.cockpitName) }
@@ -66,16 +84,27 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 		if err != nil {
 			return err
 		}
-		v, err := s(r, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack}, now)
+		var heldElsewhere []string
+		v, err := s(r, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, heldElsewhere: &heldElsewhere}, now)
 		if err != nil {
 			return err
 		}
-		return e.commit(tx, c, r, v, now)
+		warning := ""
+		if len(heldElsewhere) > 0 {
+			// A candidate family another process holds was skipped: the claim's line says why.
+			warning = "skipped candidate families: " + strings.Join(heldElsewhere, "; ")
+		}
+		return e.commitWarning(tx, c, r, v, now, warning)
 	})
 }
 
 // commit writes the next revision of r with value v, its port index and its events line.
 func (e *Engine) commit(tx storage.Txn, c Caller, r Record, v Value, now time.Time) error {
+	return e.commitWarning(tx, c, r, v, now, "")
+}
+
+// commitWarning is commit with a warning in the events line ("" for none).
+func (e *Engine) commitWarning(tx storage.Txn, c Caller, r Record, v Value, now time.Time, warning string) error {
 	saved, err := saveRecord(tx, r.next(v, now))
 	if err != nil {
 		return err
@@ -84,7 +113,9 @@ func (e *Engine) commit(tx storage.Txn, c Caller, r Record, v Value, now time.Ti
 	if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
 		return err
 	}
-	return appendEvent(tx, r.Cockpit, r.Stack, okEvent(c, now, saved.Revision))
+	ev := okEvent(c, now, saved.Revision)
+	ev.Warning = warning
+	return appendEvent(tx, r.Cockpit, r.Stack, ev)
 }
 
 // update runs fn as one transaction while holding the lock of key, so writers of one stack queue
@@ -106,6 +137,15 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
 	e.cockpits.committed()
 	committed, staged := e.staged.LoadAndDelete(key)
+	if e.holds != nil {
+		// Still under the stack's lock: what the transaction held becomes the committed lease's,
+		// or goes.
+		var lease *Lease
+		if staged && err == nil {
+			lease = committed.(cachedRecord).Value.Lease
+		}
+		e.holds.settle(key, staged && err == nil, lease)
+	}
 	switch {
 	case errors.Is(err, errUnchanged):
 		return nil

@@ -52,6 +52,8 @@ type Engine struct {
 	changes  notifier
 	records  recordCache
 	cockpits cockpitCache
+	// holds are the machine-wide holds of the leased ports (nil: this engine holds none).
+	holds *holds
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
 	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
 	staged sync.Map

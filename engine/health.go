@@ -106,6 +106,17 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 	if err != nil {
 		return nil, err
 	}
+	if e.holds != nil && readErr == nil && r.Value.Lease.Active() {
+		// A port another daemon took while this one was down: taken back if it has been let go.
+		var problems []string
+		if inventory.collision != "" {
+			problems = append(problems, inventory.collision)
+		}
+		for _, l := range e.holds.retake(stackKey(cockpit, stack)) {
+			problems = append(problems, l.String()+" (another daemon leased it while this one was down; "+lostFix+")")
+		}
+		inventory.collision = strings.Join(problems, "; ")
+	}
 	at := Stamp(e.now())
 	base := Observation{
 		StackID:       StackID(cockpit, stack),

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
 // The claim, holder-write and release steps on records built in memory: no store, no processes.
@@ -33,6 +34,8 @@ func (f *fakeReads) activeLeases() (int, error) {
 	f.made = append(f.made, "activeLeases")
 	return f.active, f.err
 }
+
+func (f *fakeReads) hold(map[string]int) (*portlock.Holder, int, error) { return nil, 0, nil }
 
 func (f *fakeReads) portOwner(port int) (string, error) {
 	f.made = append(f.made, "portOwner")

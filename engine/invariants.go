@@ -86,7 +86,7 @@ func checkHolders(hs []Holder) []error {
 		switch {
 		case !ValidName(h.Name) || h.HolderID != HolderID(h.Name):
 			errs = append(errs, fmt.Errorf("holder %q: identity does not match its name", h.Name))
-		case !filepath.IsAbs(h.CheckoutPath) || h.CheckoutID != CheckoutID(h.CheckoutPath):
+		case h.CheckoutPath != "" && !filepath.IsAbs(h.CheckoutPath) || h.CheckoutID != CheckoutID(h.CheckoutPath):
 			errs = append(errs, fmt.Errorf("holder %s: checkout %q is not absolute or its identity differs", h.Name, h.CheckoutPath))
 		case !isStamp(h.ClaimedAt):
 			errs = append(errs, fmt.Errorf("holder %s: claimedAt %q is not canonical", h.Name, h.ClaimedAt))

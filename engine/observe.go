@@ -48,17 +48,18 @@ func observeClaimant(c Caller, name string, attrs *HolderAttrs) (NewHolder, erro
 }
 
 // defaultHolder is a new holder as the caller's process implies it: held by its session (a
-// terminal's shell, an agent's session) and checked out at its working directory.
+// terminal's shell, an agent's session) and checked out at its working directory. A working
+// directory the daemon may not read (another user's, for a daemon that is not root) or that is
+// gone leaves the checkout unknown (""): the claim stands, and a write on the same open may still
+// name it (`echo checkout=$PWD > holders/me`).
 func defaultHolder(c Caller, name string) (NewHolder, error) {
 	h := NewHolder{Name: name, UID: c.UID}
 	if c.PID <= 0 {
 		return h, refuse(StateRecordMalformed, HolderID(name), "claim from a process cockpitfs can see", "the calling process could not be resolved")
 	}
-	cwd, err := liveness.Cwd(c.PID)
-	if err != nil || !filepath.IsAbs(cwd) || strings.HasSuffix(cwd, " (deleted)") {
-		return h, refuse(StateRecordMalformed, HolderID(name), "claim from an existing directory or write checkout=<path>", "the caller's working directory could not be read")
+	if cwd, err := liveness.Cwd(c.PID); err == nil && filepath.IsAbs(cwd) && !strings.HasSuffix(cwd, " (deleted)") {
+		h.CheckoutPath = filepath.Clean(cwd)
 	}
-	h.CheckoutPath = filepath.Clean(cwd)
 	h.PID = c.PID
 	if session, err := liveness.SessionHolder(c.PID); err == nil {
 		h.PID = session

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
@@ -90,4 +91,31 @@ func Verify(db Store) ([]string, int, error) {
 		})
 	})
 	return violations, len(records), err
+}
+
+// VerifyHolds checks, with the store's daemon stopped, that no other process holds a port of an
+// active lease in space (portlock.Machine): another daemon leased it while this store's daemon was
+// down, or a squatter took it. It sees the holds of its own network namespace only.
+func VerifyHolds(db Store, space portlock.Space) ([]string, error) {
+	var violations []string
+	err := db.View(func(tx storage.Txn) error {
+		return tx.Scan("s/", func(key string, value []byte) error {
+			r, err := decodeRecord(value)
+			if err != nil || !r.Value.Lease.Active() {
+				return nil // Verify reports an unreadable record
+			}
+			for _, k := range sortedPortKeys(r.Value.Lease.Ports) {
+				port := r.Value.Lease.Ports[k]
+				holder, held, err := space.Ask(port)
+				if err != nil {
+					return err
+				}
+				if held {
+					violations = append(violations, fmt.Sprintf("%s: active lease port %s=%d is held by %s (fix: %s)", key, k, port, holder, lostFix))
+				}
+			}
+			return nil
+		})
+	})
+	return violations, err
 }

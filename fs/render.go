@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
 // Renderers of the read side of SPEC §2: each reads one snapshot and formats it.
@@ -56,6 +57,9 @@ func (f *FS) portView(port int) render {
 				line := fmt.Sprintf("cockpit=%s stack=%s key=%s offset=%d\n", o.Cockpit, o.Stack, o.Key, o.Offset)
 				return view{data: []byte(line), mtime: stamp(r.UpdatedAt), uid: f.uid}, nil
 			}
+		}
+		if h, ok := f.eng.ForeignHold(port); ok {
+			return view{data: []byte(foreignLine(h)), mtime: f.started, uid: h.UID}, nil
 		}
 		return view{}, notFound("port %d is not leased", port)
 	}
@@ -257,3 +261,17 @@ const readmeText = `cockpitfs: coordinate copies of a development environment th
   ls ports/                                every port leased on this machine
   cat <cockpit>/events                     why something was refused (code, message, fix)
 `
+
+// foreignLine describes a port another process holds: another daemon's lease (which daemon, uid,
+// data directory and lease, as it answers), or a process that is not cockpitfs.
+func foreignLine(h portlock.Holder) string {
+	pid, uid := "unknown", "unknown"
+	if h.Known {
+		pid, uid = strconv.Itoa(h.PID), strconv.FormatUint(uint64(h.UID), 10)
+	}
+	if h.Identity == nil {
+		return fmt.Sprintf("daemon=none pid=%s uid=%s\n", pid, uid)
+	}
+	id := h.Identity
+	return fmt.Sprintf("daemon=other pid=%s uid=%s data=%s mount=%s cockpit=%s stack=%s key=%s\n", pid, uid, id.Data, id.Mount, id.Cockpit, id.Stack, id.Key)
+}

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"strconv"
 	"syscall"
@@ -75,9 +76,22 @@ func (portsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	es := make([]entry, len(owners))
-	for i, o := range owners {
-		port := o.Port
+	// The machine's other holders too: other daemons' leases, and whatever else holds a port.
+	foreign, err := f.eng.ForeignHolds()
+	if err != nil {
+		return nil, err
+	}
+	ports := make([]int, 0, len(owners)+len(foreign))
+	for _, o := range owners {
+		ports = append(ports, o.Port)
+	}
+	for _, h := range foreign {
+		ports = append(ports, h.Port)
+	}
+	slices.Sort(ports)
+	ports = slices.Compact(ports)
+	es := make([]entry, len(ports))
+	for i, port := range ports {
 		es[i] = entry{name: strconv.Itoa(port), node: f.newFile(d.child(strconv.Itoa(port)), "", "", f.portView(port), nil)}
 	}
 	return es, nil

@@ -85,6 +85,8 @@ type mount struct {
 	cmd  *exec.Cmd
 	log  *syncBuffer
 	done chan error
+	// nobody runs the daemon, and the mount's shell commands (sh, ok, refused), as uid 65534.
+	nobody bool
 	// corrupted marks a store a test broke on purpose; every other store must pass
 	// `cockpitfs verify` when the test ends.
 	corrupted bool
@@ -150,6 +152,9 @@ func (m *mount) start(args ...string) {
 	m.log = &syncBuffer{}
 	all := append([]string{"mount", "--data", m.Data}, args...)
 	m.cmd = exec.Command(binary, append(all, m.Dir)...)
+	if m.nobody {
+		m.cmd = nonrootCommand(nonrootPath(m.t), append(all, m.Dir)...)
+	}
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
 	if err := m.ns.Do(m.cmd.Start); err != nil {
 		m.t.Fatal(err)
@@ -159,7 +164,8 @@ func (m *mount) start(args ...string) {
 	// "serving" is logged once the mount is fully up (go-fuse's own open of the mount done), so
 	// a test may kill the daemon right away without catching it in its own request.
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(m.log.String(), "serving "+m.Dir) || !serving(m.Dir) {
+	// Another user's mount without allow_other answers root EACCES: it is up once mounted.
+	for !strings.Contains(m.log.String(), "serving "+m.Dir) || !(serving(m.Dir) || m.nobody && mounted(m.Dir)) {
 		select {
 		case err := <-m.done:
 			m.done <- err
@@ -221,13 +227,26 @@ func (m *mount) stop() {
 	}
 	detach(m.Dir)
 	if !m.corrupted {
-		if out, err := exec.Command(binary, "verify", "--data", m.Data).CombinedOutput(); err != nil {
+		if out, err := m.verify(); err != nil {
 			m.t.Errorf("cockpitfs verify after the test: %v\n%s", err, out)
 		}
 	}
 	if m.t.Failed() {
 		m.t.Logf("daemon log:\n%s", m.log)
 	}
+}
+
+// verify runs `cockpitfs verify` on the store (its daemon stopped) in the daemon's network
+// namespace, where it sees the holds the daemon would.
+func (m *mount) verify() (string, error) {
+	var out syncBuffer
+	cmd := exec.Command(binary, "verify", "--data", m.Data)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := m.ns.Do(cmd.Start)
+	if err == nil {
+		err = cmd.Wait()
+	}
+	return out.String(), err
 }
 
 // detach lazily unmounts dir if anything is still mounted there.
@@ -251,6 +270,9 @@ type result struct {
 // sh runs script with bash in dir (the mount point when dir is ""), with $M set to the mount point.
 func (m *mount) sh(script string) result {
 	m.t.Helper()
+	if m.nobody {
+		return shIn(m.t, "/", `exec setpriv --reuid=65534 --regid=65534 --clear-groups bash -c "cd \"$M\" && $S"`, "M="+m.Dir, "S="+script)
+	}
 	return shIn(m.t, m.Dir, script, "M="+m.Dir)
 }
 

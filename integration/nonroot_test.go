@@ -31,6 +31,20 @@ func nonrootDir(t *testing.T) string {
 	return dir
 }
 
+// nonrootPath is a PATH with fusermount3, which a user's mount needs; without it the test fails in
+// CI and skips elsewhere.
+func nonrootPath(t *testing.T) string {
+	t.Helper()
+	fusermount, err := exec.LookPath("fusermount3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("fusermount3 is missing (.ci/run installs fuse3)")
+		}
+		t.Skip("SKIPPING: fusermount3 is missing (apt-get install fuse3)")
+	}
+	return filepath.Dir(fusermount) + ":/usr/bin:/bin"
+}
+
 // nonrootCommand runs the binary as uid/gid 65534 with the given PATH.
 func nonrootCommand(path string, args ...string) *exec.Cmd {
 	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", binary}, args...)...)
@@ -57,16 +71,9 @@ func TestNonRootMountServes(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("runs as root to become uid 65534")
 	}
-	fusermount, err := exec.LookPath("fusermount3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("fusermount3 is missing (.ci/run installs fuse3)")
-		}
-		t.Skip("SKIPPING: fusermount3 is missing (apt-get install fuse3)")
-	}
+	path := nonrootPath(t)
 	home := nonrootDir(t)
 	mnt, data := filepath.Join(home, "mnt"), filepath.Join(home, "data")
-	path := filepath.Dir(fusermount) + ":/usr/bin:/bin"
 	cmd := nonrootCommand(path, "mount", "--data", data, mnt)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	cfs "github.com/cockpitfs/cockpitfs/fs"
 	"github.com/cockpitfs/cockpitfs/kv"
 )
@@ -79,7 +80,16 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 		return err
 	}
 	defer db.Close()
-	server, err := cfs.Mount(mnt, engine.New(db), o)
+	eng := engine.New(db)
+	// The holds of every active lease are taken again before the mount serves anyone.
+	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})
+	if err != nil {
+		return fmt.Errorf("holding the leased ports: %w", err)
+	}
+	for _, l := range lost {
+		log.Printf("conflict: %s/%s: %s; reported in its health and events", l.Cockpit, l.Stack, l)
+	}
+	server, err := cfs.Mount(mnt, eng, o)
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	"github.com/cockpitfs/cockpitfs/kv"
 )
 
@@ -24,6 +25,11 @@ func verifyCommand(args []string) error {
 	if err != nil {
 		return err
 	}
+	held, err := engine.VerifyHolds(db, portlock.Machine)
+	if err != nil {
+		return err
+	}
+	violations = append(violations, held...)
 	for _, v := range violations {
 		fmt.Println(v)
 	}

@@ -1,0 +1,330 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// Holds: every port of this daemon's active leases is held machine-wide (engine/portlock), so no
+// other daemon — any uid, any data directory — leases it, and a family is chosen only when this
+// daemon could hold all of its ports.
+//
+// Ordering with the store: a claim takes the holds of the family it chooses inside its
+// transaction, before the commit; a failed or aborted transaction lets them go. A lease ends in
+// its commit first and lets its holds go after. So whatever the store says is active is held, except
+// between a crash and the restart — and a crashed daemon holds nothing (the kernel frees the names
+// with the process). On restart HoldPorts takes every active lease's holds again before the mount
+// serves; a port another daemon took meanwhile is reported (health, events, verify), never shared.
+
+// LostPort is a port of an active lease this daemon does not hold, because another process does.
+type LostPort struct {
+	Cockpit, Stack, Key string
+	Port                int
+	Holder              portlock.Holder
+}
+
+func (l LostPort) String() string {
+	return fmt.Sprintf("port %d (%s) of this stack's lease is held by %s", l.Port, l.Key, l.Holder)
+}
+
+// DaemonIdentity is what this daemon's holds answer about it.
+type DaemonIdentity struct {
+	PID   int
+	UID   uint32
+	Data  string
+	Mount string
+}
+
+// holds is the daemon's machine-wide hold on its leased ports.
+type holds struct {
+	space portlock.Space
+	self  DaemonIdentity
+
+	mu      sync.Mutex
+	byPort  map[int]*portHold
+	byStack map[string]map[int]bool
+	lost    map[string][]LostPort // by stack key
+}
+
+// portHold is one held port: the stack whose lease (or claim under way, pending) it belongs to.
+type portHold struct {
+	hold    *portlock.Hold
+	stack   string
+	pending bool
+}
+
+// HoldPorts makes the engine hold every port of its active leases in space (portlock.Machine for a
+// daemon) and of every lease it makes from now on. Call it once, before serving. It returns the
+// ports of active leases another process holds; each is also reported in its stack's events and
+// health.
+func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPort, error) {
+	h := &holds{space: space, self: self, byPort: map[int]*portHold{}, byStack: map[string]map[int]bool{}, lost: map[string][]LostPort{}}
+	var leases []Record
+	err := e.db.View(func(tx storage.Txn) error {
+		return tx.Scan("s/", func(_ string, v []byte) error {
+			r, err := decodeRecord(v)
+			if err == nil && r.Value.Lease.Active() {
+				leases = append(leases, r)
+			}
+			return nil // an unreadable record is verify's and health's to report
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	var lost []LostPort
+	for _, r := range leases {
+		key := stackKey(r.Cockpit, r.Stack)
+		for _, k := range sortedPortKeys(r.Value.Lease.Ports) {
+			port := r.Value.Lease.Ports[k]
+			holder, err := h.take(key, r.Cockpit, r.Stack, k, port)
+			switch {
+			case err != nil:
+				h.releaseAll()
+				return nil, err
+			case holder != nil:
+				l := LostPort{Cockpit: r.Cockpit, Stack: r.Stack, Key: k, Port: port, Holder: *holder}
+				h.lost[key] = append(h.lost[key], l)
+				lost = append(lost, l)
+			default:
+				h.byPort[port].pending = false
+			}
+		}
+	}
+	e.holds = h
+	for key, ports := range h.lost {
+		cockpit, stack := splitStackKey(key)
+		if err := e.reportLost(cockpit, stack, ports); err != nil {
+			return lost, err
+		}
+	}
+	return lost, nil
+}
+
+// reportLost appends the conflict to the stack's events.
+func (e *Engine) reportLost(cockpit, stack string, lost []LostPort) error {
+	msgs := make([]string, len(lost))
+	for i, l := range lost {
+		msgs[i] = l.String()
+	}
+	return e.update(context.Background(), stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+		return appendEvent(tx, cockpit, stack, Event{
+			At: Stamp(now), Op: "restart", Path: cockpit + "/stacks/" + stack, PID: e.holds.self.PID, UID: e.holds.self.UID,
+			Result: "conflict", Code: PortFamilyCollision,
+			Message: strings.Join(msgs, "; ") + ": another daemon leased it while this one was down; this lease does not hold it and never shares it",
+			Fix:     lostFix,
+		})
+	})
+}
+
+const lostFix = "drain the stack (echo sleep > drain/request; echo start > drain/attempt; echo success > drain/outcome) and claim again, which leases a free family"
+
+// take holds port for the stack (key) unless held already: for this stack it is a success, for
+// another stack of this daemon or another process it returns who holds it. Callers hold no lock.
+func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.Holder, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if held, ok := h.byPort[port]; ok {
+		if held.stack == key {
+			return nil, nil
+		}
+		c, s := splitStackKey(held.stack)
+		return &portlock.Holder{PID: h.self.PID, UID: h.self.UID, Known: true, Identity: &portlock.Identity{
+			Daemon: "cockpitfs", PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: c, Stack: s, Port: port}}, nil
+	}
+	hold, err := h.space.Take(port, portlock.Identity{
+		PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: cockpit, Stack: stack, Key: portKey})
+	if errors.Is(err, portlock.ErrHeld) {
+		holder, ok, askErr := h.space.Ask(port)
+		if askErr != nil || !ok {
+			// Gone in between, or it would not say: still not ours this time.
+			holder = portlock.Holder{}
+		}
+		return &holder, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	h.byPort[port] = &portHold{hold: hold, stack: key, pending: true}
+	if h.byStack[key] == nil {
+		h.byStack[key] = map[int]bool{}
+	}
+	h.byStack[key][port] = true
+	return nil, nil
+}
+
+// takeFamily holds every port of a candidate family for the stack, all or none: it returns who
+// holds the first port it could not take.
+func (h *holds) takeFamily(key, cockpit, stack string, ports map[string]int) (*portlock.Holder, int, error) {
+	var taken []int
+	for _, k := range sortedPortKeys(ports) {
+		port := ports[k]
+		h.mu.Lock()
+		_, had := h.byPort[port]
+		h.mu.Unlock()
+		holder, err := h.take(key, cockpit, stack, k, port)
+		if err != nil || holder != nil {
+			h.releasePending(key, taken)
+			return holder, port, err
+		}
+		if !had {
+			taken = append(taken, port)
+		}
+	}
+	return nil, 0, nil
+}
+
+// releasePending lets go of ports this transaction took for the stack and has not committed.
+func (h *holds) releasePending(key string, ports []int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, port := range ports {
+		if held, ok := h.byPort[port]; ok && held.stack == key && held.pending {
+			h.drop(port)
+		}
+	}
+}
+
+// settle runs after every transaction on a stack, under its lock: when lease is the stack's
+// committed lease, what it holds becomes the stack's and every other port the stack held goes
+// (a released or moved lease); when nothing was committed, what the transaction took goes.
+func (h *holds) settle(key string, committed bool, lease *Lease) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	keep := map[int]bool{}
+	if committed && lease.Active() {
+		for _, port := range lease.Ports {
+			keep[port] = true
+		}
+	}
+	for port := range h.byStack[key] {
+		held := h.byPort[port]
+		switch {
+		case !committed && !held.pending:
+			// the transaction changed nothing: the lease keeps what it held
+		case keep[port]:
+			held.pending = false
+		default:
+			h.drop(port)
+		}
+	}
+	if committed {
+		var still []LostPort
+		for _, l := range h.lost[key] {
+			if keep[l.Port] {
+				still = append(still, l)
+			}
+		}
+		if len(still) == 0 {
+			delete(h.lost, key)
+		} else {
+			h.lost[key] = still
+		}
+	}
+}
+
+// drop releases a held port; h.mu is held.
+func (h *holds) drop(port int) {
+	held := h.byPort[port]
+	held.hold.Release()
+	delete(h.byPort, port)
+	delete(h.byStack[held.stack], port)
+	if len(h.byStack[held.stack]) == 0 {
+		delete(h.byStack, held.stack)
+	}
+}
+
+func (h *holds) releaseAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for port := range h.byPort {
+		h.drop(port)
+	}
+}
+
+// retake tries again to hold the lost ports of a stack (their holder may have let them go) and
+// returns those still held elsewhere. A port taken back is the lease's again.
+func (h *holds) retake(key string) []LostPort {
+	h.mu.Lock()
+	lost := h.lost[key]
+	h.mu.Unlock()
+	var still []LostPort
+	for _, l := range lost {
+		holder, err := h.take(key, l.Cockpit, l.Stack, l.Key, l.Port)
+		if err != nil || holder != nil {
+			if holder != nil {
+				l.Holder = *holder
+			}
+			still = append(still, l)
+			continue
+		}
+		h.mu.Lock()
+		h.byPort[l.Port].pending = false
+		h.mu.Unlock()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(still) == 0 {
+		delete(h.lost, key)
+	} else {
+		h.lost[key] = still
+	}
+	return still
+}
+
+// ForeignHold is a port held on this machine by another process than this daemon.
+type ForeignHold struct {
+	Port   int
+	Holder portlock.Holder
+}
+
+// ForeignHolds lists, in port order, the ports other processes hold in this daemon's space: other
+// daemons' leases and squatters. Without holds (an engine that does not hold ports) it is empty.
+func (e *Engine) ForeignHolds() ([]ForeignHold, error) {
+	h := e.holds
+	if h == nil {
+		return nil, nil
+	}
+	ports, err := h.space.Held()
+	if err != nil {
+		return nil, err
+	}
+	sort.Ints(ports)
+	var out []ForeignHold
+	for _, port := range ports {
+		h.mu.Lock()
+		_, mine := h.byPort[port]
+		h.mu.Unlock()
+		if mine {
+			continue
+		}
+		if holder, ok, err := h.space.Ask(port); err == nil && ok {
+			out = append(out, ForeignHold{Port: port, Holder: holder})
+		}
+	}
+	return out, nil
+}
+
+// ForeignHold returns who else holds port, if anyone does.
+func (e *Engine) ForeignHold(port int) (portlock.Holder, bool) {
+	h := e.holds
+	if h == nil {
+		return portlock.Holder{}, false
+	}
+	h.mu.Lock()
+	_, mine := h.byPort[port]
+	h.mu.Unlock()
+	if mine {
+		return portlock.Holder{}, false
+	}
+	holder, ok, err := h.space.Ask(port)
+	return holder, ok && err == nil
+}

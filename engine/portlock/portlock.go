@@ -1,0 +1,276 @@
+// Package portlock holds TCP port numbers for a cockpitfs daemon, machine-wide, with the kernel as
+// the lock manager.
+//
+// Why a socket and not a store or a file: several daemons (any uid, any data directory) may run on
+// one machine, and each must never lease a port another one leases. A port is held by binding the
+// abstract unix socket name "cockpitfs/port/<n>": the kernel lets exactly one socket bind a name,
+// for every uid alike; it frees the name when the socket is closed or its process dies (kill -9
+// included), so a crashed daemon strands nothing; and abstract names live in the network namespace,
+// exactly as TCP ports do, so a container's daemon has names of its own as it has ports of its
+// own. Nothing on disk can be pre-created to lock others out, and nobody polls.
+//
+// A held name listens: whoever connects learns the holder's pid and uid from the kernel
+// (SO_PEERCRED), and a cockpitfs daemon answers one JSON line saying who it is and which lease the
+// port belongs to. A holder that does not answer is not a cockpitfs daemon (a squatter).
+//
+// The package binds, releases and asks; whether a family may be leased is the engine's rule.
+package portlock
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Space is a family of names, one per port: Machine is the one every daemon uses. Tests that must
+// not meet other daemons use a space of their own.
+type Space string
+
+// Machine is the space of every cockpitfs daemon.
+const Machine Space = "cockpitfs/port/"
+
+// ErrHeld is returned by Take when another socket holds the port's name.
+var ErrHeld = errors.New("port is held by another process")
+
+// answerTimeout bounds how long Ask waits for a holder's answer; a daemon answers at once, a
+// squatter may never.
+const answerTimeout = 200 * time.Millisecond
+
+// Identity is what a daemon's hold answers: the daemon and the lease the port belongs to.
+type Identity struct {
+	Daemon  string `json:"daemon"` // "cockpitfs"
+	PID     int    `json:"pid"`
+	UID     uint32 `json:"uid"`
+	Data    string `json:"data"`
+	Mount   string `json:"mount,omitempty"`
+	Cockpit string `json:"cockpit,omitempty"`
+	Stack   string `json:"stack,omitempty"`
+	Key     string `json:"key,omitempty"`
+	Port    int    `json:"port,omitempty"`
+}
+
+const daemonName = "cockpitfs"
+
+// Holder is who holds a port: the kernel's pid and uid of the socket's owner (0 and false when it
+// does not listen), and the daemon's own answer when it is a cockpitfs daemon.
+type Holder struct {
+	PID      int
+	UID      uint32
+	Known    bool      // PID and UID come from the kernel
+	Identity *Identity // nil: not a cockpitfs daemon
+}
+
+// String names the holder for a message: "cockpitfs daemon pid 12 uid 1000 (data /d, lease app/s)"
+// or "process 12 uid 1000, not a cockpitfs daemon".
+func (h Holder) String() string {
+	who := "a process cockpitfs cannot name"
+	if h.Known {
+		who = fmt.Sprintf("process %d uid %d", h.PID, h.UID)
+	}
+	if h.Identity == nil {
+		return who + ", not a cockpitfs daemon"
+	}
+	s := fmt.Sprintf("the cockpitfs daemon %s (data %s", who, h.Identity.Data)
+	if h.Identity.Stack != "" {
+		s += ", lease " + h.Identity.Cockpit + "/" + h.Identity.Stack
+	}
+	return s + ")"
+}
+
+// Hold is one port held by this process until Release.
+type Hold struct {
+	l    *net.UnixListener
+	done chan struct{}
+}
+
+// Take holds port, answering id to whoever asks. It returns ErrHeld when another socket holds it.
+func (s Space) Take(port int, id Identity) (*Hold, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.name(port), Net: "unix"})
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("port %d: %w", port, ErrHeld)
+		}
+		return nil, fmt.Errorf("holding port %d: %w", port, err)
+	}
+	id.Daemon, id.Port = daemonName, port
+	answer, err := json.Marshal(id)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	answer = append(answer, '\n')
+	h := &Hold{l: l, done: make(chan struct{})}
+	go h.answer(answer)
+	return h, nil
+}
+
+// answer tells each asker who holds the port, until the hold is released.
+func (h *Hold) answer(line []byte) {
+	defer close(h.done)
+	for {
+		c, err := h.l.Accept()
+		if err != nil {
+			return // released
+		}
+		c.SetWriteDeadline(time.Now().Add(answerTimeout))
+		c.Write(line)
+		c.Close()
+	}
+}
+
+// Release lets the port go and waits until its answering ends.
+func (h *Hold) Release() {
+	h.l.Close()
+	<-h.done
+}
+
+// Ask says who holds port; ok is false when nobody does. It never blocks longer than
+// answerTimeout: the connect is non-blocking (a holder that never accepts fills its backlog).
+func (s Space) Ask(port int) (holder Holder, ok bool, err error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return Holder{}, false, err
+	}
+	defer unix.Close(fd)
+	switch err := unix.Connect(fd, &unix.SockaddrUnix{Name: s.name(port)}); {
+	case errors.Is(err, unix.ECONNREFUSED), errors.Is(err, unix.EAGAIN):
+		// Bound but not listening, or not accepting: held by something that will not say, so
+		// look for it in the kernel's tables.
+		inode, bound := s.inode(port)
+		if !bound {
+			return Holder{}, false, nil
+		}
+		return owner(inode), true, nil
+	case err != nil:
+		return Holder{}, false, fmt.Errorf("asking who holds port %d: %w", port, err)
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return Holder{}, true, err
+	}
+	holder = Holder{PID: int(cred.Pid), UID: cred.Uid, Known: true}
+	if id, ok := readIdentity(fd); ok && id.Port == port && id.PID == holder.PID {
+		holder.Identity = &id
+	}
+	return holder, true, nil
+}
+
+// readIdentity reads a daemon's one-line answer, waiting at most answerTimeout for it.
+func readIdentity(fd int) (Identity, bool) {
+	var line []byte
+	buf := make([]byte, 1024)
+	deadline := time.Now().Add(answerTimeout)
+	for len(line) < 64<<10 && !strings.Contains(string(line), "\n") {
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return Identity{}, false
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(wait.Milliseconds())+1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n == 0 {
+			return Identity{}, false
+		}
+		n, err = unix.Read(fd, buf)
+		if errors.Is(err, unix.EAGAIN) {
+			continue
+		}
+		if err != nil || n <= 0 {
+			break
+		}
+		line = append(line, buf[:n]...)
+	}
+	var id Identity
+	if json.Unmarshal(line, &id) != nil || id.Daemon != daemonName {
+		return Identity{}, false
+	}
+	return id, true
+}
+
+// Held lists the ports whose names are bound in this network namespace, from the kernel's unix
+// socket table (/proc/net/unix, readable by everyone).
+func (s Space) Held() ([]int, error) {
+	data, err := os.ReadFile("/proc/thread-self/net/unix")
+	if err != nil {
+		return nil, err
+	}
+	prefix := "@" + string(s)
+	var ports []int
+	seen := map[int]bool{}
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		fields := strings.Fields(line)
+		// Num RefCount Protocol Flags Type St Inode Path; only bound sockets have a path.
+		if len(fields) < 8 || !strings.HasPrefix(fields[7], prefix) {
+			continue
+		}
+		port, err := strconv.Atoi(strings.TrimPrefix(fields[7], prefix))
+		if err != nil || seen[port] {
+			continue
+		}
+		seen[port] = true
+		ports = append(ports, port)
+	}
+	return ports, nil
+}
+
+// inode is the socket inode bound to port's name, from /proc/net/unix.
+func (s Space) inode(port int) (string, bool) {
+	data, err := os.ReadFile("/proc/thread-self/net/unix")
+	if err != nil {
+		return "", true // cannot tell: the connect was refused by something there
+	}
+	name := "@" + string(s) + strconv.Itoa(port)
+	// Connections queued on a listener show its name too, connected (St 03); the bound socket
+	// itself is unconnected (01).
+	found := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 8 && f[7] == name {
+			if f[5] == "01" {
+				return f[6], true
+			}
+			found = true
+		}
+	}
+	return "", found
+}
+
+// owner finds the process with socket inode open, among those whose fds this process may read
+// (all of them as root), and its uid; unknown when none is found.
+func owner(inode string) Holder {
+	if inode == "" {
+		return Holder{}
+	}
+	want := "socket:[" + inode + "]"
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		fds, _ := os.ReadDir("/proc/" + p.Name() + "/fd")
+		for _, fd := range fds {
+			if link, _ := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name()); link == want {
+				var st unix.Stat_t
+				if unix.Stat("/proc/"+p.Name(), &st) != nil {
+					return Holder{}
+				}
+				return Holder{PID: pid, UID: st.Uid, Known: true}
+			}
+		}
+	}
+	return Holder{}
+}
+
+// name is the abstract name of port (Go writes the leading NUL for "@").
+func (s Space) name(port int) string {
+	return "@" + string(s) + strconv.Itoa(port)
+}

@@ -1,0 +1,132 @@
+package portlock
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testSpace is this test process's own: other runs on the machine hold other names.
+func testSpace(t *testing.T) Space {
+	return Space(fmt.Sprintf("cockpitfs-test/%d/%s/port/", os.Getpid(), t.Name()))
+}
+
+// squatter runs python3 holding the name of port in space as a process that is not cockpitfs:
+// listening (but never answering) or only bound. It returns the process once the name is bound.
+func squatter(t *testing.T, space Space, port int, listen bool) *exec.Cmd {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("SKIPPING: python3 is missing")
+	}
+	script := `import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(b"\0" + sys.argv[1].encode())
+if sys.argv[2] == "listen":
+    s.listen(1)
+print("bound", flush=True)
+time.sleep(600)`
+	mode := "bind"
+	if listen {
+		mode = "listen"
+	}
+	cmd := exec.Command("python3", "-c", script, fmt.Sprintf("%s%d", space, port), mode)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
+		t.Fatalf("squatter did not bind: %q %v", line, err)
+	}
+	return cmd
+}
+
+func TestTakeIsExclusiveUntilRelease(t *testing.T) {
+	space := testSpace(t)
+	id := Identity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: "/d", Cockpit: "app", Stack: "s", Key: "HTTP"}
+	h, err := space.Take(40100, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := space.Take(40100, id); !errors.Is(err, ErrHeld) {
+		t.Fatalf("second Take = %v, want ErrHeld", err)
+	}
+	holder, ok, err := space.Ask(40100)
+	if err != nil || !ok {
+		t.Fatalf("Ask = %v %v", ok, err)
+	}
+	if !holder.Known || holder.PID != os.Getpid() || holder.Identity == nil || holder.Identity.Stack != "s" || holder.Identity.Port != 40100 {
+		t.Fatalf("Ask = %+v %+v", holder, holder.Identity)
+	}
+	if !strings.Contains(holder.String(), "the cockpitfs daemon process") || !strings.Contains(holder.String(), "lease app/s") {
+		t.Fatalf("holder reads %q", holder)
+	}
+	if held, err := space.Held(); err != nil || !slices.Equal(held, []int{40100}) {
+		t.Fatalf("Held = %v %v", held, err)
+	}
+	h.Release()
+	if _, ok, err := space.Ask(40100); ok || err != nil {
+		t.Fatalf("after Release, Ask = %v %v", ok, err)
+	}
+	if held, err := space.Held(); err != nil || len(held) != 0 {
+		t.Fatalf("after Release, Held = %v %v", held, err)
+	}
+	h, err = space.Take(40100, id)
+	if err != nil {
+		t.Fatalf("Take after Release: %v", err)
+	}
+	h.Release()
+}
+
+// A process that holds a name and is not cockpitfs is named by the kernel (listening) or at least
+// seen (bound only); it dies, even by SIGKILL, and the name is free at once.
+func TestSquatterIsNamedAndDiesWithItsProcess(t *testing.T) {
+	space := testSpace(t)
+	listening := squatter(t, space, 40200, true)
+	if _, err := space.Take(40200, Identity{}); !errors.Is(err, ErrHeld) {
+		t.Fatalf("Take of a squatted port = %v", err)
+	}
+	start := time.Now()
+	holder, ok, err := space.Ask(40200)
+	if err != nil || !ok || !holder.Known || holder.PID != listening.Process.Pid || holder.Identity != nil {
+		t.Fatalf("Ask = %+v %v %v, want pid %d and no identity", holder, ok, err, listening.Process.Pid)
+	}
+	if waited := time.Since(start); waited > 5*answerTimeout {
+		t.Fatalf("Ask waited %s for a holder that never answers", waited)
+	}
+	if !strings.Contains(holder.String(), "not a cockpitfs daemon") {
+		t.Fatalf("holder reads %q", holder)
+	}
+
+	bound := squatter(t, space, 40201, false)
+	// Bound, not listening: found in the kernel's tables (as root, any process's).
+	if holder, ok, err := space.Ask(40201); err != nil || !ok || os.Geteuid() == 0 && (!holder.Known || holder.PID != bound.Process.Pid) || holder.Identity != nil {
+		t.Fatalf("Ask of a bound, not listening name = %+v %v %v", holder, ok, err)
+	}
+	// A listener that never accepts fills its backlog, and is then found the same way.
+	for range 3 {
+		if holder, ok, err := space.Ask(40200); err != nil || !ok || holder.PID != listening.Process.Pid {
+			t.Fatalf("Ask of a full backlog = %+v %v %v", holder, ok, err)
+		}
+	}
+	for _, cmd := range []*exec.Cmd{listening, bound} {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	for _, port := range []int{40200, 40201} {
+		h, err := space.Take(port, Identity{})
+		if err != nil {
+			t.Fatalf("Take after the squatter's SIGKILL: %v", err)
+		}
+		h.Release()
+	}
+}
