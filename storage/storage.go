@@ -34,6 +34,11 @@ var ErrNotFound = errors.New("storage: key not found")
 // it until its deadline. The engine reports it as STATE_LOCKED.
 var ErrLocked = errors.New("storage: contention did not clear")
 
+// ErrCorrupt means the store's files are damaged: a read met a failed checksum, or Open found
+// damage it would otherwise have repaired by discarding data. Nothing is served from a damaged
+// record; the fs adapter answers EIO.
+var ErrCorrupt = errors.New("storage: the store is damaged")
+
 // Txn is what a transaction function sees.
 type Txn interface {
 	// Get returns a copy of the value, safe to keep after the transaction, or ErrNotFound. In

@@ -16,6 +16,8 @@ const usage = `usage:
   cockpitfs mount [--data DIR] [--daemon] [--allow-other] [--debug] MOUNTPOINT
   cockpitfs unmount MOUNTPOINT
   cockpitfs verify [--data DIR]
+  cockpitfs backup [--data DIR] FILE
+  cockpitfs restore [--data DIR] [FILE]
   cockpitfs version
 `
 
@@ -44,6 +46,10 @@ func run(args []string) error {
 		return unmount(args[1])
 	case "verify":
 		return verifyCommand(args[1:])
+	case "backup":
+		return backupCommand(args[1:])
+	case "restore":
+		return restoreCommand(args[1:])
 	case "version", "--version":
 		fmt.Println("cockpitfs", version)
 		return nil

@@ -77,9 +77,13 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 	}
 	db, err := kv.Open(data)
 	if err != nil {
-		return err
+		return damageHint(err, data)
 	}
 	defer db.Close()
+	stopBackups := make(chan struct{})
+	backupsDone := make(chan struct{})
+	go func() { keepBackups(db, data, stopBackups); close(backupsDone) }()
+	defer func() { close(stopBackups); <-backupsDone }()
 	eng := engine.New(db)
 	// The holds of every active lease are taken again before the mount serves anyone.
 	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})

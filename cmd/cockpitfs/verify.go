@@ -6,17 +6,17 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
-	"github.com/cockpitfs/cockpitfs/kv"
 )
 
-// verifyCommand checks every record offline; it exits non-zero naming each violation.
+// verifyCommand checks the store's files and every record offline, changing nothing; it exits
+// non-zero naming each damaged file or violation.
 func verifyCommand(args []string) error {
 	fset := flag.NewFlagSet("verify", flag.ContinueOnError)
 	data := dataFlag(fset)
 	if err := fset.Parse(args); err != nil {
 		return err
 	}
-	db, err := kv.OpenReadOnly(*data)
+	db, err := openOffline(*data)
 	if err != nil {
 		return err
 	}

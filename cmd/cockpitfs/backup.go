@@ -1,0 +1,149 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+)
+
+// backupEvery is how often a serving daemon refreshes its rolling backup, when anything changed.
+const backupEvery = 10 * time.Minute
+
+// backupCommand writes a backup of a stopped daemon's store to FILE.
+func backupCommand(args []string) error {
+	fset := flag.NewFlagSet("backup", flag.ContinueOnError)
+	data := dataFlag(fset)
+	positional, err := parseInterspersed(fset, args)
+	if err != nil {
+		return err
+	}
+	if len(positional) != 1 {
+		fmt.Fprint(os.Stderr, usage)
+		return errUsage
+	}
+	db, err := openOffline(*data)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	n, err := db.Backup(positional[0])
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%d records backed up to %s\n", n, positional[0])
+	return nil
+}
+
+// restoreCommand replaces a stopped daemon's store by a backup (default: the newest rolling
+// one), keeping the replaced store aside, and says what is lost.
+func restoreCommand(args []string) error {
+	fset := flag.NewFlagSet("restore", flag.ContinueOnError)
+	data := dataFlag(fset)
+	positional, err := parseInterspersed(fset, args)
+	if err != nil {
+		return err
+	}
+	var path string
+	switch len(positional) {
+	case 0:
+		if path, err = kv.NewestBackup(*data); err != nil {
+			return err
+		}
+		if path == "" {
+			return fmt.Errorf("no backup in %s/%s: name a backup file (cockpitfs restore --data %s FILE)", *data, kv.BackupDirName, *data)
+		}
+	case 1:
+		path = positional[0]
+	default:
+		fmt.Fprint(os.Stderr, usage)
+		return errUsage
+	}
+	report, err := kv.Restore(*data, path)
+	if err != nil {
+		return heldHint(err)
+	}
+	fmt.Printf("restored %d records from %s (taken %s)\n", report.Restored, report.Backup, report.Taken.Format(time.RFC3339))
+	fmt.Printf("the replaced store is kept, unchanged, in %s\n", report.MovedTo)
+	for _, f := range report.Unreadable {
+		fmt.Printf("could not be read in full, what only it held is lost: %s\n", f)
+	}
+	switch {
+	case !report.Salvaged:
+		fmt.Printf("the replaced store could not be read (%v): whatever was committed after %s is lost\n",
+			report.SalvageErr, report.Taken.Format(time.RFC3339))
+	case len(report.Lost) == 0:
+		fmt.Println("lost: nothing else the replaced store could still read")
+	default:
+		fmt.Printf("lost: %d records the replaced store held differ from the backup:\n", len(report.Lost))
+		for _, l := range report.Lost {
+			fmt.Println("  " + l)
+		}
+	}
+	return nil
+}
+
+// openOffline opens a stopped daemon's store read-only, saying what to do when it is damaged or
+// in use.
+func openOffline(data string) (*kv.DB, error) {
+	db, err := kv.OpenReadOnly(data)
+	if err != nil {
+		return nil, heldHint(damageHint(err, data))
+	}
+	return db, nil
+}
+
+// damageHint adds the way out to a refusal to open a damaged store.
+func damageHint(err error, data string) error {
+	var corrupt *kv.CorruptError
+	if !errors.As(err, &corrupt) {
+		return err
+	}
+	newest, _ := kv.NewestBackup(data)
+	way := fmt.Sprintf("restore a backup with `cockpitfs restore --data %s FILE`", data)
+	if newest != "" {
+		way = fmt.Sprintf("restore the newest backup (%s) with `cockpitfs restore --data %s`, which keeps the damaged store aside and reports what is lost", newest, data)
+	}
+	return fmt.Errorf("the store is damaged, nothing was changed: %w; way out: %s", err, way)
+}
+
+// heldHint says how to reach a store a running daemon holds.
+func heldHint(err error) error {
+	var held *kv.HeldError
+	if errors.As(err, &held) {
+		return fmt.Errorf("%w: stop it first (cockpitfs unmount); it keeps rolling backups in %s/%s", err, held.Dir, kv.BackupDirName)
+	}
+	return err
+}
+
+// keepBackups refreshes the daemon's rolling backup at start and then every backupEvery when the
+// store changed, until stop is closed. A failed backup is logged and leaves the previous ones.
+func keepBackups(db *kv.DB, data string, stop <-chan struct{}) {
+	backup := func() {
+		path, n, err := db.KeepBackup(data)
+		if err != nil {
+			log.Printf("backup: %v", err)
+			return
+		}
+		log.Printf("backup: %d records in %s", n, path)
+	}
+	backup()
+	ticker := time.NewTicker(backupEvery)
+	defer ticker.Stop()
+	last := db.Syncs()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ticker.C:
+			if now := db.Syncs(); now != last {
+				last = now
+				backup()
+			}
+		}
+	}
+}

@@ -1,0 +1,261 @@
+package kv
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// crashImage writes n keys through an open store and copies its files as a kill -9 would leave
+// them (the memory-mapped logs as the page cache holds them), without closing it.
+func crashImage(t *testing.T, n int) string {
+	t.Helper()
+	db, dir := openTemp(t)
+	for i := range n {
+		set(t, db, fmt.Sprintf("k%03d", i), fmt.Sprintf("value-%03d-%s", i, strings.Repeat("x", 40)))
+	}
+	image := filepath.Join(t.TempDir(), "image")
+	if err := os.Mkdir(image, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if isStoreFile(e.Name()) {
+			if err := copySparse(filepath.Join(dir, e.Name()), filepath.Join(image, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return image
+}
+
+// closedStore writes n keys and closes the store, which flushes them into a table.
+func closedStore(t *testing.T, n int) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	db, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		set(t, db, fmt.Sprintf("k%03d", i), fmt.Sprintf("value-%03d-%s", i, strings.Repeat("x", 40)))
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func onlyFile(t *testing.T, dir, pattern string) string {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join(dir, pattern))
+	var nonEmpty []string
+	for _, p := range paths {
+		if info, err := os.Stat(p); err == nil && info.Size() > 0 {
+			nonEmpty = append(nonEmpty, p)
+		}
+	}
+	if len(nonEmpty) != 1 {
+		t.Fatalf("want one non-empty %s in %s, got %v", pattern, dir, nonEmpty)
+	}
+	return nonEmpty[0]
+}
+
+// entryOffsets lists where each valid entry of a log starts.
+func entryOffsets(t *testing.T, path string) []int {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offsets []int
+	for off := logHeaderSize; ; {
+		n, ok := entryAt(data, off)
+		if !ok {
+			return offsets
+		}
+		offsets = append(offsets, off)
+		off += n
+	}
+}
+
+func flipByte(t *testing.T, path string, at int) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, int64(at)); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x10
+	if _, err := f.WriteAt(b, int64(at)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fingerprint is every file's name, size and content hash, to show nothing was changed.
+func fingerprint(t *testing.T, dir string) string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		if !isStoreFile(e.Name()) {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s %d %x\n", e.Name(), len(data), sha256.Sum256(data))
+	}
+	return b.String()
+}
+
+// refused opens dir both ways and wants a CorruptError naming file, with dir left unchanged.
+func refused(t *testing.T, dir, file string) {
+	t.Helper()
+	before := fingerprint(t, dir)
+	for name, open := range map[string]func(string) (*DB, error){"Open": Open, "OpenReadOnly": OpenReadOnly} {
+		db, err := open(dir)
+		if err == nil {
+			db.Close()
+			t.Fatalf("%s of a damaged store succeeded", name)
+		}
+		var corrupt *CorruptError
+		if !errors.As(err, &corrupt) || !errors.Is(err, storage.ErrCorrupt) {
+			t.Fatalf("%s: want a CorruptError, got %v", name, err)
+		}
+		if corrupt.File != file {
+			t.Errorf("%s names %s, want %s (%v)", name, corrupt.File, file, err)
+		}
+		if after := fingerprint(t, dir); after != before {
+			t.Fatalf("%s changed the store:\nbefore %s\nafter %s", name, before, after)
+		}
+	}
+}
+
+func TestBadLogEntryBeforeValidOnesIsRefused(t *testing.T) {
+	t.Parallel()
+	image := crashImage(t, 16)
+	mem := onlyFile(t, image, "*.mem")
+	offsets := entryOffsets(t, mem)
+	if len(offsets) < 32 {
+		t.Fatalf("want ≥ 32 entries (16 commits), got %d", len(offsets))
+	}
+	flipByte(t, mem, offsets[len(offsets)/3]+12) // in the middle of an early commit's key
+	refused(t, image, mem)
+}
+
+// A bad final entry is what a crash mid-write leaves: the store opens without it.
+func TestTornTailOpens(t *testing.T) {
+	t.Parallel()
+	image := crashImage(t, 16)
+	mem := onlyFile(t, image, "*.mem")
+	offsets := entryOffsets(t, mem)
+	flipByte(t, mem, offsets[len(offsets)-1]+12) // the last commit's end marker
+	db, err := Open(image)
+	if err != nil {
+		t.Fatalf("Open of a torn tail: %v", err)
+	}
+	defer db.Close()
+	if _, ok := get(t, db, "k014"); !ok {
+		t.Error("k014, before the torn commit, is gone")
+	}
+	if _, ok := get(t, db, "k015"); ok {
+		t.Error("k015, whose commit is torn, is served")
+	}
+}
+
+func TestMissingManifestIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := closedStore(t, 16)
+	onlyFile(t, dir, "*.sst")
+	manifest := filepath.Join(dir, manifestName)
+	if err := os.Remove(manifest); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, dir, manifest)
+}
+
+func TestDamagedManifestIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := closedStore(t, 16)
+	manifest := filepath.Join(dir, manifestName)
+	flipByte(t, manifest, 12) // inside the first change set
+	refused(t, dir, manifest)
+}
+
+func TestTableChecksumMismatchIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := closedStore(t, 16)
+	sst := onlyFile(t, dir, "*.sst")
+	data, err := os.ReadFile(sst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := bytes.Index(data, []byte("value-007-"))
+	if at < 0 {
+		t.Fatal("value-007 is not in the table")
+	}
+	flipByte(t, sst, at+7) // "value-007" → "value-037"
+	refused(t, dir, sst)
+}
+
+func TestTruncatedTableIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := closedStore(t, 16)
+	sst := onlyFile(t, dir, "*.sst")
+	info, err := os.Stat(sst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sst, info.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, dir, sst)
+}
+
+// verify's store must not replay, flush or delete the log a crash left: the files stay as they
+// were, byte for byte, and every acknowledged key is read.
+func TestOpenReadOnlyChangesNothing(t *testing.T) {
+	t.Parallel()
+	image := crashImage(t, 16)
+	before := fingerprint(t, image)
+	db, err := OpenReadOnly(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 16 {
+		if _, ok := get(t, db, fmt.Sprintf("k%03d", i)); !ok {
+			t.Errorf("k%03d is missing", i)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if after := fingerprint(t, image); after != before {
+		t.Fatalf("OpenReadOnly changed the store:\nbefore %s\nafter %s", before, after)
+	}
+	if db.scratch == "" {
+		t.Fatal("no scratch copy was used")
+	}
+	if _, err := os.Stat(db.scratch); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the scratch copy %s is left behind", db.scratch)
+	}
+}
