@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/dgraph-io/badger/v4/options"
 	"github.com/dgraph-io/badger/v4/table"
 	"github.com/dgraph-io/ristretto/v2/z"
+	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -167,10 +169,12 @@ func inspectTable(path string, compression options.CompressionType) (err error) 
 // the bad entry and drop everything after it, acknowledged commits included.
 func inspectLog(dir, name string) error {
 	path := filepath.Join(dir, name)
-	data, err := os.ReadFile(path)
+	log, err := mapLog(path)
 	if err != nil {
 		return fmt.Errorf("kv: %w", err)
 	}
+	defer log.close()
+	data := log.data
 	if len(data) < logHeaderSize {
 		return nil
 	}
@@ -185,7 +189,7 @@ func inspectLog(dir, name string) error {
 	if off >= len(data) {
 		return nil
 	}
-	for p := off + 1; p < len(data); p++ {
+	for p := log.nextCandidate(off + 1); p < len(data); p = log.nextCandidate(p + 1) {
 		if _, ok := entryAt(data, p); ok {
 			return &CorruptError{Dir: dir, File: path, Problem: fmt.Sprintf(
 				"bad entry at byte %d followed by valid entries from byte %d (not a torn tail: badger would drop them)", off, p)}
@@ -193,6 +197,67 @@ func inspectLog(dir, name string) error {
 	}
 	return nil
 }
+
+// mappedLog is a log mapped read-only: its zeroed tail, most of it, is never read into memory,
+// and holes are skipped by asking the file system where data is.
+type mappedLog struct {
+	data []byte
+	file *os.File
+}
+
+func mapLog(path string) (*mappedLog, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	info, err := f.Stat()
+	if err != nil || info.Size() == 0 {
+		return &mappedLog{file: f}, err
+	}
+	data, err := unix.Mmap(int(f.Fd()), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &mappedLog{data: data, file: f}, nil
+}
+
+func (l *mappedLog) close() {
+	if l.data != nil {
+		unix.Munmap(l.data)
+	}
+	l.file.Close()
+}
+
+// nextCandidate is the first offset from from where an entry could start: its key length, the
+// third byte, is never zero.
+func (l *mappedLog) nextCandidate(from int) int {
+	data := l.data
+	at := from + 2
+	for at < len(data) {
+		end := min(at+len(zeroPage), len(data))
+		if bytes.Equal(data[at:end], zeroPage[:end-at]) {
+			next, err := unix.Seek(int(l.file.Fd()), int64(end), unix.SEEK_DATA)
+			switch {
+			case errors.Is(err, unix.ENXIO): // nothing but a hole left
+				return len(data)
+			case err == nil && int(next) > end:
+				at = int(next)
+			default:
+				at = end
+			}
+			continue
+		}
+		for ; at < end; at++ {
+			if data[at] != 0 {
+				return at - 2
+			}
+		}
+	}
+	return len(data)
+}
+
+var zeroPage [4096]byte
 
 // entryAt returns the length of the valid entry at off: a plausible header and a matching CRC.
 func entryAt(data []byte, off int) (int, bool) {

@@ -109,19 +109,23 @@ func salvageTable(path string, keep func([]byte, version)) (err error) {
 // salvageLog applies each committed transaction of a memtable log; past a bad entry it resumes at
 // the next valid one.
 func salvageLog(path string, keep func([]byte, version)) error {
-	data, err := os.ReadFile(path)
+	log, err := mapLog(path)
 	if err != nil {
 		return err
 	}
+	defer log.close()
+	data := log.data
 	var txn []logEntry
 	skipped := false
 	for off := logHeaderSize; off < len(data); {
 		n, ok := entryAt(data, off)
 		if !ok {
-			off++
-			if data[off-1] != 0 {
+			next := log.nextCandidate(off + 1)
+			if next < len(data) || !allZero(data[off:]) {
 				skipped = true
 			}
+			off = next
+			txn = txn[:0] // a transaction with a bad entry is lost whole
 			continue
 		}
 		e := decodeEntry(data[off : off+n])
