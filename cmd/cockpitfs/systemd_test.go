@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The service definitions shipped in examples/systemd pass `systemd-analyze verify` (the user unit
+// with --user), with no warning at all, and start the daemon as docs/machines.md says.
+// systemd-analyze checks that ExecStart's program exists, so the copy verified names this test's
+// executable where the unit says /usr/local/bin/cockpitfs.
+func TestSystemdUnitsVerify(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("systemd-analyze is missing (.ci/run installs systemd)")
+		}
+		t.Skip("SKIPPING: systemd-analyze is missing (Debian: apt-get install systemd)")
+	}
+	for _, tc := range []struct{ unit, want string }{
+		{"user", "mount %h/cockpit"},
+		{"system", "mount --allow-other --data /var/lib/cockpitfs /cockpit"},
+	} {
+		t.Run(tc.unit, func(t *testing.T) {
+			text, err := os.ReadFile(filepath.Join("..", "..", "examples", "systemd", tc.unit, "cockpitfs.service"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			const program = "/usr/local/bin/cockpitfs"
+			start := "ExecStart=" + program + " " + tc.want + "\n"
+			if !strings.Contains(string(text), start) {
+				t.Fatalf("the %s unit does not run %q", tc.unit, start)
+			}
+			dir := t.TempDir()
+			unit := filepath.Join(dir, "cockpitfs.service")
+			self, err := os.Executable()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(unit, []byte(strings.ReplaceAll(string(text), program, self)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			verify := []string{"verify", unit}
+			if tc.unit == "user" {
+				verify = []string{"--user", "verify", unit}
+			}
+			cmd := exec.Command(analyze, verify...)
+			runtime := filepath.Join(dir, "runtime") // a user manager needs its runtime directory
+			if err := os.Mkdir(runtime, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+runtime, "SYSTEMD_LOG_COLOR=0")
+			out, err := cmd.CombinedOutput()
+			if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+				t.Fatalf("systemd-analyze %s: %v\n%s", strings.Join(verify, " "), err, out)
+			}
+		})
+	}
+}
