@@ -11,7 +11,7 @@ import (
 // The service definitions shipped in examples/systemd pass `systemd-analyze verify` (the user unit
 // with --user), with no warning at all, and start the daemon as docs/machines.md says.
 // systemd-analyze checks that ExecStart's program exists, so the copy verified names this test's
-// executable where the unit says /usr/local/bin/cockpitfs.
+// executable where the unit names the installed cockpitfs.
 func TestSystemdUnitsVerify(t *testing.T) {
 	analyze, err := exec.LookPath("systemd-analyze")
 	if err != nil {
@@ -20,17 +20,16 @@ func TestSystemdUnitsVerify(t *testing.T) {
 		}
 		t.Skip("SKIPPING: systemd-analyze is missing (Debian: apt-get install systemd)")
 	}
-	for _, tc := range []struct{ unit, want string }{
-		{"user", "mount %h/cockpit"},
-		{"system", "mount --allow-other --data /var/lib/cockpitfs /cockpit"},
+	for _, tc := range []struct{ unit, program, want string }{
+		{"user", "%h/.local/bin/cockpitfs", "mount %h/cockpit"},
+		{"system", "/usr/local/bin/cockpitfs", "mount --allow-other --data /var/lib/cockpitfs /cockpit"},
 	} {
 		t.Run(tc.unit, func(t *testing.T) {
 			text, err := os.ReadFile(filepath.Join("..", "..", "examples", "systemd", tc.unit, "cockpitfs.service"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			const program = "/usr/local/bin/cockpitfs"
-			start := "ExecStart=" + program + " " + tc.want + "\n"
+			start := "ExecStart=" + tc.program + " " + tc.want + "\n"
 			if !strings.Contains(string(text), start) {
 				t.Fatalf("the %s unit does not run %q", tc.unit, start)
 			}
@@ -40,7 +39,7 @@ func TestSystemdUnitsVerify(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(unit, []byte(strings.ReplaceAll(string(text), program, self)), 0o644); err != nil {
+			if err := os.WriteFile(unit, []byte(strings.ReplaceAll(string(text), tc.program, self)), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			verify := []string{"verify", unit}
