@@ -6,10 +6,10 @@
 // What a backend must keep:
 //
 //   - Serializable read-compare-write. Update runs fn against one snapshot and commits its writes
-//     only if no key fn read with Get was changed by another commit since the snapshot; otherwise
-//     fn runs again on a fresh snapshot (fn must be safe to re-run). Scan does not protect against
-//     phantoms: a key inserted under a scanned prefix causes no conflict, so a decision that
-//     depends on a key's absence Gets that key.
+//     only if no key fn read with Get, or that a Scan returned, was changed by another commit since
+//     the snapshot; otherwise fn runs again on a fresh snapshot (fn must be safe to re-run). Scan
+//     need not protect against phantoms: a key inserted under a scanned prefix may cause no
+//     conflict, so a decision that depends on a key's absence Gets that key.
 //   - Durable before acknowledgement. Update returns nil only once the commit survives a crash of
 //     the process and of the machine; View sees only such commits.
 //   - Bounded waiting. Update gives up with an error wrapping ErrLocked once conflicts have kept
@@ -18,8 +18,8 @@
 //
 // The engine caches decoded records and wakes waiters on its own commits. That is correct only
 // while this process is the only writer of the store (badger: the data directory's flock). A
-// backend shared by several processes must say so through SingleWriter, and the engine then
-// reads through (see engine's cache).
+// backend that other processes write too implements Shared, and the engine then reads through
+// its caches and wakes its waiters from Watch.
 package storage
 
 import (
@@ -60,4 +60,14 @@ type Store interface {
 	View(fn func(Txn) error) error
 	// Update runs fn in a read-write transaction and commits it (see the package comment).
 	Update(ctx context.Context, fn func(Txn) error) error
+}
+
+// Shared is implemented by a Store that other processes write too (etcd: the daemons of other
+// machines mounting the same prefix).
+type Shared interface {
+	Store
+	// Watch calls fn, from another goroutine, with the key of every change under prefix committed
+	// after Watch returns, by any writer, until the store closes. fn("") means changes may have
+	// been missed (a lost connection, a compacted history): treat every key as changed.
+	Watch(prefix string, fn func(key string)) error
 }

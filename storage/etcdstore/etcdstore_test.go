@@ -1,0 +1,202 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+)
+
+func set(t *testing.T, s storage.Store, key, value string) {
+	t.Helper()
+	if err := s.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(key, []byte(value)) }); err != nil {
+		t.Fatalf("set %s: %v", key, err)
+	}
+}
+
+func get(t *testing.T, s storage.Store, key string) string {
+	t.Helper()
+	var v []byte
+	err := s.View(func(tx storage.Txn) (err error) { v, err = tx.Get(key); return err })
+	if errors.Is(err, storage.ErrNotFound) {
+		return "<missing>"
+	}
+	if err != nil {
+		t.Fatalf("get %s: %v", key, err)
+	}
+	return string(v)
+}
+
+// countScan is an fn that writes how many keys it scanned under l/, and on its first run lets
+// change alter that range from another transaction before it commits.
+func countScan(s storage.Store, runs *int, change func(storage.Txn) error) func(storage.Txn) error {
+	return func(tx storage.Txn) error {
+		*runs++
+		n := 0
+		if err := tx.Scan("l/", func(string, []byte) error { n++; return nil }); err != nil {
+			return err
+		}
+		if *runs == 1 {
+			if err := s.Update(context.Background(), change); err != nil {
+				return err
+			}
+		}
+		return tx.Set("count", []byte{byte('0' + n)})
+	}
+}
+
+// A Scan in etcd is protected against phantoms and deletions too: the range compare and the
+// per-key compares (package comment). Each case changes the range in a way the other compare
+// cannot see.
+func TestScanRangeConflicts(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	for _, tc := range []struct {
+		name   string
+		change func(storage.Txn) error
+		want   string
+	}{
+		{"inserted", func(tx storage.Txn) error { return tx.Set("l/b", []byte("new")) }, "3"},
+		{"deleted", func(tx storage.Txn) error { return tx.Delete("l/a") }, "1"},
+		{"changed", func(tx storage.Txn) error { return tx.Set("l/a", []byte("changed")) }, "2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := c.Open(t, "scan-"+tc.name)
+			set(t, s, "l/a", "1")
+			set(t, s, "l/c", "1")
+			runs := 0
+			if err := s.Update(context.Background(), countScan(s, &runs, tc.change)); err != nil {
+				t.Fatal(err)
+			}
+			if got := get(t, s, "count"); got != tc.want || runs != 2 {
+				t.Errorf("count = %s after %d runs, want %s after 2: the range's change must conflict", got, runs, tc.want)
+			}
+		})
+	}
+}
+
+// Keys live under the store's prefix only, and prefixes that share a stem do not mix.
+func TestPrefixesAreApart(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	team, team2 := c.Open(t, "team"), c.Open(t, "/team2/")
+	set(t, team, "k", "team")
+	set(t, team2, "k", "team2")
+	var keys []string
+	err := team.View(func(tx storage.Txn) error {
+		return tx.Scan("", func(k string, _ []byte) error { keys = append(keys, k); return nil })
+	})
+	if err != nil || strings.Join(keys, ",") != "k" || get(t, team, "k") != "team" {
+		t.Errorf("team holds %v (%v), k=%s; want only its own k=team", keys, err, get(t, team, "k"))
+	}
+	resp, err := team.Client().Get(context.Background(), "team/k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "team" {
+		t.Errorf("etcd key team/k = %v, %v; want the store's k", resp, err)
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	cfg, err := etcdstore.ParseURL("etcd://a:2379,10.0.0.2:2379/team/x")
+	if err != nil || strings.Join(cfg.Endpoints, " ") != "a:2379 10.0.0.2:2379" || cfg.Prefix != "team/x" {
+		t.Errorf("ParseURL = %+v, %v", cfg, err)
+	}
+	for _, bad := range []string{"etcd://a:2379", "etcd://a:2379/", "etcd://a/p", "http://a:2379/p", "etcd://a:2379,/p", "etcd:///p"} {
+		if _, err := etcdstore.ParseURL(bad); err == nil {
+			t.Errorf("ParseURL(%q) accepted", bad)
+		}
+	}
+}
+
+// Watch reports another store's commits, in order, from the moment it returns.
+func TestWatchSeesOtherWriters(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	mine, theirs := c.Open(t, "w"), c.Open(t, "w")
+	set(t, theirs, "s/before", "1")
+	var mu sync.Mutex
+	var seen []string
+	got := make(chan struct{}, 10)
+	if err := mine.Watch("s/", func(k string) {
+		mu.Lock()
+		seen = append(seen, k)
+		mu.Unlock()
+		got <- struct{}{}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	set(t, theirs, "other/x", "1")
+	set(t, theirs, "s/a", "1")
+	if err := theirs.Update(context.Background(), func(tx storage.Txn) error { return tx.Delete("s/before") }); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		select {
+		case <-got:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("watch saw %v, want s/a and s/before", seen)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(seen, ",") != "s/a,s/before" {
+		t.Errorf("watch saw %v, want [s/a s/before]", seen)
+	}
+}
+
+// With one of three members down every operation works; with two down a quorum is lost and
+// Update refuses within its budget with ErrLocked, applying nothing; once the members are back
+// the store works again and holds exactly what was acknowledged.
+//
+// The Update reads before it writes, as every engine operation does: the read needs a quorum, so
+// nothing is proposed. A quorum lost between the read and the commit leaves the commit's fate to
+// etcd's log (it may still apply once the members return); the refusal then says so.
+func TestMemberLossAndQuorumLoss(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "quorum", Budget: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	set(t, s, "a", "1")
+	for m := range 3 { // whichever was the leader
+		c.Stop(m)
+		set(t, s, "a", "stopped-"+string(rune('0'+m)))
+		if got := get(t, s, "a"); got != "stopped-"+string(rune('0'+m)) {
+			t.Errorf("with member %d down a = %s", m, got)
+		}
+		c.Restart(m)
+	}
+
+	c.Stop(1)
+	c.Stop(2)
+	start := time.Now()
+	err = s.Update(context.Background(), func(tx storage.Txn) error {
+		if _, err := tx.Get("a"); err != nil {
+			return err
+		}
+		if err := tx.Set("a", []byte("lost")); err != nil {
+			return err
+		}
+		return tx.Set("b", []byte("lost"))
+	})
+	took := time.Since(start)
+	if !errors.Is(err, storage.ErrLocked) || !strings.Contains(err.Error(), "quorum") {
+		t.Errorf("Update without a quorum: %v, want ErrLocked naming the lost quorum", err)
+	}
+	// The budget per call, not a performance figure: refusing, not hanging, is the contract.
+	if took > 3*time.Second+5*time.Second {
+		t.Errorf("Update without a quorum took %v", took)
+	}
+	if err := s.View(func(tx storage.Txn) error { _, err := tx.Get("a"); return err }); !errors.Is(err, storage.ErrLocked) {
+		t.Errorf("View without a quorum: %v, want ErrLocked", err)
+	}
+	c.Restart(1)
+	c.Restart(2)
+	if a, b := get(t, s, "a"), get(t, s, "b"); a != "stopped-2" || b != "<missing>" {
+		t.Errorf("after the quorum came back a=%s b=%s, want stopped-2 and <missing>", a, b)
+	}
+	set(t, s, "b", "back")
+}
