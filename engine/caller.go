@@ -21,3 +21,18 @@ func (c Caller) may(uid uint32) bool { return c.UID == rootUID || c.UID == uid }
 func (c Caller) denied(what string, owner uint32) error {
 	return refuse(PermissionDenied, "", fmt.Sprintf("run it as uid %d (or root)", owner), "%s belongs to uid %d, not %d", what, owner, c.UID)
 }
+
+// StackOwner is the uid a stack's files show as their owner (§6): the uid that may act on its
+// drain now. That is the drain's holder's while one is reserved, else the sole holder's (the only
+// one who may reserve a drain), else the cockpit's owner; ok is false when the cockpit cannot be
+// read.
+func (e *Engine) StackOwner(r Record) (uid uint32, ok bool) {
+	switch {
+	case r.Value.Drain != nil:
+		return r.Value.Drain.UID, true
+	case len(r.Value.Holders) == 1:
+		return r.Value.Holders[0].UID, true
+	}
+	info, err := e.Cockpit(r.Cockpit)
+	return info.UID, err == nil
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"os"
 	"reflect"
 	"testing"
 	"time"
@@ -278,5 +279,48 @@ func TestReleaseOwnStep(t *testing.T) {
 				t.Fatalf("the step broke an invariant: %v", err)
 			}
 		})
+	}
+}
+
+func TestStackOwner(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig) // owned by the test's uid
+	cockpitUID := uint32(os.Getuid())
+	alice, bob := newHolder("alice").holder(claimNow), newHolder("bob").holder(claimNow)
+	alice.UID, bob.UID = 1001, 1002
+	cases := []struct {
+		name string
+		v    Value
+		want uint32
+	}{
+		{"no holder: the cockpit's owner", Value{}, cockpitUID},
+		{"a sole holder, who alone may reserve a drain", Value{Holders: holders(alice)}, 1001},
+		{"co-holders: the cockpit's owner", Value{Holders: holders(alice, bob)}, cockpitUID},
+		{"a reserved drain: its holder", Value{Holders: holders(alice, bob), Drain: &Drain{UID: 1002}}, 1002},
+	}
+	for _, tc := range cases {
+		if got, ok := e.StackOwner(stepRecord(tc.v)); !ok || got != tc.want {
+			t.Errorf("%s: %d %v, want %d", tc.name, got, ok, tc.want)
+		}
+	}
+	gone := stepRecord(Value{})
+	gone.Cockpit = "gone"
+	if _, ok := e.StackOwner(gone); ok {
+		t.Errorf("a stack of a missing cockpit has an owner")
+	}
+}
+
+func TestEnv(t *testing.T) {
+	lease := leaseAt(t, pureDecl, 10)
+	lease.Entrypoints = []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/app"}}
+	got := stepRecord(Value{Lease: lease}).Env()
+	want := []EnvVar{{"DB", "21010"}, {"HTTP", "20010"}, {"DB_URL", "http://127.0.0.1:21010/"}, {"HTTP_URL", "http://127.0.0.1:20010/"}, {"WEB_URL", "http://127.0.0.1:20010/app"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("env %v, want %v", got, want)
+	}
+	released := *lease
+	released.Released = true
+	if env := stepRecord(Value{Lease: &released}).Env(); env != nil {
+		t.Fatalf("a released lease has env %v", env)
 	}
 }

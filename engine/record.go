@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -145,4 +146,39 @@ func decodeRecord(data []byte) (Record, error) {
 		r.Value.Holders = []Holder{}
 	}
 	return r, nil
+}
+
+// Entrypoints are the stack's URLs: those of its active lease's ports, under the declaration the
+// lease was taken with; none without an active lease.
+func (r Record) Entrypoints() []portdecl.Resolved {
+	l := r.Value.Lease
+	if !l.Active() {
+		return nil
+	}
+	return portdecl.Entrypoints(l.Entrypoints, l.Ports)
+}
+
+// EnvVar is one line of a stack's environment.
+type EnvVar struct{ Name, Value string }
+
+// Env is the stack's environment while it holds a lease: each port by key in key order, then
+// each entrypoint's URL as <NAME>_URL. Nil without an active lease.
+func (r Record) Env() []EnvVar {
+	l := r.Value.Lease
+	if !l.Active() {
+		return nil
+	}
+	keys := make([]string, 0, len(l.Ports))
+	for k := range l.Ports {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	env := make([]EnvVar, 0, len(keys))
+	for _, k := range keys {
+		env = append(env, EnvVar{k, strconv.Itoa(l.Ports[k])})
+	}
+	for _, e := range r.Entrypoints() {
+		env = append(env, EnvVar{portdecl.EnvName(e.Name), e.URL})
+	}
+	return env
 }

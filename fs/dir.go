@@ -7,8 +7,6 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-
-	"github.com/cockpitfs/cockpitfs/engine"
 )
 
 // entry is one child of a directory as a listing produces it.
@@ -53,7 +51,7 @@ type (
 		rmdir(ctx context.Context, d *dir, name string) syscall.Errno
 	}
 	creator interface {
-		create(ctx context.Context, d *dir, name string) (*handle, syscall.Errno)
+		create(ctx context.Context, d *dir, name string) error
 	}
 	unlinker interface {
 		unlink(ctx context.Context, d *dir, name string) syscall.Errno
@@ -95,44 +93,35 @@ var (
 	_ = (fs.NodeLinker)((*dir)(nil))
 )
 
-func (d *dir) find(ctx context.Context, name string) (entry, syscall.Errno) {
+// find is the child name of d now; a NotFound refusal when there is none.
+func (d *dir) find(ctx context.Context, name string) (entry, error) {
 	if l, ok := d.list.(lookuper); ok {
 		e, found, err := l.lookup(ctx, d, name)
-		switch {
-		case err != nil && engine.AsRefusal(err).Code == engine.NotFound:
-			return entry{}, syscall.ENOENT
-		case err != nil:
-			return entry{}, d.fsys.fail(caller(ctx, "lookup", d.child(name)), "", "", err)
-		case !found:
-			return entry{}, syscall.ENOENT
+		if err == nil && !found {
+			err = notFound("%s does not exist", d.child(name))
 		}
-		return e, 0
+		return e, err
 	}
 	es, err := d.list.entries(ctx, d)
 	if err != nil {
-		if engine.AsRefusal(err).Code == engine.NotFound {
-			return entry{}, syscall.ENOENT
-		}
-		return entry{}, d.fsys.fail(caller(ctx, "lookup", d.child(name)), "", "", err)
+		return entry{}, err
 	}
 	for _, e := range es {
 		if e.name == name {
-			return e, 0
+			return e, nil
 		}
 	}
-	return entry{}, syscall.ENOENT
+	return entry{}, notFound("%s does not exist", d.child(name))
 }
 
 func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("lookup "+d.child(name), &errno)
-	e, errno := d.find(ctx, name)
-	if errno == syscall.ENOENT {
-		if _, ok := d.list.(ownNames); ok {
+	e, err := d.find(ctx, name)
+	if err != nil {
+		errno := d.fsys.fail(caller(ctx, "lookup", d.child(name)), "", "", err)
+		if _, ok := d.list.(ownNames); ok && errno == syscall.ENOENT {
 			out.SetEntryTimeout(entryTimeout) // a negative entry: see rawLayer.Lookup
 		}
-		return nil, errno
-	}
-	if errno != 0 {
 		return nil, errno
 	}
 	return d.enter(ctx, e, out, nil)
@@ -171,9 +160,9 @@ func (d *dir) node(ctx context.Context, e entry) (fs.InodeEmbedder, fs.StableAtt
 	if !e.frozen || !ok {
 		return e.node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino(path)}, 0
 	}
-	v, errno := f.snapshot(ctx, "lookup")
-	if errno != 0 {
-		return nil, fs.StableAttr{}, errno
+	v, err := f.render()
+	if err != nil {
+		return nil, fs.StableAttr{}, d.fsys.fail(caller(ctx, "lookup", path), "", "", err)
 	}
 	return d.fsys.frozenFile(f, v), fs.StableAttr{Mode: syscall.S_IFREG, Ino: frozenIno(path, v)}, 0
 }
@@ -198,7 +187,8 @@ func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno)
 	return fs.NewListDirStream(out), 0
 }
 
-func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+	defer d.fsys.guard("getattr "+d.path, &errno)
 	out.Mode = syscall.S_IFDIR | 0o755
 	out.Nlink = 2
 	out.Uid = d.fsys.uid
@@ -239,17 +229,17 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	if !ok {
 		return nil, nil, 0, d.fsys.undefined(ctx, "create", d.child(name), d.cockpit, d.stack)
 	}
-	h, errno := c.create(ctx, d, name)
-	if errno != 0 {
-		return nil, nil, 0, errno
+	if err := c.create(ctx, d, name); err != nil {
+		return nil, nil, 0, d.fsys.fail(caller(ctx, "create", d.child(name)), d.cockpit, d.stack, err)
 	}
-	e, errno := d.find(ctx, name)
-	if errno == syscall.ENOENT {
-		// Released again before we could look it up: ESTALE has the kernel retry the create.
-		return nil, nil, 0, syscall.ESTALE
+	// The create's open: a snapshot of the file just created.
+	e, err := d.find(ctx, name)
+	var h *handle
+	if err == nil {
+		h, err = e.node.(*file).openCreated()
 	}
-	if errno != 0 {
-		return nil, nil, 0, errno
+	if err != nil { // released again before we could look it up
+		return nil, nil, 0, d.fsys.fail(caller(ctx, "create", d.child(name)), d.cockpit, d.stack, gone(err))
 	}
 	// The attributes are those of the snapshot the create's open took, rendered once.
 	in, errno := d.enter(ctx, e, out, h)
@@ -273,18 +263,22 @@ func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 // change is short and bounded (STATE_LOCKED after 2 s) anyway. Only `wait` ends on Ctrl-C.
 func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
-func (d *dir) Rename(ctx context.Context, name string, _ fs.InodeEmbedder, newName string, _ uint32) syscall.Errno {
+func (d *dir) Rename(ctx context.Context, name string, _ fs.InodeEmbedder, newName string, _ uint32) (errno syscall.Errno) {
+	defer d.fsys.guard("rename "+d.child(name), &errno)
 	return d.fsys.undefined(ctx, "rename", d.child(name), d.cockpit, d.stack)
 }
 
-func (d *dir) Mknod(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (d *dir) Mknod(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+	defer d.fsys.guard("mknod "+d.child(name), &errno)
 	return nil, d.fsys.undefined(ctx, "mknod", d.child(name), d.cockpit, d.stack)
 }
 
-func (d *dir) Symlink(ctx context.Context, _, name string, _ *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (d *dir) Symlink(ctx context.Context, _, name string, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+	defer d.fsys.guard("symlink "+d.child(name), &errno)
 	return nil, d.fsys.undefined(ctx, "symlink", d.child(name), d.cockpit, d.stack)
 }
 
-func (d *dir) Link(ctx context.Context, _ fs.InodeEmbedder, name string, _ *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (d *dir) Link(ctx context.Context, _ fs.InodeEmbedder, name string, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+	defer d.fsys.guard("link "+d.child(name), &errno)
 	return nil, d.fsys.undefined(ctx, "link", d.child(name), d.cockpit, d.stack)
 }

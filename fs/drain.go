@@ -11,16 +11,28 @@ import (
 // drainListing is a stack's drain/: four control files; unlinking request cancels.
 type drainListing struct{}
 
-var drainFiles = []string{"attempt", "outcome", "repair", "request"}
+// drainFile is one control file of drain/: what a read shows and the command a write applies.
+type drainFile struct {
+	name  string
+	show  func(engine.Record) []byte
+	apply func(ctx context.Context, f *file, h *handle, c engine.Caller, text string) error
+}
+
+var drainFiles = []drainFile{
+	{name: "attempt", show: showAttempt, apply: startAttempt},
+	{name: "outcome", show: showNothing, apply: publishOutcome},
+	{name: "repair", show: showNothing, apply: repairAttempt},
+	{name: "request", show: showRequest, apply: reserveDrain},
+}
 
 func (drainListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	if _, err := d.fsys.eng.Stack(d.cockpit, d.stack); err != nil {
 		return nil, err
 	}
 	es := make([]entry, len(drainFiles))
-	for i, name := range drainFiles {
-		es[i] = entry{name: name, node: d.fsys.newFile(d.child(name), d.cockpit, d.stack,
-			d.fsys.stackView(d.cockpit, d.stack, "drain/"+name, drainRenderers[name]), drainWriter{name: name})}
+	for i, df := range drainFiles {
+		es[i] = entry{name: df.name, node: d.fsys.newFile(d.child(df.name), d.cockpit, d.stack,
+			d.fsys.stackView(d.cockpit, d.stack, "drain/"+df.name, df.show), drainWriter{df})}
 	}
 	return es, nil
 }
@@ -41,55 +53,59 @@ func jsonLine(v any) []byte {
 	return append(data, '\n')
 }
 
-var drainRenderers = map[string]func(engine.Record) []byte{
-	"request": func(r engine.Record) []byte {
-		if r.Value.Drain == nil {
-			return []byte{}
-		}
-		return jsonLine(r.Value.Drain)
-	},
-	"attempt": func(r engine.Record) []byte {
-		if r.Value.Drain == nil || r.Value.Drain.Attempt == nil {
-			return []byte{}
-		}
-		return jsonLine(r.Value.Drain.Attempt)
-	},
-	"outcome": func(engine.Record) []byte { return []byte{} },
-	"repair":  func(engine.Record) []byte { return []byte{} },
+func showRequest(r engine.Record) []byte {
+	if r.Value.Drain == nil {
+		return []byte{}
+	}
+	return jsonLine(r.Value.Drain)
 }
 
+func showAttempt(r engine.Record) []byte {
+	if r.Value.Drain == nil || r.Value.Drain.Attempt == nil {
+		return []byte{}
+	}
+	return jsonLine(r.Value.Drain.Attempt)
+}
+
+func showNothing(engine.Record) []byte { return []byte{} }
+
 // drainWriter applies one drain command per write(2).
-type drainWriter struct{ name string }
+type drainWriter struct{ drainFile }
 
 func (w drainWriter) write(ctx context.Context, f *file, h *handle, data []byte, _ int64) error {
 	if len(data) > maxCommand {
 		return tooLarge(len(data))
 	}
-	c := caller(ctx, "write", f.path)
-	eng, text := f.fsys.eng, string(data)
-	switch w.name {
-	case "request":
-		req, err := engine.ParseDrainRequest(text)
-		if err != nil {
-			return err
-		}
-		return eng.ReserveDrain(ctx, c, f.cockpit, f.stack, req, h.view.revision)
-	case "attempt":
-		pid, err := engine.ParseAttemptCommand(text)
-		if err != nil {
-			return err
-		}
-		return eng.StartAttempt(ctx, c, f.cockpit, f.stack, pid)
-	case "outcome":
-		success, attempt, err := engine.ParseOutcomeCommand(text)
-		if err != nil {
-			return err
-		}
-		return eng.PublishOutcome(ctx, c, f.cockpit, f.stack, success, attempt)
-	default:
-		if err := engine.ParseRepairCommand(text); err != nil {
-			return err
-		}
-		return eng.Repair(ctx, c, f.cockpit, f.stack)
+	return w.apply(ctx, f, h, caller(ctx, "write", f.path), string(data))
+}
+
+func reserveDrain(ctx context.Context, f *file, h *handle, c engine.Caller, text string) error {
+	req, err := engine.ParseDrainRequest(text)
+	if err != nil {
+		return err
 	}
+	return f.fsys.eng.ReserveDrain(ctx, c, f.cockpit, f.stack, req, h.view.revision)
+}
+
+func startAttempt(ctx context.Context, f *file, _ *handle, c engine.Caller, text string) error {
+	pid, err := engine.ParseAttemptCommand(text)
+	if err != nil {
+		return err
+	}
+	return f.fsys.eng.StartAttempt(ctx, c, f.cockpit, f.stack, pid)
+}
+
+func publishOutcome(ctx context.Context, f *file, _ *handle, c engine.Caller, text string) error {
+	success, attempt, err := engine.ParseOutcomeCommand(text)
+	if err != nil {
+		return err
+	}
+	return f.fsys.eng.PublishOutcome(ctx, c, f.cockpit, f.stack, success, attempt)
+}
+
+func repairAttempt(ctx context.Context, f *file, _ *handle, c engine.Caller, text string) error {
+	if err := engine.ParseRepairCommand(text); err != nil {
+		return err
+	}
+	return f.fsys.eng.Repair(ctx, c, f.cockpit, f.stack)
 }

@@ -91,15 +91,11 @@ func frozenIno(path string, v view) uint64 {
 	return h.Sum64() | 1<<63 // never 0, and apart from the paths' own numbers
 }
 
-func (f *file) snapshot(ctx context.Context, op string) (view, syscall.Errno) {
+// openCreated is the handle of the open that created f: the only one that may choose a new
+// holder's checkout.
+func (f *file) openCreated() (*handle, error) {
 	v, err := f.render()
-	if err != nil {
-		if engine.AsRefusal(err).Code == engine.NotFound {
-			return view{}, syscall.ENOENT
-		}
-		return view{}, f.fsys.fail(caller(ctx, op, f.path), "", "", err)
-	}
-	return v, 0
+	return &handle{view: v, created: true}, err
 }
 
 func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
@@ -110,14 +106,9 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 	if f.fixed != nil {
 		return &handle{view: *f.fixed}, frozenOpenFlags, 0
 	}
-	v, errno := f.snapshot(ctx, "open")
-	if errno == syscall.ENOENT {
-		// Gone since the kernel looked it up (a holder released meanwhile): ESTALE makes the
-		// kernel walk the path again, so `touch` creates it anew and `cat` reports ENOENT.
-		return nil, 0, syscall.ESTALE
-	}
-	if errno != 0 {
-		return nil, 0, errno
+	v, err := f.render()
+	if err != nil { // a holder released since the kernel looked it up, say: gone
+		return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), "", "", gone(err))
 	}
 	h := &handle{view: v}
 	if flags&syscall.O_APPEND != 0 {
@@ -129,7 +120,8 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 	return h, openFlags, 0
 }
 
-func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
+	defer f.fsys.guard("read "+f.path, &errno)
 	h, ok := fh.(*handle)
 	if !ok {
 		return nil, syscall.EBADF
@@ -169,9 +161,9 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		v = h.view
 		h.mu.Unlock()
 	} else {
-		var errno syscall.Errno
-		if v, errno = f.snapshot(ctx, "getattr"); errno != 0 {
-			return errno
+		var err error
+		if v, err = f.render(); err != nil {
+			return f.fsys.fail(caller(ctx, "getattr", f.path), "", "", err)
 		}
 	}
 	out.Mode = syscall.S_IFREG | 0o444
@@ -187,7 +179,8 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 
 // Setattr accepts truncation (`>` opens with O_TRUNC) and time changes (`touch`) without changing
 // anything: a command is what a write says, and truncation alone says nothing.
-func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+	defer f.fsys.guard("setattr "+f.path, &errno)
 	if f.writer == nil {
 		return syscall.EACCES
 	}

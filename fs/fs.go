@@ -4,11 +4,9 @@ package fs
 
 import (
 	"context"
-	"errors"
 	"hash/fnv"
 	"log"
 	"os"
-	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -138,72 +136,12 @@ func caller(ctx context.Context, op, path string) engine.Caller {
 	return c
 }
 
-// errnos maps every refusal code to the errno SPEC §8 names: the one place that chooses them.
-var errnos = map[engine.Code]syscall.Errno{
-	engine.StateRecordMalformed:         syscall.EINVAL,
-	engine.PortFamilyOutOfRange:         syscall.EINVAL,
-	engine.ClaimCoTenant:                syscall.EBUSY,
-	engine.PortLeaseExhausted:           syscall.ENOSPC,
-	engine.PortFamilyCollision:          syscall.EADDRINUSE,
-	engine.PortListenerEvidenceInvalid:  syscall.EAGAIN,
-	engine.ConfigChangedDuringExecution: syscall.ESTALE,
-	engine.ExecutionPreconditionChanged: syscall.ESTALE,
-	engine.DrainAttemptRepairRequired:   syscall.ENOTRECOVERABLE,
-	engine.StateLocked:                  syscall.EAGAIN,
-	engine.PermissionDenied:             syscall.EACCES,
-	engine.CommandTooLarge:              syscall.EFBIG,
-	engine.UndefinedName:                syscall.EPERM,
-	engine.NotFound:                     syscall.ENOENT,
-	engine.Exists:                       syscall.EEXIST,
-	engine.NotEmpty:                     syscall.ENOTEMPTY,
-}
-
-var errnoNames = map[syscall.Errno]string{
-	syscall.EINVAL: "EINVAL", syscall.EBUSY: "EBUSY", syscall.ENOSPC: "ENOSPC", syscall.EADDRINUSE: "EADDRINUSE",
-	syscall.EAGAIN: "EAGAIN", syscall.ESTALE: "ESTALE", syscall.ENOTRECOVERABLE: "ENOTRECOVERABLE",
-	syscall.EACCES: "EACCES", syscall.EFBIG: "EFBIG", syscall.EPERM: "EPERM", syscall.ENOENT: "ENOENT",
-	syscall.EEXIST: "EEXIST", syscall.ENOTEMPTY: "ENOTEMPTY", syscall.EIO: "EIO", syscall.EINTR: "EINTR",
-}
-
-// fail turns err into the errno the caller sees and records the refusal in the events file of
-// (cockpit, stack) — the nearest one; stack "" is the cockpit's, cockpit "" has none.
-func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Errno {
-	if errors.Is(err, context.Canceled) {
-		return syscall.EINTR
-	}
-	r := engine.AsRefusal(err)
-	errno, known := errnos[r.Code]
-	if !known || !isRefusal(err) {
-		errno = syscall.EIO
-		f.log.Printf("%s %s: %v", c.Op, c.Path, err)
-	}
-	if cockpit != "" {
-		if lerr := f.eng.LogRefusal(c, cockpit, stack, r, errnoNames[errno]); lerr != nil {
-			f.log.Printf("%s %s: recording the refusal: %v", c.Op, c.Path, lerr)
-		}
-	}
-	return errno
-}
-
-func isRefusal(err error) bool {
-	var r *engine.Refusal
-	return errors.As(err, &r)
-}
-
 // undefined refuses creating a name the tree does not define, so editors fall back to saving in
 // place.
 func (f *FS) undefined(ctx context.Context, op, path, cockpit, stack string) syscall.Errno {
 	c := caller(ctx, op, path)
 	return f.fail(c, cockpit, stack, &engine.Refusal{Code: engine.UndefinedName,
 		Message: "the tree does not define " + path, Fix: "write to an existing file instead"})
-}
-
-// guard turns a panic in a handler into EIO and a log line, so bad input never takes the mount down.
-func (f *FS) guard(op string, errno *syscall.Errno) {
-	if p := recover(); p != nil {
-		f.log.Printf("panic in %s: %v\n%s", op, p, debug.Stack())
-		*errno = syscall.EIO
-	}
 }
 
 // ino gives every path a stable inode number, so a node looked up again is the same node.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
-	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
@@ -129,14 +128,11 @@ func (f *FS) stackView(cockpit, stack, name string, fn func(engine.Record) []byt
 	}
 }
 
-// stackUID is who owns a stack's files: the drain's holder while one is reserved, else the
-// cockpit's owner.
+// stackUID is who owns a stack's files (the engine's rule), the daemon's user when it cannot
+// be told.
 func (f *FS) stackUID(r engine.Record) uint32 {
-	if r.Value.Drain != nil {
-		return r.Value.Drain.UID
-	}
-	if info, err := f.eng.Cockpit(r.Cockpit); err == nil {
-		return info.UID
+	if uid, ok := f.eng.StackOwner(r); ok {
+		return uid
 	}
 	return f.uid
 }
@@ -185,7 +181,7 @@ func (f *FS) leasePortView(cockpit, stack, key string) render {
 
 func (f *FS) entrypointView(cockpit, stack, name string) render {
 	return f.stackView(cockpit, stack, "entrypoints/"+name, func(r engine.Record) []byte {
-		for _, e := range entrypoints(r) {
+		for _, e := range r.Entrypoints() {
 			if e.Name == name {
 				return []byte(e.URL + "\n")
 			}
@@ -194,13 +190,16 @@ func (f *FS) entrypointView(cockpit, stack, name string) render {
 	})
 }
 
-// entrypoints are the active lease's, under the declaration it was taken with.
-func entrypoints(r engine.Record) []portdecl.Resolved {
-	l := r.Value.Lease
-	if !l.Active() {
+func renderEnv(r engine.Record) []byte {
+	env := r.Env()
+	if env == nil {
 		return nil
 	}
-	return portdecl.Entrypoints(l.Entrypoints, l.Ports)
+	var b bytes.Buffer
+	for _, v := range env {
+		fmt.Fprintf(&b, "%s=%s\n", v.Name, v.Value)
+	}
+	return b.Bytes()
 }
 
 func sortedKeys(m map[string]int) []string {
@@ -210,21 +209,6 @@ func sortedKeys(m map[string]int) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-func renderEnv(r engine.Record) []byte {
-	l := r.Value.Lease
-	if !l.Active() {
-		return nil
-	}
-	var b bytes.Buffer
-	for _, k := range sortedKeys(l.Ports) {
-		fmt.Fprintf(&b, "%s=%d\n", k, l.Ports[k])
-	}
-	for _, e := range entrypoints(r) {
-		fmt.Fprintf(&b, "%s=%s\n", portdecl.EnvName(e.Name), e.URL)
-	}
-	return b.Bytes()
 }
 
 func renderLease(r engine.Record) []byte {

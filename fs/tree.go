@@ -219,19 +219,8 @@ func (f *FS) holderFile(d *dir, name string) *file {
 }
 
 // create claims the stack for a new holder (§4).
-func (holdersListing) create(ctx context.Context, d *dir, name string) (*handle, syscall.Errno) {
-	c := caller(ctx, "create", d.child(name))
-	if err := d.fsys.eng.Claim(ctx, c, d.cockpit, d.stack, name, nil); err != nil {
-		return nil, d.fsys.fail(c, d.cockpit, d.stack, err)
-	}
-	v, err := d.fsys.holderView(d.cockpit, d.stack, name)()
-	if err != nil && engine.AsRefusal(err).Code == engine.NotFound {
-		return nil, syscall.ESTALE // released again already: the kernel retries the create
-	}
-	if err != nil {
-		return nil, d.fsys.fail(c, d.cockpit, d.stack, err)
-	}
-	return &handle{view: v, created: true}, 0
+func (holdersListing) create(ctx context.Context, d *dir, name string) error {
+	return d.fsys.eng.Claim(ctx, caller(ctx, "create", d.child(name)), d.cockpit, d.stack, name, nil)
 }
 
 // unlink releases the holder's claim (§4).
@@ -284,7 +273,7 @@ func (entrypointsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		return nil, err
 	}
 	var es []entry
-	for _, e := range entrypoints(r) {
+	for _, e := range r.Entrypoints() {
 		es = append(es, frozenEntry(d, e.Name, f.entrypointView(d.cockpit, d.stack, e.Name)))
 	}
 	return es, nil

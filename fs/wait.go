@@ -36,18 +36,20 @@ func (f *FS) newWaitFile(path, cockpit, stack string) *waitFile {
 	return &waitFile{fsys: f, path: path, cockpit: cockpit, stack: stack}
 }
 
-func (w *waitFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+func (w *waitFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
+	defer w.fsys.guard("open "+w.path, &errno)
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
 	r, err := w.fsys.eng.Stack(w.cockpit, w.stack)
 	if err != nil {
-		return nil, 0, syscall.ENOENT
+		return nil, 0, w.fsys.fail(caller(ctx, "open", w.path), "", "", err)
 	}
 	return &waitHandle{seen: r.Revision}, openFlags, 0
 }
 
-func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
+	defer w.fsys.guard("read "+w.path, &errno)
 	h, ok := fh.(*waitHandle)
 	if !ok {
 		return nil, syscall.EBADF
@@ -57,10 +59,7 @@ func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	if h.result == nil {
 		rev, err := w.fsys.eng.Wait(ctx, w.cockpit, w.stack, h.seen)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil, syscall.EINTR
-			}
-			return nil, syscall.ENOENT
+			return nil, w.fsys.fail(caller(ctx, "read", w.path), "", "", err)
 		}
 		h.result = []byte(strconv.FormatInt(rev, 10) + "\n")
 	}
@@ -71,10 +70,11 @@ func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 }
 
 // Getattr reports size 0: what a read returns is not known until the stack changes.
-func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+	defer w.fsys.guard("getattr "+w.path, &errno)
 	r, err := w.fsys.eng.Stack(w.cockpit, w.stack)
 	if err != nil {
-		return syscall.ENOENT
+		return w.fsys.fail(caller(ctx, "getattr", w.path), "", "", err)
 	}
 	out.Mode = syscall.S_IFREG | 0o444
 	out.Nlink = 1

@@ -1,0 +1,97 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"runtime/debug"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+)
+
+// The errno boundary. Every FUSE operation defers guard, so a panic is EIO and a log line, never
+// the mount's end. Every error an operation meets becomes an errno in errnoOf, the one mapping,
+// and is reported once, in fail: a refusal as a line of the nearest events file, anything else
+// as a log line with the whole error.
+
+// errnos maps every refusal code to the errno SPEC §8 names.
+var errnos = map[engine.Code]syscall.Errno{
+	engine.StateRecordMalformed:         syscall.EINVAL,
+	engine.PortFamilyOutOfRange:         syscall.EINVAL,
+	engine.ClaimCoTenant:                syscall.EBUSY,
+	engine.PortLeaseExhausted:           syscall.ENOSPC,
+	engine.PortFamilyCollision:          syscall.EADDRINUSE,
+	engine.PortListenerEvidenceInvalid:  syscall.EAGAIN,
+	engine.ConfigChangedDuringExecution: syscall.ESTALE,
+	engine.ExecutionPreconditionChanged: syscall.ESTALE,
+	engine.DrainAttemptRepairRequired:   syscall.ENOTRECOVERABLE,
+	engine.StateLocked:                  syscall.EAGAIN,
+	engine.PermissionDenied:             syscall.EACCES,
+	engine.CommandTooLarge:              syscall.EFBIG,
+	engine.UndefinedName:                syscall.EPERM,
+	engine.NotFound:                     syscall.ENOENT,
+	engine.Exists:                       syscall.EEXIST,
+	engine.NotEmpty:                     syscall.ENOTEMPTY,
+}
+
+// errGone: a name the kernel holds was gone when the operation reached it (a holder released
+// between a create's claim and its lookup, or between a lookup and an open). ESTALE has the
+// kernel walk the path again, so `touch` creates it anew and `cat` reports ENOENT.
+var errGone = errors.New("gone since the kernel looked it up")
+
+// gone is err, or errGone when it says a name the kernel holds is missing.
+func gone(err error) error {
+	if errnoOf(err) == syscall.ENOENT {
+		return errGone
+	}
+	return err
+}
+
+// errnoOf is the errno err returns to the caller: its refusal's, ESTALE for errGone, EINTR for
+// the caller's own interrupt, EIO for anything else.
+func errnoOf(err error) syscall.Errno {
+	var r *engine.Refusal
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errGone):
+		return syscall.ESTALE
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR
+	case errors.As(err, &r):
+		if errno, ok := errnos[r.Code]; ok {
+			return errno
+		}
+	}
+	return syscall.EIO
+}
+
+// fail turns err into the errno the caller sees and reports it once: a refusal in the events file
+// of (cockpit, stack) — the nearest one; stack "" is the cockpit's, cockpit "" has none — and
+// anything else in the log, and in that events file as a malformed-state refusal.
+func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Errno {
+	errno := errnoOf(err)
+	if errors.Is(err, errGone) || errno == syscall.EINTR {
+		return errno // nothing was refused: the kernel retries, or the caller gave up
+	}
+	if errno == syscall.EIO {
+		f.log.Printf("%s %s: %v", c.Op, c.Path, err)
+	}
+	if cockpit != "" {
+		if lerr := f.eng.LogRefusal(c, cockpit, stack, engine.AsRefusal(err), unix.ErrnoName(errno)); lerr != nil {
+			f.log.Printf("%s %s: recording the refusal: %v", c.Op, c.Path, lerr)
+		}
+	}
+	return errno
+}
+
+// guard turns a panic in a handler into EIO and a log line, so bad input never takes the mount
+// down. Every handler defers it.
+func (f *FS) guard(op string, errno *syscall.Errno) {
+	if p := recover(); p != nil {
+		f.log.Printf("panic in %s: %v\n%s", op, p, debug.Stack())
+		*errno = syscall.EIO
+	}
+}
