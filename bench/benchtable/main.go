@@ -187,6 +187,13 @@ func main() {
 	t.row("  part: reading /proc/net/tcp and tcp6 (the check before sock_diag)", "NewLease", "ns/socket-tables", us, "µs", "", "", "")
 	t.row("  TCP sockets on the machine during the run", "NewLease", "sockets", 1, "", "", "", "")
 
+	r, _ = t.ratio("Hold", "ns/hold", "Hold", "ns/syscall-floor", atMost(2))
+	t.row("holds: a new lease's 2 machine-wide holds (abstract unix sockets)", "Hold", "ns/hold", us, "µs", r+" of floor", "≤ 50 µs", t.limit("Hold", "ns/hold", atMost(50_000)))
+	t.row("  part: their socket, bind and listen calls alone (floor)", "Hold", "ns/syscall-floor", us, "µs", "", "", "")
+	r, _ = t.ratio("Hold", "ns/lease-held", "Hold", "ns/lease-unheld", atMost(2))
+	t.row("  new lease in the engine, holding its ports", "Hold", "ns/lease-held", us, "µs", r+" of unheld", "", "")
+	t.row("  new lease in the engine, not holding them, same run", "Hold", "ns/lease-unheld", us, "µs", "", "", "")
+
 	for _, shape := range []string{"distinct", "one"} {
 		for _, w := range []int{1, 4, 16} {
 			name := fmt.Sprintf("Concurrency/%s-%d", shape, w)

@@ -20,11 +20,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -87,49 +86,112 @@ func (h Holder) String() string {
 
 // Hold is one port held by this process until Release.
 type Hold struct {
-	l    *net.UnixListener
-	done chan struct{}
+	fd int
 }
 
 // Take holds port, answering id to whoever asks. It returns ErrHeld when another socket holds it.
+// It is three system calls and the registration with the process's one answering loop: a new
+// lease pays for its holds.
 func (s Space) Take(port int, id Identity) (*Hold, error) {
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.name(port), Net: "unix"})
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("holding port %d: %w", port, err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: s.name(port)}); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EADDRINUSE) {
 			return nil, fmt.Errorf("port %d: %w", port, ErrHeld)
 		}
+		return nil, fmt.Errorf("holding port %d: %w", port, err)
+	}
+	if err := unix.Listen(fd, 16); err != nil {
+		unix.Close(fd)
 		return nil, fmt.Errorf("holding port %d: %w", port, err)
 	}
 	id.Daemon, id.Port = daemonName, port
 	answer, err := json.Marshal(id)
 	if err != nil {
-		l.Close()
+		unix.Close(fd)
 		return nil, err
 	}
-	answer = append(answer, '\n')
-	h := &Hold{l: l, done: make(chan struct{})}
-	go h.answer(answer)
-	return h, nil
-}
-
-// answer tells each asker who holds the port, until the hold is released.
-func (h *Hold) answer(line []byte) {
-	defer close(h.done)
-	for {
-		c, err := h.l.Accept()
-		if err != nil {
-			return // released
-		}
-		c.SetWriteDeadline(time.Now().Add(answerTimeout))
-		c.Write(line)
-		c.Close()
+	if err := answers.add(fd, append(answer, '\n')); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("holding port %d: %w", port, err)
 	}
+	return &Hold{fd: fd}, nil
 }
 
-// Release lets the port go and waits until its answering ends.
+// Release lets the port go: no asker is answered from it afterwards.
 func (h *Hold) Release() {
-	h.l.Close()
-	<-h.done
+	answers.remove(h.fd)
+}
+
+// answers is the process's one loop answering every hold's askers (one epoll set), so a hold costs
+// no goroutine and no thread.
+var answers answerLoop
+
+type answerLoop struct {
+	start sync.Once
+	err   error
+	ep    int
+	mu    sync.Mutex
+	lines map[int32][]byte // by listening fd
+}
+
+func (a *answerLoop) add(fd int, line []byte) error {
+	a.start.Do(func() {
+		a.ep, a.err = unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if a.err == nil {
+			a.lines = map[int32][]byte{}
+			go a.serve()
+		}
+	})
+	if a.err != nil {
+		return a.err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lines[int32(fd)] = line
+	return unix.EpollCtl(a.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)})
+}
+
+// remove closes fd under the lock the loop answers under, so the loop never accepts on a closed
+// (or reused) descriptor as if it were the hold.
+func (a *answerLoop) remove(fd int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.lines, int32(fd))
+	unix.EpollCtl(a.ep, unix.EPOLL_CTL_DEL, fd, nil)
+	unix.Close(fd)
+}
+
+func (a *answerLoop) serve() {
+	events := make([]unix.EpollEvent, 64)
+	for {
+		n, err := unix.EpollWait(a.ep, events, -1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return // holds still hold; askers then learn the pid and uid alone
+		}
+		a.mu.Lock()
+		for _, ev := range events[:n] {
+			line, ok := a.lines[ev.Fd]
+			if !ok {
+				continue
+			}
+			for {
+				c, _, err := unix.Accept4(int(ev.Fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+				if err != nil {
+					break // EAGAIN: every asker answered
+				}
+				unix.Write(c, line)
+				unix.Close(c)
+			}
+		}
+		a.mu.Unlock()
+	}
 }
 
 // Ask says who holds port; ok is false when nobody does. It never blocks longer than
