@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // The errno boundary. Every FUSE operation defers guard, so a panic is EIO and a log line, never
@@ -50,7 +51,8 @@ func gone(err error) error {
 }
 
 // errnoOf is the errno err returns to the caller: its refusal's, ESTALE for errGone, EINTR for
-// the caller's own interrupt, EIO for anything else.
+// the caller's own interrupt, ENOSPC for a store refusing on a full disk, EIO for anything else
+// (a damaged store's storage.ErrCorrupt among them: never a guess at an answer).
 func errnoOf(err error) syscall.Errno {
 	var r *engine.Refusal
 	switch {
@@ -60,6 +62,8 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.ESTALE
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
+	case errors.Is(err, storage.ErrNoSpace):
+		return syscall.ENOSPC // nothing was written (and the events line waits for space too)
 	case errors.As(err, &r):
 		if errno, ok := errnos[r.Code]; ok {
 			return errno
@@ -76,7 +80,7 @@ func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Err
 	if errors.Is(err, errGone) || errno == syscall.EINTR {
 		return errno // nothing was refused: the kernel retries, or the caller gave up
 	}
-	if errno == syscall.EIO {
+	if errno == syscall.EIO || errors.Is(err, storage.ErrNoSpace) {
 		f.log.Printf("%s %s: %v", c.Op, c.Path, err)
 	}
 	if cockpit != "" {

@@ -38,12 +38,14 @@ type groupSync struct {
 	running bool            // a round is syncing
 	err     error           // a failed sync: nothing written since can be acknowledged
 	files   map[string]*os.File
+	// allocated names the memtable logs given their blocks.
+	allocated map[string]bool
 
 	rounds atomic.Uint64
 }
 
 func newGroupSync(dir string) *groupSync {
-	g := &groupSync{dir: dir, waiting: map[uint64]bool{}, files: map[string]*os.File{}}
+	g := &groupSync{dir: dir, waiting: map[uint64]bool{}, files: map[string]*os.File{}, allocated: map[string]bool{}}
 	g.changed = sync.NewCond(&g.mu)
 	return g
 }
@@ -152,7 +154,7 @@ func (g *groupSync) syncLogs(vlog bool) error {
 		}
 		f, ok := g.files[name]
 		if !ok {
-			f, err = os.Open(filepath.Join(g.dir, name))
+			f, err = os.OpenFile(filepath.Join(g.dir, name), os.O_RDWR, 0)
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // flushed to a table and deleted since the listing
 			}
@@ -160,6 +162,11 @@ func (g *groupSync) syncLogs(vlog bool) error {
 				return err
 			}
 			g.files[name] = f
+		}
+		// A memtable log is seen here first in the commit that created it (see allocate). A
+		// failure leaves it sparse, to be tried again; checkSpace is the guard that matters.
+		if isMem && !g.allocated[name] {
+			g.allocated[name] = allocate(f) == nil
 		}
 		if err := datasync(f); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
@@ -169,6 +176,7 @@ func (g *groupSync) syncLogs(vlog bool) error {
 		if !present[name] {
 			f.Close()
 			delete(g.files, name)
+			delete(g.allocated, name)
 		}
 	}
 	return nil

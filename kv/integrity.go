@@ -169,7 +169,7 @@ func inspectTable(path string, compression options.CompressionType) (err error) 
 // the bad entry and drop everything after it, acknowledged commits included.
 func inspectLog(dir, name string) error {
 	path := filepath.Join(dir, name)
-	log, err := mapLog(path)
+	log, err := loadLog(path)
 	if err != nil {
 		return fmt.Errorf("kv: %w", err)
 	}
@@ -198,40 +198,51 @@ func inspectLog(dir, name string) error {
 	return nil
 }
 
-// mappedLog is a log mapped read-only: its zeroed tail, most of it, is never read into memory,
-// and holes are skipped by asking the file system where data is.
-type mappedLog struct {
+// loadedLog is a log read into memory, its holes (most of a log is a zeroed tail) left unread
+// and skipped by asking the file system where data is. Not a memory map: on a full tmpfs even a
+// read through a map of a hole is SIGBUS.
+type loadedLog struct {
 	data []byte
 	file *os.File
 }
 
-func mapLog(path string) (*mappedLog, error) {
+func loadLog(path string) (*loadedLog, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	info, err := f.Stat()
-	if err != nil || info.Size() == 0 {
-		return &mappedLog{file: f}, err
-	}
-	data, err := unix.Mmap(int(f.Fd()), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	return &mappedLog{data: data, file: f}, nil
+	l := &loadedLog{data: make([]byte, info.Size()), file: f}
+	for off := int64(0); off < info.Size(); {
+		start, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // the rest is a hole
+		}
+		if err != nil { // no hole support: read it all
+			start = off
+		}
+		end, err := unix.Seek(int(f.Fd()), start, unix.SEEK_HOLE)
+		if err != nil {
+			end = info.Size()
+		}
+		if _, err := f.ReadAt(l.data[start:end], start); err != nil && !errors.Is(err, io.EOF) {
+			f.Close()
+			return nil, err
+		}
+		off = end
+	}
+	return l, nil
 }
 
-func (l *mappedLog) close() {
-	if l.data != nil {
-		unix.Munmap(l.data)
-	}
-	l.file.Close()
-}
+func (l *loadedLog) close() { l.file.Close() }
 
 // nextCandidate is the first offset from from where an entry could start: its key length, the
 // third byte, is never zero.
-func (l *mappedLog) nextCandidate(from int) int {
+func (l *loadedLog) nextCandidate(from int) int {
 	data := l.data
 	at := from + 2
 	for at < len(data) {

@@ -41,6 +41,7 @@ type DB struct {
 	readOnly bool
 	// scratch is the temporary copy a read-only DB runs on, removed by Close.
 	scratch   string
+	dir       string
 	sync      *groupSync
 	conflicts atomic.Uint64
 }
@@ -98,6 +99,12 @@ func open(dir string) (*DB, error) {
 		lock.Close()
 		return nil, err
 	}
+	// Opening replays the logs into tables badger writes through memory maps: on a full disk,
+	// SIGBUS.
+	if err := checkSpace(dir); err != nil {
+		lock.Close()
+		return nil, err
+	}
 	if err := removeEmptyLogs(dir); err != nil {
 		lock.Close()
 		return nil, err
@@ -107,7 +114,18 @@ func open(dir string) (*DB, error) {
 		lock.Close()
 		return nil, err
 	}
-	return &DB{bdb: bdb, lock: lock, sync: newGroupSync(dir)}, nil
+	db := &DB{bdb: bdb, lock: lock, sync: newGroupSync(dir), dir: dir}
+	// The memtable log badger just opened, and its mapped discard statistics, get their blocks
+	// before the first write through their maps.
+	if err := db.sync.syncLogs(false); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if f, err := os.OpenFile(filepath.Join(dir, "DISCARD"), os.O_RDWR, 0); err == nil {
+		allocate(f)
+		f.Close()
+	}
+	return db, nil
 }
 
 // openBadger opens badger, turning a panic on damage Inspect cannot see into an error.
@@ -191,6 +209,14 @@ const valueThreshold = 256 << 10
 
 // Close closes badger, then releases the directory lock.
 func (db *DB) Close() error {
+	if db.scratch == "" && checkSpace(db.dir) != nil {
+		// badger's Close flushes the memtable into a table it writes through a memory map: on a
+		// full disk, SIGBUS. Every acknowledged commit is in the synced memtable log, which the
+		// next Open replays, as after a crash. badger's goroutines end with the process.
+		db.sync.close()
+		db.lock.Close()
+		return fmt.Errorf("kv: closed %s without flushing, the disk being full: the synced memtable log replays at the next open", db.dir)
+	}
 	err := db.bdb.Close()
 	db.sync.close()
 	if db.scratch != "" {
@@ -329,6 +355,9 @@ func (db *DB) tryUpdate(fn func(storage.Txn) error) (conflicted bool, err error)
 		if syncErr := db.sync.visible(); syncErr != nil {
 			return false, syncErr
 		}
+		return false, err
+	}
+	if err := checkSpace(db.dir); err != nil {
 		return false, err
 	}
 	ticket := db.sync.begin()

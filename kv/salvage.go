@@ -109,7 +109,7 @@ func salvageTable(path string, keep func([]byte, version)) (err error) {
 // salvageLog applies each committed transaction of a memtable log; past a bad entry it resumes at
 // the next valid one.
 func salvageLog(path string, keep func([]byte, version)) error {
-	log, err := mapLog(path)
+	log, err := loadLog(path)
 	if err != nil {
 		return err
 	}

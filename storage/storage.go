@@ -39,6 +39,11 @@ var ErrLocked = errors.New("storage: contention did not clear")
 // record; the fs adapter answers EIO.
 var ErrCorrupt = errors.New("storage: the store is damaged")
 
+// ErrNoSpace means Update refused to commit because the store's disk is (nearly) full. Nothing
+// was written; reads go on, and writes succeed again once space returns. The fs adapter answers
+// ENOSPC.
+var ErrNoSpace = errors.New("storage: no space left for the store")
+
 // Txn is what a transaction function sees.
 type Txn interface {
 	// Get returns a copy of the value, safe to keep after the transaction, or ErrNotFound. In

@@ -79,7 +79,11 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 	if err != nil {
 		return damageHint(err, data)
 	}
-	defer db.Close()
+	defer func() {
+		if err := db.Close(); err != nil {
+			log.Print(err)
+		}
+	}()
 	stopBackups := make(chan struct{})
 	backupsDone := make(chan struct{})
 	go func() { keepBackups(db, data, stopBackups); close(backupsDone) }()

@@ -1,0 +1,44 @@
+package kv
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// freeReserve is the free space below which Update refuses before committing. badger writes its
+// memtable log through a memory map of a sparse file: a page first touched when the disk is full
+// is not an error but SIGBUS, which kills the daemon. Refusing while room remains for a new
+// memtable log (8 MiB, allocated when seen), a flushed table (≤ 4 MiB) and the manifest keeps
+// badger off that edge; reads need no space and go on.
+const freeReserve = 24 << 20
+
+// checkSpace refuses with storage.ErrNoSpace when dir's file system has less than freeReserve
+// available.
+func checkSpace(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("kv: statfs %s: %w", dir, err)
+	}
+	if free := st.Bavail * uint64(st.Bsize); free < freeReserve {
+		return fmt.Errorf("kv: %s has %d KiB free, less than the %d MiB a commit needs to be safe: %w",
+			dir, free>>10, freeReserve>>20, storage.ErrNoSpace)
+	}
+	return nil
+}
+
+// allocate gives a sparse memory-mapped file its blocks, so badger's writes through the map
+// never meet a full disk. A file already allocated costs one quick call.
+func allocate(f *os.File) error {
+	info, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, info.Size()); err != nil && err != unix.EOPNOTSUPP {
+		return fmt.Errorf("kv: allocate %s: %w", f.Name(), err)
+	}
+	return nil
+}
