@@ -242,7 +242,7 @@ func Restore(dir, path string) (*RestoreReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	db := &DB{bdb: bdb, sync: newGroupSync(dir)}
+	db := &DB{bdb: bdb, sync: newGroupSync(dir), dir: dir}
 	keys := sortedKeys(backup.Records)
 	for len(keys) > 0 {
 		batch := keys[:min(len(keys), 256)]
