@@ -129,6 +129,41 @@ func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
 	return v, nil
 }
 
+// rebindHolder is a touch of an existing holder: only its owner may, from the holder's own
+// checkout (so a checkout whose stack name collides with another's cannot take over its holder),
+// never while a drain is reserved. An untracked holder (pid=none) stays as its owner chose:
+// nothing ends it, so a touch has nothing to renew.
+func rebindHolder(r Record, c Caller, nh NewHolder) (Value, error) {
+	h, ok := r.Value.Holder(nh.Name)
+	if !ok {
+		return r.Value, refuse(NotFound, HolderID(nh.Name), "", "holder %s does not claim this stack", nh.Name)
+	}
+	if !c.may(h.UID) {
+		return r.Value, c.denied("holder "+nh.Name, h.UID)
+	}
+	if h.PID == 0 {
+		return r.Value, errUnchanged
+	}
+	if r.Value.Drain != nil {
+		return r.Value, refuse(ClaimCoTenant, h.HolderID, drainReservedFix, "holders cannot change while a drain is reserved")
+	}
+	if CheckoutID(nh.CheckoutPath) != h.CheckoutID {
+		return r.Value, refuse(StateRecordMalformed, h.HolderID, fmt.Sprintf("touch it from %s, or give this checkout a stack of its own", h.CheckoutPath),
+			"holder %s is bound to checkout %s, not %s", nh.Name, h.CheckoutPath, nh.CheckoutPath)
+	}
+	if h.PID == nh.PID && h.ProcessStart == nh.ProcessStart {
+		return r.Value, errUnchanged
+	}
+	v := r.Value
+	v.Holders = append([]Holder(nil), v.Holders...)
+	for i := range v.Holders {
+		if v.Holders[i].HolderID == h.HolderID {
+			v.Holders[i].PID, v.Holders[i].ProcessStart = nh.PID, nh.ProcessStart
+		}
+	}
+	return v, nil
+}
+
 // releaseOwn is an unlink of a holder file: only its owner may (§4, §6).
 func releaseOwn(r Record, c Caller, name string) (Value, error) {
 	if h, ok := r.Value.Holder(name); ok && !c.may(h.UID) {

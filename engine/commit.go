@@ -160,6 +160,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		e.records.invalidate(key)
 	}
 	e.changes.publish(key)
+	e.cockpitChanges.publish(key)
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,15 +44,17 @@ type Store = storage.Store
 //  3. the store's transaction (kv's group commit lock inside it; the store calls back into
 //     the engine only through fn, which takes level 4 locks only).
 //  4. leaves, held for a map access and never while acquiring another lock: keyedLocks.mu,
-//     notifier.mu, recordCache.mu, cockpitCache.mu, staged.
+//     notifier.mu, cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, staged.
 type Engine struct {
-	db       Store
-	now      func() time.Time
-	budget   time.Duration // of one operation's waiting: lockTimeout
-	locks    keyedLocks
-	changes  notifier
-	records  recordCache
-	cockpits cockpitCache
+	db      Store
+	now     func() time.Time
+	budget  time.Duration // of one operation's waiting: lockTimeout
+	locks   keyedLocks
+	changes notifier
+	// cockpitChanges wakes a cockpit's waiters at a commit anywhere in it.
+	cockpitChanges cockpitNotifier
+	records        recordCache
+	cockpits       cockpitCache
 	// holds are the machine-wide holds of the leased ports (nil: this engine holds none).
 	holds *holds
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
@@ -199,6 +202,90 @@ func (e *Engine) Events(cockpit, stack string) ([]byte, error) {
 		return err
 	})
 	return out, err
+}
+
+// EventsWindow returns the lines an events file keeps, as Events does, and the offset of their
+// first byte in everything ever appended to the file: lines trimmed from the window keep their
+// place, so a follower's offsets stay valid as the window slides.
+func (e *Engine) EventsWindow(cockpit, stack string) (window []byte, start int64, err error) {
+	if stack == "" {
+		stack = cockpitLevel
+	}
+	err = e.db.View(func(tx storage.Txn) error {
+		if window, err = readEvents(tx, cockpit, stack); err != nil {
+			return err
+		}
+		end, err := eventsEnd(tx, cockpit, stack)
+		start = end - int64(len(window))
+		return err
+	})
+	return window, start, err
+}
+
+// CockpitChange is where a cockpit's latest commit happened: the events file, relative to the
+// cockpit's directory, that records it ("events" or "stacks/<stack>/events").
+type CockpitChange struct {
+	Seq    uint64 // commits in the cockpit since the daemon started
+	Events string
+}
+
+// CockpitSeen is the count of the cockpit's changes so far, for WaitCockpit.
+func (e *Engine) CockpitSeen(cockpit string) uint64 {
+	return e.cockpitChanges.latest(cockpit).Seq
+}
+
+// WaitCockpit blocks until something commits in the cockpit (its config, a stack, a refusal in
+// any of its events files) after seen, and says where; or until ctx ends.
+func (e *Engine) WaitCockpit(ctx context.Context, cockpit string, seen uint64) (CockpitChange, error) {
+	for {
+		changed := e.cockpitChanges.next(cockpit)
+		if c := e.cockpitChanges.latest(cockpit); c.Seq != seen {
+			return c, nil
+		}
+		if _, err := e.Cockpit(cockpit); err != nil {
+			return CockpitChange{}, err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return CockpitChange{}, ctx.Err()
+		}
+	}
+}
+
+// cockpitNotifier counts commits per cockpit and wakes the cockpit's waiters at each.
+type cockpitNotifier struct {
+	notifier
+	mu       sync.Mutex
+	latestOf map[string]CockpitChange
+}
+
+func (n *cockpitNotifier) latest(cockpit string) CockpitChange {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.latestOf[cockpit]
+}
+
+// publish records a commit under a store lock key (a cockpit's or a stack's).
+func (n *cockpitNotifier) publish(key string) {
+	cockpit, events := "", ""
+	switch {
+	case strings.HasPrefix(key, "c/"):
+		cockpit, events = key[len("c/"):], "events"
+	case strings.HasPrefix(key, "s/"):
+		var stack string
+		cockpit, stack = splitStackKey(key)
+		events = "stacks/" + stack + "/events"
+	default:
+		return
+	}
+	n.mu.Lock()
+	if n.latestOf == nil {
+		n.latestOf = map[string]CockpitChange{}
+	}
+	n.latestOf[cockpit] = CockpitChange{Seq: n.latestOf[cockpit].Seq + 1, Events: events}
+	n.mu.Unlock()
+	n.notifier.publish(cockpit)
 }
 
 // LogRefusal records a refused operation in the events file of the stack, or of the cockpit when

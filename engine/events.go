@@ -45,7 +45,14 @@ func appendEvent(tx storage.Txn, cockpit, stack string, e Event) error {
 	if err := enc.Encode(e); err != nil {
 		return err
 	}
+	end, err := eventsEnd(tx, cockpit, stack) // before this line is in the window
+	if err != nil {
+		return err
+	}
 	if err := tx.Set(eventKey(cockpit, stack, seq), bytes.TrimSuffix(line.Bytes(), []byte("\n"))); err != nil {
+		return err
+	}
+	if err := setJSON(tx, eventsEndKey(cockpit, stack), end+int64(line.Len())); err != nil {
 		return err
 	}
 	if seq >= EventsKept {
@@ -68,13 +75,25 @@ func deleteEvents(tx storage.Txn, cockpit, stack string) error {
 	}); err != nil {
 		return err
 	}
-	keys = append(keys, eventsSeqKey(cockpit, stack))
+	keys = append(keys, eventsSeqKey(cockpit, stack), eventsEndKey(cockpit, stack))
 	for _, k := range keys {
 		if err := tx.Delete(k); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// eventsEnd is how many bytes were ever appended to the events file: the offset its next line
+// starts at. A store written before the end was kept starts it at the window's length.
+func eventsEnd(tx storage.Txn, cockpit, stack string) (int64, error) {
+	var end int64
+	found, err := getJSON(tx, eventsEndKey(cockpit, stack), &end)
+	if err != nil || found {
+		return end, err
+	}
+	window, err := readEvents(tx, cockpit, stack)
+	return int64(len(window)), err
 }
 
 func readEvents(tx storage.Txn, cockpit, stack string) ([]byte, error) {

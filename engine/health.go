@@ -32,7 +32,10 @@ const (
 
 // Observation is one line of a stack's health. A healthy observation is available with value true.
 type Observation struct {
-	Code          string        `json:"code"`
+	Code string `json:"code"`
+	// Result is "pass" when the observation shows what a healthy stack shows, else "fail": the
+	// code names the failure the observation checks for, whichever the result.
+	Result        string        `json:"result"`
 	Owner         string        `json:"owner"`
 	StackID       string        `json:"stackId"`
 	Source        string        `json:"source"`
@@ -131,7 +134,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		reason := strings.ReplaceAll(readErr.Error(), "\n", "; ")
 		claim.Observed = Observed{State: ObservedFailed, Reason: reason, ObservedAt: at}
 		family := portFamilyObservation(base, nil, healthInventory{unsound: "the stack's record is unreadable: " + reason}, listenerEvidence{}, at)
-		return []Observation{claim, family}, nil
+		return judged([]Observation{claim, family}), nil
 	}
 	if inventory.unsound != "" {
 		claim.Observed = Observed{State: ObservedFailed, Reason: inventory.unsound, ObservedAt: at}
@@ -154,7 +157,25 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		o.Observed = Observed{State: ObservedUnavailable, Reason: "the cockpit has no port declaration", ObservedAt: at}
 		obs = append(obs, o)
 	}
-	return obs, nil
+	return judged(obs), nil
+}
+
+// Results of an observation.
+const (
+	ResultPass = "pass"
+	ResultFail = "fail"
+)
+
+// judged sets each observation's result: pass only when the value was observed and is the one
+// expected; an observation that could not be made fails, with its reason.
+func judged(obs []Observation) []Observation {
+	for i, o := range obs {
+		obs[i].Result = ResultFail
+		if o.Observed.State == ObservedAvailable && o.Observed.Value != nil && *o.Observed.Value == o.Expectation.Value {
+			obs[i].Result = ResultPass
+		}
+	}
+	return obs
 }
 
 func available(value bool, reason, at string) Observed {

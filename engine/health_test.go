@@ -38,6 +38,9 @@ func wantValue(t *testing.T, o Observation, want bool) {
 	if o.Observed.State != ObservedAvailable || o.Observed.Value == nil || *o.Observed.Value != want {
 		t.Fatalf("%s %s observed %+v, want available %t", o.Code, o.Target, o.Observed, want)
 	}
+	if result := map[bool]string{true: ResultPass, false: ResultFail}[want]; o.Result != result {
+		t.Fatalf("%s %s observed %t reads result %q, want %q", o.Code, o.Target, want, o.Result, result)
+	}
 }
 
 func health(t *testing.T, e *Engine, stack string) []Observation {
@@ -50,6 +53,9 @@ func health(t *testing.T, e *Engine, stack string) []Observation {
 		if o.StackID != StackID("app", stack) || o.Expectation != (Expectation{"equal", true}) ||
 			o.Applicability != (Applicability{"required", "environment"}) || o.Freshness.State != "current" || o.Remedy == "" {
 			t.Fatalf("observation out of the seeds' shape: %+v", o)
+		}
+		if o.Observed.State != ObservedAvailable && o.Result != ResultFail {
+			t.Fatalf("an observation that could not be made reads result %q: %+v", o.Result, o)
 		}
 		if _, ok := ParseStamp(o.Observed.ObservedAt); !ok {
 			t.Fatalf("observedAt %q", o.Observed.ObservedAt)

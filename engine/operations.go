@@ -46,6 +46,19 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name s
 	})
 }
 
+// Rebind binds an existing holder to the caller's session, as a claim binds a new one: what
+// `touch` of a holder means, so a holder whose session died is live again once its owner touches
+// it from a new one (a Makefile's claim re-run every time).
+func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name string) error {
+	nh, err := defaultHolder(c, name)
+	if err != nil {
+		return err
+	}
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
+		return rebindHolder(r, c, nh)
+	})
+}
+
 // Release removes the caller's own holder (§4): only its owner may, never while a drain is
 // reserved, never the last one.
 func (e *Engine) Release(ctx context.Context, c Caller, cockpit, stack, name string) error {

@@ -25,6 +25,9 @@ const (
 	NotFound                     Code = "NOT_FOUND"
 	Exists                       Code = "EXISTS"
 	NotEmpty                     Code = "NOT_EMPTY"
+	// Unsupported: an operation the tree does not offer on an existing name (chmod, chown,
+	// setting times, rename), since owners, modes and times are derived from the record.
+	Unsupported Code = "UNSUPPORTED_OPERATION"
 )
 
 // Refusal is why an operation changed nothing: a value the adapter maps to an errno and an events

@@ -18,6 +18,7 @@ import (
 //	n/<cockpit>              number of active leases in the cockpit
 //	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log
 //	q/<cockpit>/<stack|->    the next events seq
+//	o/<cockpit>/<stack|->    the events file's end: bytes ever appended to it (see EventsWindow)
 const cockpitLevel = "-"
 
 func cockpitKey(cockpit string) string          { return "c/" + cockpit }
@@ -27,6 +28,7 @@ func portKey(port int) string                   { return fmt.Sprintf("p/%05d", p
 func leaseCountKey(cockpit string) string       { return "n/" + cockpit }
 func eventsPrefix(cockpit, stack string) string { return "e/" + cockpit + "/" + stack + "/" }
 func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
+func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + stack }
 
 const portsPrefix = "p/"
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cockpitfs/cockpitfs/engine"
 )
 
 // entry is one child of a directory as a listing produces it.
@@ -18,6 +20,8 @@ type entry struct {
 	// a node of its own (see frozenFile), so the kernel may keep the node's pages and attributes
 	// for good; the name is looked up at every open, which finds the node of the current content.
 	frozen bool
+	// unlisted: found by name but never listed (see waitFile).
+	unlisted bool
 }
 
 // entryTimeout is how long the kernel may keep a name it looked up. Names that vanish through
@@ -91,6 +95,7 @@ var (
 	_ = (fs.NodeMknoder)((*dir)(nil))
 	_ = (fs.NodeSymlinker)((*dir)(nil))
 	_ = (fs.NodeLinker)((*dir)(nil))
+	_ = (fs.NodeSetattrer)((*dir)(nil))
 )
 
 // find is the child name of d now; a NotFound refusal when there is none.
@@ -173,8 +178,18 @@ func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno)
 	if err != nil {
 		return nil, d.fsys.fail(caller(ctx, "readdir", d.path), "", "", err)
 	}
-	out := make([]fuse.DirEntry, 0, len(es))
+	out := make([]fuse.DirEntry, 0, len(es)+2)
+	// The kernel lists only what a FUSE readdir returns: `ls -a` shows . and .. from here.
+	out = append(out, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: d.StableAttr().Ino})
+	parentIno := d.StableAttr().Ino
+	if _, parent := d.Parent(); parent != nil {
+		parentIno = parent.StableAttr().Ino
+	}
+	out = append(out, fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: parentIno})
 	for _, e := range es {
+		if e.unlisted {
+			continue
+		}
 		_, id, errno := d.node(ctx, e)
 		if errno == syscall.ENOENT {
 			continue // gone since the listing
@@ -198,6 +213,32 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (
 		setTimes(&out.Attr, t)
 	}
 	return 0
+}
+
+// Setattr refuses every change of a directory's attributes (EPERM, with an events line): its
+// mode, owner and times are derived from the record. `touch holders/` is a claim without a name.
+func (d *dir) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+	defer d.fsys.guard("setattr "+d.path, &errno)
+	ctx = uninterrupted(ctx)
+	if in.Valid&settable == 0 {
+		return d.Getattr(ctx, nil, out)
+	}
+	var current fuse.AttrOut
+	d.Getattr(ctx, nil, &current)
+	op, refused := unsupportedAttrs(in, false, current.Attr)
+	if refused == nil && in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME) == 0 {
+		return d.Getattr(ctx, nil, out)
+	}
+	if refused == nil {
+		op, refused = "utimes", func(path string) error {
+			r := timesDerived(path).(*engine.Refusal)
+			if _, ok := d.list.(holdersListing); ok {
+				r.Fix = "name the holder: touch " + path + "/<name> (in make: $(shell id -un) when USER is unset)"
+			}
+			return r
+		}
+	}
+	return d.fsys.fail(caller(ctx, op, d.path), d.cockpit, d.stack, refused(d.path))
 }
 
 func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
@@ -263,9 +304,25 @@ func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 // change is short and bounded (STATE_LOCKED after 2 s) anyway. Only `wait` ends on Ctrl-C.
 func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
-func (d *dir) Rename(ctx context.Context, name string, _ fs.InodeEmbedder, newName string, _ uint32) (errno syscall.Errno) {
+// Rename is refused (EPERM): a name of the tree is a record's key, not a label. The refusal says
+// what to do instead.
+func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, _ uint32) (errno syscall.Errno) {
 	defer d.fsys.guard("rename "+d.child(name), &errno)
-	return d.fsys.undefined(ctx, "rename", d.child(name), d.cockpit, d.stack)
+	ctx = uninterrupted(ctx)
+	to := newName
+	if p, ok := newParent.(*dir); ok {
+		to = p.child(newName)
+	}
+	c := caller(ctx, "rename", d.child(name))
+	if _, err := d.find(ctx, name); err != nil {
+		return d.fsys.undefined(ctx, "rename", d.child(name), d.cockpit, d.stack)
+	}
+	fix := "names cannot change: create the new name and remove the old one"
+	if _, ok := d.list.(holdersListing); ok {
+		fix = "claim under the new name (touch holders/" + newName + "), then release the old one (rm holders/" + name + ")"
+	}
+	return d.fsys.fail(c, d.cockpit, d.stack, &engine.Refusal{Code: engine.Unsupported,
+		Message: "renaming " + d.child(name) + " to " + to + " is not supported", Fix: fix})
 }
 
 func (d *dir) Mknod(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {

@@ -35,6 +35,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.NotFound:                     syscall.ENOENT,
 	engine.Exists:                       syscall.EEXIST,
 	engine.NotEmpty:                     syscall.ENOTEMPTY,
+	engine.Unsupported:                  syscall.EPERM,
 }
 
 // errGone: a name the kernel holds was gone when the operation reached it (a holder released

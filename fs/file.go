@@ -21,6 +21,9 @@ type view struct {
 	mtime    time.Time
 	uid      uint32
 	revision int64 // the stack's revision in that snapshot, for files in a stack
+	// start is where data begins in the file's history: the bytes ever appended before the
+	// window an events file keeps (0 for every other file).
+	start int64
 }
 
 // render produces a file's current view; a NotFound refusal means the file does not exist now.
@@ -42,6 +45,8 @@ type file struct {
 	render  render
 	writer  writer // nil: read-only
 	fixed   *view  // a frozen file's one content (see entry.frozen)
+	// follows: an append-only file (events) an open keeps reading as it grows (see handle.base).
+	follows bool
 }
 
 // handle is one open of a file.
@@ -50,6 +55,10 @@ type handle struct {
 	view    view
 	created bool   // this open created the holder it writes
 	doc     []byte // config: everything written through this open
+	// base is where this open's offset 0 lies in the file's history: the start of the window it
+	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
+	// read each new line once; a fresh open (`cat`) starts at the window it sees.
+	base int64
 }
 
 var (
@@ -59,7 +68,56 @@ var (
 	_ = (fs.NodeGetattrer)((*file)(nil))
 	_ = (fs.NodeSetattrer)((*file)(nil))
 	_ = (fs.NodeFsyncer)((*file)(nil))
+	_ = (fs.NodeReleaser)((*file)(nil))
 )
+
+// Release forgets a followed open.
+func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {
+	if h, ok := fh.(*handle); ok && f.follows {
+		f.fsys.followers.remove(f.path, h)
+	}
+	return 0
+}
+
+// followers are the opens of each followed file, by path. A stat of a followed file counts its
+// size from the oldest offset 0 of any open (see Getattr).
+type followers struct {
+	mu    sync.Mutex
+	opens map[string]map[*handle]struct{}
+}
+
+func (o *followers) add(path string, h *handle) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.opens == nil {
+		o.opens = map[string]map[*handle]struct{}{}
+	}
+	if o.opens[path] == nil {
+		o.opens[path] = map[*handle]struct{}{}
+	}
+	o.opens[path][h] = struct{}{}
+}
+
+func (o *followers) remove(path string, h *handle) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.opens[path], h)
+	if len(o.opens[path]) == 0 {
+		delete(o.opens, path)
+	}
+}
+
+// oldest is the least offset 0 of path's opens, at most from.
+func (o *followers) oldest(path string, from int64) int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for h := range o.opens[path] {
+		h.mu.Lock()
+		from = min(from, h.base)
+		h.mu.Unlock()
+	}
+	return from
+}
 
 // openFlags are every open's but a frozen file's: direct I/O, so every read reaches the handle's
 // snapshot and never a page cache of another; no FLUSH at close, since nothing waits for one (a
@@ -110,7 +168,10 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 	if err != nil { // a holder released since the kernel looked it up, say: gone
 		return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), "", "", gone(err))
 	}
-	h := &handle{view: v}
+	h := &handle{view: v, base: v.start}
+	if f.follows {
+		f.fsys.followers.add(f.path, h)
+	}
 	if flags&syscall.O_APPEND != 0 {
 		// An append (>>) continues the document there. Anything else writes a whole document:
 		// go-fuse negotiates no atomic O_TRUNC, so `>` arrives as OPEN then a handle-less
@@ -128,11 +189,25 @@ func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int6
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	at := h.base + off
+	if f.follows && at >= h.view.start+int64(len(h.view.data)) {
+		// At the end of what this open saw: whatever was appended since is read now.
+		if v, err := f.render(); err == nil {
+			h.view = v
+		}
+	}
+	if at < h.view.start {
+		// The lines this open had not read yet were trimmed from the window: it skips them,
+		// and reads on from the oldest line kept, never a line twice.
+		h.base += h.view.start - at
+		at = h.view.start
+	}
 	data := h.view.data
-	if off >= int64(len(data)) {
+	from := at - h.view.start
+	if from >= int64(len(data)) {
 		return fuse.ReadResultData(nil), 0
 	}
-	return fuse.ReadResultData(data[off:min(int64(len(data)), off+int64(len(dest)))]), 0
+	return fuse.ReadResultData(data[from:min(int64(len(data)), from+int64(len(dest)))]), 0
 }
 
 func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (written uint32, errno syscall.Errno) {
@@ -153,12 +228,20 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("getattr "+f.path, &errno)
 	var v view
+	origin := int64(-1) // where the size is counted from: the view's start unless an open says
 	if f.fixed != nil {
 		v = *f.fixed
 		out.SetTimeout(entryTimeout) // it never changes
 	} else if h, ok := f.fsys.openedHandle(ctx, fh); ok {
 		h.mu.Lock()
+		if f.follows {
+			// fstat of a followed open: its size grows with what is appended (tail -f polls it).
+			if latest, err := f.render(); err == nil {
+				h.view = latest
+			}
+		}
 		v = h.view
+		origin = h.base
 		h.mu.Unlock()
 	} else {
 		var err error
@@ -171,27 +254,120 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		out.Mode = syscall.S_IFREG | 0o644
 	}
 	out.Nlink = 1
-	out.Size = uint64(len(v.data))
+	if origin < 0 {
+		origin = v.start
+		if f.follows {
+			// FUSE sends fstat as a stat by path. A follower (tail -f) takes a size below its
+			// own offset for a truncation and reads again from 0; counted from the oldest open's
+			// offset 0, the size is never below any open's, and grows with every line.
+			origin = f.fsys.followers.oldest(f.path, v.start)
+		}
+	}
+	// An open's size runs from its own offset 0; a stat's is the window a new open would read.
+	out.Size = uint64(max(0, v.start+int64(len(v.data))-origin))
 	out.Uid = v.uid
 	setTimes(&out.Attr, v.mtime)
 	return 0
 }
 
-// Setattr accepts truncation (`>` opens with O_TRUNC) and time changes (`touch`) without changing
-// anything: a command is what a write says, and truncation alone says nothing.
+// Setattr accepts truncation to 0 (`>` opens with O_TRUNC), which starts a new document, and a
+// holder's `touch` (times set to now), which re-binds the holder to the toucher's session. Modes,
+// owners and times are derived from the record, so anything else (chmod, chown, touch -d, other
+// sizes) is refused with EPERM and an events line rather than answered with a success that
+// changed nothing.
 func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("setattr "+f.path, &errno)
-	if f.writer == nil {
+	ctx = uninterrupted(ctx)
+	size, sized := in.GetSize()
+	if sized && f.writer == nil {
 		return syscall.EACCES
 	}
-	if size, ok := in.GetSize(); ok && size == 0 {
+	var current fuse.AttrOut
+	if errno := f.Getattr(ctx, fh, &current); errno != 0 {
+		return errno
+	}
+	if op, refused := unsupportedAttrs(in, sized && size != 0, current.Attr); refused != nil {
+		return f.fsys.fail(caller(ctx, op, f.path), f.cockpit, f.stack, refused(f.path))
+	}
+	if sized {
 		if h, ok := fh.(*handle); ok {
 			h.mu.Lock()
 			h.doc = h.doc[:0]
 			h.mu.Unlock()
 		}
 	}
+	if h, ok := fh.(*handle); ok && h.created {
+		return f.Getattr(ctx, fh, out) // the claim that created the holder bound it already
+	}
+	if touchedNow(in) {
+		t, ok := f.writer.(toucher)
+		if !ok {
+			return f.fsys.fail(caller(ctx, "utimes", f.path), f.cockpit, f.stack, timesDerived(f.path))
+		}
+		if err := t.touch(ctx, f); err != nil {
+			return f.fsys.fail(caller(ctx, "touch", f.path), f.cockpit, f.stack, err)
+		}
+	}
 	return f.Getattr(ctx, fh, out)
+}
+
+// toucher is a writer whose file means something when touched.
+type toucher interface {
+	touch(ctx context.Context, f *file) error
+}
+
+// settable are the attributes a SETATTR may ask to change; the rest (a file handle, a lock
+// owner, ctime) come along with them.
+const settable = fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID | fuse.FATTR_SIZE | fuse.FATTR_ATIME | fuse.FATTR_MTIME
+
+// touchedNow says in sets the times to now and nothing else of them: `touch` without -d/-r/-t.
+func touchedNow(in *fuse.SetAttrIn) bool {
+	times := in.Valid & (fuse.FATTR_ATIME | fuse.FATTR_MTIME | fuse.FATTR_ATIME_NOW | fuse.FATTR_MTIME_NOW)
+	if times == 0 {
+		return false
+	}
+	nowOnly := true
+	if in.Valid&fuse.FATTR_ATIME != 0 && in.Valid&fuse.FATTR_ATIME_NOW == 0 {
+		nowOnly = false
+	}
+	if in.Valid&fuse.FATTR_MTIME != 0 && in.Valid&fuse.FATTR_MTIME_NOW == 0 {
+		nowOnly = false
+	}
+	return nowOnly
+}
+
+// unsupportedAttrs names the first attribute change the tree refuses in in (the op an events line
+// shows), and the refusal; nil when in asks only for what Setattr accepts. Setting the mode or
+// owner a file already has changes nothing and is accepted (editors and cp -p restore them).
+func unsupportedAttrs(in *fuse.SetAttrIn, resized bool, current fuse.Attr) (string, func(path string) error) {
+	mode, modeSet := in.GetMode()
+	uid, uidSet := in.GetUID()
+	gid, gidSet := in.GetGID()
+	switch {
+	case modeSet && mode&0o7777 != current.Mode&0o7777:
+		return "chmod", func(path string) error {
+			return &engine.Refusal{Code: engine.Unsupported, Message: path + ": modes are derived from the record; chmod changes nothing",
+				Fix: "leave the mode as it is: who may write is the file's owner (or root)"}
+		}
+	case uidSet && uid != current.Uid, gidSet && gid != current.Gid:
+		return "chown", func(path string) error {
+			return &engine.Refusal{Code: engine.Unsupported, Message: path + ": owners are derived from the record; chown changes nothing",
+				Fix: "act as the owner instead (a holder belongs to whoever claimed it, a cockpit to whoever made it)"}
+		}
+	case resized:
+		return "truncate", func(path string) error {
+			return &engine.Refusal{Code: engine.Unsupported, Message: path + ": a file of the tree is truncated only to 0 (a new document)",
+				Fix: "write the whole document or command instead"}
+		}
+	case in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME) != 0 && !touchedNow(in):
+		return "utimes", timesDerived
+	}
+	return "", nil
+}
+
+func timesDerived(path string) error {
+	return &engine.Refusal{Code: engine.Unsupported, Message: path + ": times are those of the change that produced the content; they cannot be set",
+		Fix: "touch a holder (without -d) to re-bind it to your session; other files change only by writing them"}
 }
 
 // Fsync succeeds: an acknowledged change is already durable.

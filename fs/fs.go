@@ -7,6 +7,9 @@ import (
 	"hash/fnv"
 	"log"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -30,6 +33,8 @@ type FS struct {
 	uid     uint32 // the daemon's uid: owner of what no one else owns
 	log     *log.Logger
 	byPath  sync.Map // cancel channels of the GETATTRs in flight that carry no file handle
+	// followers are the opens of events files (see file.follows).
+	followers followers
 }
 
 // Options configure a mount.
@@ -138,10 +143,33 @@ func caller(ctx context.Context, op, path string) engine.Caller {
 
 // undefined refuses creating a name the tree does not define, so editors fall back to saving in
 // place.
+// An editor's own scratch names (swap, lock, backup and autosave files) are refused without an
+// events line: editors try them on every save and fall back by themselves.
 func (f *FS) undefined(ctx context.Context, op, path, cockpit, stack string) syscall.Errno {
+	if editorScratch(filepath.Base(path)) {
+		return syscall.EPERM
+	}
 	c := caller(ctx, op, path)
 	return f.fail(c, cockpit, stack, &engine.Refusal{Code: engine.UndefinedName,
 		Message: "the tree does not define " + path, Fix: "write to an existing file instead"})
+}
+
+// editorScratch says name is one an editor makes beside the file it edits: vim's swap files
+// (.name.swp, .swo … .swa, .swx) and its writability probe (4913 and up), nano's lock file
+// (.name.swp) and emergency save (name.save), emacs's autosave (#name#) and lock (.#name), and
+// backups (name~).
+func editorScratch(name string) bool {
+	switch {
+	case strings.HasSuffix(name, "~"), strings.HasPrefix(name, ".#"), strings.HasSuffix(name, ".save"):
+		return true
+	case len(name) > 2 && strings.HasPrefix(name, "#") && strings.HasSuffix(name, "#"):
+		return true
+	case strings.HasPrefix(name, ".") && len(name) > 4 && name[len(name)-4:len(name)-1] == ".sw":
+		last := name[len(name)-1]
+		return last >= 'a' && last <= 'z'
+	}
+	n, err := strconv.Atoi(name)
+	return err == nil && n >= 4913 && n < 5013 && strconv.Itoa(n) == name
 }
 
 // ino gives every path a stable inode number, so a node looked up again is the same node.

@@ -74,6 +74,13 @@ func (f *FS) configView(cockpit string) render {
 	}
 }
 
+// eventsFile is the events file of (cockpit, stack): opens follow it as it grows.
+func (f *FS) eventsFile(path, cockpit, stack string) *file {
+	events := f.newFile(path, cockpit, stack, f.eventsView(cockpit, stack), nil)
+	events.follows = true
+	return events
+}
+
 func (f *FS) eventsView(cockpit, stack string) render {
 	return func() (view, error) {
 		info, err := f.eng.Cockpit(cockpit)
@@ -89,7 +96,7 @@ func (f *FS) eventsView(cockpit, stack string) render {
 			}
 			mtime, revision = stamp(r.UpdatedAt), r.Revision
 		}
-		data, err := f.eng.Events(cockpit, stack)
+		data, start, err := f.eng.EventsWindow(cockpit, stack)
 		if err != nil {
 			return view{}, err
 		}
@@ -97,7 +104,7 @@ func (f *FS) eventsView(cockpit, stack string) render {
 		if t := lastEventTime(data); t.After(mtime) {
 			mtime = t
 		}
-		return view{data: data, mtime: mtime, uid: info.UID, revision: revision}, nil
+		return view{data: data, mtime: mtime, uid: info.UID, revision: revision, start: start}, nil
 	}
 }
 

@@ -106,8 +106,9 @@ func (cockpitListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	}
 	return []entry{
 		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{})},
-		{name: "events", node: f.newFile(d.child("events"), c, "", f.eventsView(c, ""), nil)},
+		{name: "events", node: f.eventsFile(d.child("events"), c, "")},
 		{name: "stacks", node: f.newDir(d.child("stacks"), c, "", stacksListing{}), dir: true},
+		{name: "wait", node: f.newWaitFile(d.child("wait"), c, ""), unlisted: true},
 	}, nil
 }
 
@@ -172,9 +173,9 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		view("lease", renderLease),
 		view("record", renderRecord),
 		view("revision", renderRevision),
-		{name: "events", node: f.newFile(d.child("events"), c, s, f.eventsView(c, s), nil)},
+		{name: "events", node: f.eventsFile(d.child("events"), c, s)},
 		{name: "health", node: f.newFile(d.child("health"), c, s, f.healthView(c, s), nil)},
-		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s)},
+		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s), unlisted: true},
 	}
 	if r.Value.Lease.Active() {
 		es = append(es, view("env", renderEnv))

@@ -10,20 +10,27 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// waitFile is a stack's `wait`: a read blocks until the stack's revision moves past the one seen
-// at open, then returns the new one. No polling: the engine wakes it on commit.
+// waitFile is a stack's or a cockpit's `wait`: a read blocks until something is committed after
+// the open, then returns one line. A stack's wait returns when its revision moves past the one
+// seen at open, and prints the new revision; a cockpit's when anything in the cockpit commits
+// (its config, any stack, a refusal), and prints the events file, relative to the cockpit, that
+// records it. No polling: the engine wakes it on commit.
+//
+// `wait` is not listed by readdir, so tree walkers (grep -r, cp -r, rsync, tar, find) never
+// block on it; it is found by name, as /proc finds a thread id it does not list.
 type waitFile struct {
 	fs.Inode
 	fsys    *FS
 	path    string
 	cockpit string
-	stack   string
+	stack   string // "": the cockpit's wait
 }
 
 type waitHandle struct {
 	mu     sync.Mutex
-	seen   int64
-	result []byte // the revision line, once a read returned it
+	seen   int64  // the stack's revision at open
+	seenAt uint64 // the cockpit's change count at open
+	result []byte // the line, once a read returned it
 }
 
 var (
@@ -41,6 +48,13 @@ func (w *waitFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ u
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
+	if w.stack == "" {
+		seen := w.fsys.eng.CockpitSeen(w.cockpit)
+		if _, err := w.fsys.eng.Cockpit(w.cockpit); err != nil {
+			return nil, 0, w.fsys.fail(caller(ctx, "open", w.path), "", "", err)
+		}
+		return &waitHandle{seenAt: seen}, openFlags, 0
+	}
 	r, err := w.fsys.eng.Stack(w.cockpit, w.stack)
 	if err != nil {
 		return nil, 0, w.fsys.fail(caller(ctx, "open", w.path), "", "", err)
@@ -57,11 +71,11 @@ func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.result == nil {
-		rev, err := w.fsys.eng.Wait(ctx, w.cockpit, w.stack, h.seen)
+		line, err := w.next(ctx, h)
 		if err != nil {
 			return nil, w.fsys.fail(caller(ctx, "read", w.path), "", "", err)
 		}
-		h.result = []byte(strconv.FormatInt(rev, 10) + "\n")
+		h.result = []byte(line + "\n")
 	}
 	if off >= int64(len(h.result)) {
 		return fuse.ReadResultData(nil), 0
@@ -69,15 +83,34 @@ func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	return fuse.ReadResultData(h.result[off:]), 0
 }
 
-// Getattr reports size 0: what a read returns is not known until the stack changes.
+// next blocks until the change h waits for and returns its line.
+func (w *waitFile) next(ctx context.Context, h *waitHandle) (string, error) {
+	if w.stack == "" {
+		c, err := w.fsys.eng.WaitCockpit(ctx, w.cockpit, h.seenAt)
+		return c.Events, err
+	}
+	rev, err := w.fsys.eng.Wait(ctx, w.cockpit, w.stack, h.seen)
+	return strconv.FormatInt(rev, 10), err
+}
+
+// Getattr reports size 0: what a read returns is not known until something changes.
 func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer w.fsys.guard("getattr "+w.path, &errno)
+	out.Mode = syscall.S_IFREG | 0o444
+	out.Nlink = 1
+	if w.stack == "" {
+		info, err := w.fsys.eng.Cockpit(w.cockpit)
+		if err != nil {
+			return w.fsys.fail(caller(ctx, "getattr", w.path), "", "", err)
+		}
+		out.Uid = info.UID
+		setTimes(&out.Attr, stamp(info.UpdatedAt))
+		return 0
+	}
 	r, err := w.fsys.eng.Stack(w.cockpit, w.stack)
 	if err != nil {
 		return w.fsys.fail(caller(ctx, "getattr", w.path), "", "", err)
 	}
-	out.Mode = syscall.S_IFREG | 0o444
-	out.Nlink = 1
 	out.Uid = w.fsys.stackUID(r)
 	setTimes(&out.Attr, stamp(r.UpdatedAt))
 	return 0

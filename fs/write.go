@@ -21,6 +21,11 @@ func (w holderWriter) write(ctx context.Context, f *file, h *handle, data []byte
 	return f.fsys.eng.SetHolder(ctx, c, f.cockpit, f.stack, w.name, attrs, h.created)
 }
 
+// touch re-binds the holder to the toucher's session (see engine.Rebind).
+func (w holderWriter) touch(ctx context.Context, f *file) error {
+	return f.fsys.eng.Rebind(ctx, caller(ctx, "touch", f.path), f.cockpit, f.stack, w.name)
+}
+
 // configWriter re-applies the whole document written so far on this open at every write, so a
 // document written in one go, by cp or by an editor saving in place, is accepted as a whole.
 type configWriter struct{}

@@ -1,0 +1,332 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Everyday tools on the tree, each the real binary, each judged by what its user sees.
+
+// toolsSetup mounts a cockpit app with one claimed stack s (HTTP and DB from base).
+func toolsSetup(t *testing.T, base int) *mount {
+	t.Helper()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": base, "DB": base + 1}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	return m
+}
+
+// needTool skips a test whose program is not installed (.ci/run installs them all).
+func needTool(t *testing.T, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		if _, err := exec.LookPath(name); err != nil {
+			t.Skipf("%s is not installed (apt-get install it; .ci/run does)", name)
+		}
+	}
+}
+
+// Tree walkers read everything they list: none blocks, and `wait` still blocks when asked for by
+// name, for a stack and for a cockpit.
+func TestToolsTreeWalkersDoNotBlock(t *testing.T) {
+	t.Parallel()
+	needTool(t, "rg", "rsync", "tar")
+	m := toolsSetup(t, 26600)
+	dest := t.TempDir()
+	for _, script := range []string{
+		"grep -r -l HTTP $M/app",
+		"rg -l HTTP $M/app",
+		"cp -r $M/app " + dest + "/cp",
+		"rsync -a $M/app/ " + dest + "/rsync/",
+		"tar cf " + dest + "/app.tar -C $M app",
+		"find $M/app -type f -exec cat {} + > /dev/null",
+		"ls -R $M > /dev/null",
+	} {
+		t.Run(strings.Fields(script)[0], func(t *testing.T) {
+			// timeout: a walker that blocks fails here rather than hanging the suite.
+			if r := m.sh("timeout 20 " + script); r.Code != 0 {
+				t.Fatalf("%s: exit %d\n%s", script, r.Code, r.Stderr)
+			}
+		})
+	}
+	if got := m.read("app/stacks/s/ports/HTTP"); got != "26600\n" {
+		t.Fatalf("ports/HTTP = %q", got)
+	}
+	for _, copied := range []string{"/cp/stacks/s/env", "/rsync/stacks/s/env"} {
+		if out := m.ok("cat " + dest + copied); !strings.Contains(out, "HTTP=26600\n") {
+			t.Fatalf("%s = %q", copied, out)
+		}
+	}
+	if listed := m.ok("ls -a $M/app $M/app/stacks/s"); strings.Contains(listed, "wait") {
+		t.Fatalf("wait is listed:\n%s", listed)
+	}
+
+	// By name, a stack's wait blocks until the stack changes, and prints its revision.
+	rev := strings.TrimSpace(m.read("app/stacks/s/revision"))
+	stackWait := startReader(t, m, "cat $M/app/stacks/s/wait")
+	cockpitWait := startReader(t, m, "cat $M/app/wait")
+	time.Sleep(200 * time.Millisecond)
+	if stackWait.done() || cockpitWait.done() {
+		t.Fatalf("a wait returned with nothing changed: %q %q", stackWait.output(), cockpitWait.output())
+	}
+	m.ok("cd /tmp && touch $M/app/stacks/s/holders/you")
+	if got, want := stackWait.wait(t), strings.TrimSpace(rev); got == want+"\n" || got == "" {
+		t.Fatalf("stack wait printed %q after revision %s", got, want)
+	}
+	if got := cockpitWait.wait(t); got != "stacks/s/events\n" {
+		t.Fatalf("cockpit wait printed %q, want where the change is recorded", got)
+	}
+}
+
+// reader is a command running in the background, its output collected.
+type reader struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	exit chan struct{}
+}
+
+func startReader(t *testing.T, m *mount, script string) *reader {
+	t.Helper()
+	r := &reader{cmd: exec.Command("bash", "-c", script), out: &syncBuffer{}, exit: make(chan struct{})}
+	r.cmd.Env = append(r.cmd.Environ(), "M="+m.Dir)
+	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.cmd.Wait(); close(r.exit) }()
+	t.Cleanup(func() { r.cmd.Process.Kill(); <-r.exit })
+	return r
+}
+
+func (r *reader) done() bool {
+	select {
+	case <-r.exit:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *reader) output() string { return r.out.String() }
+
+// wait returns the output once the command exits (failing the test after 20 s).
+func (r *reader) wait(t *testing.T) string {
+	t.Helper()
+	select {
+	case <-r.exit:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("still running after 20s: %s\n%s", r.cmd, r.output())
+	}
+	return r.output()
+}
+
+// ls -a lists . and .. in every directory.
+func TestToolsListDotAndDotDot(t *testing.T) {
+	t.Parallel()
+	m := toolsSetup(t, 26610)
+	for _, d := range []string{"", "/app", "/app/stacks", "/app/stacks/s", "/app/stacks/s/holders", "/ports"} {
+		if got := m.ok("ls -a $M" + d + " | head -2"); got != ".\n..\n" {
+			t.Errorf("ls -a %s starts %q", d, got)
+		}
+	}
+}
+
+// Attribute changes the tree cannot make are refused with EPERM, one events line each, and change
+// nothing; setting what a file already has is accepted.
+func TestToolsRefusedAttributeChanges(t *testing.T) {
+	t.Parallel()
+	m := toolsSetup(t, 26620)
+	h := "$M/app/stacks/s/holders/me"
+	state := func() string {
+		return m.ok("cd $M/app/stacks/s && stat -c '%n %a %u %Y %s' holders holders/me record ../../config && ls holders && cat holders/me record ../../config")
+	}
+	before := state()
+	for _, tc := range []struct{ script, events, op string }{
+		{"chmod 600 " + h, "app/stacks/s/events", "chmod"},
+		{"chown 1 " + h, "app/stacks/s/events", "chown"},
+		{"chgrp 1 " + h, "app/stacks/s/events", "chown"},
+		{"touch -d yesterday " + h, "app/stacks/s/events", "utimes"},
+		{"touch -r /etc/hostname " + h, "app/stacks/s/events", "utimes"},
+		{"truncate -s 3 " + h, "app/stacks/s/events", "truncate"},
+		{"mv " + h + " $M/app/stacks/s/holders/you", "app/stacks/s/events", "rename"},
+		{"touch $M/app/stacks/s/holders/", "app/stacks/s/events", "utimes"},
+		{"chmod 700 $M/app/stacks/s", "app/stacks/s/events", "chmod"},
+		{"touch $M/app/config", "app/events", "utimes"},
+		{"mv $M/app/config $M/app/config.old", "app/events", "rename"},
+	} {
+		t.Run(tc.script, func(t *testing.T) {
+			n := claimsEventCount(m, tc.events)
+			r := m.refused(tc.script, syscall.EPERM)
+			if got := claimsEventCount(m, tc.events); got != n+1 {
+				t.Fatalf("%d events lines for one refusal (stderr %q)", got-n, r.Stderr)
+			}
+			ev := claimsRefusalEvent(t, m, tc.events, "UNSUPPORTED_OPERATION", "EPERM")
+			if ev["op"] != tc.op || ev["fix"] == "" {
+				t.Fatalf("events line %v, want op %s with a fix", ev, tc.op)
+			}
+		})
+	}
+	if after := state(); after != before {
+		t.Fatalf("refused changes changed the tree:\n%s\n->\n%s", before, after)
+	}
+	// Setting the mode or owner a file already has changes nothing, and says so by succeeding.
+	n := claimsEventCount(m, "app/stacks/s/events")
+	m.ok("chmod 644 " + h + " && chown 0:0 " + h + " && chmod 755 $M/app/stacks/s")
+	if got := claimsEventCount(m, "app/stacks/s/events"); got != n {
+		t.Fatalf("setting unchanged modes and owners left %d events lines", got-n)
+	}
+}
+
+// An editor's swap, lock and backup names are refused without an events line; the save itself is
+// applied and logged once.
+func TestToolsEditorScratchNotLogged(t *testing.T) {
+	t.Parallel()
+	needTool(t, "vim")
+	m := toolsSetup(t, 26630)
+	n := claimsEventCount(m, "app/events")
+	m.ok("cd /tmp && vim -es -c '%s/26630/26640/' -c wq $M/app/config")
+	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 26640") {
+		t.Fatalf("vim's save was not applied: %q", got)
+	}
+	lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
+	if len(lines) != 1 || !strings.Contains(lines[0], `"op":"write"`) || !strings.Contains(lines[0], `"result":"ok"`) {
+		t.Fatalf("events after a vim save:\n%s", strings.Join(lines, "\n"))
+	}
+	n = claimsEventCount(m, "app/stacks/s/events")
+	for _, name := range []string{".me.swp", ".me.swx", "me~", "#me#", ".#me", "4913", "me.save"} {
+		m.refused(`touch "$M/app/stacks/s/`+name+`"`, syscall.EPERM)
+	}
+	if got := claimsEventCount(m, "app/stacks/s/events"); got != n {
+		t.Fatalf("editor scratch names left %d events lines", got-n)
+	}
+	// Any other undefined name is one refusal, one line.
+	m.refused("touch $M/app/stacks/s/notes.txt", syscall.EPERM)
+	if got := claimsEventCount(m, "app/stacks/s/events"); got != n+1 {
+		t.Fatalf("one refused create left %d events lines", got-n)
+	}
+}
+
+// Every health observation says pass or fail; the code names what it checks for either way.
+func TestToolsHealthSaysPassOrFail(t *testing.T) {
+	t.Parallel()
+	m := toolsSetup(t, 26650)
+	results := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(m.read("app/stacks/s/health")), "\n") {
+		var o struct{ Code, Target, Result string }
+		if err := json.Unmarshal([]byte(line), &o); err != nil {
+			t.Fatal(err)
+		}
+		results[o.Code+" "+o.Target] = o.Result
+	}
+	for key, want := range map[string]string{
+		"CLAIM_STATE_UNHEALTHY ":          "pass",
+		"PORT_FAMILY_COLLISION ":          "pass",
+		"PORT_LISTENER_ABSENT HTTP=26650": "fail", // nothing listens: the stack is not up
+		"PORT_FAMILY_EPHEMERAL_OVERLAP ":  "pass",
+		"PORT_LISTENER_ABSENT DB=26651":   "fail",
+	} {
+		if results[key] != want {
+			t.Errorf("%s: result %q, want %q (all: %v)", key, results[key], want, results)
+		}
+	}
+}
+
+// tail -f, tail -F and less +F show each line appended to an events file once, in order, while
+// the bounded window slides under them; a follower stopped while more than the window went by
+// resumes without a broken or repeated line; cat still shows the window. For a stack's events and
+// a cockpit's.
+func TestToolsFollowEvents(t *testing.T) {
+	t.Parallel()
+	needTool(t, "less", "python3")
+	m := toolsSetup(t, 26660)
+	for _, tc := range []struct{ events, refused string }{
+		{"app/stacks/s/events", "$M/app/stacks/s/"},
+		{"app/events", "$M/app/"},
+	} {
+		t.Run(tc.events, func(t *testing.T) {
+			t.Parallel()
+			// Nearly a window of lines first, so the window slides while they follow.
+			m.ok(`for i in {1..250}; do : > ` + tc.refused + `w$i; done 2>/dev/null; true`)
+			events := "$M/" + tc.events
+			followers := map[string]*reader{
+				"tail -f": startReader(t, m, "tail -f "+events),
+				"tail -F": startReader(t, m, "tail -F "+events),
+				"less +F": startReader(t, m, "python3 testdata/pty-less.py "+m.Path(tc.events)+" '/y60\"' 30"),
+			}
+			stopped := startReader(t, m, "tail -f -n 0 "+events)
+			less := followers["less +F"]
+			waitFor(t, func() string { return "less to follow: " + less.output() }, func() bool { return strings.Contains(less.output(), "following\n") })
+			time.Sleep(1500 * time.Millisecond) // every tail has printed its last lines
+			stopped.cmd.Process.Signal(syscall.SIGSTOP)
+			for batch := 0; batch < 3; batch++ {
+				m.ok(fmt.Sprintf(`for i in {%d..%d}; do : > %sy$i; done 2>/dev/null; true`, batch*20+1, batch*20+20, tc.refused))
+				time.Sleep(1100 * time.Millisecond) // tail's and less's own polling interval
+			}
+			m.ok(`for i in {1..300}; do : > ` + tc.refused + `z$i; done 2>/dev/null; true`)
+			stopped.cmd.Process.Signal(syscall.SIGCONT)
+			for name, f := range followers {
+				var want []string
+				for i := 1; i <= 60; i++ {
+					want = append(want, fmt.Sprintf("y%d", i))
+				}
+				waitFor(t, func() string { return name + " to show y60: " + f.output() }, func() bool { return strings.Contains(f.output(), `/y60"`) })
+				if got := followedNames(f.output(), "y"); strings.Join(got, " ") != strings.Join(want, " ") {
+					t.Errorf("%s showed %v, want y1 … y60 once each, in order", name, got)
+				}
+			}
+			waitFor(t, func() string { return "the stopped follower to show z300: " + stopped.output() }, func() bool { return strings.Contains(stopped.output(), `/z300"`) })
+			lines := strings.Split(strings.TrimSuffix(stopped.output(), "\n"), "\n")
+			seen := map[string]bool{}
+			for _, line := range lines {
+				var ev struct{ Path string }
+				if err := json.Unmarshal([]byte(line), &ev); err != nil {
+					t.Fatalf("the stopped follower read a broken line %q: %v", line, err)
+				}
+				if seen[ev.Path] {
+					t.Fatalf("the stopped follower read %s twice", ev.Path)
+				}
+				seen[ev.Path] = true
+			}
+			if z := followedNames(stopped.output(), "z"); len(z) == 0 || z[len(z)-1] != "z300" {
+				t.Fatalf("the stopped follower ended with %v", z)
+			}
+			window := strings.Split(strings.TrimSuffix(m.read(tc.events), "\n"), "\n")
+			if len(window) != 256 || !strings.Contains(window[255], `/z300"`) {
+				t.Fatalf("cat shows %d lines ending %q", len(window), window[len(window)-1])
+			}
+		})
+	}
+}
+
+// followedNames are the names (prefix and a number) of the refused paths in events lines, in order.
+func followedNames(output, prefix string) []string {
+	var names []string
+	for _, line := range strings.Split(output, "\n") {
+		i := strings.Index(line, `"path":"`)
+		if i < 0 {
+			continue
+		}
+		path := line[i+len(`"path":"`):]
+		path = path[:strings.IndexByte(path, '"')]
+		name := path[strings.LastIndexByte(path, '/')+1:]
+		if strings.HasPrefix(name, prefix) && strings.Trim(name[len(prefix):], "0123456789") == "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// waitFor polls cond for up to 20 s; what says what it waits for.
+func waitFor(t *testing.T, what func() string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still waiting after 20s for %s", what())
+		}
+	}
+}
