@@ -274,16 +274,16 @@ func TestHealthPortFamilySeesCollisionsBetweenOthers(t *testing.T) {
 // listenerEvidenceCurrent); without it the observation is unavailable, never true.
 func TestHealthPortFamilyNeedsListenerEvidence(t *testing.T) {
 	lease := &Lease{Offset: 0, Ports: map[string]int{"HTTP": 21080}}
-	base := Observation{StackID: StackID("app", "a")}
+	base := Observation{StackID: StackID("app", "a"), Expectation: Expectation{Kind: "equal", Value: true}}
 	at := Stamp(time.Now())
 	undecided := portFamilyObservation(base, lease, healthInventory{}, listenerEvidence{err: errors.New("no socket table")}, at)
 	if o := undecided.Observed; o.State != ObservedUnavailable || o.Value != nil ||
 		!strings.Contains(o.Reason, "current host-listener evidence is unavailable") || !strings.Contains(o.Reason, "no socket table") {
 		t.Fatalf("port-family without listener evidence: %+v", o)
 	}
-	wantValue(t, portFamilyObservation(base, lease, healthInventory{}, listenerEvidence{}, at), true)
+	wantValue(t, judged([]Observation{portFamilyObservation(base, lease, healthInventory{}, listenerEvidence{}, at)})[0], true)
 	collided := portFamilyObservation(base, lease, healthInventory{collision: "port 1 is leased twice"}, listenerEvidence{err: errors.New("x")}, at)
-	wantValue(t, collided, false)
+	wantValue(t, judged([]Observation{collided})[0], false)
 	failed := portFamilyObservation(base, lease, healthInventory{unsound: "app/b: decode record"}, listenerEvidence{}, at)
 	if failed.Observed.State != ObservedFailed {
 		t.Fatalf("port-family over an unsound inventory: %+v", failed.Observed)

@@ -311,8 +311,10 @@ func followedNames(output, prefix string) []string {
 		if i < 0 {
 			continue
 		}
-		path := line[i+len(`"path":"`):]
-		path = path[:strings.IndexByte(path, '"')]
+		path, _, closed := strings.Cut(line[i+len(`"path":"`):], `"`)
+		if !closed {
+			continue // cut by the screen's width: the lines around it say what it was
+		}
 		name := path[strings.LastIndexByte(path, '/')+1:]
 		if strings.HasPrefix(name, prefix) && strings.Trim(name[len(prefix):], "0123456789") == "" {
 			names = append(names, name)
