@@ -205,7 +205,7 @@ func addHolder(v Value, h NewHolder, now time.Time) (Value, bool, error) {
 		return v, false, nil
 	}
 	if len(v.Holders) >= MaxHolders {
-		return v, false, refuse(PortLeaseExhausted, HolderID(h.Name), "release a holder first",
+		return v, false, refuse(ClaimHolderLimit, HolderID(h.Name), "release a holder first",
 			"the stack already has %d holders", MaxHolders)
 	}
 	holders := append(append(make([]Holder, 0, len(v.Holders)+1), v.Holders...), h.holder(now))

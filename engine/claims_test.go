@@ -142,7 +142,7 @@ func TestAddHolder(t *testing.T) {
 		{name: "existing same checkout", v: Value{Holders: []Holder{alice}}, add: newHolder("alice"), wantHolders: 1},
 		{name: "existing other checkout", v: Value{Holders: []Holder{alice}},
 			add: NewHolder{Name: "alice", CheckoutPath: "/elsewhere"}, wantCode: StateRecordMalformed, wantHolders: 1},
-		{name: "limit", v: many, add: newHolder("late"), wantCode: PortLeaseExhausted, wantHolders: MaxHolders},
+		{name: "limit", v: many, add: newHolder("late"), wantCode: ClaimHolderLimit, wantHolders: MaxHolders},
 		{name: "existing at the limit", v: many, add: newHolder("h0007"), wantHolders: MaxHolders},
 		{name: "re-claim clears lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(HolderID("alice"))},
 			add: newHolder("alice"), wantChanged: true, wantHolders: 1},

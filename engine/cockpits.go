@@ -100,6 +100,10 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 		} else if !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
+		if m.Stacks >= MaxStacks {
+			return refuse(StateInventoryLimit, StackID(cockpit, stack), "remove a stack this cockpit no longer needs",
+				"cockpit %s already has %d stacks", cockpit, MaxStacks)
+		}
 		if _, err := saveRecord(tx, newRecord(cockpit, stack, now)); err != nil {
 			return err
 		}

@@ -66,6 +66,10 @@ const (
 	// MaxStacks bounds a cockpit's stacks: the seeds' inventory reads at most this many records
 	// of a namespace (the same structured input limit).
 	MaxStacks = 1024
+	// MaxRecordBytes bounds a record's JSON. The seeds bound records too
+	// (SERIALIZED_RECORD_BYTE_LIMIT), but their value is not in the reference; this one leaves
+	// room for MaxHolders holders with ordinary checkout paths (≈364 KB).
+	MaxRecordBytes = 1 << 20
 )
 
 // Stamp renders t as the records' canonical timestamp.
@@ -140,7 +144,7 @@ func sortHolders(hs []Holder) {
 func decodeRecord(data []byte) (Record, error) {
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
-		return Record{}, fmt.Errorf("decode record: %w", err)
+		return Record{}, fmt.Errorf("decode record: %w", malformedValue{err})
 	}
 	if r.Value.Holders == nil {
 		r.Value.Holders = []Holder{}

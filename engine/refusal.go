@@ -28,6 +28,14 @@ const (
 	// Unsupported: an operation the tree does not offer on an existing name (chmod, chown,
 	// setting times, rename), since owners, modes and times are derived from the record.
 	Unsupported Code = "UNSUPPORTED_OPERATION"
+	// StateRootUnavailable is the seeds' code for a store that cannot be read or written: an I/O
+	// error, a failed fdatasync, a closed store.
+	StateRootUnavailable Code = "STATE_ROOT_UNAVAILABLE"
+	// The limits below have no code of their own in the seeds (a holder or record past them
+	// fails the seeds' schema, STATE_RECORD_MALFORMED, the inventory past them is refused on read).
+	ClaimHolderLimit    Code = "CLAIM_HOLDER_LIMIT"     // a stack has MaxHolders holders
+	StateInventoryLimit Code = "STATE_INVENTORY_LIMIT"  // a cockpit has MaxStacks stacks
+	StateRecordTooLarge Code = "STATE_RECORD_TOO_LARGE" // a record would pass MaxRecordBytes
 )
 
 // Refusal is why an operation changed nothing: a value the adapter maps to an errno and an events
@@ -50,12 +58,23 @@ func refuse(code Code, target, fix, format string, args ...any) *Refusal {
 	return &Refusal{Code: code, Message: fmt.Sprintf(format, args...), Target: target, Fix: fix}
 }
 
-// AsRefusal extracts the refusal from err; any other error reads as a malformed-state refusal so
-// callers always have a code to report.
+// AsRefusal extracts the refusal from err, so callers always have a code to report: a stored value
+// that does not decode is STATE_RECORD_MALFORMED, any other error the store's failing
+// (STATE_ROOT_UNAVAILABLE).
 func AsRefusal(err error) *Refusal {
 	var r *Refusal
 	if errors.As(err, &r) {
 		return r
 	}
-	return &Refusal{Code: StateRecordMalformed, Message: err.Error()}
+	var m malformedValue
+	if errors.As(err, &m) {
+		return &Refusal{Code: StateRecordMalformed, Message: err.Error(), Fix: "stop the daemon and run cockpitfs verify"}
+	}
+	return &Refusal{Code: StateRootUnavailable, Message: err.Error(), Fix: "check the disk and the daemon's log, then retry"}
 }
+
+// malformedValue is a stored value that does not decode.
+type malformedValue struct{ err error }
+
+func (m malformedValue) Error() string { return m.err.Error() }
+func (m malformedValue) Unwrap() error { return m.err }

@@ -64,7 +64,7 @@ func getJSON(tx storage.Txn, key string, v any) (bool, error) {
 		return false, err
 	}
 	if err := json.Unmarshal(data, v); err != nil {
-		return false, fmt.Errorf("decode %s: %w", key, err)
+		return false, fmt.Errorf("decode %s: %w", key, malformedValue{err})
 	}
 	return true, nil
 }
@@ -136,6 +136,10 @@ func saveRecord(tx storage.Txn, r Record) (cachedRecord, error) {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return cachedRecord{}, err
+	}
+	if len(data) > MaxRecordBytes {
+		return cachedRecord{}, refuse(StateRecordTooLarge, r.SubjectID, "release holders, or claim with shorter checkout paths",
+			"the stack's record would be %d bytes, more than %d", len(data), MaxRecordBytes)
 	}
 	return cachedRecord{r, data}, tx.Set(stackKey(r.Cockpit, r.Stack), data)
 }

@@ -29,6 +29,10 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.ExecutionPreconditionChanged: syscall.ESTALE,
 	engine.DrainAttemptRepairRequired:   syscall.ENOTRECOVERABLE,
 	engine.StateLocked:                  syscall.EAGAIN,
+	engine.StateRootUnavailable:         syscall.EIO,
+	engine.ClaimHolderLimit:             syscall.ENOSPC,
+	engine.StateInventoryLimit:          syscall.ENOSPC,
+	engine.StateRecordTooLarge:          syscall.EFBIG,
 	engine.PermissionDenied:             syscall.EACCES,
 	engine.CommandTooLarge:              syscall.EFBIG,
 	engine.UndefinedName:                syscall.EPERM,
@@ -75,7 +79,8 @@ func errnoOf(err error) syscall.Errno {
 
 // fail turns err into the errno the caller sees and reports it once: a refusal in the events file
 // of (cockpit, stack) — the nearest one; stack "" is the cockpit's, cockpit "" has none — and
-// anything else in the log, and in that events file as a malformed-state refusal.
+// anything else in the log, and in that events file under its code (STATE_ROOT_UNAVAILABLE, or
+// STATE_RECORD_MALFORMED for a stored value that does not decode).
 func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Errno {
 	errno := errnoOf(err)
 	if errors.Is(err, errGone) || errno == syscall.EINTR {

@@ -184,8 +184,9 @@ func TestNamesCommandTooLarge(t *testing.T) {
 	}
 }
 
-// At most 1024 holders a stack: the 1025th claim is refused with ENOSPC. Each claim rewrites a
-// record that grows with its holders: ≈20 s without -race, ≈3 min with it.
+// At most 1024 holders a stack: the 1025th claim is refused with ENOSPC, CLAIM_HOLDER_LIMIT (a
+// holder limit, not a port code). Each claim rewrites a record that grows with its holders:
+// ≈20 s without -race, ≈3 min with it.
 func TestNamesHolderLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1024 claims take minutes under -race")
@@ -212,7 +213,7 @@ func TestNamesHolderLimit(t *testing.T) {
 	}
 	before := m.read("app/stacks/s/revision")
 	m.refused("touch $M/app/stacks/s/holders/h1025", syscall.ENOSPC)
-	claimsRefusalEvent(t, m, "app/stacks/s/events", "PORT_LEASE_EXHAUSTED", "ENOSPC")
+	claimsRefusalEvent(t, m, "app/stacks/s/events", "CLAIM_HOLDER_LIMIT", "ENOSPC")
 	if got := m.read("app/stacks/s/revision"); got != before || before != "2048\n" {
 		t.Fatalf("revision %q -> %q, want 2048 (a claim and a write per holder)", before, got)
 	}

@@ -505,3 +505,38 @@ func TestHealthObservesTheInventory(t *testing.T) {
 		t.Fatalf("port-family beside a broken record: %+v", o)
 	}
 }
+
+// A refusal code per cause, through the mount: the 1025th stack of a cockpit is
+// STATE_INVENTORY_LIMIT (ENOSPC); a stored record that does not decode answers EIO.
+func TestRefusalCodesOfLimitsAndBrokenRecords(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(5, map[string]int{"HTTP": 24780}, "a", "b")
+	m.observeCorrupt(func(tx storage.Txn) error {
+		data, err := tx.Get("c/app")
+		if err != nil {
+			return err
+		}
+		var meta map[string]any
+		if err := json.Unmarshal(data, &meta); err != nil {
+			return err
+		}
+		meta["stacks"] = engine.MaxStacks // as if 1022 more stacks were there
+		if data, err = json.Marshal(meta); err != nil {
+			return err
+		}
+		if err := tx.Set("c/app", data); err != nil {
+			return err
+		}
+		return tx.Set("s/app/b", []byte("{"))
+	})
+	m.refused("mkdir $M/app/stacks/late", syscall.ENOSPC)
+	if ev := m.lastEvent("app/events"); !strings.Contains(ev, `"code":"STATE_INVENTORY_LIMIT"`) || !strings.Contains(ev, `"errno":"ENOSPC"`) {
+		t.Fatalf("cockpit events after the 1025th mkdir: %s", ev)
+	}
+	if r := m.sh("stat $M/app/stacks/late"); r.Code == 0 {
+		t.Fatal("the refused stack exists")
+	}
+	// A stack whose record does not decode cannot even be looked up: EIO, the cause in the
+	// daemon's log (the engine's tests show its code, STATE_RECORD_MALFORMED).
+	m.refused("touch $M/app/stacks/b/holders/me", syscall.EIO)
+}
