@@ -32,6 +32,7 @@ type reserveInput struct {
 	expected      int64
 	dead          []Holder
 	mine          map[int]bool // the caller's own processes: its own and its session's
+	successor     *NewHolder   // the holder a request names when it is not one yet, as the caller would claim it
 	generation    string
 	reservationID string
 }
@@ -52,7 +53,9 @@ func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
 		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "re-open drain/request and write again",
 			"the request was planned at revision %d but the stack is now at revision %d", in.expected, r.Revision)
 	}
-	v, _ := releaseDead(r.Value, in.dead, nil, now)
+	// A request naming a new holder takes the stack over when every holder is dead, as a claim
+	// would: the drain is how a stack whose lease no claim may join is stopped.
+	v, _ := releaseDead(r.Value, in.dead, in.successor, now)
 	if !v.Lease.Active() {
 		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "claim the stack first (touch holders/<name>)", "the stack has no active lease")
 	}

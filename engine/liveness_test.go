@@ -154,9 +154,11 @@ func TestClaimDefaultsToCallerSession(t *testing.T) {
 	}
 }
 
-// A takeover keeps the stack running under the declaration its lease was taken under, so the new
-// holder can drain it; refusing it would strand a stack whose only holder died after the config
-// changed (a drain needs a live holder). A co-tenant joining such a lease is still refused.
+// A claim taking the stack over from its dead holder would join a lease the config no longer
+// declares: refused like a co-tenant's (the reference refuses it too). The stack is not stranded:
+// a drain request naming a new holder takes it over in the reservation, under the lease's own
+// declaration, as the reference's down and sleep release dead holders with the requester as the
+// successor before they reserve.
 func TestTakeoverKeepsLeaseUnderOldDeclaration(t *testing.T) {
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
@@ -168,10 +170,18 @@ func TestTakeoverKeepsLeaseUnderOldDeclaration(t *testing.T) {
 	}
 	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, func() error { return claimErr(e, "app", "main", "bob") })
 	kill(t, worker)
-	claim(t, e, "app", "main", "alice")
+	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, func() error { return claimErr(e, "app", "main", "alice") })
+	q, err := ParseDrainRequest("sleep holder=alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := stackRecord(t, e, "app", "main")
+	if err := e.ReserveDrain(context.Background(), me("write", "app/stacks/main/drain/request"), "app", "main", q, before.Revision); err != nil {
+		t.Fatal(err)
+	}
 	r := stackRecord(t, e, "app", "main")
-	if names := holderNames(r.Value); !reflect.DeepEqual(names, []string{"alice"}) {
-		t.Fatalf("holders %v, want [alice]", names)
+	if names := holderNames(r.Value); !reflect.DeepEqual(names, []string{"alice"}) || r.Value.Drain == nil || r.Value.Drain.HolderName != "alice" {
+		t.Fatalf("holders %v, drain %+v, want alice's", names, r.Value.Drain)
 	}
 	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})
 }

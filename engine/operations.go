@@ -89,6 +89,13 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 	}
 	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, mine: callerProcesses(c),
 		generation: randomHex(), reservationID: randomHex()}
+	if _, held := before.Value.Holder(req.Holder); req.Holder != "" && !held && len(dead) > 0 {
+		nh, err := observeClaimant(c, req.Holder, nil)
+		if err != nil {
+			return err
+		}
+		in.successor = &nh
+	}
 	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
 		return reserveDrain(r, in, now)
 	})

@@ -300,7 +300,7 @@ func TestClaimsConfigChangedAfterLease(t *testing.T) {
 
 // A claim that would take the stack over from its dead holder meets the same check as any new
 // holder: the lease was taken under another declaration, so ESTALE, and nothing changes (the
-// dead holder is not released either).
+// dead holder is not released either). A drain request naming the successor stops the stack.
 func TestClaimsTakeoverAfterConfigChange(t *testing.T) {
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 33050}, "s")
@@ -316,6 +316,12 @@ func TestClaimsTakeoverAfterConfigChange(t *testing.T) {
 	claimsRefusalEvent(t, m, "app/stacks/s/events", "CONFIG_CHANGED_DURING_EXECUTION", "ESTALE")
 	if after := claimsSnapshot(m, "s"); after != before {
 		t.Fatalf("a refused takeover changed the stack:\n%s\n->\n%s", before, after)
+	}
+	// Not stranded: a drain naming the successor takes the stack over and stops it under the
+	// lease's own declaration.
+	m.ok("cd $M/app/stacks/s && echo 'sleep holder=successor' > drain/request && ls holders && echo start > drain/attempt && echo success > drain/outcome")
+	if lease := m.read("app/stacks/s/lease"); !strings.Contains(lease, "released=true\n") || !strings.Contains(lease, "HTTP=33050\n") {
+		t.Fatalf("lease after the drain:\n%s", lease)
 	}
 }
 
