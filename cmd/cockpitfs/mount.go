@@ -283,15 +283,42 @@ func clearStaleMount(mnt string) error {
 	if !strings.HasPrefix(typ, "fuse") {
 		return fmt.Errorf("%s is already a %s mount point", mnt, typ)
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(mnt, &st); !errors.Is(err, unix.ENOTCONN) {
+	switch mountState(mnt) {
+	case "serving":
 		return fmt.Errorf("%s is already mounted and serving (cockpitfs unmount %s first)", mnt, mnt)
+	case "hung":
+		return fmt.Errorf("%s is mounted by a daemon that does not answer (cockpitfs unmount %s detaches it)", mnt, mnt)
 	}
 	log.Printf("clearing the stale mount on %s", mnt)
 	return unix.Unmount(mnt, unix.MNT_DETACH)
 }
 
-// unmount unmounts mnt; a stale mount is detached.
+// answerWait is how long unmount and mount wait for a mount to answer a stat before calling its
+// daemon hung (stopped, or stuck): a stat of a hung FUSE mount blocks, and not even SIGINT ends it.
+const answerWait = 2 * time.Second
+
+// mountState is how a mount answered a stat: "serving", "dead" (its daemon is gone: ENOTCONN),
+// or "hung" (no answer within answerWait). The stat of a hung mount is left behind in its
+// goroutine; the connection's abort, or the process's exit, ends it.
+func mountState(mnt string) string {
+	answered := make(chan error, 1)
+	go func() {
+		var st unix.Stat_t
+		answered <- unix.Stat(mnt, &st)
+	}()
+	select {
+	case err := <-answered:
+		if errors.Is(err, unix.ENOTCONN) {
+			return "dead"
+		}
+		return "serving"
+	case <-time.After(answerWait):
+		return "hung"
+	}
+}
+
+// unmount unmounts mnt and says what it did: a dead mount is detached; a hung one is detached and,
+// as root, its FUSE connection aborted, so whatever waits on it gets ENOTCONN.
 func unmount(dir string) error {
 	mnt, err := filepath.Abs(dir)
 	if err != nil {
@@ -304,20 +331,40 @@ func unmount(dir string) error {
 	if typ == "" {
 		return fmt.Errorf("%s is not mounted", mnt)
 	}
-	var st unix.Stat_t
-	flags := 0
-	if err := unix.Stat(mnt, &st); errors.Is(err, unix.ENOTCONN) {
-		flags = unix.MNT_DETACH
-	}
-	if os.Geteuid() == 0 {
+	device, devErr := mountDevice(mnt)
+	state := mountState(mnt)
+	if os.Geteuid() != 0 {
+		args := []string{"-u", mnt}
+		if state != "serving" {
+			args = []string{"-u", "-z", mnt}
+		}
+		if out, err := exec.Command("fusermount3", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("fusermount3 %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	} else {
+		flags := 0
+		if state != "serving" {
+			flags = unix.MNT_DETACH
+		}
 		if err := unix.Unmount(mnt, flags); err != nil {
 			return fmt.Errorf("unmount %s: %w", mnt, err)
 		}
-		return nil
 	}
-	out, err := exec.Command("fusermount3", "-u", mnt).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("fusermount3 -u %s: %v: %s", mnt, err, out)
+	switch state {
+	case "serving":
+		fmt.Printf("unmounted %s\n", mnt)
+	case "dead":
+		fmt.Printf("detached %s, whose daemon had died\n", mnt)
+	case "hung":
+		aborted := ""
+		if os.Geteuid() == 0 && devErr == nil {
+			abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", device)
+			if err := os.WriteFile(abort, []byte("1"), 0); err == nil {
+				aborted = " and aborted its FUSE connection (whatever waited on it gets ENOTCONN)"
+			}
+		}
+		fmt.Printf("%s did not answer within %s (its daemon is stopped or stuck): detached it lazily%s; the daemon process was left as it is\n",
+			mnt, answerWait, aborted)
 	}
 	return nil
 }
