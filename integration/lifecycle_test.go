@@ -330,8 +330,10 @@ func TestLifecycleDaemonUnusableData(t *testing.T) {
 	}
 }
 
+// Every signal a terminal or a session manager sends to end a foreground daemon unmounts it:
+// Ctrl-C, kill, the terminal closing (SIGHUP), Ctrl-\ (SIGQUIT).
 func TestLifecycleSignalsUnmountAndExitZero(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			m := newMount(t)
 			m.ok("mkdir $M/app")
@@ -385,7 +387,7 @@ func TestLifecycleSIGTERMWithOpenFile(t *testing.T) {
 
 func TestLifecycleVersion(t *testing.T) {
 	r := lifecycleRun(t, "version")
-	if r.Code != 0 || !regexp.MustCompile(`^cockpitfs \S+\n$`).MatchString(r.Stdout) {
+	if r.Code != 0 || !regexp.MustCompile(`^cockpitfs \S+ .*go1\.\S+\n$`).MatchString(r.Stdout) {
 		t.Fatalf("version: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
 	}
 }

@@ -2,10 +2,8 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/kv"
@@ -16,15 +14,14 @@ const backupEvery = 10 * time.Minute
 
 // backupCommand writes a backup of a stopped daemon's store to FILE.
 func backupCommand(args []string) error {
-	fset := flag.NewFlagSet("backup", flag.ContinueOnError)
+	fset := newFlags("backup")
 	data := dataFlag(fset)
 	positional, err := parseInterspersed(fset, args)
 	if err != nil {
 		return err
 	}
 	if len(positional) != 1 {
-		fmt.Fprint(os.Stderr, usage)
-		return errUsage
+		return &usageError{command: "backup", msg: "backup takes one FILE"}
 	}
 	db, err := openOffline(*data)
 	if err != nil {
@@ -35,14 +32,14 @@ func backupCommand(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%d records backed up to %s\n", n, positional[0])
+	fmt.Printf("%s backed up to %s\n", plural(n, "record"), positional[0])
 	return nil
 }
 
 // restoreCommand replaces a stopped daemon's store by a backup (default: the newest rolling
 // one), keeping the replaced store aside, and says what is lost.
 func restoreCommand(args []string) error {
-	fset := flag.NewFlagSet("restore", flag.ContinueOnError)
+	fset := newFlags("restore")
 	data := dataFlag(fset)
 	positional, err := parseInterspersed(fset, args)
 	if err != nil {
@@ -60,14 +57,13 @@ func restoreCommand(args []string) error {
 	case 1:
 		path = positional[0]
 	default:
-		fmt.Fprint(os.Stderr, usage)
-		return errUsage
+		return &usageError{command: "restore", msg: "restore takes at most one FILE"}
 	}
 	report, err := kv.Restore(*data, path)
 	if err != nil {
 		return heldHint(err)
 	}
-	fmt.Printf("restored %d records from %s (taken %s)\n", report.Restored, report.Backup, report.Taken.Format(time.RFC3339))
+	fmt.Printf("restored %s from %s (taken %s)\n", plural(report.Restored, "record"), report.Backup, report.Taken.Format(time.RFC3339))
 	fmt.Printf("the replaced store is kept, unchanged, in %s\n", report.MovedTo)
 	for _, f := range report.Unreadable {
 		fmt.Printf("could not be read in full, what only it held is lost: %s\n", f)
@@ -79,7 +75,7 @@ func restoreCommand(args []string) error {
 	case len(report.Lost) == 0:
 		fmt.Println("lost: nothing else the replaced store could still read")
 	default:
-		fmt.Printf("lost: %d records the replaced store held differ from the backup:\n", len(report.Lost))
+		fmt.Printf("lost: %s of the replaced store, which the backup holds otherwise or not at all:\n", plural(len(report.Lost), "record"))
 		for _, l := range report.Lost {
 			fmt.Println("  " + l)
 		}
@@ -129,7 +125,7 @@ func keepBackups(db *kv.DB, data string, stop <-chan struct{}) {
 			log.Printf("backup: %v", err)
 			return
 		}
-		log.Printf("backup: %d records in %s", n, path)
+		log.Printf("backup: %s in %s", plural(n, "record"), path)
 	}
 	backup()
 	ticker := time.NewTicker(backupEvery)

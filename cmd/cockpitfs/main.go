@@ -1,62 +1,246 @@
-// Command cockpitfs mounts the cockpitfs tree (SPEC §1): mount, unmount, verify, version.
+// Command cockpitfs mounts the cockpitfs tree (docs/spec.md §1): mount, unmount, verify, backup,
+// restore, exec, completion, version, help.
 package main
 
 import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"sort"
+	"strings"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// command is one subcommand: its usage text and what it does with its arguments.
+type command struct {
+	usage string // first line: the synopsis; the rest: what it does and its flags
+	run   func(args []string) error
+}
 
-const usage = `usage:
-  cockpitfs mount [--data DIR] [--daemon] [--allow-other] [--debug] MOUNTPOINT
-  cockpitfs unmount MOUNTPOINT
-  cockpitfs verify [--data DIR]
-  cockpitfs backup [--data DIR] FILE
-  cockpitfs restore [--data DIR] [FILE]
-  cockpitfs version
-`
+// commands is filled in init: completion and help read it.
+var commands map[string]command
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "cockpitfs:", err)
-		os.Exit(1)
+func init() {
+	commands = map[string]command{
+		"mount": {`usage: cockpitfs mount [flags] MOUNTPOINT
+
+Mount the cockpitfs tree on MOUNTPOINT and serve it until SIGINT, SIGTERM or SIGHUP (or
+` + "`cockpitfs unmount`" + `). MOUNTPOINT is created if absent; while no daemon serves it, it is
+read-only, so nothing is written beneath the mount by mistake.
+
+flags:
+  --data DIR         the store (default $XDG_STATE_HOME/cockpitfs, else ~/.local/state/cockpitfs)
+  --daemon           serve in the background; return once serving, printing the pid and the
+                     log file (DIR/cockpitfs.log)
+  --allow-other      let every user use the mount (needs user_allow_other in /etc/fuse.conf
+                     unless root)
+  --nonempty         mount even over a directory that holds files (they are hidden meanwhile)
+  --log-level LEVEL  error, info (default) or debug (every FUSE request)
+`, mountCommand},
+		"unmount": {`usage: cockpitfs unmount MOUNTPOINT
+
+Unmount a cockpitfs mount; the daemon serving it then exits. A dead mount left by a killed
+daemon ("transport endpoint is not connected") is detached. Also spelled umount.
+`, unmountCommand},
+		"verify": {`usage: cockpitfs verify [--data DIR]
+
+Check every record and index entry of a stopped daemon's store (read-only). Exit 0: clean;
+1: violations, each printed; 2: DIR is missing or holds no store.
+
+flags:
+  --data DIR   the store (default $XDG_STATE_HOME/cockpitfs, else ~/.local/state/cockpitfs)
+`, verifyCommand},
+		"exec": {`usage: cockpitfs exec [--holder NAME] STACK_DIR -- COMMAND [ARG...]
+
+Hold the stack at STACK_DIR (e.g. ~/cockpit/app/stacks/feature-x) for COMMAND's lifetime: claim
+it with a holder whose pid is COMMAND's process, run COMMAND with the stack's env added to its
+environment, and exit with its status. When COMMAND ends the holder is released, unless it is
+the stack's last one (a running stack is stopped by a drain): then it stays, reading state=dead.
+
+flags:
+  --holder NAME   the holder's name (default exec-$USER)
+`, execCommand},
+		"backup": {`usage: cockpitfs backup [--data DIR] FILE
+
+Write a backup of a stopped daemon's store to FILE. (A serving daemon keeps rolling backups of
+its own in DIR/backups.)
+
+flags:
+  --data DIR   the store (default $XDG_STATE_HOME/cockpitfs, else ~/.local/state/cockpitfs)
+`, backupCommand},
+		"restore": {`usage: cockpitfs restore [--data DIR] [FILE]
+
+Replace a stopped daemon's store by a backup (default: the newest rolling one), keeping the
+replaced store aside, and say what is lost.
+
+flags:
+  --data DIR   the store (default $XDG_STATE_HOME/cockpitfs, else ~/.local/state/cockpitfs)
+`, restoreCommand},
+		"completion": {`usage: cockpitfs completion bash
+
+Print a bash completion script for cockpitfs: source <(cockpitfs completion bash)
+`, completionCommand},
+		"version": {`usage: cockpitfs version
+
+Print the module version, VCS revision and time this binary was built from.
+`, versionCommand},
+		"help": {`usage: cockpitfs help [COMMAND]
+
+Print the usage of cockpitfs or of one command.
+`, helpCommand},
 	}
 }
 
-var errUsage = errors.New("see usage above")
+const programUsage = `usage: cockpitfs COMMAND [ARGS...]
 
-func run(args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, usage)
-		return errUsage
-	}
-	switch args[0] {
-	case "mount":
-		return mountCommand(args[1:])
-	case "unmount", "umount":
-		if len(args) != 2 {
-			fmt.Fprint(os.Stderr, usage)
-			return errUsage
-		}
-		return unmount(args[1])
-	case "verify":
-		return verifyCommand(args[1:])
-	case "backup":
-		return backupCommand(args[1:])
-	case "restore":
-		return restoreCommand(args[1:])
-	case "version", "--version":
-		fmt.Println("cockpitfs", version)
-		return nil
+cockpitfs mounts a filesystem through which stacks (copies of a development environment running
+side by side) lease port families, record their holders and are drained. docs/spec.md in the
+repository is the contract.
+
+commands:
+  mount MOUNTPOINT           mount and serve the tree
+  unmount MOUNTPOINT         unmount it (the daemon exits)
+  verify [--data DIR]        check a stopped daemon's store
+  backup [--data DIR] FILE   back a stopped daemon's store up
+  restore [--data DIR] [FILE]  restore a stopped daemon's store
+  exec STACK_DIR -- CMD...   hold a stack for CMD's lifetime, with its env
+  completion bash            print bash completion
+  version                    print the build's version
+  help [COMMAND]             print a command's usage (also: COMMAND --help)
+`
+
+// usageError is a command line that cannot be run: exit 2, the usage on stderr.
+type usageError struct {
+	command string
+	msg     string
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+// exitError ends the program with a code of its own, having said what it had to say.
+type exitError struct{ code int }
+
+func (e *exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes a command line and returns the exit status: 0, 1 for a failure, 2 for a usage
+// error.
+func run(args []string, stdout, stderr io.Writer) int {
+	err := dispatch(args, stdout)
+	var usage *usageError
+	var exit *exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &usage):
+		fmt.Fprintln(stderr, "cockpitfs:", usage.msg)
+		fmt.Fprint(stderr, usageOf(usage.command))
+		return 2
+	case errors.As(err, &exit):
+		return exit.code
 	default:
-		fmt.Fprint(os.Stderr, usage)
-		return fmt.Errorf("unknown command %q", args[0])
+		fmt.Fprintln(stderr, "cockpitfs:", err)
+		return 1
 	}
+}
+
+func usageOf(name string) string {
+	if c, ok := commands[name]; ok {
+		return c.usage
+	}
+	return programUsage
+}
+
+func dispatch(args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return &usageError{msg: "no command given"}
+	}
+	name := args[0]
+	switch name {
+	case "-h", "--help", "-help":
+		fmt.Fprint(stdout, programUsage)
+		return nil
+	case "--version":
+		name = "version"
+	case "umount":
+		name = "unmount"
+	}
+	c, ok := commands[name]
+	if !ok {
+		return &usageError{msg: fmt.Sprintf("unknown command %q", args[0])}
+	}
+	rest := args[1:]
+	// Help is asked for before anything else, so `unmount --help` never touches a path.
+	for _, a := range rest {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "--help" || a == "-help" {
+			fmt.Fprint(stdout, c.usage)
+			return nil
+		}
+	}
+	return c.run(rest)
+}
+
+func helpCommand(args []string) error {
+	switch len(args) {
+	case 0:
+		fmt.Print(programUsage)
+		return nil
+	case 1:
+		if _, ok := commands[args[0]]; !ok {
+			return &usageError{command: "help", msg: fmt.Sprintf("unknown command %q", args[0])}
+		}
+		fmt.Print(usageOf(args[0]))
+		return nil
+	}
+	return &usageError{command: "help", msg: "help takes at most one command"}
+}
+
+func versionCommand(args []string) error {
+	if len(args) != 0 {
+		return &usageError{command: "version", msg: "version takes no arguments"}
+	}
+	fmt.Println(buildVersion())
+	return nil
+}
+
+// buildVersion describes the build from what the go command recorded in the binary: the module
+// version, and for a build from a checkout the VCS revision, its time and whether the tree had
+// uncommitted changes.
+func buildVersion() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "cockpitfs (no build information)"
+	}
+	s := "cockpitfs " + info.Main.Version
+	settings := map[string]string{}
+	for _, kv := range info.Settings {
+		settings[kv.Key] = kv.Value
+	}
+	var vcs []string
+	if r := settings["vcs.revision"]; r != "" {
+		vcs = append(vcs, "revision "+r)
+	}
+	if t := settings["vcs.time"]; t != "" {
+		vcs = append(vcs, "committed "+t)
+	}
+	if settings["vcs.modified"] == "true" {
+		vcs = append(vcs, "with uncommitted changes")
+	}
+	if len(vcs) > 0 {
+		s += " (" + strings.Join(vcs, ", ") + ")"
+	}
+	return s + " " + info.GoVersion
 }
 
 // defaultDataDir is $XDG_STATE_HOME/cockpitfs, else ~/.local/state/cockpitfs.
@@ -71,16 +255,24 @@ func defaultDataDir() string {
 	return filepath.Join(home, ".local", "state", "cockpitfs")
 }
 
+// newFlags makes a command's flag set; errors come back to run, which prints the usage.
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
 func dataFlag(fs *flag.FlagSet) *string {
 	return fs.String("data", defaultDataDir(), "the store's directory")
 }
 
-// parseInterspersed lets flags follow the mountpoint too (`mount MNT --daemon`).
+// parseInterspersed lets flags follow positional arguments too (`mount MNT --daemon`); after
+// "--" everything is positional.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			return nil, &usageError{command: fs.Name(), msg: err.Error()}
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -89,4 +281,26 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, args[0])
 		args = args[1:]
 	}
+}
+
+// flagNames lists a command's flags as --name, for completion.
+func flagNames(name string) []string {
+	var names []string
+	for _, line := range strings.Split(usageOf(name), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && strings.HasPrefix(f[0], "--") {
+			names = append(names, f[0])
+		}
+	}
+	names = append(names, "--help")
+	sort.Strings(names)
+	return names
+}
+
+// plural is "1 record" or "n records".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -3,8 +3,8 @@ package main
 import (
 	"bufio"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/exec"
@@ -26,19 +26,49 @@ import (
 // readyEnv names the fd a daemonised child reports readiness on.
 const readyEnv = "COCKPITFS_READY_FD"
 
+// Log levels of --log-level.
+const (
+	logError = iota
+	logInfo
+	logDebug
+)
+
+var logLevel = logInfo
+
+// infof logs what the daemon does (serving, unmounting) unless --log-level error.
+func infof(format string, args ...any) {
+	if logLevel >= logInfo {
+		log.Printf(format, args...)
+	}
+}
+
 func mountCommand(args []string) error {
-	fset := flag.NewFlagSet("mount", flag.ContinueOnError)
+	fset := newFlags("mount")
 	data := dataFlag(fset)
-	daemon := fset.Bool("daemon", false, "return once serving; serve in the background")
-	allowOther := fset.Bool("allow-other", false, "let every user use the mount")
-	debug := fset.Bool("debug", false, "log every FUSE request")
+	daemon := fset.Bool("daemon", false, "")
+	allowOther := fset.Bool("allow-other", false, "")
+	nonempty := fset.Bool("nonempty", false, "")
+	level := fset.String("log-level", "info", "")
+	debug := fset.Bool("debug", false, "") // kept for scripts of earlier releases: --log-level debug
 	positional, err := parseInterspersed(fset, args)
 	if err != nil {
 		return err
 	}
 	if len(positional) != 1 {
-		fmt.Fprint(os.Stderr, usage)
-		return errUsage
+		return &usageError{command: "mount", msg: "mount takes one MOUNTPOINT"}
+	}
+	switch *level {
+	case "error":
+		logLevel = logError
+	case "info":
+		logLevel = logInfo
+	case "debug":
+		logLevel = logDebug
+	default:
+		return &usageError{command: "mount", msg: fmt.Sprintf("--log-level %q is not error, info or debug", *level)}
+	}
+	if *debug {
+		logLevel = logDebug
 	}
 	mnt, err := filepath.Abs(positional[0])
 	if err != nil {
@@ -47,17 +77,35 @@ func mountCommand(args []string) error {
 	if *daemon {
 		return daemonize(args, *data)
 	}
-	return serve(mnt, *data, cfs.Options{AllowOther: *allowOther, Debug: *debug})
+	return serve(mnt, *data, *nonempty, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
 }
 
-// serve mounts and serves until SIGINT/SIGTERM, then unmounts and closes the store.
-func serve(mnt, data string, o cfs.Options) (err error) {
+func unmountCommand(args []string) error {
+	if len(args) != 1 {
+		return &usageError{command: "unmount", msg: "unmount takes one MOUNTPOINT"}
+	}
+	return unmount(args[0])
+}
+
+// stopSignals end a foreground daemon with a clean unmount: Ctrl-C, kill, the terminal closing
+// (SIGHUP) and Ctrl-\ (SIGQUIT, whose default would leave a dead mount behind).
+var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
+
+// serve mounts and serves until a stop signal or an unmount from outside, then unmounts and
+// closes the store.
+func serve(mnt, data string, nonempty bool, o cfs.Options) (err error) {
 	ready := readyPipe()
 	defer func() {
 		if ready != nil && err != nil {
 			fmt.Fprintln(ready, err)
 		}
 	}()
+	// Signals are caught from the start: one arriving while the store opens or the mount is
+	// made must still end in a clean unmount. Ctrl-Z would stop the server and hang every
+	// process using the mount; a closed stdout or stderr pipe must not kill it either.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, stopSignals...)
+	signal.Ignore(syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGPIPE)
 	if os.Geteuid() != 0 {
 		if _, lerr := exec.LookPath("fusermount3"); lerr != nil {
 			if _, lerr := exec.LookPath("fusermount"); lerr != nil {
@@ -65,18 +113,21 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 			}
 		}
 	}
-	// Before MkdirAll: a dead mount answers its stat with ENOTCONN.
+	// Before anything touches the path: a dead mount answers its stat with ENOTCONN.
 	if err := clearStaleMount(mnt); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
+	beneath, err := prepareMountpoint(mnt, nonempty)
+	if err != nil {
 		return err
 	}
+	defer beneath.Close()
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
 	}
 	db, err := kv.Open(data)
 	if err != nil {
+		protectMountpoint(beneath)
 		return damageHint(err, data)
 	}
 	defer func() {
@@ -92,32 +143,42 @@ func serve(mnt, data string, o cfs.Options) (err error) {
 	// The holds of every active lease are taken again before the mount serves anyone.
 	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})
 	if err != nil {
+		protectMountpoint(beneath)
 		return fmt.Errorf("holding the leased ports: %w", err)
 	}
 	for _, l := range lost {
 		log.Printf("conflict: %s/%s: %s; reported in its health and events", l.Cockpit, l.Stack, l)
 	}
 	server, err := cfs.Mount(mnt, eng, o)
+	protectMountpoint(beneath)
 	if err != nil {
-		return fmt.Errorf("mount %s: %w", mnt, err)
+		return mountError(mnt, err)
 	}
-	log.Printf("serving %s (data %s)", mnt, data)
+	infof("serving %s (data %s)", mnt, data)
 	if ready != nil {
 		fmt.Fprintln(ready, "ok")
 		ready.Close()
 		ready = nil
 	}
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { server.Wait(); close(done) }()
 	select {
 	case s := <-signals:
-		log.Printf("%s: unmounting %s", s, mnt)
+		infof("%s: unmounting %s", s, mnt)
 		shutdown(server, mnt, done)
 	case <-done: // unmounted from outside (cockpitfs unmount, umount)
 	}
 	return nil
+}
+
+// mountError words a failed mount: go-fuse reports fusermount's failure by its wait status only,
+// while fusermount itself has already said why on our stderr.
+func mountError(mnt string, err error) error {
+	msg := strings.TrimSpace(err.Error())
+	if strings.HasPrefix(msg, "fusermount exited") {
+		msg = "fusermount3 refused the mount (its own message says why)"
+	}
+	return fmt.Errorf("mount %s: %s", mnt, msg)
 }
 
 // shutdown unmounts; while files are still open on the mount it detaches it and aborts the FUSE
@@ -168,11 +229,17 @@ func daemonize(args []string, data string) error {
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
 	}
-	logFile, err := os.OpenFile(filepath.Join(data, "cockpitfs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logPath := filepath.Join(data, "cockpitfs.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logFile.Close()
+	// Where this start's lines begin, to show them if it fails.
+	logStart, err := logFile.Seek(0, io.SeekEnd)
+	if err != nil {
+		return err
+	}
 	var child []string
 	for _, a := range args {
 		if a != "--daemon" && a != "-daemon" {
@@ -183,11 +250,10 @@ func daemonize(args []string, data string) error {
 	if err != nil {
 		return err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(self, append([]string{"mount"}, child...)...)
+	// /proc/self/exe, not the path: the daemon runs this very binary even if the path is not
+	// searchable by the user (setpriv from root's directory) or was replaced since.
+	cmd := exec.Command("/proc/self/exe", append([]string{"mount"}, child...)...)
+	cmd.Args[0] = os.Args[0]
 	cmd.Env = append(os.Environ(), readyEnv+"=3")
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -199,14 +265,71 @@ func daemonize(args []string, data string) error {
 	line, _ := bufio.NewReader(r).ReadString('\n')
 	line = strings.TrimSpace(line)
 	if line == "ok" {
-		fmt.Printf("cockpitfs serving (pid %d)\n", cmd.Process.Pid)
+		fmt.Printf("cockpitfs serving (pid %d); log: %s\n", cmd.Process.Pid, logPath)
 		return cmd.Process.Release()
 	}
 	cmd.Wait()
 	if line == "" {
 		line = "the daemon exited before it was serving"
 	}
-	return errors.New(line)
+	fmt.Fprintln(os.Stderr, "cockpitfs:", line)
+	said := daemonSaid(logPath, logStart, line)
+	for _, l := range said {
+		fmt.Fprintln(os.Stderr, "  "+l)
+	}
+	for _, fix := range mountFixes(strings.Join(said, "\n") + "\n" + line) {
+		fmt.Fprintln(os.Stderr, "fix:", fix)
+	}
+	fmt.Fprintln(os.Stderr, "the daemon's log:", logPath)
+	return &exitError{code: 1}
+}
+
+// daemonSaid returns the lines a failed daemon wrote to its log from offset on, but the line with
+// the error it also reported through the ready pipe.
+func daemonSaid(logPath string, offset int64, reported string) []string {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil
+	}
+	var lines []string
+	sc := bufio.NewScanner(io.LimitReader(f, 64<<10))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" && !strings.HasSuffix(l, reported) {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// mountFixes names what to do about the failures fusermount3 and the kernel report in their own
+// words.
+func mountFixes(said string) []string {
+	var fixes []string
+	has := func(s ...string) bool {
+		for _, x := range s {
+			if !strings.Contains(said, x) {
+				return false
+			}
+		}
+		return true
+	}
+	switch {
+	case has("user_allow_other"):
+		fixes = append(fixes, "as root, add the line user_allow_other to /etc/fuse.conf; or mount without --allow-other")
+	case has("/dev/fuse", "ermission denied"):
+		fixes = append(fixes, "/dev/fuse must be readable and writable by you: as root, chmod 0666 /dev/fuse (what Debian's udev rule does); or mount as root")
+	case has("/dev/fuse", "No such file or directory"):
+		fixes = append(fixes, "load the fuse module (as root: modprobe fuse); in a container, give it the device (docker run --device /dev/fuse)")
+	case has("fusermount", "Operation not permitted"):
+		fixes = append(fixes, "fusermount3 must be setuid root (apt-get install --reinstall fuse3); in a container, add --cap-add SYS_ADMIN")
+	case has("user has no write access to mountpoint"):
+		fixes = append(fixes, "mount on a directory you own")
+	}
+	return fixes
 }
 
 // mountType returns the filesystem type of the mount at dir per /proc/self/mountinfo, "" when

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// execCommand holds a stack for a command's lifetime (docs/spec.md §4, "Holding a stack for a
+// command").
+func execCommand(args []string) error {
+	sep := -1
+	for i, a := range args {
+		if a == "--" {
+			sep = i
+			break
+		}
+	}
+	if sep < 0 || sep == len(args)-1 {
+		return &usageError{command: "exec", msg: "exec needs -- and the command to run after it"}
+	}
+	fset := newFlags("exec")
+	holder := fset.String("holder", defaultHolderName(), "")
+	positional, err := parseInterspersed(fset, args[:sep])
+	if err != nil {
+		return err
+	}
+	if len(positional) != 1 {
+		return &usageError{command: "exec", msg: "exec takes one STACK_DIR before --"}
+	}
+	stack, err := filepath.Abs(positional[0])
+	if err != nil {
+		return err
+	}
+	holderPath := filepath.Join(stack, "holders", *holder)
+	if err := claimForExec(stack, holderPath); err != nil {
+		return err
+	}
+	env, err := readEnv(filepath.Join(stack, "env"))
+	if err != nil {
+		return err
+	}
+	// SIGINT and SIGQUIT from a terminal reach the whole foreground process group, the command
+	// included: passing them on would deliver them twice. SIGTERM and SIGHUP are sent to this
+	// process alone.
+	signal.Ignore(syscall.SIGINT, syscall.SIGQUIT)
+	forward := make(chan os.Signal, 4)
+	signal.Notify(forward, syscall.SIGTERM, syscall.SIGHUP)
+
+	cmd := exec.Command(args[sep+1], args[sep+2:]...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "cockpitfs: exec:", err)
+		releaseAfterExec(holderPath)
+		return &exitError{code: 127}
+	}
+	// The holder lives as long as the command itself from now on.
+	if err := os.WriteFile(holderPath, []byte("pid="+strconv.Itoa(cmd.Process.Pid)+"\n"), 0); err != nil {
+		fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s keeps this process's pid: %v\n", holderPath, err)
+	}
+	go func() {
+		for s := range forward {
+			cmd.Process.Signal(s)
+		}
+	}()
+	err = cmd.Wait()
+	signal.Stop(forward)
+	releaseAfterExec(holderPath)
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return &exitError{code: 128 + int(ws.Signal())}
+		}
+		return &exitError{code: exit.ExitCode()}
+	}
+	return err
+}
+
+// defaultHolderName is exec-<user>, with what a holder name may not hold replaced.
+func defaultHolderName() string {
+	name := strconv.Itoa(os.Getuid())
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	return "exec-" + regexp.MustCompile(`[^A-Za-z0-9._-]`).ReplaceAllString(name, "_")
+}
+
+// claimForExec creates the holder bound to this process (the command's pid follows once it
+// runs). An existing holder of that name is taken over only when its process is gone.
+func claimForExec(stack, holderPath string) error {
+	self := []byte("pid=" + strconv.Itoa(os.Getpid()) + "\n")
+	f, err := os.OpenFile(holderPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if errors.Is(err, os.ErrExist) {
+		state, pid := holderState(holderPath)
+		if state == "live" {
+			return fmt.Errorf("%s is held by the live process %s: choose another name with --holder", holderPath, pid)
+		}
+		f, err = os.OpenFile(holderPath, os.O_WRONLY, 0)
+	}
+	if err != nil {
+		return claimError(stack, err)
+	}
+	_, err = f.Write(self)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return claimError(stack, err)
+	}
+	return nil
+}
+
+// claimError adds the refusal's message and fix from the stack's events file to the errno.
+func claimError(stack string, err error) error {
+	data, rerr := os.ReadFile(filepath.Join(stack, "events"))
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if rerr != nil || len(lines) == 0 {
+		return fmt.Errorf("claim: %w", err)
+	}
+	last := lines[len(lines)-1]
+	msg, fix := jsonField(last, "message"), jsonField(last, "fix")
+	if msg == "" {
+		return fmt.Errorf("claim: %w", err)
+	}
+	return fmt.Errorf("claim: %w: %s (fix: %s)", err, msg, fix)
+}
+
+// jsonField extracts a string field of an events line without decoding the whole line.
+func jsonField(line, key string) string {
+	m := regexp.MustCompile(`"` + key + `":"((?:[^"\\]|\\.)*)"`).FindStringSubmatch(line)
+	if m == nil {
+		return ""
+	}
+	s, err := strconv.Unquote(`"` + m[1] + `"`)
+	if err != nil {
+		return m[1]
+	}
+	return s
+}
+
+// holderState reads state= and pid= of a holder file.
+func holderState(path string) (state, pid string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "state="); ok {
+			state = v
+		}
+		if v, ok := strings.CutPrefix(line, "pid="); ok {
+			pid = v
+		}
+	}
+	return state, pid
+}
+
+// releaseAfterExec releases the holder; the stack's last holder is refused release (a running
+// stack is stopped by a drain) and stays, reading dead.
+func releaseAfterExec(holderPath string) {
+	err := os.Remove(holderPath)
+	if errors.Is(err, syscall.EBUSY) {
+		fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s stays, the stack's last holder (dead now): drain the stack to stop it, or claim it again\n", holderPath)
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cockpitfs: exec: release:", err)
+	}
+}
+
+// readEnv reads a stack's env file: KEY=value lines.
+func readEnv(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var env []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if line := sc.Text(); strings.Contains(line, "=") && !strings.HasPrefix(line, "#") {
+			env = append(env, line)
+		}
+	}
+	return env, sc.Err()
+}

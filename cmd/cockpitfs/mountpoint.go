@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// notMountedNote is the file a daemon leaves in its mountpoint, seen only while no daemon serves
+// there, saying why the directory refuses writes.
+const notMountedNote = "NOT-MOUNTED"
+
+const notMountedText = `No cockpitfs daemon is serving this directory. It is kept read-only while none
+does, so that nothing is written here by mistake and hidden by the next mount.
+
+Start one:       cockpitfs mount %s
+Remove it:       chmod u+w %s && rm -r %s
+`
+
+// prepareMountpoint makes mnt if absent, refuses a directory that holds anything (but the note)
+// unless nonempty, leaves the note, and makes the directory writable by its owner, which
+// fusermount3 requires of a mountpoint. It returns the directory opened: after the mount, its
+// descriptor still reaches the directory beneath it.
+func prepareMountpoint(mnt string, nonempty bool) (*os.File, error) {
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return nil, err
+	}
+	dir, err := os.Open(mnt)
+	if err != nil {
+		return nil, err
+	}
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		dir.Close()
+		return nil, err
+	}
+	var there []string
+	for _, n := range names {
+		if n != notMountedNote {
+			there = append(there, n)
+		}
+	}
+	if len(there) > 0 && !nonempty {
+		dir.Close()
+		return nil, fmt.Errorf("%s is not empty (%s): the mount would hide it; move that away, or mount with --nonempty", mnt, listSome(there, 5))
+	}
+	st, err := dir.Stat()
+	if err != nil {
+		dir.Close()
+		return nil, err
+	}
+	if err := dir.Chmod(st.Mode().Perm() | 0o200); err != nil {
+		log.Printf("%s stays mode %o: %v", mnt, st.Mode().Perm(), err)
+		return dir, nil
+	}
+	note := filepath.Join(mnt, notMountedNote)
+	if _, err := os.Lstat(note); os.IsNotExist(err) {
+		if err := os.WriteFile(note, []byte(fmt.Sprintf(notMountedText, mnt, mnt, mnt)), 0o444); err != nil {
+			log.Printf("leaving %s: %v", note, err)
+		}
+	}
+	return dir, nil
+}
+
+// protectMountpoint clears every write bit of the directory beneath the mount, so that while no
+// daemon serves, writes into it are refused (EACCES) rather than landing beneath the next mount.
+// Root's writes pass mode bits; for root the note and the non-empty check remain.
+func protectMountpoint(dir *os.File) {
+	st, err := dir.Stat()
+	if err == nil {
+		err = dir.Chmod(st.Mode().Perm() &^ 0o222)
+	}
+	if err != nil {
+		log.Printf("%s stays writable while unmounted: %v", dir.Name(), err)
+	}
+}
+
+// listSome names up to n of names, sorted, and how many more there are.
+func listSome(names []string, n int) string {
+	sort.Strings(names)
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
+}

@@ -1,0 +1,347 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Help for the program and each command: exit 0, the usage on stdout, nothing on stderr, and no
+// command acting on "--help" as an argument.
+func TestCLIHelp(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--help"}, {"-h"}, {"help"}, {"help", "mount"}, {"mount", "--help"}, {"mount", "-h"},
+		{"unmount", "--help"}, {"umount", "-h"}, {"verify", "--help"}, {"exec", "--help"},
+		{"completion", "--help"}, {"version", "--help"}, {"mount", "/nonexistent/x", "--help"},
+	} {
+		r := lifecycleRun(t, args...)
+		if r.Code != 0 || !strings.HasPrefix(r.Stdout, "usage: cockpitfs") || r.Stderr != "" {
+			t.Errorf("cockpitfs %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	if r := lifecycleRun(t, "help", "mount"); !strings.Contains(r.Stdout, "--nonempty") || !strings.Contains(r.Stdout, "--log-level") {
+		t.Errorf("mount's usage misses its flags:\n%s", r.Stdout)
+	}
+	if _, err := os.Stat("/nonexistent/x"); err == nil {
+		t.Error("mount --help made its mountpoint")
+	}
+}
+
+// A command line that cannot run: exit 2, what is wrong and the usage on stderr, nothing done.
+func TestCLIUsageErrors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{nil, "no command given"},
+		{[]string{"bogus"}, `unknown command "bogus"`},
+		{[]string{"mount"}, "mount takes one MOUNTPOINT"},
+		{[]string{"mount", "--log-level", "loud", filepath.Join(dir, "m")}, `--log-level "loud" is not error, info or debug`},
+		{[]string{"mount", "--no-such-flag", filepath.Join(dir, "m")}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"unmount"}, "unmount takes one MOUNTPOINT"},
+		{[]string{"exec", filepath.Join(dir, "s")}, "exec needs -- and the command to run after it"},
+		{[]string{"completion", "zsh"}, "completion supports bash only"},
+		{[]string{"help", "bogus"}, `unknown command "bogus"`},
+	} {
+		r := lifecycleRun(t, c.args...)
+		if r.Code != 2 || r.Stdout != "" || !strings.Contains(r.Stderr, c.says) || !strings.Contains(r.Stderr, "usage: cockpitfs") {
+			t.Errorf("cockpitfs %s: want exit 2 saying %q with the usage on stderr; got exit %d\nstdout: %s\nstderr: %s",
+				strings.Join(c.args, " "), c.says, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("a refused command line made %v", entries)
+	}
+}
+
+// version names what the binary was built from: built from a git checkout of this tree, that
+// commit.
+func TestCLIVersion(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed")
+	}
+	// This working tree, committed in a repository of its own: what is tested is what is here.
+	repo := t.TempDir()
+	files, err := exec.Command("git", "-C", "..", "ls-files", "-co", "--exclude-standard").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(files)) {
+		data, err := os.ReadFile(filepath.Join("..", f))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // deleted in the working tree
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(repo, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(repo, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	git := func(args ...string) string {
+		out, err := exec.Command("git", append([]string{"-C", repo, "-c", "user.name=t", "-c", "user.email=t@t.invalid"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	git("init", "-q")
+	git("add", "-A")
+	git("commit", "-qm", "test")
+	head := git("rev-parse", "HEAD")
+	bin := filepath.Join(t.TempDir(), "cockpitfs")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/cockpitfs")
+	build.Dir = repo
+	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=true")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version").Output()
+	want := "revision " + head + ", committed "
+	if err != nil || !strings.HasPrefix(string(out), "cockpitfs ") || !strings.Contains(string(out), want) || !strings.Contains(string(out), " go1.") {
+		t.Fatalf("version: %v\n%q, want it to name %q", err, out, want)
+	}
+}
+
+// verify refuses, with exit 2, a directory that is missing (and does not create it), a file, or a
+// directory that holds no store.
+func TestCLIVerifyRefusesNonStore(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for path, says := range map[string]string{
+		filepath.Join(dir, "typo"): "does not exist",
+		file:                       "is not a directory",
+		dir:                        "holds no cockpitfs store",
+	} {
+		r := lifecycleRun(t, "verify", "--data", path)
+		if r.Code != 2 || !strings.Contains(r.Stderr, path+" "+says) || strings.Contains(r.Stdout, "clean") {
+			t.Errorf("verify --data %s: want exit 2 saying %q; got exit %d\nstdout: %s\nstderr: %s", path, says, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "typo")); !os.IsNotExist(err) {
+		t.Errorf("verify made the missing directory: %v", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("verify wrote into a directory that holds no store: %v", entries)
+	}
+}
+
+// One record is counted in the singular.
+func TestCLIVerifySingular(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app $M/app/stacks/s")
+	m.Stop()
+	r := lifecycleRun(t, "verify", "--data", m.Data)
+	if r.Code != 0 || r.Stdout != "1 record clean\n" {
+		t.Fatalf("verify: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+// Bash completes commands, each command's flags and --log-level's values.
+func TestCLICompletion(t *testing.T) {
+	t.Parallel()
+	complete := func(words ...string) string {
+		script := fmt.Sprintf(`source <(%q completion bash) || exit 1
+COMP_WORDS=(%s); COMP_CWORD=%d; _cockpitfs; echo "${COMPREPLY[*]}"`, binary, quoteWords(words), len(words)-1)
+		r := shIn(t, t.TempDir(), script)
+		if r.Code != 0 || r.Stderr != "" {
+			t.Fatalf("completion of %v: exit %d\n%s%s", words, r.Code, r.Stdout, r.Stderr)
+		}
+		return strings.TrimSpace(r.Stdout)
+	}
+	for words, want := range map[string]string{
+		"cockpitfs mo":                    "mount",
+		"cockpitfs ve":                    "verify version",
+		"cockpitfs mount --da":            "--daemon --data",
+		"cockpitfs mount --log-level d":   "debug",
+		"cockpitfs verify --":             "--data --help",
+		"cockpitfs help un":               "unmount",
+		"cockpitfs completion ":           "bash",
+		"cockpitfs exec --h":              "--help --holder",
+		"cockpitfs exec /s -- basenam":    "basename",
+		"cockpitfs unmount --nonexistent": "",
+	} {
+		if got := complete(strings.Split(words, " ")...); got != want {
+			t.Errorf("%q completes to %q, want %q", words, got, want)
+		}
+	}
+}
+
+func quoteWords(words []string) string {
+	q := make([]string, len(words))
+	for i, w := range words {
+		q[i] = strconv.Quote(w)
+	}
+	return strings.Join(q, " ")
+}
+
+// While no daemon serves it, the mountpoint refuses writes (mode 0555) and holds a note saying
+// why; the next mount serves on it as before.
+func TestMountpointReadOnlyWhileNotServing(t *testing.T) {
+	t.Parallel()
+	home := nonrootDir(t)
+	m := &mount{t: t, Dir: filepath.Join(home, "cockpit"), Data: filepath.Join(t.TempDir(), "data")}
+	if err := os.Mkdir(m.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(m.Dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	m.start()
+	t.Cleanup(m.stop)
+	m.ok("mkdir $M/app")
+	m.Stop()
+
+	st, err := os.Stat(m.Dir)
+	if err != nil || st.Mode().Perm() != 0o555 {
+		t.Fatalf("the unmounted mountpoint: %v, mode %v; want 0555", err, st.Mode())
+	}
+	note, err := os.ReadFile(filepath.Join(m.Dir, "NOT-MOUNTED"))
+	if err != nil || !strings.Contains(string(note), "cockpitfs mount "+m.Dir) {
+		t.Fatalf("NOT-MOUNTED: %v\n%s", err, note)
+	}
+	// Its owner's writes are refused, and say so.
+	r := shIn(t, "/", `exec setpriv --reuid=65534 --regid=65534 --clear-groups bash -c 'mkdir "$M/app"; cat > "$M/config" </dev/null'`, "M="+m.Dir)
+	if r.Code == 0 || strings.Count(r.Stderr, "Permission denied") != 2 {
+		t.Fatalf("writes into the unmounted mountpoint: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if entries, _ := os.ReadDir(m.Dir); len(entries) != 1 {
+		t.Fatalf("the unmounted mountpoint holds %v", entries)
+	}
+	// Mounted again, the tree is back: the cockpit made before.
+	m.start()
+	if got := m.ok("ls $M"); !strings.Contains(got, "app\n") {
+		t.Fatalf("after a remount: %q", got)
+	}
+}
+
+// Mounting over a directory that holds anything is refused, naming what is there, unless asked
+// for with --nonempty.
+func TestMountNonEmptyRefused(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
+	if err := os.MkdirAll(filepath.Join(mnt, "app"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "notes.txt"), []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { detach(mnt) })
+	for _, daemon := range [][]string{nil, {"--daemon"}} {
+		r := lifecycleRun(t, append(append([]string{"mount", "--data", data}, daemon...), mnt)...)
+		if r.Code != 1 || !strings.Contains(r.Stderr, mnt+" is not empty (app, notes.txt)") || !strings.Contains(r.Stderr, "--nonempty") {
+			t.Fatalf("mount %v over a non-empty directory: exit %d\nstdout: %s\nstderr: %s", daemon, r.Code, r.Stdout, r.Stderr)
+		}
+		if mounted(mnt) {
+			t.Fatal("mounted over a non-empty directory")
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "notes.txt")); err != nil || string(got) != "mine\n" {
+		t.Fatalf("the user's file: %q, %v", got, err)
+	}
+	m := &mount{t: t, Dir: mnt, Data: data}
+	m.start("--nonempty")
+	t.Cleanup(m.stop)
+	if got := m.ok("ls $M"); got != "README\nports\n" {
+		t.Fatalf("ls of the mount over a non-empty directory: %q", got)
+	}
+}
+
+// `mount --daemon` that cannot mount prints fusermount3's own words, what to do about them and
+// the log file, and exits 1.
+func TestMountDaemonFailureSaysWhy(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("runs as root to become uid 65534")
+	}
+	fusermount, err := exec.LookPath("fusermount3")
+	if err != nil {
+		t.Skip("SKIPPING: fusermount3 is missing (apt-get install fuse3)")
+	}
+	if conf, _ := os.ReadFile("/etc/fuse.conf"); strings.Contains("\n"+string(conf), "\nuser_allow_other") {
+		t.Skip("SKIPPING: /etc/fuse.conf sets user_allow_other, so --allow-other cannot fail here")
+	}
+	home := nonrootDir(t)
+	mnt, data := filepath.Join(home, "mnt"), filepath.Join(home, "data")
+	t.Cleanup(func() { detach(mnt) })
+	cmd := nonrootCommand(filepath.Dir(fusermount)+":/usr/bin:/bin", "mount", "--daemon", "--allow-other", "--data", data, mnt)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("mount --daemon --allow-other as a user: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
+	}
+	for _, want := range []string{
+		"option allow_other only allowed if 'user_allow_other' is set",
+		"fix: as root, add the line user_allow_other to /etc/fuse.conf",
+		"the daemon's log: " + filepath.Join(data, "cockpitfs.log"),
+	} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("stderr misses %q:\n%s", want, errb.String())
+		}
+	}
+	if mounted(mnt) {
+		t.Error("a failed mount left a mount behind")
+	}
+}
+
+// The daemon of `mount --daemon` leaves the terminal: its own session, no stream of ours.
+func TestMountDaemonDetached(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
+	pid := 0
+	t.Cleanup(func() {
+		if pid > 0 && !lifecycleGone(pid) {
+			syscall.Kill(pid, syscall.SIGTERM)
+			for i := 0; i < 300 && !lifecycleGone(pid); i++ {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		detach(mnt)
+	})
+	r := lifecycleRun(t, "mount", "--daemon", "--log-level", "error", "--data", data, mnt)
+	pid = lifecycleDaemonPID(data)
+	logPath := filepath.Join(data, "cockpitfs.log")
+	if r.Code != 0 || pid == 0 || !strings.Contains(r.Stdout, "log: "+logPath) {
+		t.Fatalf("mount --daemon: exit %d, pid %d\nstdout: %s\nstderr: %s", r.Code, pid, r.Stdout, r.Stderr)
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if fields[3] != strconv.Itoa(pid) || fields[4] != "0" {
+		t.Errorf("the daemon's session %s (want its own, %d), controlling terminal %s (want none)", fields[3], pid, fields[4])
+	}
+	for fd, want := range map[int]string{0: "/dev/null", 1: logPath, 2: logPath} {
+		if got, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd)); got != want {
+			t.Errorf("the daemon's fd %d is %q, want %q", fd, got, want)
+		}
+	}
+	// --log-level error: serving is not logged.
+	if log, _ := os.ReadFile(logPath); strings.Contains(string(log), "serving") {
+		t.Errorf("--log-level error logged %q", log)
+	}
+}
