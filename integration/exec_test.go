@@ -1,0 +1,55 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+)
+
+// `cockpitfs exec` claims the stack with the command's own process as the holder's pid, runs it
+// with the stack's env, exits with its status, and releases the holder unless it is the last.
+func TestExecHoldsStackForCommand(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 37640}, "s")
+	run := `"$B" exec --holder job "$M/app/stacks/s" -- bash -c 'echo "HTTP=$HTTP"; grep -E "^(pid|state)=" "$M/app/stacks/s/holders/job"; echo "self=$$"; exit 3'`
+	r := shIn(t, t.TempDir(), run, "M="+m.Dir, "B="+binary)
+	lines := strings.Split(r.Stdout, "\n")
+	if r.Code != 3 || len(lines) < 4 || lines[0] != "HTTP=37640" || lines[1] != "pid="+strings.TrimPrefix(lines[3], "self=") || lines[2] != "state=live" {
+		t.Fatalf("exec: exit %d (want the command's 3)\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	// The stack's only holder stays, dead with its command, and exec says why.
+	if !strings.Contains(r.Stderr, "stays, the stack's last holder") {
+		t.Errorf("exec did not say why the holder stays: %q", r.Stderr)
+	}
+	if got := m.ok(`grep '^state=' $M/app/stacks/s/holders/job`); got != "state=dead\n" {
+		t.Fatalf("the last holder after its command ended: %q", got)
+	}
+
+	// With a co-tenant the holder goes when the command ends; killed by a signal, exec exits
+	// 128 + its number, like a shell.
+	m.ok("touch $M/app/stacks/s/holders/me")
+	r = shIn(t, t.TempDir(), `"$B" exec --holder job "$M/app/stacks/s" -- bash -c 'kill -TERM $$'`, "M="+m.Dir, "B="+binary)
+	if r.Code != 128+15 {
+		t.Fatalf("exec of a command killed by SIGTERM: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if got := m.ok("ls $M/app/stacks/s/holders"); got != "me\n" {
+		t.Fatalf("holders after exec with a co-tenant: %q", got)
+	}
+	if ev := m.lastEvent("app/stacks/s/events"); !strings.Contains(ev, `"op":"unlink"`) || !strings.Contains(ev, `"result":"ok"`) {
+		t.Fatalf("the release is not the last event: %s", ev)
+	}
+}
+
+// A claim exec cannot make: exit 1 with the refusal's errno, message and fix; nothing runs.
+func TestExecRefusedClaim(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app $M/app/stacks/s")
+	r := shIn(t, t.TempDir(), `"$B" exec "$M/app/stacks/s" -- echo ran`, "M="+m.Dir, "B="+binary)
+	if r.Code != 1 || strings.Contains(r.Stdout, "ran") || !strings.Contains(r.Stderr, "invalid argument") || !strings.Contains(r.Stderr, "fix: write app/config first") {
+		t.Fatalf("exec on a cockpit without config: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if got := m.ok("ls $M/app/stacks/s/holders"); got != "" {
+		t.Fatalf("a refused exec left holders: %q", got)
+	}
+}
