@@ -199,7 +199,7 @@ func quoteWords(words []string) string {
 func TestMountpointReadOnlyWhileNotServing(t *testing.T) {
 	t.Parallel()
 	home := nonrootDir(t)
-	m := &mount{t: t, Dir: filepath.Join(home, "cockpit"), Data: filepath.Join(t.TempDir(), "data")}
+	m := &mount{t: t, ns: ownNetns(t), Dir: filepath.Join(home, "cockpit"), Data: filepath.Join(t.TempDir(), "data")}
 	if err := os.Mkdir(m.Dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestMountNonEmptyRefused(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(mnt, "notes.txt")); err != nil || string(got) != "mine\n" {
 		t.Fatalf("the user's file: %q, %v", got, err)
 	}
-	m := &mount{t: t, Dir: mnt, Data: data}
+	m := &mount{t: t, ns: ownNetns(t), Dir: mnt, Data: data}
 	m.start("--nonempty")
 	t.Cleanup(m.stop)
 	if got := m.ok("ls $M"); got != "README\nports\n" {

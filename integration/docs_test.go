@@ -205,7 +205,7 @@ func TestReadmeTour(t *testing.T) {
 	t.Parallel()
 	block := readmeBlock(t, "## Two minutes in a shell")
 	home := t.TempDir()
-	m := &mount{t: t, Dir: filepath.Join(home, "cockpit"), Data: filepath.Join(home, "data")}
+	m := &mount{t: t, ns: ownNetns(t), Dir: filepath.Join(home, "cockpit"), Data: filepath.Join(home, "data")}
 	m.start()
 	t.Cleanup(m.stop)
 
