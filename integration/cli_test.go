@@ -268,7 +268,8 @@ func TestMountNonEmptyRefused(t *testing.T) {
 }
 
 // `mount --daemon` that cannot mount prints fusermount3's own words, what to do about them and
-// the log file, and exits 1.
+// the log file, and exits 1: a mountpoint the user cannot write to, and --allow-other where
+// /etc/fuse.conf does not allow it.
 func TestMountDaemonFailureSaysWhy(t *testing.T) {
 	t.Parallel()
 	if os.Geteuid() != 0 {
@@ -276,33 +277,52 @@ func TestMountDaemonFailureSaysWhy(t *testing.T) {
 	}
 	fusermount, err := exec.LookPath("fusermount3")
 	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("fusermount3 is missing (.ci/run installs fuse3)")
+		}
 		t.Skip("SKIPPING: fusermount3 is missing (apt-get install fuse3)")
 	}
-	if conf, _ := os.ReadFile("/etc/fuse.conf"); strings.Contains("\n"+string(conf), "\nuser_allow_other") {
-		t.Skip("SKIPPING: /etc/fuse.conf sets user_allow_other, so --allow-other cannot fail here")
-	}
-	home := nonrootDir(t)
-	mnt, data := filepath.Join(home, "mnt"), filepath.Join(home, "data")
-	t.Cleanup(func() { detach(mnt) })
-	cmd := nonrootCommand(filepath.Dir(fusermount)+":/usr/bin:/bin", "mount", "--daemon", "--allow-other", "--data", data, mnt)
-	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err = cmd.Run()
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-		t.Fatalf("mount --daemon --allow-other as a user: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
-	}
-	for _, want := range []string{
-		"option allow_other only allowed if 'user_allow_other' is set",
-		"fix: as root, add the line user_allow_other to /etc/fuse.conf",
-		"the daemon's log: " + filepath.Join(data, "cockpitfs.log"),
+	conf, _ := os.ReadFile("/etc/fuse.conf")
+	allowOtherAllowed := strings.Contains("\n"+string(conf), "\nuser_allow_other")
+	for _, c := range []struct {
+		name      string
+		rootOwned bool // the mountpoint belongs to root
+		flags     []string
+		says, fix string
+	}{
+		{"mountpoint not writable", true, nil, "user has no write access to mountpoint", "fix: mount on a directory you own"},
+		{"allow_other not allowed", false, []string{"--allow-other"}, "option allow_other only allowed if 'user_allow_other' is set", "fix: as root, add the line user_allow_other to /etc/fuse.conf"},
 	} {
-		if !strings.Contains(errb.String(), want) {
-			t.Errorf("stderr misses %q:\n%s", want, errb.String())
-		}
-	}
-	if mounted(mnt) {
-		t.Error("a failed mount left a mount behind")
+		t.Run(c.name, func(t *testing.T) {
+			if c.flags != nil && allowOtherAllowed {
+				t.Skip("/etc/fuse.conf sets user_allow_other, so --allow-other cannot fail here")
+			}
+			home := nonrootDir(t)
+			mnt, data := filepath.Join(home, "mnt"), filepath.Join(home, "data")
+			if c.rootOwned {
+				if err := os.Mkdir(mnt, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() { detach(mnt) })
+			args := append(append([]string{"mount", "--daemon"}, c.flags...), "--data", data, mnt)
+			cmd := nonrootCommand(filepath.Dir(fusermount)+":/usr/bin:/bin", args...)
+			var out, errb strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			err := cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("mount %v as a user: %v\nstdout: %s\nstderr: %s", args, err, out.String(), errb.String())
+			}
+			for _, want := range []string{c.says, c.fix, "the daemon's log: " + filepath.Join(data, "cockpitfs.log")} {
+				if !strings.Contains(errb.String(), want) {
+					t.Errorf("stderr misses %q:\n%s", want, errb.String())
+				}
+			}
+			if mounted(mnt) {
+				t.Error("a failed mount left a mount behind")
+			}
+		})
 	}
 }
 
