@@ -9,13 +9,17 @@ import (
 
 // recordCache keeps decoded records for reads, so the tree renders a file without decoding the
 // record again for every lookup, stat and open, and a transaction that reads the same bytes the
-// cache holds need not decode them either. Every commit replaces (or drops) its stack's entry
-// before it is acknowledged; a generation per key keeps a read that raced a commit from storing
-// what it read before that commit.
+// cache holds need not decode them either. Every commit drops its stack's entry before the next
+// commit on the stack can begin, and puts back the record it wrote once that is durable; a
+// generation per key keeps a read that raced a commit, or a commit overtaken by the next one on
+// its way to disk, from storing an older record.
 type recordCache struct {
 	mu  sync.Mutex
 	gen map[string]uint64
 	m   map[string]cachedRecord
+	// latest holds each key's last committed record, durable or not: only transactions, which
+	// compare its bytes with what they read, use it.
+	latest map[string]cachedRecord
 }
 
 // cachedRecord is a record and the bytes it was decoded from (or encoded to).
@@ -31,15 +35,16 @@ func (c *recordCache) get(key string) (Record, uint64, bool) {
 	return e.Record, c.gen[key], ok
 }
 
-// decoded returns the cached record of key if it was decoded from exactly raw.
+// decoded returns the record of key cached as decoded from exactly raw.
 func (c *recordCache) decoded(key string, raw []byte) (Record, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.m[key]
-	if !ok || !bytes.Equal(e.raw, raw) {
-		return Record{}, false
+	for _, e := range []cachedRecord{c.latest[key], c.m[key]} {
+		if e.raw != nil && bytes.Equal(e.raw, raw) {
+			return e.Record, true
+		}
 	}
-	return e.Record, true
+	return Record{}, false
 }
 
 // put stores r, read as raw at generation gen, unless a commit invalidated key since.
@@ -55,25 +60,26 @@ func (c *recordCache) put(key string, r cachedRecord, gen uint64) {
 	c.m[key] = r
 }
 
-// fill replaces key's entry with the record a commit just wrote.
-func (c *recordCache) fill(key string, r cachedRecord) {
-	c.invalidate(key)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.m[key] = r
-}
+// fill stores the record a commit wrote, now durable, unless a later commit invalidated key since
+// the commit's own invalidate returned gen.
+func (c *recordCache) fill(key string, r cachedRecord, gen uint64) { c.put(key, r, gen) }
 
-func (c *recordCache) invalidate(key string) {
+// invalidate drops key's entry for readers, keeps written (nil: unknown) as its latest commit for
+// transactions, and returns the new generation.
+func (c *recordCache) invalidate(key string, written *cachedRecord) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.gen == nil {
 		c.gen = map[string]uint64{}
+		c.latest = map[string]cachedRecord{}
 	}
 	c.gen[key]++
 	delete(c.m, key)
-	if c.m == nil {
-		c.m = map[string]cachedRecord{}
+	delete(c.latest, key)
+	if written != nil {
+		c.latest[key] = *written
 	}
+	return c.gen[key]
 }
 
 // cockpitCache keeps each cockpit's metadata decoded, with the bytes it came from: every file

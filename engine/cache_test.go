@@ -13,12 +13,13 @@ func TestRecordCacheGenerations(t *testing.T) {
 	if ok {
 		t.Fatal("empty cache hit")
 	}
-	c.invalidate("k") // a commit lands between the read's get and its put
+	two := cachedRecord{Record{Revision: 2}, []byte("2")}
+	committed := c.invalidate("k", &two) // a commit lands between the read's get and its put
 	c.put("k", old, gen)
 	if _, _, ok := c.get("k"); ok {
 		t.Fatal("a read from before the commit was cached")
 	}
-	c.fill("k", cachedRecord{Record{Revision: 2}, []byte("2")})
+	c.fill("k", two, committed)
 	if r, _, ok := c.get("k"); !ok || r.Revision != 2 {
 		t.Fatalf("after fill: %v %v", r.Revision, ok)
 	}
@@ -29,13 +30,35 @@ func TestRecordCacheGenerations(t *testing.T) {
 	}
 }
 
+// Commits on one stack become durable in any order once each released the stack: readers see a
+// commit only once it is durable, never an older one after a newer, and a transaction meanwhile
+// skips decoding the newest commit's bytes.
+func TestRecordCacheCommitsOvertaken(t *testing.T) {
+	var c recordCache
+	four := cachedRecord{Record{Revision: 4}, []byte("4")}
+	five := cachedRecord{Record{Revision: 5}, []byte("5")}
+	genFour := c.invalidate("k", &four)
+	genFive := c.invalidate("k", &five)
+	if _, _, ok := c.get("k"); ok {
+		t.Fatal("a reader was served a commit not yet durable")
+	}
+	if r, ok := c.decoded("k", []byte("5")); !ok || r.Revision != 5 {
+		t.Fatalf("a transaction reading the latest commit's bytes decodes them again: %v %v", r.Revision, ok)
+	}
+	c.fill("k", five, genFive) // the later commit is acknowledged first
+	c.fill("k", four, genFour)
+	if r, _, ok := c.get("k"); !ok || r.Revision != 5 {
+		t.Fatalf("after both are durable readers see revision %d (%v), want 5", r.Revision, ok)
+	}
+}
+
 // A transaction skips decoding only bytes identical to those the cached record came from.
 func TestRecordCacheDecodedOnlyFromTheSameBytes(t *testing.T) {
 	var c recordCache
 	if _, ok := c.decoded("k", []byte("3")); ok {
 		t.Fatal("empty cache hit")
 	}
-	c.fill("k", cachedRecord{Record{Revision: 3}, []byte("3")})
+	c.fill("k", cachedRecord{Record{Revision: 3}, []byte("3")}, 0)
 	if r, ok := c.decoded("k", []byte("3")); !ok || r.Revision != 3 {
 		t.Fatalf("same bytes: %v %v", r.Revision, ok)
 	}

@@ -119,9 +119,12 @@ func (e *Engine) commitWarning(tx storage.Txn, c Caller, r Record, v Value, now 
 }
 
 // update runs fn as one transaction while holding the lock of key, so writers of one stack queue
-// here instead of retrying conflicts in the store. Watchers of key are woken after the commit.
-// The wait for the lock and the store's conflict retries share one budget, so STATE_LOCKED comes
-// within it, not within twice it.
+// here instead of retrying conflicts in the store. The wait for the lock and the store's conflict
+// retries share one budget, so STATE_LOCKED comes within it, not within twice it. The lock is
+// released at the commit, before its sync: the next writer reads the commit in its own
+// transaction, and writers queued on one stack share syncs as writers on distinct stacks do.
+// Readers and watchers of key see the commit only once it is durable: the cache takes it then,
+// and watchers are woken then.
 func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn, now time.Time) error) error {
 	budget, cancel := context.WithTimeout(ctx, e.budget)
 	defer cancel()
@@ -129,35 +132,44 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	if err != nil {
 		return e.locked(ctx, key)
 	}
-	defer unlock()
-	err = e.db.Update(budget, func(tx storage.Txn) error {
+	durable, err := e.db.Commit(budget, func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		return fn(tx, e.now())
 	})
-	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
-	e.cockpits.committed()
-	committed, staged := e.staged.LoadAndDelete(key)
+	var written *cachedRecord
+	if staged, ok := e.staged.LoadAndDelete(key); ok && err == nil {
+		r := staged.(cachedRecord)
+		written = &r
+	}
 	if e.holds != nil {
 		// Still under the stack's lock: what the transaction held becomes the committed lease's,
 		// or goes.
 		var lease *Lease
-		if staged && err == nil {
-			lease = committed.(cachedRecord).Value.Lease
+		if written != nil {
+			lease = written.Value.Lease
 		}
-		e.holds.settle(key, staged && err == nil, lease)
+		e.holds.settle(key, written != nil, lease)
 	}
-	switch {
-	case errors.Is(err, errUnchanged):
+	if errors.Is(err, errUnchanged) {
+		unlock()
 		return nil
+	}
+	// Taken while the lock orders this commit before the next one on key.
+	gen := e.records.invalidate(key, written)
+	unlock()
+	if err == nil {
+		err = durable()
+	}
+	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
+	e.cockpits.committed()
+	switch {
 	case errors.Is(err, storage.ErrLocked):
 		return e.locked(ctx, key)
 	case err != nil:
 		return err
 	}
-	if staged {
-		e.records.fill(key, committed.(cachedRecord))
-	} else {
-		e.records.invalidate(key)
+	if written != nil {
+		e.records.fill(key, *written, gen)
 	}
 	e.changes.publish(key)
 	e.cockpitChanges.publish(key)

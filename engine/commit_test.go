@@ -9,7 +9,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// deadlines is a store that records the deadline of every Update's context.
+// deadlines is a store that records the deadline of every commit's context.
 type deadlines struct {
 	Store
 	seen []time.Time // zero: none
@@ -19,6 +19,12 @@ func (d *deadlines) Update(ctx context.Context, fn func(storage.Txn) error) erro
 	at, _ := ctx.Deadline()
 	d.seen = append(d.seen, at)
 	return d.Store.Update(ctx, fn)
+}
+
+func (d *deadlines) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
+	at, _ := ctx.Deadline()
+	d.seen = append(d.seen, at)
+	return d.Store.Commit(ctx, fn)
 }
 
 func TestOneBudgetForTheLockAndTheStore(t *testing.T) {

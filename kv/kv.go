@@ -323,52 +323,63 @@ func (db *DB) View(fn func(storage.Txn) error) error {
 // fn discards the transaction and is returned unchanged. A nil return means the
 // commit is on disk.
 func (db *DB) Update(ctx context.Context, fn func(storage.Txn) error) error {
+	durable, err := db.Commit(ctx, fn)
+	if err != nil {
+		return err
+	}
+	return durable()
+}
+
+// Commit is Update returning at the commit, before its sync: later transactions' fn see the
+// writes, View does not until they are durable. durable waits for the sync (Update's nil) and
+// must be called, and soon: until it is, no sync round covers the commit and every View waits.
+func (db *DB) Commit(ctx context.Context, fn func(storage.Txn) error) (durable func() error, err error) {
 	if db.readOnly {
-		return errReadOnly
+		return nil, errReadOnly
 	}
 	deadline := time.Now().Add(lockWait)
 	backoff := firstBackoff
 	for attempt := 1; ; attempt++ {
-		conflicted, err := db.tryUpdate(fn)
+		durable, conflicted, err := db.tryCommit(fn)
 		if !conflicted {
-			return err
+			return durable, err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %d attempts conflicted over %v", storage.ErrLocked, attempt, lockWait)
+			return nil, fmt.Errorf("%w: %d attempts conflicted over %v", storage.ErrLocked, attempt, lockWait)
 		}
 		db.conflicts.Add(1)
 		if err := sleep(ctx, rand.N(backoff)+backoff/2); err != nil {
-			return fmt.Errorf("%w: %d attempts conflicted: %w", storage.ErrLocked, attempt, err)
+			return nil, fmt.Errorf("%w: %d attempts conflicted: %w", storage.ErrLocked, attempt, err)
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
 }
 
-// tryUpdate is one attempt. It commits by hand, unlike badger's Update, so that
+// tryCommit is one attempt. It commits by hand, unlike badger's Update, so that
 // only a conflict at commit is retried, never an error of fn's.
-func (db *DB) tryUpdate(fn func(storage.Txn) error) (conflicted bool, err error) {
+func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, conflicted bool, err error) {
 	btx := db.bdb.NewTransaction(true)
 	defer btx.Discard()
 	var wroteValueLog bool
 	if err := fn(txn{btx: btx, wroteValueLog: &wroteValueLog}); err != nil {
 		// fn decided on what it read, which must be durable before anyone acts on the decision.
 		if syncErr := db.sync.visible(); syncErr != nil {
-			return false, syncErr
+			return nil, false, syncErr
 		}
-		return false, err
+		return nil, false, err
 	}
 	if err := checkSpace(db.dir); err != nil {
-		return false, err
+		return nil, false, err
 	}
 	ticket := db.sync.begin()
 	if err := btx.Commit(); err != nil {
 		db.sync.abandon(ticket)
 		if errors.Is(err, badger.ErrConflict) {
-			return true, err
+			return nil, true, err
 		}
-		return false, fmt.Errorf("kv: commit: %w", err)
+		return nil, false, fmt.Errorf("kv: commit: %w", err)
 	}
-	return false, db.sync.durable(ticket, wroteValueLog)
+	return func() error { return db.sync.durable(ticket, wroteValueLog) }, false, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -65,6 +65,12 @@ type Store interface {
 	View(fn func(Txn) error) error
 	// Update runs fn in a read-write transaction and commits it (see the package comment).
 	Update(ctx context.Context, fn func(Txn) error) error
+	// Commit is Update returning once the commit is made, before it is durable: a later Update's
+	// fn sees its writes, View does not until they are durable. durable returns what Update would
+	// have (nil: on disk) and must be called, and soon, since Views wait for the commit. When err
+	// is not nil nothing was committed and durable is nil. It lets a writer release its own locks
+	// while the sync is under way, so that writers queued behind it share that sync.
+	Commit(ctx context.Context, fn func(Txn) error) (durable func() error, err error)
 }
 
 // Shared is implemented by a Store that other processes write too (etcd: the daemons of other

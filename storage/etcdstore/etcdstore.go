@@ -189,6 +189,15 @@ func (s *Store) Update(ctx context.Context, fn func(storage.Txn) error) error {
 	}
 }
 
+// Commit is Update: an etcd commit is on a quorum's disks when it returns, with no sync after it
+// to wait for.
+func (s *Store) Commit(ctx context.Context, fn func(storage.Txn) error) (durable func() error, err error) {
+	if err := s.Update(ctx, fn); err != nil {
+		return nil, err
+	}
+	return func() error { return nil }, nil
+}
+
 func (s *Store) attempt(ctx context.Context, fn func(storage.Txn) error) (conflicted bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()

@@ -42,6 +42,7 @@ func Run(t *testing.T, b Backend) {
 		{"ViewIsOneSnapshot", testViewSnapshot},
 		{"TransfersKeepTheirSum", testTransfers},
 		{"DurableAcrossReopen", testReopen},
+		{"CommitSeenByNextWriterBeforeDurable", testCommit},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -554,5 +555,46 @@ func testReopen(t *testing.T, b Backend) {
 	set(t, s, "d/c", "3")
 	if got := viewScan(t, s, ""); got != "[d/a=1 d/c=3]" {
 		t.Errorf("the reopened store holds %s after a write, want [d/a=1 d/c=3]", got)
+	}
+}
+
+// A commit not yet waited durable is what the next writer reads: a writer that releases its lock
+// at the commit keeps its successors in order. Once durable returns it survives a reopen.
+func testCommit(t *testing.T, b Backend) {
+	s, reopen := b.Open(t)
+	ctx := context.Background()
+	durable, err := s.Commit(ctx, func(tx storage.Txn) error { return tx.Set("c/a", []byte("1")) })
+	if err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	err = s.Update(ctx, func(tx storage.Txn) error {
+		a, err := tx.Get("c/a")
+		if err != nil {
+			return fmt.Errorf("the next writer does not see the commit: %w", err)
+		}
+		return tx.Set("c/b", a)
+	})
+	if err != nil {
+		t.Fatalf("Update after Commit: %v", err)
+	}
+	if err := durable(); err != nil {
+		t.Fatalf("durable: %v", err)
+	}
+	if got := viewScan(t, s, ""); got != "[c/a=1 c/b=1]" {
+		t.Errorf("store = %s, want [c/a=1 c/b=1]", got)
+	}
+	refused := errors.New("refused")
+	durable, err = s.Commit(ctx, func(tx storage.Txn) error {
+		if err := tx.Set("c/a", []byte("2")); err != nil {
+			return err
+		}
+		return refused
+	})
+	if err != refused || durable != nil {
+		t.Fatalf("Commit with fn failing = (durable set: %v, %v), want (false, fn's error itself)", durable != nil, err)
+	}
+	s = reopen()
+	if got := viewScan(t, s, ""); got != "[c/a=1 c/b=1]" {
+		t.Errorf("after reopen the store holds %s, want [c/a=1 c/b=1]", got)
 	}
 }
