@@ -159,6 +159,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	unlock()
 	if err == nil {
 		err = durable()
+		e.inventory.changed(key)
 	}
 	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
 	e.cockpits.committed()

@@ -57,6 +57,8 @@ type Engine struct {
 	cockpits       cockpitCache
 	// holds are the machine-wide holds of the leased ports (nil: this engine holds none).
 	holds *holds
+	// inventory is what health observes of every record, kept from commits.
+	inventory inventory
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
 	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
 	staged sync.Map

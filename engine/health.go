@@ -84,7 +84,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		configured bool
 		candidates []int
 	)
-	err := e.db.View(func(tx storage.Txn) error {
+	err := e.observeInventory(cockpit, func(tx storage.Txn, inv healthInventory) error {
 		data, err := tx.Get(stackKey(cockpit, stack))
 		if errors.Is(err, storage.ErrNotFound) {
 			return refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
@@ -100,8 +100,8 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 				configured, candidates = true, candidatePorts(cfg.Declaration)
 			}
 		}
-		inventory, err = e.readHealthInventory(tx, cockpit, stack)
-		if err == nil && readErr == nil && r.Value.Lease.Active() {
+		inventory = inv
+		if readErr == nil && r.Value.Lease.Active() {
 			err = inventory.checkIndexed(tx, r)
 		}
 		return err
@@ -196,49 +196,6 @@ type healthInventory struct {
 type listenerEvidence struct {
 	busy []int
 	err  error
-}
-
-// readHealthInventory scans every record on the machine once.
-func (e *Engine) readHealthInventory(tx storage.Txn, cockpit, stack string) (healthInventory, error) {
-	var inv healthInventory
-	var collisions []string
-	type owner struct{ stack, key string }
-	owners := map[int]owner{}
-	stacks := 0
-	err := tx.Scan("s/", func(k string, v []byte) error {
-		c, s := splitStackKey(k)
-		r, ok := e.records.decoded(k, v)
-		var err error
-		if !ok {
-			r, err = decodeRecord(v)
-		}
-		if err == nil {
-			err = Check(r)
-		}
-		if c == cockpit {
-			stacks++
-			if err != nil && inv.unsound == "" {
-				inv.unsound = fmt.Sprintf("%s/%s: %s", c, s, strings.ReplaceAll(err.Error(), "\n", "; "))
-			}
-		}
-		if err != nil || !r.Value.Lease.Active() {
-			return nil
-		}
-		for _, key := range sortedPortKeys(r.Value.Lease.Ports) {
-			port := r.Value.Lease.Ports[key]
-			if first, taken := owners[port]; taken {
-				collisions = append(collisions, fmt.Sprintf("port %d (%s) is leased by %s and %s/%s", port, first.key, first.stack, c, s))
-				continue
-			}
-			owners[port] = owner{c + "/" + s, key}
-		}
-		return nil
-	})
-	if stacks > MaxStacks && inv.unsound == "" {
-		inv.unsound = fmt.Sprintf("cockpit %s has %d stacks, more than the %d its inventory reads", cockpit, stacks, MaxStacks)
-	}
-	inv.collision = strings.Join(collisions, "; ")
-	return inv, err
 }
 
 // checkIndexed adds to the collision every port of r's active lease the machine's port index

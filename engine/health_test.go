@@ -225,6 +225,7 @@ func TestHealthClaimStateObservesTheCockpit(t *testing.T) {
 	writeRecord(t, e.db, "b", func(r *Record) {
 		r.Value.Holders = []Holder{NewHolder{Name: "me", CheckoutPath: "/src/me"}.holder(e.now())}
 	})
+	e = New(e.db) // the store changed behind the engine: only a daemon restart can find it so
 	obs := health(t, e, "a")
 	claim := observationOf(t, obs, codeClaimState, "")
 	if claim.Observed.State != ObservedFailed || !strings.Contains(claim.Observed.Reason, "app/b") ||
@@ -263,6 +264,7 @@ func TestHealthPortFamilySeesCollisionsBetweenOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e = New(e.db) // as above: changed behind the engine
 	family := observationOf(t, health(t, e, "a"), codePortFamily, "")
 	wantValue(t, family, false)
 	if !strings.Contains(family.Observed.Reason, "port 21090 (HTTP) is leased by app/b and other/c") {

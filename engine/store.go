@@ -30,7 +30,10 @@ func eventsPrefix(cockpit, stack string) string { return "e/" + cockpit + "/" + 
 func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
 func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + stack }
 
-const portsPrefix = "p/"
+const (
+	portsPrefix     = "p/"
+	allStacksPrefix = "s/"
+)
 
 // cockpitMeta is what a cockpit keeps besides its stacks.
 type cockpitMeta struct {
