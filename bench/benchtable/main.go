@@ -154,6 +154,14 @@ func main() {
 	t.row("  part: stat (path walk), cockpitfs (one CPU)", "Stat", "ns/cockpitfs", us, "µs", r+" of floor", "", "")
 	t.row("  part: stat, FUSE floor", "Stat", "ns/floor", us, "µs", "", "", "")
 
+	t.f.sum("Health/floor", "ns/op", [2]string{"Health", "ns/ports"}, [2]string{"Health", "ns/listener-check"})
+	r, v = t.ratio("Health", "ns/health-crowded", "Health/floor", "ns/op", atMost(2))
+	t.row("health: cat stacks/s/health beside 1,000 other stacks (one CPU)", "Health", "ns/health-crowded", us, "µs", r+" of ports/HTTP + listener check", "≤ 2×", v)
+	r, _ = t.ratio("Health", "ns/health-crowded", "Health", "ns/health-alone", atLeast(0))
+	t.row("health: the same on a daemon with 3 stacks", "Health", "ns/health-alone", us, "µs", "crowded is "+r, "", "")
+	t.row("  part: cat ports/HTTP beside 1,000 stacks", "Health", "ns/ports", us, "µs", "", "", "")
+	t.row("  part: the listener check of its 2 ports", "Health", "ns/listener-check", us, "µs", "", "", "")
+
 	r, v = t.ratio("Write/paired", "ns/cockpitfs", "Write/paired", "ns/floor", atMost(1.5))
 	t.row("write: cockpitfs claim+release cycle (create, unlink)", "Write/paired", "ns/cockpitfs", us, "µs", r+" of floor", "≤ 1.5× floor", v)
 	t.row("write: floor (2 FUSE writes + 2 write+fdatasync)", "Write/paired", "ns/floor", us, "µs", "", "", "")

@@ -1,0 +1,75 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
+)
+
+// crowdedStacks is how many stacks the crowded daemon holds besides app/s.
+const crowdedStacks = 1000
+
+// 8. health: `cat health` of one stack on a daemon with 1,000 other stacks and on the shared one
+// (a few stacks), against `cat ports/HTTP` on the crowded daemon and the listener check health
+// makes of the stack's two ports, side by side.
+func BenchmarkHealth(b *testing.B) {
+	d := crowdedDaemon(b)
+	buf := make([]byte, 64<<10)
+	cat := func(path string) op {
+		return op{run: func() error {
+			n, err := readOnce(path, buf)
+			if err == nil && n == 0 {
+				err = fmt.Errorf("%s read empty", path)
+			}
+			return err
+		}}
+	}
+	paired(b, map[string]op{
+		"health-crowded": cat(d.path("app", "stacks", "s", "health")),
+		"health-alone":   cat(sharedDaemon(b).path("app", "stacks", "s", "health")),
+		"ports":          cat(d.path("app", "stacks", "s", "ports", "HTTP")),
+		"listener-check": {run: func() error { _, err := listeners.Listening([]int{20000, 20700}); return err }},
+	})
+}
+
+var crowded *daemon
+
+// crowdedDaemon is a daemon with app/s held as in the shared daemon and cockpit crowd's 1,000
+// stacks, a third of them holding leases.
+func crowdedDaemon(b *testing.B) *daemon {
+	if crowded != nil {
+		return crowded
+	}
+	d := newDaemon("crowded")
+	if _, err := d.start(); err != nil {
+		b.Fatal(err)
+	}
+	cleanups = append(cleanups, d.stop)
+	if err := d.setupStack(); err != nil {
+		b.Fatalf("%v\n%s", err, d.log.String())
+	}
+	if err := os.Mkdir(d.path("crowd"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := writeFile(d.path("crowd", "config"), unix.O_TRUNC, config(30000, 2, 400)); err != nil {
+		b.Fatal(err)
+	}
+	for i := range crowdedStacks {
+		stack := d.path("crowd", "stacks", fmt.Sprintf("s%d", i))
+		if err := os.Mkdir(stack, 0o755); err != nil {
+			b.Fatalf("%v\n%s", err, d.log.String())
+		}
+		if i%3 == 0 {
+			if err := writeFile(filepath.Join(stack, "holders", "base"), unix.O_CREAT, "pid=none checkout=/src/base"); err != nil {
+				b.Fatalf("%v\n%s", err, d.log.String())
+			}
+		}
+	}
+	crowded = d
+	return d
+}
