@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -28,6 +29,24 @@ type Event struct {
 	Warning  string `json:"warning,omitempty"`
 }
 
+// maxEventText bounds each text of an events line. A refusal may quote what was written (64 KiB
+// of junk, escaped into ≈320 KB of JSON): unclipped, one such line would push its neighbours out
+// of the file's window, and a value that large goes to badger's value log, which is never
+// reclaimed.
+const maxEventText = 400
+
+// clip cuts s to maxEventText bytes at a character boundary and says how much it left out.
+func clip(s string) string {
+	if len(s) <= maxEventText {
+		return s
+	}
+	cut := maxEventText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…(%d bytes more)", s[:cut], len(s)-cut)
+}
+
 func okEvent(c Caller, now time.Time, revision int64) Event {
 	return Event{At: Stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "ok", Revision: &revision}
 }
@@ -39,6 +58,7 @@ func appendEvent(tx storage.Txn, cockpit, stack string, e Event) error {
 	if _, err := getJSON(tx, eventsSeqKey(cockpit, stack), &seq); err != nil {
 		return err
 	}
+	e.Path, e.Message, e.Fix, e.Warning = clip(e.Path), clip(e.Message), clip(e.Fix), clip(e.Warning)
 	var line bytes.Buffer
 	enc := json.NewEncoder(&line)
 	enc.SetEscapeHTML(false) // a fix like "echo sleep > drain/request" reads as written
