@@ -34,7 +34,7 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 
 // RemoveCockpit removes a namespace that has no stacks; only its owner (or root) may.
 func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error {
-	return e.update(ctx, cockpitKey(name), func(tx storage.Txn, now time.Time) error {
+	err := e.update(ctx, cockpitKey(name), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, name)
 		if err != nil {
 			return err
@@ -52,6 +52,12 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 		}
 		return deleteEvents(tx, name, cockpitLevel)
 	})
+	if err == nil {
+		// Nothing reads a removed cockpit again to drop it from the cache (its config may be
+		// 60 KiB): a thousand mkdir, config, rmdir cycles would keep a thousand of them.
+		e.cockpits.forget(cockpitKey(name))
+	}
+	return err
 }
 
 // SetConfig accepts a port declaration (§3) for the cockpit; only its owner (or root) may.

@@ -186,28 +186,44 @@ func (e *Engine) locked(ctx context.Context, key string) error {
 	return refuse(StateLocked, key, "retry", "contention did not clear within %s", e.budget)
 }
 
-// keyedLocks queues the writers of one key in this process; lock waits until ctx is done.
+// keyedLocks queues the writers of one key in this process; lock waits until ctx is done. A key's
+// entry lives while someone holds or awaits it, so keys of removed stacks do not pile up.
 type keyedLocks struct {
 	mu sync.Mutex
-	m  map[string]chan struct{}
+	m  map[string]*keyLock
+}
+
+type keyLock struct {
+	ch    chan struct{}
+	users int // holder and waiters
 }
 
 func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
 	k.mu.Lock()
 	if k.m == nil {
-		k.m = map[string]chan struct{}{}
+		k.m = map[string]*keyLock{}
 	}
-	ch, ok := k.m[key]
+	l, ok := k.m[key]
 	if !ok {
-		ch = make(chan struct{}, 1)
-		k.m[key] = ch
+		l = &keyLock{ch: make(chan struct{}, 1)}
+		k.m[key] = l
 	}
+	l.users++
 	k.mu.Unlock()
 	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, nil
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; k.release(key, l) }, nil
 	case <-ctx.Done():
+		k.release(key, l)
 		return nil, ctx.Err()
+	}
+}
+
+func (k *keyedLocks) release(key string, l *keyLock) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l.users--; l.users == 0 {
+		delete(k.m, key)
 	}
 }
 

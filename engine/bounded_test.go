@@ -1,0 +1,35 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// Create, configure with a large document, and remove cockpits and stacks: nothing of them stays
+// in memory — neither the decoded cockpit nor a lock per key.
+func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	config := exampleConfig + strings.Repeat("# padding of a large config\n", 2000)
+	for i := range 20 {
+		name := fmt.Sprintf("app%d", i)
+		newCockpit(t, e, name, config, "one")
+		if err := e.RemoveStack(ctx, me("rmdir", name+"/stacks/one"), name, "one"); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.RemoveCockpit(ctx, me("rmdir", name), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.cockpits.mu.Lock()
+	cached := len(e.cockpits.m)
+	e.cockpits.mu.Unlock()
+	e.locks.mu.Lock()
+	locks := len(e.locks.m)
+	e.locks.mu.Unlock()
+	if cached != 0 || locks != 0 {
+		t.Fatalf("after removing every cockpit: %d cockpits cached, %d key locks kept", cached, locks)
+	}
+}
