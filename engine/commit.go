@@ -94,17 +94,13 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 			// A candidate family another process holds was skipped: the claim's line says why.
 			warning = "skipped candidate families: " + strings.Join(heldElsewhere, "; ")
 		}
-		return e.commitWarning(tx, c, r, v, now, warning)
+		return e.commit(tx, c, r, v, now, warning)
 	})
 }
 
-// commit writes the next revision of r with value v, its port index and its events line.
-func (e *Engine) commit(tx storage.Txn, c Caller, r Record, v Value, now time.Time) error {
-	return e.commitWarning(tx, c, r, v, now, "")
-}
-
-// commitWarning is commit with a warning in the events line ("" for none).
-func (e *Engine) commitWarning(tx storage.Txn, c Caller, r Record, v Value, now time.Time, warning string) error {
+// commit writes the next revision of r with value v, its port index and its events line, with
+// warning in the line ("" for none).
+func (e *Engine) commit(tx storage.Txn, c Caller, r Record, v Value, now time.Time, warning string) error {
 	saved, err := saveRecord(tx, r.next(v, now))
 	if err != nil {
 		return err

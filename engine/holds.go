@@ -52,6 +52,7 @@ type holds struct {
 	byPort  map[int]*portHold
 	byStack map[string]map[int]bool
 	lost    map[string][]LostPort // by stack key
+	known   map[int]knownHolder   // other processes' holds, as they answered
 }
 
 // portHold is one held port: the stack whose lease (or claim under way, pending) it belongs to.
@@ -66,7 +67,7 @@ type portHold struct {
 // ports of active leases another process holds; each is also reported in its stack's events and
 // health.
 func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPort, error) {
-	h := &holds{space: space, self: self, byPort: map[int]*portHold{}, byStack: map[string]map[int]bool{}, lost: map[string][]LostPort{}}
+	h := &holds{space: space, self: self, byPort: map[int]*portHold{}, byStack: map[string]map[int]bool{}, lost: map[string][]LostPort{}, known: map[int]knownHolder{}}
 	var leases []Record
 	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan("s/", func(_ string, v []byte) error {
@@ -286,30 +287,31 @@ type ForeignHold struct {
 	Holder portlock.Holder
 }
 
+// knownHolder is who held a port when asked, while the same socket (inode) holds it.
+type knownHolder struct {
+	inode  string
+	holder portlock.Holder
+}
+
 // ForeignHolds lists, in port order, the ports other processes hold in this daemon's space: other
-// daemons' leases and squatters. Without holds (an engine that does not hold ports) it is empty.
+// daemons' leases and squatters. A holder is asked once per socket: the kernel's table says when a
+// port's socket is another one. Without holds (an engine that holds no ports) it is empty.
 func (e *Engine) ForeignHolds() ([]ForeignHold, error) {
 	h := e.holds
 	if h == nil {
 		return nil, nil
 	}
-	ports, err := h.space.Held()
+	bound, err := h.space.Bound()
 	if err != nil {
 		return nil, err
 	}
-	sort.Ints(ports)
 	var out []ForeignHold
-	for _, port := range ports {
-		h.mu.Lock()
-		_, mine := h.byPort[port]
-		h.mu.Unlock()
-		if mine {
-			continue
-		}
-		if holder, ok, err := h.space.Ask(port); err == nil && ok {
+	for port, inode := range bound {
+		if holder, ok := h.foreign(port, inode); ok {
 			out = append(out, ForeignHold{Port: port, Holder: holder})
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
 	return out, nil
 }
 
@@ -319,12 +321,35 @@ func (e *Engine) ForeignHold(port int) (portlock.Holder, bool) {
 	if h == nil {
 		return portlock.Holder{}, false
 	}
+	bound, err := h.space.Bound()
+	if err != nil {
+		return portlock.Holder{}, false
+	}
+	inode, ok := bound[port]
+	if !ok {
+		return portlock.Holder{}, false
+	}
+	return h.foreign(port, inode)
+}
+
+// foreign says who holds port with the socket inode, unless this daemon does.
+func (h *holds) foreign(port int, inode string) (portlock.Holder, bool) {
 	h.mu.Lock()
 	_, mine := h.byPort[port]
+	known, asked := h.known[port]
 	h.mu.Unlock()
 	if mine {
 		return portlock.Holder{}, false
 	}
+	if asked && known.inode == inode {
+		return known.holder, true
+	}
 	holder, ok, err := h.space.Ask(port)
-	return holder, ok && err == nil
+	if err != nil || !ok {
+		return portlock.Holder{}, false
+	}
+	h.mu.Lock()
+	h.known[port] = knownHolder{inode: inode, holder: holder}
+	h.mu.Unlock()
+	return holder, true
 }

@@ -310,10 +310,10 @@ func (c *crashClient) doShell(op crashOp) (crashOutcome, string) {
 	return crashRefused, fmt.Sprintf("%v: %s", err, text)
 }
 
-// crashVerify runs `cockpitfs verify` on the store of a stopped daemon.
-func crashVerify(t *testing.T, data string) error {
-	t.Helper()
-	out, err := exec.Command(binary, "verify", "--data", data).CombinedOutput()
+// crashVerify runs `cockpitfs verify` on the store of a stopped daemon, in its network namespace.
+func crashVerify(m *mount) error {
+	m.t.Helper()
+	out, err := m.verify()
 	if err != nil {
 		return fmt.Errorf("cockpitfs verify: %v\n%s", err, out)
 	}
@@ -409,7 +409,7 @@ func TestCrashSafety(t *testing.T) {
 				t.Fatalf("cycle %d: client %d: %s", cycle, i, c.failure)
 			}
 		}
-		if err := crashVerify(t, m.Data); err != nil {
+		if err := crashVerify(m); err != nil {
 			t.Fatalf("cycle %d: the store after SIGKILL: %v", cycle, err)
 		}
 		// The dead mount is detached here so this test depends on durability alone; clearing it
@@ -447,7 +447,7 @@ func TestCrashSafety(t *testing.T) {
 		unknown += c.unknown
 	}
 	m.Stop()
-	if err := crashVerify(t, m.Data); err != nil {
+	if err := crashVerify(m); err != nil {
 		t.Errorf("the store after the last clean stop: %v", err)
 	}
 	t.Logf("crash figures: cycles=%d acknowledged=%d lost=%d unknown-outcome=%d", cycles, acked, lost, unknown)

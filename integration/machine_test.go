@@ -76,8 +76,19 @@ func machineSockets(pid int) map[string]bool {
 }
 
 // machineIndex reads the mount's ports/ index as the mount's user: port → its file's line. Only
-// shell builtins read it, so a sample takes one process start.
+// shell builtins read another user's, so a sample takes one process start.
 func machineIndex(m *mount) map[int]string {
+	if !m.nobody { // root reads it itself, without a process start
+		index := map[int]string{}
+		names, _ := os.ReadDir(m.Path("ports"))
+		for _, n := range names {
+			port, err := strconv.Atoi(n.Name())
+			if line, rerr := os.ReadFile(m.Path("ports", n.Name())); err == nil && rerr == nil {
+				index[port] = strings.TrimSuffix(string(line), "\n")
+			}
+		}
+		return index
+	}
 	out := m.sh(`for f in $M/ports/*; do read -r line < "$f" && echo "${f##*/} $line"; done 2>/dev/null; true`).Stdout
 	index := map[int]string{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {

@@ -356,13 +356,13 @@ func TestEventsWarnOfEphemeralCandidates(t *testing.T) {
 // observeVerify runs `cockpitfs verify` on the mount's store.
 func (m *mount) observeVerify() (string, int) {
 	m.t.Helper()
-	out, err := exec.Command(binary, "verify", "--data", m.Data).CombinedOutput()
+	out, err := m.verify()
 	if exit, ok := err.(*exec.ExitError); ok {
-		return string(out), exit.ExitCode()
+		return out, exit.ExitCode()
 	} else if err != nil {
 		m.t.Fatal(err)
 	}
-	return string(out), 0
+	return out, 0
 }
 
 func TestVerifyAfterOperationsAndOnACorruptStore(t *testing.T) {

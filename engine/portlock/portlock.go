@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -258,51 +259,57 @@ func readIdentity(fd int) (Identity, bool) {
 	return id, true
 }
 
-// Held lists the ports whose names are bound in this network namespace, from the kernel's unix
-// socket table (/proc/net/unix, readable by everyone).
+// Held lists the ports whose names are bound in this network namespace, in port order.
 func (s Space) Held() ([]int, error) {
+	bound, err := s.Bound()
+	if err != nil {
+		return nil, err
+	}
+	ports := make([]int, 0, len(bound))
+	for port := range bound {
+		ports = append(ports, port)
+	}
+	slices.Sort(ports)
+	return ports, nil
+}
+
+// Bound maps each port whose name is bound in this network namespace to the inode of the socket
+// bound to it, from the kernel's unix socket table (/proc/net/unix, readable by everyone). The
+// inode names one socket for its life: a holder seen with the same inode is the same holder.
+func (s Space) Bound() (map[int]string, error) {
 	data, err := os.ReadFile("/proc/thread-self/net/unix")
 	if err != nil {
 		return nil, err
 	}
 	prefix := "@" + string(s)
-	var ports []int
-	seen := map[int]bool{}
-	for _, line := range strings.Split(string(data), "\n")[1:] {
-		fields := strings.Fields(line)
-		// Num RefCount Protocol Flags Type St Inode Path; only bound sockets have a path.
-		if len(fields) < 8 || !strings.HasPrefix(fields[7], prefix) {
+	bound := map[int]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		// Num RefCount Protocol Flags Type St Inode Path. Connections queued on a listener show
+		// its name too, connected (St 03); the bound socket itself is unconnected (01).
+		f := strings.Fields(line)
+		if len(f) != 8 || !strings.HasPrefix(f[7], prefix) {
 			continue
 		}
-		port, err := strconv.Atoi(strings.TrimPrefix(fields[7], prefix))
-		if err != nil || seen[port] {
+		port, err := strconv.Atoi(strings.TrimPrefix(f[7], prefix))
+		if err != nil {
 			continue
 		}
-		seen[port] = true
-		ports = append(ports, port)
+		if _, seen := bound[port]; !seen || f[5] == "01" {
+			bound[port] = f[6]
+		}
 	}
-	return ports, nil
+	return bound, nil
 }
 
-// inode is the socket inode bound to port's name, from /proc/net/unix.
+// inode is the socket inode bound to port's name ("" when it cannot be told), and whether the name
+// is bound at all.
 func (s Space) inode(port int) (string, bool) {
-	data, err := os.ReadFile("/proc/thread-self/net/unix")
+	bound, err := s.Bound()
 	if err != nil {
 		return "", true // cannot tell: the connect was refused by something there
 	}
-	name := "@" + string(s) + strconv.Itoa(port)
-	// Connections queued on a listener show its name too, connected (St 03); the bound socket
-	// itself is unconnected (01).
-	found := false
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) == 8 && f[7] == name {
-			if f[5] == "01" {
-				return f[6], true
-			}
-			found = true
-		}
-	}
-	return "", found
+	inode, ok := bound[port]
+	return inode, ok
 }
 
 // owner finds the process with socket inode open, among those whose fds this process may read

@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
+)
+
+// Holds on real sockets, in a space of the test's own so that no other daemon on the machine meets
+// them. Two engines over two stores stand for two daemons.
+
+func holdSpace(t *testing.T) portlock.Space {
+	return portlock.Space(fmt.Sprintf("cockpitfs-test/%d/%s/port/", os.Getpid(), t.Name()))
+}
+
+func holdingEngine(t *testing.T, space portlock.Space, data string) *Engine {
+	t.Helper()
+	e := newEngine(t)
+	if _, err := e.HoldPorts(space, DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// sleepDrain ends the stack's lease by a sleep drain of its only holder.
+func sleepDrain(t *testing.T, e *Engine, cockpit, stack, holder string) {
+	t.Helper()
+	ctx := context.Background()
+	r := stackRecord(t, e, cockpit, stack)
+	if err := e.ReserveDrain(ctx, me("write", "drain/request"), cockpit, stack, DrainRequest{Purpose: "sleep", Holder: holder}, r.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.StartAttempt(ctx, me("write", "drain/attempt"), cockpit, stack, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.PublishOutcome(ctx, me("write", "drain/outcome"), cockpit, stack, true, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const holdConfig = "[ports]\nstep = 10\ncount = 3\n[ports.bases]\nHTTP = 41080\nDB = 41432\n"
+
+// A family another engine holds is skipped, and the claim's events line says whose it is; a drain
+// lets the holds go after its commit, and the family is free at once.
+func TestHoldsKeepTwoEnginesApart(t *testing.T) {
+	space := holdSpace(t)
+	a, b := holdingEngine(t, space, "/a"), holdingEngine(t, space, "/b")
+	newCockpit(t, a, "app", holdConfig, "s")
+	newCockpit(t, b, "app", holdConfig, "s", "t")
+	claim(t, a, "app", "s", "alice")
+	requirePorts(t, stackRecord(t, a, "app", "s"), map[string]int{"HTTP": 41080, "DB": 41432})
+	if held, _ := space.Held(); !slices.Equal(sorted(held), []int{41080, 41432}) {
+		t.Fatalf("held after a's claim: %v", held)
+	}
+	claim(t, b, "app", "s", "bob")
+	requirePorts(t, stackRecord(t, b, "app", "s"), map[string]int{"HTTP": 41090, "DB": 41442})
+	events, err := b.Events("app", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(events), fmt.Sprintf(`"warning":"skipped candidate families: port 41432 is held by the cockpitfs daemon process %d uid %d (data /a, lease app/s)"`, os.Getpid(), os.Getuid())) {
+		t.Fatalf("b's claim does not name a's hold:\n%s", events)
+	}
+	foreign, err := b.ForeignHolds()
+	if err != nil || len(foreign) != 2 || foreign[0].Port != 41080 || foreign[0].Holder.Identity == nil || foreign[0].Holder.Identity.Data != "/a" {
+		t.Fatalf("b's foreign holds = %+v, %v", foreign, err)
+	}
+
+	sleepDrain(t, a, "app", "s", "alice")
+	if held, _ := space.Held(); !slices.Equal(sorted(held), []int{41090, 41442}) {
+		t.Fatalf("held after a's drain: %v", held)
+	}
+	claim(t, b, "app", "t", "bob")
+	requirePorts(t, stackRecord(t, b, "app", "t"), map[string]int{"HTTP": 41080, "DB": 41432})
+}
+
+// Every candidate held by another engine: ENOSPC, naming the holds, and nothing changes — no
+// hold taken either.
+func TestHoldsAllCandidatesHeldElsewhere(t *testing.T) {
+	space := holdSpace(t)
+	a, b := holdingEngine(t, space, "/a"), holdingEngine(t, space, "/b")
+	one := strings.Replace(holdConfig, "count = 3", "count = 1", 1)
+	newCockpit(t, a, "app", one, "s")
+	newCockpit(t, b, "app", one, "s")
+	claim(t, a, "app", "s", "alice")
+	refusedUnchanged(t, b, "app", "s", PortLeaseExhausted, func() error { return claimErr(b, "app", "s", "bob") })
+	err := claimErr(b, "app", "s", "bob")
+	if !strings.Contains(err.Error(), "port 41432 held by the cockpitfs daemon process") {
+		t.Fatalf("refusal does not name the hold: %v", err)
+	}
+	if held, _ := space.Held(); !slices.Equal(sorted(held), []int{41080, 41432}) {
+		t.Fatalf("a refused claim left holds: %v", held)
+	}
+}
+
+// An engine that starts over a store whose lease another process holds (here: the engine that ran
+// before, never stopped) reports the lost ports — in what HoldPorts returns, the stack's events and
+// its health — and takes them back once they are let go.
+func TestHoldsLostWhileDownAreReported(t *testing.T) {
+	space := holdSpace(t)
+	before := holdingEngine(t, space, "/before")
+	newCockpit(t, before, "app", holdConfig, "s")
+	claim(t, before, "app", "s", "alice")
+
+	// The same store, opened again as a restarted daemon would: its ports are held by "before".
+	restarted := New(before.db)
+	lost, err := restarted.HoldPorts(space, DaemonIdentity{PID: os.Getpid(), Data: "/restarted"})
+	if err != nil || len(lost) != 2 || lost[0].Key != "DB" || lost[0].Holder.Identity == nil || lost[0].Holder.Identity.Data != "/before" {
+		t.Fatalf("HoldPorts lost %+v, %v", lost, err)
+	}
+	events, _ := restarted.Events("app", "s")
+	if !strings.Contains(string(events), `"result":"conflict","code":"PORT_FAMILY_COLLISION"`) || !strings.Contains(string(events), "port 41432 (DB) of this stack's lease is held by") {
+		t.Fatalf("events:\n%s", events)
+	}
+	family := func() Observation {
+		obs, err := restarted.Health("app", "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range obs {
+			if o.Code == codePortFamily {
+				return o
+			}
+		}
+		t.Fatal("no port-family observation")
+		return Observation{}
+	}
+	if o := family(); o.Observed.Value == nil || *o.Observed.Value || !strings.Contains(o.Observed.Reason, "port 41080 (HTTP) of this stack's lease is held by") {
+		t.Fatalf("port-family = %+v", o.Observed)
+	}
+	before.holds.releaseAll()
+	if o := family(); strings.Contains(o.Observed.Reason, "is held by") {
+		t.Fatalf("after the holder let go, port-family still says %q", o.Observed.Reason)
+	}
+	restarted.holds.mu.Lock()
+	_, mine := restarted.holds.byPort[41080]
+	restarted.holds.mu.Unlock()
+	if !mine {
+		t.Fatal("the restarted engine did not take port 41080 back")
+	}
+}
+
+func sorted(ports []int) []int {
+	slices.Sort(ports)
+	return ports
+}
