@@ -41,7 +41,7 @@ func ValidName(s string) bool {
 
 // ValidCockpitName adds the names the root directory already uses.
 func ValidCockpitName(s string) bool {
-	return ValidName(s) && s != "README" && s != "ports"
+	return ValidName(s) && s != "README" && s != "ports" && s != "status" && s != "status.json"
 }
 
 func checkName(kind, name string) error {

@@ -41,6 +41,26 @@ func (f *FS) readme() (view, error) {
 	return view{data: []byte(readmeText), mtime: f.started, uid: f.uid}, nil
 }
 
+// statusView renders the machine at a glance (engine.Status) as format does, per open: holders'
+// liveness is observed at each.
+func (f *FS) statusView(format func(engine.Status) ([]byte, error)) render {
+	return func() (view, error) {
+		st, err := f.eng.Status()
+		if err != nil {
+			return view{}, err
+		}
+		data, err := format(st)
+		if err != nil {
+			return view{}, err
+		}
+		mtime := f.started
+		if st.UpdatedAt != "" {
+			mtime = stamp(st.UpdatedAt)
+		}
+		return view{data: data, mtime: mtime, uid: f.uid}, nil
+	}
+}
+
 func (f *FS) portView(port int) render {
 	return func() (view, error) {
 		owners, err := f.eng.Ports()
@@ -250,6 +270,7 @@ const readmeText = `cockpitfs: coordinate copies of a development environment th
   rm <cockpit>/stacks/<stack>/holders/<me> release a co-tenant's claim
   echo down > <cockpit>/stacks/<stack>/drain/request   stop the stack (then drain/attempt, drain/outcome)
   ls ports/                                every port leased on this machine
+  cat status                               every cockpit, stack, port, holder and drain (status.json: JSON)
   cat <cockpit>/events                     why something was refused (code, message, fix)
 `
 

@@ -119,7 +119,7 @@ func TestDocsExamples(t *testing.T) {
 				t.Parallel()
 				m := newMount(t)
 				sh := m.shell(t.TempDir())
-				sh.run("export LC_ALL=C")
+				sh.run("export LC_ALL=C PATH=" + filepath.Dir(binary) + ":$PATH")
 				for _, step := range ex.steps {
 					got := sh.runBlock(step.command)
 					lines := strings.Split(strings.TrimSuffix(got, "\n"), "\n")

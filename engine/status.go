@@ -1,0 +1,243 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// Status is the machine at a glance: every cockpit, its stacks, their leased ports, holders and
+// drains, read in one snapshot, with each holder's liveness and command observed after it. It is
+// what the root files status and status.json show.
+type Status struct {
+	Cockpits []CockpitStatus `json:"cockpits"`
+	// UpdatedAt is the latest change among them: the files' mtime.
+	UpdatedAt string `json:"updatedAt"`
+}
+
+// CockpitStatus is one cockpit and its stacks, by name.
+type CockpitStatus struct {
+	Name   string        `json:"name"`
+	UID    uint32        `json:"uid"`
+	Stacks []StackStatus `json:"stacks"`
+}
+
+// StackStatus is one stack: its revision, active lease, holders and drain.
+type StackStatus struct {
+	Name     string         `json:"name"`
+	Revision int64          `json:"revision"`
+	Ports    map[string]int `json:"ports"` // the active lease's; null without one
+	Holders  []HolderStatus `json:"holders"`
+	Drain    *DrainStatus   `json:"drain"` // null without a reservation
+}
+
+// HolderStatus is one holder as its file reads, plus the command its process runs.
+type HolderStatus struct {
+	Name     string `json:"name"`
+	State    string `json:"state"` // live, dead, unknown, untracked
+	PID      int    `json:"pid,omitempty"`
+	Command  string `json:"command,omitempty"` // a live holder's command line
+	Checkout string `json:"checkout"`
+	UID      uint32 `json:"uid"`
+}
+
+// DrainStatus is a reserved drain: its purpose, how far it got and what runs now.
+type DrainStatus struct {
+	Purpose   string `json:"purpose"`
+	Completed int    `json:"completedActions"`
+	Actions   int    `json:"actions"`
+	// Attempt is the current action's attempt: active, failed, or "" before the first start.
+	Attempt string `json:"attempt"`
+	Stage   string `json:"stage,omitempty"`
+	Target  string `json:"target,omitempty"`
+}
+
+// Status reads every cockpit and stack in one snapshot.
+func (e *Engine) Status() (Status, error) {
+	var st Status
+	err := e.db.View(func(tx storage.Txn) error {
+		st = Status{}
+		var metas []cockpitMeta
+		if err := tx.Scan("c/", func(_ string, v []byte) error {
+			var m cockpitMeta
+			if err := json.Unmarshal(v, &m); err != nil {
+				return err
+			}
+			metas = append(metas, m)
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, m := range metas {
+			st.UpdatedAt = later(st.UpdatedAt, m.UpdatedAt)
+			c := CockpitStatus{Name: m.Name, UID: m.UID, Stacks: []StackStatus{}}
+			if err := tx.Scan(stacksPrefix(m.Name), func(_ string, v []byte) error {
+				r, err := decodeRecord(v)
+				if err != nil {
+					return err
+				}
+				st.UpdatedAt = later(st.UpdatedAt, r.UpdatedAt)
+				c.Stacks = append(c.Stacks, stackStatus(r))
+				return nil
+			}); err != nil {
+				return err
+			}
+			st.Cockpits = append(st.Cockpits, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return Status{}, err
+	}
+	if st.Cockpits == nil {
+		st.Cockpits = []CockpitStatus{}
+	}
+	// Observed after the snapshot, outside the transaction, as every probe is.
+	for _, c := range st.Cockpits {
+		for _, s := range c.Stacks {
+			for i := range s.Holders {
+				h := &s.Holders[i]
+				if h.State == "live" {
+					h.Command = commandLine(h.PID)
+				}
+			}
+		}
+	}
+	return st, nil
+}
+
+func later(a, b string) string {
+	if b > a {
+		return b
+	}
+	return a
+}
+
+func stackStatus(r Record) StackStatus {
+	s := StackStatus{Name: r.Stack, Revision: r.Revision, Holders: []HolderStatus{}}
+	if l := r.Value.Lease; l.Active() {
+		s.Ports = l.Ports
+	}
+	for _, h := range r.Value.Holders {
+		s.Holders = append(s.Holders, HolderStatus{Name: h.Name, State: HolderState(h), PID: h.PID, Checkout: h.CheckoutPath, UID: h.UID})
+	}
+	sort.Slice(s.Holders, func(i, j int) bool { return s.Holders[i].Name < s.Holders[j].Name })
+	if d := r.Value.Drain; d != nil {
+		ds := &DrainStatus{Purpose: d.Purpose, Completed: d.CompletedActionCount, Actions: len(d.Actions)}
+		if d.CompletedActionCount < len(d.Actions) {
+			a := d.Actions[d.CompletedActionCount]
+			ds.Stage, ds.Target = a.Stage, a.TargetID
+		}
+		if at := d.Attempt; at != nil {
+			ds.Attempt = at.Status
+		}
+		s.Drain = ds
+	}
+	return s
+}
+
+// maxCommandLine bounds the command line a status row shows.
+const maxCommandLine = 60
+
+// commandLine is pid's command line, its arguments joined by spaces; "" when unreadable.
+func commandLine(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return ""
+	}
+	s := strings.TrimSpace(strings.ReplaceAll(string(bytes.TrimRight(data, "\x00")), "\x00", " "))
+	s = strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return '?'
+		}
+		return r
+	}, s)
+	if len([]rune(s)) > maxCommandLine {
+		s = string([]rune(s)[:maxCommandLine-1]) + "…"
+	}
+	return s
+}
+
+// Table renders the status as one aligned table, a row per holder (a stack without holders, and a
+// cockpit without stacks, get one row too); "-" marks what there is none of.
+func (st Status) Table() ([]byte, error) {
+	var b bytes.Buffer
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "COCKPIT\tSTACK\tREV\tPORTS\tHOLDER\tSTATE\tPID\tCOMMAND\tCHECKOUT\tDRAIN")
+	for _, c := range st.Cockpits {
+		if len(c.Stacks) == 0 {
+			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\n", c.Name)
+		}
+		for _, s := range c.Stacks {
+			ports, drain := portsText(s.Ports), drainText(s.Drain)
+			if len(s.Holders) == 0 {
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t-\t-\t-\t-\t-\t%s\n", c.Name, s.Name, s.Revision, ports, drain)
+			}
+			for _, h := range s.Holders {
+				pid := "-"
+				if h.PID != 0 {
+					pid = fmt.Sprint(h.PID)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Name, s.Name, s.Revision, ports,
+					h.Name, h.State, pid, dash(h.Command), dash(h.Checkout), drain)
+			}
+		}
+	}
+	err := w.Flush()
+	return b.Bytes(), err
+}
+
+// JSON renders the status for scripts.
+func (st Status) JSON() ([]byte, error) {
+	data, err := json.MarshalIndent(st, "", "  ")
+	return append(data, '\n'), err
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return strings.ReplaceAll(s, "\t", " ")
+}
+
+// portsText is KEY=port pairs in key order, joined by commas.
+func portsText(ports map[string]int) string {
+	if len(ports) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(ports))
+	for k := range ports {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, ports[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+// drainText is e.g. "down 1/3 reclaim volume:cache (active)".
+func drainText(d *DrainStatus) string {
+	if d == nil {
+		return "-"
+	}
+	s := fmt.Sprintf("%s %d/%d", d.Purpose, d.Completed, d.Actions)
+	if d.Stage != "" {
+		target := d.Target
+		if strings.HasPrefix(target, "stack:") {
+			target = "stack"
+		}
+		s += " " + d.Stage + " " + target
+	}
+	if d.Attempt != "" {
+		s += " (" + d.Attempt + ")"
+	}
+	return strings.ReplaceAll(s, "\t", " ")
+}
