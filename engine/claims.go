@@ -20,7 +20,7 @@ const drainReservedFix = "wait for the drain to finish (cat wait) or cancel an u
 // claimInput is a claim as observed before its transaction: the holder proposed, the holders
 // proven dead, and the host's listener probe.
 type claimInput struct {
-	holder    NewHolder
+	holder    Holder // as proposed (see Holder.claimed)
 	dead      []Holder
 	listening func(ports []int) ([]int, error) // host TCP listeners among ports
 }
@@ -133,7 +133,7 @@ func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
 // checkout (so a checkout whose stack name collides with another's cannot take over its holder),
 // never while a drain is reserved. An untracked holder (pid=none) stays as its owner chose:
 // nothing ends it, so a touch has nothing to renew.
-func rebindHolder(r Record, c Caller, nh NewHolder) (Value, error) {
+func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
 	h, ok := r.Value.Holder(nh.Name)
 	if !ok {
 		return r.Value, refuse(NotFound, HolderID(nh.Name), "", "holder %s does not claim this stack", nh.Name)
@@ -172,31 +172,16 @@ func releaseOwn(r Record, c Caller, name string) (Value, error) {
 	return releaseHolder(r.Value, name)
 }
 
-// NewHolder is a holder as a claim proposes it.
-type NewHolder struct {
-	Name         string
-	CheckoutPath string
-	PID          int // 0: untracked
-	ProcessStart string
-	UID          uint32
-}
-
-func (n NewHolder) holder(now time.Time) Holder {
-	return Holder{
-		HolderID:     HolderID(n.Name),
-		CheckoutID:   CheckoutID(n.CheckoutPath),
-		ClaimedAt:    Stamp(now),
-		PID:          n.PID,
-		ProcessStart: n.ProcessStart,
-		Name:         n.Name,
-		CheckoutPath: n.CheckoutPath,
-		UID:          n.UID,
-	}
+// claimed is h as a claim records it at now: its identities derived from its name and checkout.
+// A claim proposes a Holder with only its name, checkout path, uid and process set.
+func (h Holder) claimed(now time.Time) Holder {
+	h.HolderID, h.CheckoutID, h.ClaimedAt = HolderID(h.Name), CheckoutID(h.CheckoutPath), Stamp(now)
+	return h
 }
 
 // addHolder adds h unless a holder of that name already claims the stack (changed = false); one of
 // that name from another checkout is refused, since a checkout is part of a holder's identity.
-func addHolder(v Value, h NewHolder, now time.Time) (Value, bool, error) {
+func addHolder(v Value, h Holder, now time.Time) (Value, bool, error) {
 	if existing, ok := v.Holder(h.Name); ok {
 		if existing.CheckoutID != CheckoutID(h.CheckoutPath) {
 			return v, false, refuse(StateRecordMalformed, HolderID(h.Name), "use another holder name for another checkout",
@@ -208,7 +193,7 @@ func addHolder(v Value, h NewHolder, now time.Time) (Value, bool, error) {
 		return v, false, refuse(ClaimHolderLimit, HolderID(h.Name), "release a holder first",
 			"the stack already has %d holders", MaxHolders)
 	}
-	holders := append(append(make([]Holder, 0, len(v.Holders)+1), v.Holders...), h.holder(now))
+	holders := append(append(make([]Holder, 0, len(v.Holders)+1), v.Holders...), h.claimed(now))
 	sortHolders(holders)
 	v.Holders = holders
 	if v.LastReleasedHolder != nil && *v.LastReleasedHolder == HolderID(h.Name) {
@@ -241,7 +226,7 @@ func releaseHolder(v Value, name string) (Value, error) {
 // releaseDead drops the holders observed dead that are still recorded exactly as observed (same
 // claim, pid and start). When none would remain, the successor takes the stack over in the same
 // value: the stack is still running. Nothing is released while a drain is reserved.
-func releaseDead(v Value, dead []Holder, successor *NewHolder, now time.Time) (Value, []Holder) {
+func releaseDead(v Value, dead []Holder, successor *Holder, now time.Time) (Value, []Holder) {
 	if v.Drain != nil || !v.Lease.Active() || len(dead) == 0 {
 		return v, nil
 	}

@@ -116,23 +116,23 @@ func leaseAt(t *testing.T, d portdecl.Declaration, offset int) *Lease {
 	return &Lease{Offset: offset, Ports: f.Ports, Declaration: d}
 }
 
-func newHolder(name string) NewHolder {
-	return NewHolder{Name: name, CheckoutPath: "/src/" + name, UID: 1000}
+func newHolder(name string) Holder {
+	return Holder{Name: name, CheckoutPath: "/src/" + name, UID: 1000}
 }
 
 func strPtr(s string) *string { return &s }
 
 func TestAddHolder(t *testing.T) {
-	alice := newHolder("alice").holder(claimNow)
+	alice := newHolder("alice").claimed(claimNow)
 	many := Value{}
 	for i := range MaxHolders {
-		many.Holders = append(many.Holders, newHolder(fmt.Sprintf("h%04d", i)).holder(claimNow))
+		many.Holders = append(many.Holders, newHolder(fmt.Sprintf("h%04d", i)).claimed(claimNow))
 	}
 	sortHolders(many.Holders)
 	cases := []struct {
 		name        string
 		v           Value
-		add         NewHolder
+		add         Holder
 		wantChanged bool
 		wantCode    Code
 		wantHolders int
@@ -141,7 +141,7 @@ func TestAddHolder(t *testing.T) {
 		{name: "new", v: Value{}, add: newHolder("alice"), wantChanged: true, wantHolders: 1},
 		{name: "existing same checkout", v: Value{Holders: []Holder{alice}}, add: newHolder("alice"), wantHolders: 1},
 		{name: "existing other checkout", v: Value{Holders: []Holder{alice}},
-			add: NewHolder{Name: "alice", CheckoutPath: "/elsewhere"}, wantCode: StateRecordMalformed, wantHolders: 1},
+			add: Holder{Name: "alice", CheckoutPath: "/elsewhere"}, wantCode: StateRecordMalformed, wantHolders: 1},
 		{name: "limit", v: many, add: newHolder("late"), wantCode: ClaimHolderLimit, wantHolders: MaxHolders},
 		{name: "existing at the limit", v: many, add: newHolder("h0007"), wantHolders: MaxHolders},
 		{name: "re-claim clears lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(HolderID("alice"))},
@@ -195,7 +195,7 @@ func TestAddHolderKeepsHoldersSortedAndInputIntact(t *testing.T) {
 }
 
 func TestReleaseHolder(t *testing.T) {
-	alice, bob := newHolder("alice").holder(claimNow), newHolder("bob").holder(claimNow)
+	alice, bob := newHolder("alice").claimed(claimNow), newHolder("bob").claimed(claimNow)
 	two := Value{Holders: []Holder{alice, bob}, Lease: leaseAt(t, pureDecl, 0)}
 	sortHolders(two.Holders)
 	drained := two
@@ -235,11 +235,11 @@ func TestReleaseHolder(t *testing.T) {
 
 func TestReleaseDead(t *testing.T) {
 	tracked := func(name string, pid int) Holder {
-		h := newHolder(name).holder(claimNow)
+		h := newHolder(name).claimed(claimNow)
 		h.PID, h.ProcessStart = pid, fmt.Sprintf("proc:00000000-0000-0000-0000-000000000000:%d", pid)
 		return h
 	}
-	alice, bob, carol := tracked("alice", 100), tracked("bob", 200), newHolder("carol").holder(claimNow)
+	alice, bob, carol := tracked("alice", 100), tracked("bob", 200), newHolder("carol").claimed(claimNow)
 	holders := []Holder{alice, bob, carol}
 	sortHolders(holders)
 	lease := leaseAt(t, pureDecl, 0)
@@ -251,7 +251,7 @@ func TestReleaseDead(t *testing.T) {
 		name         string
 		v            Value
 		dead         []Holder
-		successor    *NewHolder
+		successor    *Holder
 		wantHolders  []string
 		wantReleased int
 		wantLast     string

@@ -59,6 +59,7 @@ func TestStateLockedWhileTheStackIsLocked(t *testing.T) {
 
 	// The refusal is recorded while the contention lasts: logging it does not queue behind it.
 	c := me("create", "app/stacks/s/holders/alice")
+	seen := e.CockpitSeen("app")
 	if err := e.LogRefusal(c, "app", "s", refuse(StateLocked, "", "retry", "contention"), "EAGAIN"); err != nil {
 		t.Fatalf("logging the refusal: %v", err)
 	}
@@ -68,6 +69,12 @@ func TestStateLockedWhileTheStackIsLocked(t *testing.T) {
 	}
 	if !strings.Contains(string(events), `"code":"STATE_LOCKED","errno":"EAGAIN"`) {
 		t.Fatalf("no STATE_LOCKED line in the events:\n%s", events)
+	}
+	// The line wakes the cockpit's waiters, naming the events file it went to.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if change, err := e.WaitCockpit(ctx, "app", seen); err != nil || change.Events != "stacks/s/events" {
+		t.Fatalf("the cockpit's waiters heard %+v, %v; want the stack's events", change, err)
 	}
 }
 

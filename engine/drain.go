@@ -32,7 +32,7 @@ type reserveInput struct {
 	expected      int64
 	dead          []Holder
 	mine          map[int]bool // the caller's own processes: its own and its session's
-	successor     *NewHolder   // the holder a request names when it is not one yet, as the caller would claim it
+	successor     *Holder      // the holder a request names when it is not one yet, as the caller would claim it
 	generation    string
 	reservationID string
 }

@@ -246,11 +246,8 @@ func ParseAttemptCommand(text string) (executorPID int, err error) {
 	if !ok {
 		return 0, refuse(StateRecordMalformed, "drain/attempt", fix, "unknown attempt attribute %q", tokens[1])
 	}
-	if value == "none" {
-		return 0, nil
-	}
-	pid, err := strconv.Atoi(value)
-	if err != nil || pid < 1 || pid > 2147483647 || strconv.Itoa(pid) != value {
+	pid, ok := parsePID(value)
+	if !ok {
 		return 0, refuse(StateRecordMalformed, "drain/attempt", fix, "pid %q is not a process id", value)
 	}
 	return pid, nil

@@ -110,7 +110,7 @@ func (m cockpitMeta) info() CockpitInfo {
 func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 	var out []CockpitInfo
 	err := e.db.View(func(tx storage.Txn) error {
-		return tx.Scan("c/", func(_ string, v []byte) error {
+		return tx.Scan(cockpitsPrefix, func(_ string, v []byte) error {
 			var m cockpitMeta
 			if err := jsonUnmarshal(v, &m); err != nil {
 				return err
@@ -272,9 +272,9 @@ func (n *cockpitNotifier) latest(cockpit string) CockpitChange {
 func (n *cockpitNotifier) publish(key string) {
 	cockpit, events := "", ""
 	switch {
-	case strings.HasPrefix(key, "c/"):
-		cockpit, events = key[len("c/"):], "events"
-	case strings.HasPrefix(key, "s/"):
+	case strings.HasPrefix(key, cockpitsPrefix):
+		cockpit, events = key[len(cockpitsPrefix):], "events"
+	case strings.HasPrefix(key, allStacksPrefix):
 		var stack string
 		cockpit, stack = splitStackKey(key)
 		events = "stacks/" + stack + "/events"
@@ -300,9 +300,10 @@ func (n *cockpitNotifier) publish(key string) {
 func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), e.budget)
 	defer cancel()
+	level := stack
 	err := e.db.Update(ctx, func(tx storage.Txn) error {
 		now := e.now()
-		level := stack
+		level = stack
 		if stack == "" || !exists(tx, stackKey(cockpit, stack)) {
 			level = cockpitLevel
 		}
@@ -315,10 +316,19 @@ func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno s
 		})
 	})
 	e.cockpits.committed()
-	if errors.Is(err, errUnchanged) {
+	switch {
+	case errors.Is(err, errUnchanged):
 		return nil
+	case err != nil:
+		return err
 	}
-	return err
+	// The line is a change of its events file: the cockpit's waiters hear of it.
+	if level == cockpitLevel {
+		e.cockpitChanges.publish(cockpitKey(cockpit))
+	} else {
+		e.cockpitChanges.publish(stackKey(cockpit, stack))
+	}
+	return nil
 }
 
 // exists reads key with Get, so the transaction conflicts with its creation or removal.

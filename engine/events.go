@@ -83,10 +83,6 @@ func appendEvent(tx storage.Txn, cockpit, stack string, e Event) error {
 	return setJSON(tx, eventsSeqKey(cockpit, stack), seq+1)
 }
 
-func eventKey(cockpit, stack string, seq uint64) string {
-	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
-}
-
 func deleteEvents(tx storage.Txn, cockpit, stack string) error {
 	var keys []string
 	if err := tx.Scan(eventsPrefix(cockpit, stack), func(k string, _ []byte) error {

@@ -206,20 +206,11 @@ func (inv *healthInventory) checkIndexed(tx storage.Txn, r Record) error {
 	if inv.collision != "" {
 		problems = append(problems, inv.collision)
 	}
-	for _, key := range sortedPortKeys(lease.Ports) {
-		port := lease.Ports[key]
-		var owner PortOwner
-		ok, err := getJSON(tx, portKey(port), &owner)
-		if err != nil {
-			return err
-		}
-		switch {
-		case !ok:
-			problems = append(problems, fmt.Sprintf("port %d (%s) is missing from the machine's port index", port, key))
-		case owner.Cockpit != r.Cockpit || owner.Stack != r.Stack || owner.Key != key:
-			problems = append(problems, fmt.Sprintf("port %d (%s) is indexed to %s/%s %s", port, key, owner.Cockpit, owner.Stack, owner.Key))
-		}
+	indexed, err := leaseIndexProblems(tx, r.Cockpit, r.Stack, lease)
+	if err != nil {
+		return err
 	}
+	problems = append(problems, indexed...)
 	inv.collision = strings.Join(problems, "; ")
 	return nil
 }

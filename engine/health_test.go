@@ -163,7 +163,7 @@ func TestHealthOfABrokenRecordFails(t *testing.T) {
 	newCockpit(t, e, "app", healthConfig, "a", "b")
 	// Holders without a lease break an invariant; "b" is not even JSON.
 	writeRecord(t, e.db, "a", func(r *Record) {
-		r.Value.Holders = []Holder{NewHolder{Name: "me", CheckoutPath: "/src/me"}.holder(e.now())}
+		r.Value.Holders = []Holder{Holder{Name: "me", CheckoutPath: "/src/me"}.claimed(e.now())}
 	})
 	if err := e.db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(stackKey("app", "b"), []byte("{")) }); err != nil {
 		t.Fatal(err)
@@ -223,7 +223,7 @@ func TestHealthClaimStateObservesTheCockpit(t *testing.T) {
 	wantValue(t, observationOf(t, health(t, e, "a"), codeClaimState, ""), true)
 
 	writeRecord(t, e.db, "b", func(r *Record) {
-		r.Value.Holders = []Holder{NewHolder{Name: "me", CheckoutPath: "/src/me"}.holder(e.now())}
+		r.Value.Holders = []Holder{Holder{Name: "me", CheckoutPath: "/src/me"}.claimed(e.now())}
 	})
 	e = New(e.db) // the store changed behind the engine: only a daemon restart can find it so
 	obs := health(t, e, "a")

@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
 )
 
 // HolderAttrs is a holder write: `pid=<n>|none checkout=<absolute path>`, each optional.
@@ -11,6 +13,16 @@ type HolderAttrs struct {
 	SetPID   bool
 	PID      int    // with SetPID: 0 = none (untracked)
 	Checkout string // "" = unchanged
+}
+
+// parsePID reads the value of a pid=<n>|none attribute: "none" is 0, anything else a process id
+// written in canonical decimal.
+func parsePID(value string) (int, bool) {
+	if value == "none" {
+		return 0, true
+	}
+	pid, err := strconv.Atoi(value)
+	return pid, err == nil && liveness.ValidPID(pid) && strconv.Itoa(pid) == value
 }
 
 // ParseHolderAttrs reads a holder write. Unknown keys, repeated keys and malformed values are
@@ -27,14 +39,9 @@ func ParseHolderAttrs(text string) (HolderAttrs, error) {
 		switch key {
 		case "pid":
 			a.SetPID = true
-			if value == "none" {
-				continue
-			}
-			pid, err := strconv.Atoi(value)
-			if err != nil || pid < 1 || pid > 2147483647 || strconv.Itoa(pid) != value {
+			if a.PID, ok = parsePID(value); !ok {
 				return a, refuse(StateRecordMalformed, "", "write pid=<n> with a running process id, or pid=none", "pid %q is not a process id", value)
 			}
-			a.PID = pid
 		case "checkout":
 			if !filepath.IsAbs(value) || strings.ContainsRune(value, 0) || len(value) > 4096 {
 				return a, refuse(StateRecordMalformed, "", "write checkout=$PWD", "checkout %q is not an absolute path", value)

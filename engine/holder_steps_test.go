@@ -66,11 +66,11 @@ func holders(hs ...Holder) []Holder {
 
 func TestClaimHolderStep(t *testing.T) {
 	tracked := func(name string, pid int) Holder {
-		h := newHolder(name).holder(claimNow)
+		h := newHolder(name).claimed(claimNow)
 		h.PID, h.ProcessStart = pid, "proc:00000000-0000-0000-0000-000000000000:1"
 		return h
 	}
-	alice, bob := tracked("alice", 100), newHolder("bob").holder(claimNow)
+	alice, bob := tracked("alice", 100), newHolder("bob").claimed(claimNow)
 	otherDecl := portdecl.Declaration{Step: 10, Count: 3, Bases: map[string]int{"HTTP": 30000, "DB": 31000}}
 	lease0 := leaseAt(t, pureDecl, 0)
 	released := &Lease{Offset: 10, Ports: leaseAt(t, pureDecl, 10).Ports, Released: true, Declaration: pureDecl}
@@ -122,7 +122,7 @@ func TestClaimHolderStep(t *testing.T) {
 		{name: "the cockpit's count is reached", claimant: "alice", reads: fakeReads{meta: declared(pureDecl), active: 3}, wantCode: PortLeaseExhausted},
 		{name: "every family has a listener", claimant: "alice", reads: fakeReads{meta: declared(pureDecl)}, busy: []int{20000, 20010, 20020},
 			wantCode: PortFamilyCollision, wantProbes: 3},
-		{name: "another checkout under the same name", claimant: "alice", v: Value{Holders: holders(newHolder("alice").holder(claimNow))},
+		{name: "another checkout under the same name", claimant: "alice", v: Value{Holders: holders(newHolder("alice").claimed(claimNow))},
 			reads: fakeReads{meta: declared(pureDecl)}, wantCode: StateRecordMalformed},
 		{name: "the index cannot be read", claimant: "alice", reads: fakeReads{meta: declared(pureDecl), err: errors.New("disk")}, wantErr: errors.New("disk")},
 	}
@@ -175,7 +175,7 @@ func TestClaimHolderStep(t *testing.T) {
 }
 
 func TestSetHolderStep(t *testing.T) {
-	alice := newHolder("alice").holder(claimNow)
+	alice := newHolder("alice").claimed(claimNow)
 	alice.UID = 1000
 	base := Value{Holders: holders(alice), Lease: leaseAt(t, pureDecl, 0)}
 	drained := base
@@ -238,7 +238,7 @@ func TestSetHolderStep(t *testing.T) {
 }
 
 func TestReleaseOwnStep(t *testing.T) {
-	alice, bob := newHolder("alice").holder(claimNow), newHolder("bob").holder(claimNow)
+	alice, bob := newHolder("alice").claimed(claimNow), newHolder("bob").claimed(claimNow)
 	bob.UID = 1001
 	two := Value{Holders: holders(alice, bob), Lease: leaseAt(t, pureDecl, 0)}
 	cases := []struct {
@@ -286,7 +286,7 @@ func TestStackOwner(t *testing.T) {
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig) // owned by the test's uid
 	cockpitUID := uint32(os.Getuid())
-	alice, bob := newHolder("alice").holder(claimNow), newHolder("bob").holder(claimNow)
+	alice, bob := newHolder("alice").claimed(claimNow), newHolder("bob").claimed(claimNow)
 	alice.UID, bob.UID = 1001, 1002
 	cases := []struct {
 		name string

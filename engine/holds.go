@@ -70,7 +70,7 @@ func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPor
 	h := &holds{space: space, self: self, byPort: map[int]*portHold{}, byStack: map[string]map[int]bool{}, lost: map[string][]LostPort{}, known: map[int]knownHolder{}}
 	var leases []Record
 	err := e.db.View(func(tx storage.Txn) error {
-		return tx.Scan("s/", func(_ string, v []byte) error {
+		return tx.Scan(allStacksPrefix, func(_ string, v []byte) error {
 			r, err := decodeRecord(v)
 			if err == nil && r.Value.Lease.Active() {
 				leases = append(leases, r)

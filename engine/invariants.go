@@ -90,7 +90,7 @@ func checkHolders(hs []Holder) []error {
 			errs = append(errs, fmt.Errorf("holder %s: checkout %q is not absolute or its identity differs", h.Name, h.CheckoutPath))
 		case !isStamp(h.ClaimedAt):
 			errs = append(errs, fmt.Errorf("holder %s: claimedAt %q is not canonical", h.Name, h.ClaimedAt))
-		case h.PID < 0 || h.PID > 2147483647:
+		case h.PID != 0 && !liveness.ValidPID(h.PID):
 			errs = append(errs, fmt.Errorf("holder %s: pid %d is out of range", h.Name, h.PID))
 		case h.ProcessStart != "" && (h.PID == 0 || !liveness.IsStart(h.ProcessStart)):
 			errs = append(errs, fmt.Errorf("holder %s: process start %q without a pid or malformed", h.Name, h.ProcessStart))
@@ -240,6 +240,8 @@ func checkAttempt(d *Drain, a *Attempt) error {
 		return errors.New("attempt committed before the reservation")
 	case a.CommittedRevision <= d.ProgressRevision || (a.CommittedRevision-d.ProgressRevision)%2 != 1:
 		return errors.New("committedRevision is not an odd distance past progressRevision")
+	case a.ExecutorPID != 0 && !liveness.ValidPID(a.ExecutorPID):
+		return errors.New("executor pid is out of range")
 	case a.ExecutorStart != "" && (a.ExecutorPID == 0 || !liveness.IsStart(a.ExecutorStart)):
 		return errors.New("executor start without a pid or malformed")
 	}

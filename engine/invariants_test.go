@@ -30,7 +30,7 @@ func invariantDecl() portdecl.Declaration {
 }
 
 func invariantHolder(name string, pid int) Holder {
-	h := NewHolder{Name: name, CheckoutPath: "/src/" + name, UID: 1000}.holder(invariantsNow)
+	h := Holder{Name: name, CheckoutPath: "/src/" + name, UID: 1000}.claimed(invariantsNow)
 	if pid != 0 {
 		h.PID, h.ProcessStart = pid, validStart
 	}

@@ -29,11 +29,11 @@ func processOf(pid int) (string, error) {
 
 // observeClaimant is the holder a claim proposes: the one attrs describe, or, without attrs, the
 // one the caller's process implies.
-func observeClaimant(c Caller, name string, attrs *HolderAttrs) (NewHolder, error) {
+func observeClaimant(c Caller, name string, attrs *HolderAttrs) (Holder, error) {
 	if attrs == nil {
 		return defaultHolder(c, name)
 	}
-	nh := NewHolder{Name: name, UID: c.UID, CheckoutPath: attrs.Checkout}
+	nh := Holder{Name: name, UID: c.UID, CheckoutPath: attrs.Checkout}
 	if nh.CheckoutPath == "" {
 		return nh, refuse(StateRecordMalformed, HolderID(name), "write checkout=<absolute path>", "a holder needs a checkout")
 	}
@@ -52,8 +52,8 @@ func observeClaimant(c Caller, name string, attrs *HolderAttrs) (NewHolder, erro
 // directory the daemon may not read (another user's, for a daemon that is not root) or that is
 // gone leaves the checkout unknown (""): the claim stands, and a write on the same open may still
 // name it (`echo checkout=$PWD > holders/me`).
-func defaultHolder(c Caller, name string) (NewHolder, error) {
-	h := NewHolder{Name: name, UID: c.UID}
+func defaultHolder(c Caller, name string) (Holder, error) {
+	h := Holder{Name: name, UID: c.UID}
 	if c.PID <= 0 {
 		return h, refuse(StateRecordMalformed, HolderID(name), "claim from a process cockpitfs can see", "the calling process could not be resolved")
 	}

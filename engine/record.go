@@ -172,13 +172,8 @@ func (r Record) Env() []EnvVar {
 	if !l.Active() {
 		return nil
 	}
-	keys := make([]string, 0, len(l.Ports))
-	for k := range l.Ports {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	env := make([]EnvVar, 0, len(keys))
-	for _, k := range keys {
+	env := make([]EnvVar, 0, len(l.Ports))
+	for _, k := range sortedPortKeys(l.Ports) {
 		env = append(env, EnvVar{k, strconv.Itoa(l.Ports[k])})
 	}
 	for _, e := range r.Entrypoints() {

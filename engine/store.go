@@ -21,19 +21,24 @@ import (
 //	o/<cockpit>/<stack|->    the events file's end: bytes ever appended to it (see EventsWindow)
 const cockpitLevel = "-"
 
-func cockpitKey(cockpit string) string          { return "c/" + cockpit }
-func stackKey(cockpit, stack string) string     { return "s/" + cockpit + "/" + stack }
-func stacksPrefix(cockpit string) string        { return "s/" + cockpit + "/" }
-func portKey(port int) string                   { return fmt.Sprintf("p/%05d", port) }
+// Prefixes of whole key families, for scans.
+const (
+	cockpitsPrefix  = "c/"
+	allStacksPrefix = "s/"
+	portsPrefix     = "p/"
+)
+
+func cockpitKey(cockpit string) string          { return cockpitsPrefix + cockpit }
+func stackKey(cockpit, stack string) string     { return allStacksPrefix + cockpit + "/" + stack }
+func stacksPrefix(cockpit string) string        { return allStacksPrefix + cockpit + "/" }
+func portKey(port int) string                   { return fmt.Sprintf("%s%05d", portsPrefix, port) }
 func leaseCountKey(cockpit string) string       { return "n/" + cockpit }
 func eventsPrefix(cockpit, stack string) string { return "e/" + cockpit + "/" + stack + "/" }
 func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
 func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + stack }
-
-const (
-	portsPrefix     = "p/"
-	allStacksPrefix = "s/"
-)
+func eventKey(cockpit, stack string, seq uint64) string {
+	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
+}
 
 // cockpitMeta is what a cockpit keeps besides its stacks.
 type cockpitMeta struct {
@@ -191,8 +196,34 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 	return setJSON(tx, leaseCountKey(cockpit), n+delta)
 }
 
+// leaseIndexProblems says where the port index does not give a port of lease, an active lease of
+// (cockpit, stack), to that stack under its key and offset: one line per port, in key order; none
+// when the index agrees. Each entry is read with Get. Health and verify both check with it.
+func leaseIndexProblems(tx storage.Txn, cockpit, stack string, lease *Lease) ([]string, error) {
+	var problems []string
+	for _, key := range sortedPortKeys(lease.Ports) {
+		port := lease.Ports[key]
+		data, err := tx.Get(portKey(port))
+		if errors.Is(err, storage.ErrNotFound) {
+			problems = append(problems, fmt.Sprintf("port %d (%s) is missing from the machine's port index", port, key))
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var owner PortOwner
+		switch err := json.Unmarshal(data, &owner); {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("port %d (%s) has an unreadable index entry: %v", port, key, err))
+		case owner.Cockpit != cockpit || owner.Stack != stack || owner.Key != key || owner.Offset != lease.Offset:
+			problems = append(problems, fmt.Sprintf("port %d (%s) is indexed to %s/%s %s at offset %d", port, key, owner.Cockpit, owner.Stack, owner.Key, owner.Offset))
+		}
+	}
+	return problems, nil
+}
+
 func splitStackKey(key string) (cockpit, stack string) {
-	rest := strings.TrimPrefix(key, "s/")
+	rest := strings.TrimPrefix(key, allStacksPrefix)
 	cockpit, stack, _ = strings.Cut(rest, "/")
 	return cockpit, stack
 }

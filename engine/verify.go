@@ -22,7 +22,7 @@ func Verify(db Store) ([]string, int, error) {
 	stacks := map[string]int{}
 	leases := map[string]int{}
 	err := db.View(func(tx storage.Txn) error {
-		if err := tx.Scan("s/", func(key string, value []byte) error {
+		if err := tx.Scan(allStacksPrefix, func(key string, value []byte) error {
 			r, err := decodeRecord(value)
 			if err != nil {
 				bad(key, "%v", err)
@@ -39,12 +39,12 @@ func Verify(db Store) ([]string, int, error) {
 			stacks[cockpit]++
 			if r.Value.Lease.Active() {
 				leases[cockpit]++
-				for k, port := range r.Value.Lease.Ports {
-					var owner PortOwner
-					ok, err := getJSON(tx, portKey(port), &owner)
-					if err != nil || !ok || owner.Cockpit != cockpit || owner.Stack != stack || owner.Key != k || owner.Offset != r.Value.Lease.Offset {
-						bad(key, "active lease port %s=%d is missing from the port index", k, port)
-					}
+				problems, err := leaseIndexProblems(tx, cockpit, stack, r.Value.Lease)
+				if err != nil {
+					return err
+				}
+				for _, p := range problems {
+					bad(key, "%s", p)
 				}
 			}
 			return nil
@@ -65,7 +65,7 @@ func Verify(db Store) ([]string, int, error) {
 		}); err != nil {
 			return err
 		}
-		return tx.Scan("c/", func(key string, value []byte) error {
+		return tx.Scan(cockpitsPrefix, func(key string, value []byte) error {
 			var m cockpitMeta
 			if err := json.Unmarshal(value, &m); err != nil {
 				bad(key, "%v", err)
@@ -99,7 +99,7 @@ func Verify(db Store) ([]string, int, error) {
 func VerifyHolds(db Store, space portlock.Space) ([]string, error) {
 	var violations []string
 	err := db.View(func(tx storage.Txn) error {
-		return tx.Scan("s/", func(key string, value []byte) error {
+		return tx.Scan(allStacksPrefix, func(key string, value []byte) error {
 			r, err := decodeRecord(value)
 			if err != nil || !r.Value.Lease.Active() {
 				return nil // Verify reports an unreadable record

@@ -76,7 +76,7 @@ func TestVerifyNamesEachCorruption(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			r.Value.Holders = []Holder{NewHolder{Name: "me", CheckoutPath: "/src/me"}.holder(time.Now())}
+			r.Value.Holders = []Holder{Holder{Name: "me", CheckoutPath: "/src/me"}.claimed(time.Now())}
 			return setJSON(tx, stackKey("app", "c"), r)
 		}},
 		{"a record that is not JSON", "s/app/c", "decode record", func(tx storage.Txn) error {
@@ -85,10 +85,10 @@ func TestVerifyNamesEachCorruption(t *testing.T) {
 		{"an orphan index entry", "p/22090", "indexed for app/c key HTTP, which holds no such active lease", func(tx storage.Txn) error {
 			return setJSON(tx, portKey(22090), PortOwner{Port: 22090, Cockpit: "app", Stack: "c", Key: "HTTP", Offset: 10})
 		}},
-		{"a lease port missing from the index", "s/app/a", "active lease port DB=22432 is missing from the port index", func(tx storage.Txn) error {
+		{"a lease port missing from the index", "s/app/a", "port 22432 (DB) is missing from the machine's port index", func(tx storage.Txn) error {
 			return tx.Delete(portKey(22432))
 		}},
-		{"a lease port indexed to another stack", "s/web/x", "active lease port HTTP=23080 is missing from the port index", func(tx storage.Txn) error {
+		{"a lease port indexed to another stack", "s/web/x", "port 23080 (HTTP) is indexed to app/a HTTP at offset 0", func(tx storage.Txn) error {
 			return setJSON(tx, portKey(23080), PortOwner{Port: 23080, Cockpit: "app", Stack: "a", Key: "HTTP", Offset: 0})
 		}},
 		{"a wrong lease count", "n/app", "counts 2 active leases, the store holds 1", func(tx storage.Txn) error {

@@ -48,9 +48,12 @@ type Observation struct {
 
 const maxPid = 2147483647
 
+// ValidPID reports whether pid is in the range of process ids (1 to 2^31-1), the one check of it.
+func ValidPID(pid int) bool { return pid >= 1 && pid <= maxPid }
+
 // Observe reports whether pid exists and, if it does, its start identity.
 func Observe(pid int) Observation {
-	if pid < 1 || pid > maxPid {
+	if !ValidPID(pid) {
 		return unknown("process id %d is invalid", pid)
 	}
 	switch presence(pid) {
