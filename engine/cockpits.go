@@ -60,6 +60,19 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 	return err
 }
 
+// MayWriteConfig refuses c writing the cockpit's config unless it is the cockpit's owner (or
+// root): checked when config is opened for writing, before any document is written.
+func (e *Engine) MayWriteConfig(c Caller, cockpit string) error {
+	info, err := e.Cockpit(cockpit)
+	if err != nil {
+		return err
+	}
+	if !c.may(info.UID) {
+		return c.denied("the config of cockpit "+cockpit, info.UID)
+	}
+	return nil
+}
+
 // SetConfig accepts a port declaration (§3) for the cockpit; only its owner (or root) may.
 // Leases keep the declaration they were taken under.
 func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text []byte) error {

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"syscall"
 	"time"
 
@@ -55,7 +56,7 @@ type (
 		rmdir(ctx context.Context, d *dir, name string) syscall.Errno
 	}
 	creator interface {
-		create(ctx context.Context, d *dir, name string) error
+		create(ctx context.Context, d *dir, name string, mode uint32) error
 	}
 	unlinker interface {
 		unlink(ctx context.Context, d *dir, name string) syscall.Errno
@@ -270,14 +271,16 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	if !ok {
 		return nil, nil, 0, d.fsys.undefined(ctx, "create", d.child(name), d.cockpit, d.stack)
 	}
-	if err := c.create(ctx, d, name); err != nil {
+	if err := c.create(ctx, d, name, mode); errors.Is(err, errUndefined) {
+		return nil, nil, 0, d.fsys.undefined(ctx, "create", d.child(name), d.cockpit, d.stack)
+	} else if err != nil {
 		return nil, nil, 0, d.fsys.fail(caller(ctx, "create", d.child(name)), d.cockpit, d.stack, err)
 	}
 	// The create's open: a snapshot of the file just created.
 	e, err := d.find(ctx, name)
-	var h *handle
-	if err == nil {
-		h, err = e.node.(*file).openCreated()
+	var h fs.FileHandle = scratchHandle{}
+	if f, isFile := e.node.(*file); err == nil && isFile {
+		h, err = f.openCreated()
 	}
 	if err != nil { // released again before we could look it up
 		return nil, nil, 0, d.fsys.fail(caller(ctx, "create", d.child(name)), d.cockpit, d.stack, gone(err))
@@ -312,6 +315,13 @@ func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedde
 	to := newName
 	if p, ok := newParent.(*dir); ok {
 		to = p.child(newName)
+	}
+	if p, ok := newParent.(*dir); ok && p == d {
+		if _, isCockpit := d.list.(cockpitListing); isCockpit {
+			if handled, errno := d.renameScratch(ctx, name, newName); handled {
+				return errno
+			}
+		}
 	}
 	c := caller(ctx, "rename", d.child(name))
 	if _, err := d.find(ctx, name); err != nil {

@@ -55,6 +55,11 @@ type handle struct {
 	view    view
 	created bool   // this open created the holder it writes
 	doc     []byte // config: everything written through this open
+	// dirty: doc was written since it was last applied (see documentWriter).
+	dirty bool
+	// wrote: this open wrote a document, so attributes set through it (a copy restoring the
+	// source's times and mode: mv, cp -p) are accepted and change nothing.
+	wrote bool
 	// base is where this open's offset 0 lies in the file's history: the start of the window it
 	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
 	// read each new line once; a fresh open (`cat`) starts at the window it sees.
@@ -69,6 +74,7 @@ var (
 	_ = (fs.NodeSetattrer)((*file)(nil))
 	_ = (fs.NodeFsyncer)((*file)(nil))
 	_ = (fs.NodeReleaser)((*file)(nil))
+	_ = (fs.NodeFlusher)((*file)(nil))
 )
 
 // Release forgets a followed open.
@@ -168,6 +174,14 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 	if err != nil { // a holder released since the kernel looked it up, say: gone
 		return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), "", "", gone(err))
 	}
+	openedFlags := uint32(openFlags)
+	if _, isDocument := f.writer.(documentWriter); isDocument && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		// Who may write it is known now: refused here, even bash's echo reports it.
+		if err := f.fsys.eng.MayWriteConfig(caller(ctx, "open", f.path), f.cockpit); err != nil {
+			return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
+		}
+		openedFlags = fuse.FOPEN_DIRECT_IO // the close applies the document: FLUSH must come
+	}
 	h := &handle{view: v, base: v.start}
 	if f.follows {
 		f.fsys.followers.add(f.path, h)
@@ -178,7 +192,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		// SETATTR(size=0), and cannot be told apart here from a write in place.
 		h.doc = append([]byte(nil), v.data...)
 	}
-	return h, openFlags, 0
+	return h, openedFlags, 0
 }
 
 func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
@@ -286,7 +300,11 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if errno := f.Getattr(ctx, fh, &current); errno != 0 {
 		return errno
 	}
-	if op, refused := unsupportedAttrs(in, sized && size != 0, current.Attr); refused != nil {
+	op, refused := unsupportedAttrs(in, sized && size != 0, current.Attr)
+	if h, ok := fh.(*handle); ok && h.wrote && op != "truncate" {
+		refused = nil // a copy restoring its source's times or mode onto the document it wrote
+	}
+	if refused != nil {
 		return f.fsys.fail(caller(ctx, op, f.path), f.cockpit, f.stack, refused(f.path))
 	}
 	if sized {
@@ -371,7 +389,44 @@ func timesDerived(path string) error {
 }
 
 // Fsync succeeds: an acknowledged change is already durable.
-func (f *file) Fsync(context.Context, fs.FileHandle, uint32) syscall.Errno { return 0 }
+// Fsync applies a document written on this open (vim fsyncs before it closes); otherwise it
+// succeeds: an acknowledged change is already durable.
+func (f *file) Fsync(ctx context.Context, fh fs.FileHandle, _ uint32) (errno syscall.Errno) {
+	defer f.fsys.guard("fsync "+f.path, &errno)
+	return f.applyDocument(ctx, fh, "fsync")
+}
+
+// Flush is a close (of each descriptor of the open): it applies a document written on this
+// open. cat, cp, dd, tee, python, sed and editors report its errno; bash's builtins do not.
+func (f *file) Flush(ctx context.Context, fh fs.FileHandle) (errno syscall.Errno) {
+	defer f.fsys.guard("flush "+f.path, &errno)
+	return f.applyDocument(ctx, fh, "write")
+}
+
+// documentWriter is a writer of a whole document (config): writes collect it, and it is applied
+// once, when the writer is done with it (close or fsync).
+type documentWriter interface {
+	apply(ctx context.Context, f *file, h *handle) error
+}
+
+func (f *file) applyDocument(ctx context.Context, fh fs.FileHandle, op string) syscall.Errno {
+	ctx = uninterrupted(ctx)
+	d, isDocument := f.writer.(documentWriter)
+	h, ok := fh.(*handle)
+	if !isDocument || !ok {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.dirty {
+		return 0 // never apply on a flush nothing was written before (every close flushes)
+	}
+	h.dirty = false // refused or applied, it is reported once
+	if err := d.apply(ctx, f, h); err != nil {
+		return f.fsys.fail(caller(ctx, op, f.path), f.cockpit, f.stack, err)
+	}
+	return 0
+}
 
 // tooLarge refuses a write of n bytes past the 64 KiB a command may take (EFBIG).
 func tooLarge(n int) error {

@@ -35,6 +35,8 @@ type FS struct {
 	byPath  sync.Map // cancel channels of the GETATTRs in flight that carry no file handle
 	// followers are the opens of events files (see file.follows).
 	followers followers
+	// scratch are the files beside each cockpit's config (see scratch.go).
+	scratch scratchFiles
 }
 
 // Options configure a mount.

@@ -67,6 +67,7 @@ func (rootListing) rmdir(ctx context.Context, d *dir, name string) syscall.Errno
 	if err := d.fsys.eng.RemoveCockpit(ctx, c, name); err != nil {
 		return d.fsys.fail(c, name, "", err)
 	}
+	d.fsys.scratch.forgetCockpit(name)
 	return 0
 }
 
@@ -101,17 +102,17 @@ func (portsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 
 type cockpitListing struct{}
 
-func (cockpitListing) entries(_ context.Context, d *dir) ([]entry, error) {
+func (cockpitListing) entries(ctx context.Context, d *dir) ([]entry, error) {
 	f, c := d.fsys, d.cockpit
 	if _, err := f.eng.Cockpit(c); err != nil {
 		return nil, err
 	}
-	return []entry{
+	return append([]entry{
 		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{})},
 		{name: "events", node: f.eventsFile(d.child("events"), c, "")},
 		{name: "stacks", node: f.newDir(d.child("stacks"), c, "", stacksListing{}), dir: true},
 		{name: "wait", node: f.newWaitFile(d.child("wait"), c, ""), unlisted: true},
-	}, nil
+	}, scratchEntries(ctx, d)...), nil
 }
 
 type stacksListing struct{}
@@ -222,7 +223,7 @@ func (f *FS) holderFile(d *dir, name string) *file {
 }
 
 // create claims the stack for a new holder (§4).
-func (holdersListing) create(ctx context.Context, d *dir, name string) error {
+func (holdersListing) create(ctx context.Context, d *dir, name string, _ uint32) error {
 	return d.fsys.eng.Claim(ctx, caller(ctx, "create", d.child(name)), d.cockpit, d.stack, name, nil)
 }
 

@@ -26,11 +26,13 @@ func (w holderWriter) touch(ctx context.Context, f *file) error {
 	return f.fsys.eng.Rebind(ctx, caller(ctx, "touch", f.path), f.cockpit, f.stack, w.name)
 }
 
-// configWriter re-applies the whole document written so far on this open at every write, so a
-// document written in one go, by cp or by an editor saving in place, is accepted as a whole.
+// configWriter collects the document written on an open; it is applied whole, once, when the
+// writer is done: at close or fsync (see documentWriter), or by renaming a scratch file onto
+// config (see scratch.go). A writer may write it in any number of write(2)s: bash's printf writes
+// a line at a time, dd bs=16 sixteen bytes.
 type configWriter struct{}
 
-func (configWriter) write(ctx context.Context, f *file, h *handle, data []byte, off int64) error {
+func (configWriter) write(_ context.Context, _ *file, h *handle, data []byte, off int64) error {
 	end := off + int64(len(data))
 	if off < 0 || end > maxCommand {
 		return tooLarge(int(end))
@@ -39,6 +41,10 @@ func (configWriter) write(ctx context.Context, f *file, h *handle, data []byte, 
 		h.doc = append(h.doc, make([]byte, end-int64(len(h.doc)))...)
 	}
 	copy(h.doc[off:], data)
-	c := caller(ctx, "write", f.path)
-	return f.fsys.eng.SetConfig(ctx, c, f.cockpit, h.doc)
+	h.dirty, h.wrote = true, true
+	return nil
+}
+
+func (configWriter) apply(ctx context.Context, f *file, h *handle) error {
+	return f.fsys.eng.SetConfig(ctx, caller(ctx, "write", f.path), f.cockpit, h.doc)
 }

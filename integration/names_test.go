@@ -105,7 +105,6 @@ func TestNamesUndefined(t *testing.T) {
 	m := namesSetup(t, 37200)
 	before := namesState(m)
 	for _, tc := range []struct{ script, events string }{
-		{"touch $M/app/foo", "app/events"},
 		{"mkdir $M/app/foo", "app/events"},
 		{"touch $M/app/stacks/s/foo", "app/stacks/s/events"},
 		{"mkdir $M/app/stacks/s/holders/x", "app/stacks/s/events"},

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +20,16 @@ func toolsSetup(t *testing.T, base int) *mount {
 	m.setupApp(4, map[string]int{"HTTP": base, "DB": base + 1}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
 	return m
+}
+
+// toolsHelper is the absolute path of a helper script in testdata (scripts run in the mount).
+func toolsHelper(t *testing.T, name string) string {
+	t.Helper()
+	path, err := filepath.Abs(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // needTool skips a test whose program is not installed (.ci/run installs them all).
@@ -330,5 +341,131 @@ func waitFor(t *testing.T, what func() string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("still waiting after 20s for %s", what())
 		}
+	}
+}
+
+// toolsConfig is the document the config edits start from, HTTP at port.
+func toolsConfig(port int) string {
+	return fmt.Sprintf("[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = %d\n", port)
+}
+
+// Every common way of editing config ends with the new document applied, once, when the writer
+// is done, and exit 0; nothing is left beside config.
+func TestToolsConfigEdits(t *testing.T) {
+	t.Parallel()
+	needTool(t, "vim", "nano", "perl", "python3")
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	claimsConfig(m, "app", toolsConfig(26700))
+	dir := t.TempDir()
+	port := 26700
+	for _, tc := range []struct{ name, script string }{
+		{"sed -i", "sed -i s/FROM/TO/ $M/app/config"},
+		{"perl -pi", "perl -pi -e s/FROM/TO/ $M/app/config"},
+		{"mkstemp and os.replace", `python3 -c 'import os, sys, tempfile
+cfg = sys.argv[1] + "/config"
+fd, tmp = tempfile.mkstemp(dir=sys.argv[1])
+os.write(fd, open(cfg).read().replace("FROM", "TO").encode())
+os.close(fd)
+os.replace(tmp, cfg)' $M/app`},
+		{"mv new.toml config", "sed s/FROM/TO/ $M/app/config > $M/app/new.toml && mv $M/app/new.toml $M/app/config"},
+		{"cp new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/new.toml && cp " + dir + "/new.toml $M/app/config"},
+		{"bash printf, a line per write", `printf '[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = TO\n' > $M/app/config`},
+		{"echo -e", `echo -e '[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = TO' > $M/app/config`},
+		{"dd bs=16", "sed s/FROM/TO/ $M/app/config > " + dir + "/dd.toml && dd status=none bs=16 if=" + dir + "/dd.toml of=$M/app/config"},
+		{"a writer flushing per line", `python3 -c 'import sys
+lines = open(sys.argv[1]).read().replace("FROM", "TO").splitlines(True)
+with open(sys.argv[1], "w", buffering=1) as f:
+    for line in lines:
+        f.write(line)' $M/app/config`},
+		{"vim", "vim -es -c '%s/FROM/TO/' -c wq $M/app/config"},
+		{"nano", "python3 " + toolsHelper(t, "pty-keys.py") + ` '\x1c|FROM\r|TO\r|a|\x0f|\r|\x18' nano $M/app/config || true`}, // judged by what it saved
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			from, to := port, port+1
+			port++
+			script := strings.NewReplacer("FROM", fmt.Sprint(from), "TO", fmt.Sprint(to)).Replace(tc.script)
+			n := claimsEventCount(m, "app/events")
+			m.ok(script)
+			if got, want := m.read("app/config"), toolsConfig(to); got != want {
+				t.Fatalf("config = %q, want %q", got, want)
+			}
+			lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
+			if len(lines) != 1 || !strings.Contains(lines[0], `"result":"ok"`) {
+				t.Fatalf("want the document applied once, events:\n%s", strings.Join(lines, "\n"))
+			}
+			if got := m.ok("ls -a $M/app"); got != ".\n..\nconfig\nevents\nstacks\n" {
+				t.Fatalf("ls -a after the edit:\n%s", got)
+			}
+		})
+	}
+}
+
+// An edit whose document is refused fails where it was typed, says why in events, and leaves
+// config as it was; scratch files are their writer's, bounded, and gone with the daemon.
+func TestToolsConfigEditRefusals(t *testing.T) {
+	t.Parallel()
+	needTool(t, "perl", "python3")
+	m := ownershipMount(t, "--allow-other")
+	m.ok("mkdir $M/app")
+	good := toolsConfig(26720)
+	claimsConfig(m, "app", good)
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, script string }{
+		{"sed -i", "sed -i 's/step = 10/step = 0/' $M/app/config"},
+		{"perl -pi", "perl -pi -e 's/step = 10/step = 0/' $M/app/config"},
+		{"os.replace", `python3 -c 'import os, sys, tempfile
+fd, tmp = tempfile.mkstemp(dir=sys.argv[1])
+os.write(fd, b"[ports]\nstep = 0\n")
+os.close(fd)
+os.replace(tmp, sys.argv[1] + "/config")' $M/app`},
+		{"cat", "echo '[ports]' | cat > $M/app/config"},
+		{"dd bs=16", "printf '[ports]\\nstep = 0\\n' > " + dir + "/bad.toml && dd status=none bs=16 if=" + dir + "/bad.toml of=$M/app/config"},
+		{"mv from another filesystem", "cp $M/app/config " + dir + "/x.toml && mv " + dir + "/x.toml $M/app/config"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := claimsEventCount(m, "app/events")
+			r := m.sh(tc.script)
+			if r.Code == 0 {
+				t.Fatalf("exit 0 with the document refused\nstderr: %s", r.Stderr)
+			}
+			if got := m.read("app/config"); got != good {
+				t.Fatalf("config = %q after a refused edit", got)
+			}
+			lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
+			if len(lines) != 1 || !strings.Contains(lines[0], `"result":"refused"`) {
+				t.Fatalf("want one refusal in events, got:\n%s", strings.Join(lines, "\n"))
+			}
+		})
+	}
+	// sed and perl removed their scratch files; the python script above leaves its temp file,
+	// as it would on any filesystem, and its writer sees it.
+	if got := m.ok("ls -a $M/app | grep -v '^tmp'"); got != ".\n..\nconfig\nevents\nstacks\n" {
+		t.Fatalf("ls -a after refused edits:\n%s", got)
+	}
+	if got := ownershipNobodyOK(m, "ls $M/app"); got != "config\nevents\nstacks\n" {
+		t.Fatalf("another uid lists %q", got)
+	}
+
+	// A scratch file is its writer's: another uid can neither read nor replace it.
+	m.ok("echo secret > $M/app/mine.toml && chmod 644 $M/app/mine.toml")
+	if r := ownershipAsNobody(m, "cat $M/app/mine.toml"); r.Code == 0 || !strings.Contains(r.Stderr, "ermission denied") {
+		t.Fatalf("another uid read a scratch file: exit %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := ownershipAsNobody(m, "mv $M/app/mine.toml $M/app/config"); r.Code == 0 {
+		t.Fatal("another uid renamed a scratch file onto config")
+	}
+	// Bounded in size and number.
+	m.refused("head -c 70000 /dev/zero > $M/app/big.toml", syscall.EFBIG)
+	m.ok("rm $M/app/tmp* && for i in $(seq 3 16); do : > $M/app/s$i.toml; done") // with mine and big: 16
+	m.refused(": > $M/app/s17.toml", syscall.ENOSPC)
+	// And gone with the daemon.
+	m.Stop()
+	m.start("--allow-other")
+	if got := m.ok("ls -a $M/app; cat $M/app/config"); got != ".\n..\nconfig\nevents\nstacks\n"+good {
+		t.Fatalf("after a restart:\n%s", got)
+	}
+	if r := m.sh("cat $M/app/mine.toml"); r.Code == 0 {
+		t.Fatal("a scratch file outlived the daemon")
 	}
 }

@@ -1,0 +1,308 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+)
+
+// Scratch files: what sed -i, perl -pi, python's tempfile.mkstemp(dir=…) and `cp new.toml` make
+// beside a cockpit's config before renaming it onto config. They live only in the daemon's memory,
+// belong to the uid that created them (nobody else may open them), hold at most maxCommand bytes,
+// at most maxScratch of them per cockpit, and vanish with the daemon. Renaming one onto config
+// applies its content as the whole document (or refuses the rename, with the reason in events);
+// nothing else of a scratch file reaches the store.
+
+// errUndefined: a create of a name the directory does not define (refused as undefined).
+var errUndefined = errors.New("the tree does not define this name")
+
+// maxScratch bounds the scratch files of one cockpit.
+const maxScratch = 16
+
+type scratch struct {
+	mu    sync.Mutex
+	uid   uint32
+	mode  uint32
+	data  []byte
+	mtime time.Time
+	// promoted: renamed onto config. The kernel may still hold config's name for this node;
+	// an open of it answers ESTALE, so the kernel looks config up again.
+	promoted bool
+}
+
+// scratchFiles are every cockpit's scratch files, by cockpit and name.
+type scratchFiles struct {
+	mu sync.Mutex
+	m  map[string]map[string]*scratch
+}
+
+func (s *scratchFiles) get(cockpit, name string) *scratch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[cockpit][name]
+}
+
+func (s *scratchFiles) create(cockpit, name string, uid, mode uint32, now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]map[string]*scratch{}
+	}
+	if s.m[cockpit] == nil {
+		s.m[cockpit] = map[string]*scratch{}
+	}
+	if _, ok := s.m[cockpit][name]; ok {
+		return &engine.Refusal{Code: engine.Exists, Message: name + " exists"}
+	}
+	if len(s.m[cockpit]) >= maxScratch {
+		return &engine.Refusal{Code: engine.PortLeaseExhausted, Fix: "rename or remove the other scratch files first",
+			Message: fmt.Sprintf("cockpit %s already has %d scratch files beside its config", cockpit, maxScratch)}
+	}
+	s.m[cockpit][name] = &scratch{uid: uid, mode: mode & 0o7777, mtime: now}
+	return nil
+}
+
+// remove forgets name if it is still sc.
+func (s *scratchFiles) remove(cockpit, name string, sc *scratch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m[cockpit][name] == sc {
+		delete(s.m[cockpit], name)
+	}
+}
+
+// move renames a scratch file to another scratch name, replacing what was there.
+func (s *scratchFiles) move(cockpit, from, to string, sc *scratch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m[cockpit][from] == sc {
+		delete(s.m[cockpit], from)
+		s.m[cockpit][to] = sc
+	}
+}
+
+// forgetCockpit drops a removed cockpit's scratch files.
+func (s *scratchFiles) forgetCockpit(cockpit string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, cockpit)
+}
+
+// scratchFile is the node of one scratch file: a plain in-memory file, shared by its opens.
+type scratchFile struct {
+	fs.Inode
+	fsys *FS
+	path string
+	s    *scratch
+}
+
+type scratchHandle struct{}
+
+var (
+	_ = (fs.NodeOpener)((*scratchFile)(nil))
+	_ = (fs.NodeReader)((*scratchFile)(nil))
+	_ = (fs.NodeWriter)((*scratchFile)(nil))
+	_ = (fs.NodeGetattrer)((*scratchFile)(nil))
+	_ = (fs.NodeSetattrer)((*scratchFile)(nil))
+	_ = (fs.NodeFsyncer)((*scratchFile)(nil))
+	_ = (fs.NodeSetxattrer)((*scratchFile)(nil))
+)
+
+// Setxattr: no extended attributes (so sed and cp copy a mode, not an ACL).
+func (n *scratchFile) Setxattr(context.Context, string, []byte, uint32) syscall.Errno {
+	return syscall.ENOTSUP
+}
+
+// mine says the caller may use sc: its creator (or root).
+func (sc *scratch) mine(ctx context.Context) bool {
+	c := caller(ctx, "", "")
+	return c.UID == 0 || c.UID == sc.uid
+}
+
+func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
+	defer n.fsys.guard("open "+n.path, &errno)
+	n.s.mu.Lock()
+	defer n.s.mu.Unlock()
+	if n.s.promoted {
+		return nil, 0, syscall.ESTALE
+	}
+	if !n.s.mine(ctx) {
+		return nil, 0, syscall.EACCES
+	}
+	if flags&syscall.O_TRUNC != 0 {
+		n.s.data = nil
+	}
+	return scratchHandle{}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (n *scratchFile) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
+	defer n.fsys.guard("read "+n.path, &errno)
+	n.s.mu.Lock()
+	defer n.s.mu.Unlock()
+	if off >= int64(len(n.s.data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(append([]byte(nil), n.s.data[off:min(int64(len(n.s.data)), off+int64(len(dest)))]...)), 0
+}
+
+func (n *scratchFile) Write(ctx context.Context, _ fs.FileHandle, data []byte, off int64) (_ uint32, errno syscall.Errno) {
+	defer n.fsys.guard("write "+n.path, &errno)
+	n.s.mu.Lock()
+	defer n.s.mu.Unlock()
+	end := off + int64(len(data))
+	if off < 0 || end > maxCommand {
+		return 0, syscall.EFBIG
+	}
+	if int64(len(n.s.data)) < end {
+		n.s.data = append(n.s.data, make([]byte, end-int64(len(n.s.data)))...)
+	}
+	copy(n.s.data[off:], data)
+	n.s.mtime = time.Now()
+	return uint32(len(data)), 0
+}
+
+func (n *scratchFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+	defer n.fsys.guard("getattr "+n.path, &errno)
+	n.s.mu.Lock()
+	defer n.s.mu.Unlock()
+	out.Mode = syscall.S_IFREG | n.s.mode
+	out.Nlink = 1
+	out.Size = uint64(len(n.s.data))
+	out.Uid = n.s.uid
+	setTimes(&out.Attr, n.s.mtime)
+	return 0
+}
+
+// Setattr changes what a plain file would: size, mode, times; its owner stays its creator.
+func (n *scratchFile) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+	defer n.fsys.guard("setattr "+n.path, &errno)
+	n.s.mu.Lock()
+	if !n.s.mine(ctx) {
+		n.s.mu.Unlock()
+		return syscall.EACCES
+	}
+	if uid, ok := in.GetUID(); ok && uid != n.s.uid {
+		n.s.mu.Unlock()
+		return syscall.EPERM
+	}
+	if size, ok := in.GetSize(); ok {
+		if size > maxCommand {
+			n.s.mu.Unlock()
+			return syscall.EFBIG
+		}
+		n.s.data = append(n.s.data, make([]byte, max(0, int(size)-len(n.s.data)))...)[:size]
+	}
+	if mode, ok := in.GetMode(); ok {
+		n.s.mode = mode & 0o7777
+	}
+	if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
+		n.s.mtime = time.Now()
+	} else if t, ok := in.GetMTime(); ok {
+		n.s.mtime = t
+	}
+	n.s.mu.Unlock()
+	return n.Getattr(ctx, nil, out)
+}
+
+func (n *scratchFile) Fsync(context.Context, fs.FileHandle, uint32) syscall.Errno { return 0 }
+
+// The cockpit directory's scratch side: lookup, create, unlink and rename of names beside config.
+
+// scratchEntries are the caller's scratch files in d (every one, for root): a leaked temp file
+// is seen, and can be removed, by whoever made it.
+func scratchEntries(ctx context.Context, d *dir) []entry {
+	d.fsys.scratch.mu.Lock()
+	defer d.fsys.scratch.mu.Unlock()
+	var es []entry
+	for name, sc := range d.fsys.scratch.m[d.cockpit] {
+		if sc.mine(ctx) && !sc.promoted {
+			es = append(es, entry{name: name, node: &scratchFile{fsys: d.fsys, path: d.child(name), s: sc}})
+		}
+	}
+	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
+	return es
+}
+
+func (cockpitListing) lookup(ctx context.Context, d *dir, name string) (entry, bool, error) {
+	es, err := cockpitListing{}.entries(ctx, d)
+	if err != nil {
+		return entry{}, false, err
+	}
+	for _, e := range es {
+		if e.name == name {
+			return e, true, nil
+		}
+	}
+	sc := d.fsys.scratch.get(d.cockpit, name)
+	if sc == nil || sc.promoted {
+		return entry{}, false, nil
+	}
+	return entry{name: name, node: &scratchFile{fsys: d.fsys, path: d.child(name), s: sc}}, true, nil
+}
+
+// create makes a scratch file; editors' own scratch names stay refused, so they save in place.
+func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint32) error {
+	if editorScratch(name) || !engine.ValidName(name) {
+		return errUndefined
+	}
+	c := caller(ctx, "create", d.child(name))
+	if _, err := d.fsys.eng.Cockpit(d.cockpit); err != nil {
+		return err
+	}
+	return d.fsys.scratch.create(d.cockpit, name, c.UID, mode, time.Now())
+}
+
+func (cockpitListing) unlink(ctx context.Context, d *dir, name string) syscall.Errno {
+	sc := d.fsys.scratch.get(d.cockpit, name)
+	if sc == nil && name == "config" {
+		c := caller(ctx, "unlink", d.child(name))
+		return d.fsys.fail(c, d.cockpit, "", &engine.Refusal{Code: engine.Unsupported,
+			Message: d.child(name) + " cannot be removed, only replaced",
+			Fix:     "write the new document into it (cp new.toml config), or create it beside config and mv it onto config"})
+	}
+	if sc == nil {
+		return d.fsys.undefined(ctx, "unlink", d.child(name), d.cockpit, "")
+	}
+	if !sc.mine(ctx) {
+		return syscall.EACCES
+	}
+	d.fsys.scratch.remove(d.cockpit, name, sc)
+	return 0
+}
+
+// renameScratch renames the caller's scratch file name: onto config, it applies its content as
+// the cockpit's whole config, or refuses and keeps both; onto another free name, it moves.
+func (d *dir) renameScratch(ctx context.Context, name, newName string) (bool, syscall.Errno) {
+	sc := d.fsys.scratch.get(d.cockpit, name)
+	if sc == nil {
+		return false, 0
+	}
+	if !sc.mine(ctx) {
+		return true, syscall.EACCES
+	}
+	if newName != "config" {
+		if _, fixed, _ := (cockpitListing{}).lookup(ctx, d, newName); fixed && d.fsys.scratch.get(d.cockpit, newName) == nil {
+			return false, 0
+		}
+		d.fsys.scratch.move(d.cockpit, name, newName, sc)
+		return true, 0
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	c := caller(ctx, "rename", d.child(name))
+	if err := d.fsys.eng.SetConfig(ctx, c, d.cockpit, sc.data); err != nil {
+		return true, d.fsys.fail(c, d.cockpit, "", err)
+	}
+	sc.promoted = true
+	d.fsys.scratch.remove(d.cockpit, name, sc)
+	return true, 0
+}
