@@ -169,6 +169,7 @@ func TestToolsRefusedAttributeChanges(t *testing.T) {
 		{"chmod 700 $M/app/stacks/s", "app/stacks/s/events", "chmod"},
 		{"touch $M/app/config", "app/events", "utimes"},
 		{"mv $M/app/config $M/app/config.old", "app/events", "rename"},
+		{"rm $M/app/config", "app/events", "unlink"},
 	} {
 		t.Run(tc.script, func(t *testing.T) {
 			n := claimsEventCount(m, tc.events)
