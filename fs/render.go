@@ -74,6 +74,11 @@ func (f *FS) portView(port int) render {
 					return view{}, err
 				}
 				line := fmt.Sprintf("cockpit=%s stack=%s key=%s offset=%d\n", o.Cockpit, o.Stack, o.Key, o.Offset)
+				if h, ok := f.eng.ForeignHold(port); ok {
+					// Leased here but held elsewhere: taken by another daemon while this one was
+					// down, never shared.
+					line += "conflict: " + foreignLine(h)
+				}
 				return view{data: []byte(line), mtime: stamp(r.UpdatedAt), uid: f.uid}, nil
 			}
 		}

@@ -245,6 +245,9 @@ func TestMachineKilledDaemonStrandsNothing(t *testing.T) {
 	if !strings.Contains(health, fmt.Sprintf(`port %d (HTTP) of this stack's lease is held by the cockpitfs daemon process %d`, base, b.cmd.Process.Pid)) {
 		t.Fatalf("a1's health does not report the port b took:\n%s", health)
 	}
+	if got, want := a.read("ports", strconv.Itoa(base)), fmt.Sprintf("cockpit=app stack=a1 key=HTTP offset=0\nconflict: daemon=other pid=%d uid=0 data=%s mount=%s cockpit=app stack=b2 key=HTTP\n", b.cmd.Process.Pid, b.Data, b.Dir); got != want {
+		t.Fatalf("a's ports/%d = %q, want %q", base, got, want)
+	}
 	events := a.read("app/stacks/a1/events")
 	if !strings.Contains(events, `"result":"conflict","code":"PORT_FAMILY_COLLISION"`) || !strings.Contains(events, fmt.Sprintf("port %d (HTTP)", base)) {
 		t.Fatalf("a1's events do not report the conflict:\n%s", events)
