@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -143,7 +145,14 @@ func TestOwnershipOfCockpitsAndHolders(t *testing.T) {
 		t.Fatalf("eve does not record uid %d", stranger)
 	}
 	pidNone := HolderAttrs{SetPID: true}
-	mine := HolderAttrs{SetPID: true, PID: os.Getpid()}
+	mine := HolderAttrs{SetPID: true, PID: processOfUID(t, owner)}
+	// Naming a process one may not signal (here root's own) would pin the holder beyond reach.
+	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
+		return e.SetHolder(ctx, callerAs(owner, "write", "h"), "app", "main", "bob", HolderAttrs{SetPID: true, PID: os.Getpid()}, false)
+	})
+	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
+		return e.SetHolder(ctx, callerAs(stranger, "write", "h"), "app", "main", "eve", HolderAttrs{SetPID: true, PID: 1}, false)
+	})
 	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
 		return e.Release(ctx, callerAs(stranger, "unlink", "h"), "app", "main", "bob")
 	})
@@ -168,6 +177,26 @@ func TestOwnershipOfCockpitsAndHolders(t *testing.T) {
 	if names := holderNames(stackRecord(t, e, "app", "main").Value); !reflect.DeepEqual(names, []string{"alice"}) {
 		t.Fatalf("holders %v, want [alice]", names)
 	}
+}
+
+// processOfUID starts a process running as uid (setpriv) for the test's length and returns its pid.
+func processOfUID(t *testing.T, uid uint32) int {
+	t.Helper()
+	id := strconv.FormatUint(uint64(uid), 10)
+	cmd := exec.Command("setpriv", "--reuid="+id, "--regid="+id, "--clear-groups", "sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("a process of uid %d: %v", uid, err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// Until setpriv has switched, the child is still root's.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+		if strings.Contains(string(status), "\nUid:\t"+id+"\t") {
+			return cmd.Process.Pid
+		}
+	}
+	t.Fatalf("process %d never became uid %d", cmd.Process.Pid, uid)
+	return 0
 }
 
 // deadPID returns the pid of a process that has exited and been reaped.

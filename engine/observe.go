@@ -38,6 +38,9 @@ func observeClaimant(c Caller, name string, attrs *HolderAttrs) (Holder, error) 
 		return nh, refuse(StateRecordMalformed, HolderID(name), "write checkout=<absolute path>", "a holder needs a checkout")
 	}
 	if attrs.PID > 0 {
+		if err := mayName(c, name, attrs.PID); err != nil {
+			return nh, err
+		}
 		start, err := processOf(attrs.PID)
 		if err != nil {
 			return nh, err
@@ -152,4 +155,14 @@ func HolderState(h Holder) string {
 	default:
 		return "unknown"
 	}
+}
+
+// mayName refuses a holder naming a process its writer could not signal: a holder lives as long
+// as its process, so pid 1 or another user's process would pin the stack beyond its owner's reach.
+func mayName(c Caller, holder string, pid int) error {
+	if liveness.Signalable(c.UID, pid) {
+		return nil
+	}
+	return refuse(PermissionDenied, HolderID(holder), "name one of your own processes (pid=<n>), or pid=none",
+		"process %d is not one uid %d may signal", pid, c.UID)
 }

@@ -31,11 +31,26 @@ func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name strin
 	})
 }
 
+// MayWriteHolder refuses, before its content is even parsed, a write to another uid's holder.
+func (e *Engine) MayWriteHolder(c Caller, cockpit, stack, name string) error {
+	r, err := e.Stack(cockpit, stack)
+	if err != nil {
+		return err
+	}
+	if h, ok := r.Value.Holder(name); ok && !c.may(h.UID) {
+		return c.denied("holder "+name, h.UID)
+	}
+	return nil
+}
+
 // SetHolder applies a holder write. createdHere says the write comes through the open that
 // created the holder, the only one that may still choose its checkout.
 func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name string, attrs HolderAttrs, createdHere bool) error {
 	w := holderWrite{name: name, attrs: attrs, createdHere: createdHere}
 	if attrs.SetPID && attrs.PID > 0 {
+		if err := mayName(c, name, attrs.PID); err != nil {
+			return err
+		}
 		var err error
 		if w.start, err = processOf(attrs.PID); err != nil {
 			return err

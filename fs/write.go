@@ -13,11 +13,15 @@ func (w holderWriter) write(ctx context.Context, f *file, h *handle, data []byte
 	if len(data) > maxCommand {
 		return tooLarge(len(data))
 	}
+	c := caller(ctx, "write", f.path)
+	// Another user's junk is refused for whose it is, not for what it says.
+	if err := f.fsys.eng.MayWriteHolder(c, f.cockpit, f.stack, w.name); err != nil {
+		return err
+	}
 	attrs, err := engine.ParseHolderAttrs(string(data))
 	if err != nil {
 		return err
 	}
-	c := caller(ctx, "write", f.path)
 	return f.fsys.eng.SetHolder(ctx, c, f.cockpit, f.stack, w.name, attrs, h.created)
 }
 

@@ -200,3 +200,23 @@ func psStart(pid int) (string, error) {
 	}
 	return string(out), nil
 }
+
+// Signalable reports whether a process of uid may signal pid (kill(2)'s rule: root, or uid is
+// the target's real or saved uid). A process that is gone or unreadable is not.
+func Signalable(uid uint32, pid int) bool {
+	if uid == 0 {
+		return true
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			ids := strings.Fields(rest) // real, effective, saved, filesystem
+			want := strconv.FormatUint(uint64(uid), 10)
+			return len(ids) >= 3 && (ids[0] == want || ids[2] == want)
+		}
+	}
+	return false
+}
