@@ -325,7 +325,6 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 			Offset:      family.Offset,
 			Ports:       family.Ports,
 			Declaration: decl,
-			Entrypoints: in.config.Entrypoints,
 		}, nil
 	}
 	code := PortLeaseExhausted

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
@@ -100,10 +101,16 @@ type CockpitInfo struct {
 	CreatedAt string
 	UpdatedAt string
 	Config    string
+	// Entrypoints are those the accepted config declares, from which every stack's are derived.
+	Entrypoints []portdecl.Entrypoint
 }
 
 func (m cockpitMeta) info() CockpitInfo {
-	return CockpitInfo{Name: m.Name, UID: m.UID, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, Config: m.Config}
+	info := CockpitInfo{Name: m.Name, UID: m.UID, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, Config: m.Config}
+	if m.Declared != nil {
+		info.Entrypoints = m.Declared.Entrypoints
+	}
+	return info
 }
 
 // Cockpits lists every cockpit, by name.

@@ -310,17 +310,26 @@ func TestStackOwner(t *testing.T) {
 	}
 }
 
+// Entrypoints are derived from the current config's declarations over the lease's ports, as the
+// seeds' deriveEntrypoints does at every projection: a changed path or a new entrypoint shows on a
+// running stack; one whose port the lease does not hold is left out.
 func TestEnv(t *testing.T) {
 	lease := leaseAt(t, pureDecl, 10)
-	lease.Entrypoints = []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/app"}}
-	got := stepRecord(Value{Lease: lease}).Env()
+	declared := []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/app"}}
+	got := stepRecord(Value{Lease: lease}).Env(declared)
 	want := []EnvVar{{"DB", "21010"}, {"HTTP", "20010"}, {"DB_URL", "http://127.0.0.1:21010/"}, {"HTTP_URL", "http://127.0.0.1:20010/"}, {"WEB_URL", "http://127.0.0.1:20010/app"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("env %v, want %v", got, want)
 	}
+	edited := []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/v2"}, {Name: "api", Port: "DB", Path: "/"}, {Name: "gone", Port: "ADMIN", Path: "/"}}
+	got = stepRecord(Value{Lease: lease}).Env(edited)
+	want = []EnvVar{{"DB", "21010"}, {"HTTP", "20010"}, {"API_URL", "http://127.0.0.1:21010/"}, {"DB_URL", "http://127.0.0.1:21010/"}, {"HTTP_URL", "http://127.0.0.1:20010/"}, {"WEB_URL", "http://127.0.0.1:20010/v2"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("env after the edit %v, want %v", got, want)
+	}
 	released := *lease
 	released.Released = true
-	if env := stepRecord(Value{Lease: &released}).Env(); env != nil {
+	if env := stepRecord(Value{Lease: &released}).Env(declared); env != nil {
 		t.Fatalf("a released lease has env %v", env)
 	}
 }

@@ -114,11 +114,6 @@ func checkLease(l *Lease) error {
 			return fmt.Errorf("port %s=%d does not match the declaration", key, port)
 		}
 	}
-	for _, e := range l.Entrypoints {
-		if _, ok := l.Ports[e.Port]; !ok {
-			return fmt.Errorf("entrypoint %s references undeclared key %s", e.Name, e.Port)
-		}
-	}
 	return nil
 }
 

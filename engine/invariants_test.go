@@ -48,9 +48,8 @@ func validRecord() Record {
 	family, _ := decl.FamilyAt(10)
 	last := HolderID("carol")
 	r.Value = Value{
-		Holders: holders,
-		Lease: &Lease{Offset: 10, Ports: family.Ports, Declaration: decl,
-			Entrypoints: []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/"}}},
+		Holders:            holders,
+		Lease:              &Lease{Offset: 10, Ports: family.Ports, Declaration: decl},
 		LastReleasedHolder: &last,
 	}
 	return r
@@ -232,7 +231,6 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		{"lease port key swapped", plain, func(r *Record) {
 			r.Value.Lease.Ports = map[string]int{"HTTP": 18090, "WEB": 15442}
 		}, []string{"WEB=15442"}},
-		{"entrypoint key", plain, func(r *Record) { r.Value.Lease.Entrypoints[0].Port = "ADMIN" }, []string{"undeclared key ADMIN"}},
 		// lastReleasedHolder and the holders' lease.
 		{"lastReleasedHolder malformed", plain, func(r *Record) { r.Value.LastReleasedHolder = str("carol") }, []string{"lastReleasedHolder"}},
 		{"lastReleasedHolder still holds", plain, func(r *Record) { r.Value.LastReleasedHolder = str(HolderID("bob")) }, []string{"still a holder"}},

@@ -44,14 +44,13 @@ type Holder struct {
 	UID          uint32 `json:"uid"`
 }
 
-// Lease is a stack's port family. Entrypoints extends the seeds' lease: the declared entrypoints
-// of the config it was taken under, so env keeps matching the ports after the config changes.
+// Lease is a stack's port family, as the seeds' lease record: its entrypoints are not part of it
+// but derived from the cockpit's current config (Record.Entrypoints).
 type Lease struct {
-	Offset      int                   `json:"offset"`
-	Ports       map[string]int        `json:"ports"`
-	Released    bool                  `json:"released"`
-	Declaration portdecl.Declaration  `json:"declaration"`
-	Entrypoints []portdecl.Entrypoint `json:"entrypoints"`
+	Offset      int                  `json:"offset"`
+	Ports       map[string]int       `json:"ports"`
+	Released    bool                 `json:"released"`
+	Declaration portdecl.Declaration `json:"declaration"`
 }
 
 // Active reports whether l holds its ports.
@@ -152,14 +151,16 @@ func decodeRecord(data []byte) (Record, error) {
 	return r, nil
 }
 
-// Entrypoints are the stack's URLs: those of its active lease's ports, under the declaration the
-// lease was taken with; none without an active lease.
-func (r Record) Entrypoints() []portdecl.Resolved {
+// Entrypoints are the stack's URLs: a default one per port of its active lease, and each
+// entrypoint the cockpit's current config declares on a port the lease holds, derived anew at
+// every read as the seeds' deriveEntrypoints does, so editing one shows on a running stack while
+// its ports stay the lease's. None without an active lease.
+func (r Record) Entrypoints(declared []portdecl.Entrypoint) []portdecl.Resolved {
 	l := r.Value.Lease
 	if !l.Active() {
 		return nil
 	}
-	return portdecl.Entrypoints(l.Entrypoints, l.Ports)
+	return portdecl.Entrypoints(declared, l.Ports)
 }
 
 // EnvVar is one line of a stack's environment.
@@ -167,7 +168,7 @@ type EnvVar struct{ Name, Value string }
 
 // Env is the stack's environment while it holds a lease: each port by key in key order, then
 // each entrypoint's URL as <NAME>_URL. Nil without an active lease.
-func (r Record) Env() []EnvVar {
+func (r Record) Env(declared []portdecl.Entrypoint) []EnvVar {
 	l := r.Value.Lease
 	if !l.Active() {
 		return nil
@@ -176,7 +177,7 @@ func (r Record) Env() []EnvVar {
 	for _, k := range sortedPortKeys(l.Ports) {
 		env = append(env, EnvVar{k, strconv.Itoa(l.Ports[k])})
 	}
-	for _, e := range r.Entrypoints() {
+	for _, e := range r.Entrypoints(declared) {
 		env = append(env, EnvVar{portdecl.EnvName(e.Name), e.URL})
 	}
 	return env

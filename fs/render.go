@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
@@ -212,8 +213,8 @@ func (f *FS) leasePortView(cockpit, stack, key string) render {
 }
 
 func (f *FS) entrypointView(cockpit, stack, name string) render {
-	return f.stackView(cockpit, stack, "entrypoints/"+name, func(r engine.Record) []byte {
-		for _, e := range r.Entrypoints() {
+	return f.configuredView(cockpit, stack, "entrypoints/"+name, func(r engine.Record, declared []portdecl.Entrypoint) []byte {
+		for _, e := range r.Entrypoints(declared) {
 			if e.Name == name {
 				return []byte(e.URL + "\n")
 			}
@@ -222,8 +223,24 @@ func (f *FS) entrypointView(cockpit, stack, name string) render {
 	})
 }
 
-func renderEnv(r engine.Record) []byte {
-	env := r.Env()
+// configuredView renders a file of the stack from its record and its cockpit's current config
+// (env, entrypoints): it changes with either, so its mtime is the later of the two.
+func (f *FS) configuredView(cockpit, stack, name string, fn func(engine.Record, []portdecl.Entrypoint) []byte) render {
+	return func() (view, error) {
+		info, err := f.eng.Cockpit(cockpit)
+		if err != nil {
+			return view{}, err
+		}
+		v, err := f.stackView(cockpit, stack, name, func(r engine.Record) []byte { return fn(r, info.Entrypoints) })()
+		if t := stamp(info.UpdatedAt); err == nil && t.After(v.mtime) {
+			v.mtime = t
+		}
+		return v, err
+	}
+}
+
+func renderEnv(r engine.Record, declared []portdecl.Entrypoint) []byte {
+	env := r.Env(declared)
 	if env == nil {
 		return nil
 	}

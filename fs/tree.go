@@ -181,7 +181,7 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s), unlisted: true},
 	}
 	if r.Value.Lease.Active() {
-		es = append(es, view("env", renderEnv))
+		es = append(es, frozenEntry(d, "env", f.configuredView(c, s, "env", renderEnv)))
 	}
 	return es, nil
 }
@@ -276,8 +276,12 @@ func (entrypointsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	info, err := f.eng.Cockpit(d.cockpit)
+	if err != nil {
+		return nil, err
+	}
 	var es []entry
-	for _, e := range r.Entrypoints() {
+	for _, e := range r.Entrypoints(info.Entrypoints) {
 		es = append(es, frozenEntry(d, e.Name, f.entrypointView(d.cockpit, d.stack, e.Name)))
 	}
 	return es, nil

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The port declaration (SPEC §3) written the ways people and tools write files. Port bases here
@@ -206,4 +207,34 @@ func TestConfigReadBack(t *testing.T) {
 	if got := strings.TrimSpace(m.ok("stat -c %s $M/app/config")); got != strconv.Itoa(len(doc)) {
 		t.Fatalf("st_size %s, document %d bytes", got, len(doc))
 	}
+}
+
+// Entrypoints follow the config, as the seeds derive them at every projection: editing an
+// entrypoint's path, or adding one, shows at once on a running stack (its ports stay the lease's),
+// and the files' mtime moves with it so make sees the change. A co-tenant may still join: only
+// [ports] is the lease's declaration.
+func TestConfigEntrypointsFollowTheConfig(t *testing.T) {
+	m := newMount(t)
+	ports := "[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 35900\n"
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + ports + "[entrypoints.web]\nport = \"HTTP\"\npath = \"/app\"\nEOF")
+	m.ok("mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me")
+	if got := m.read("app/stacks/s/entrypoints/web"); got != "http://127.0.0.1:35900/app\n" {
+		t.Fatalf("entrypoints/web = %q", got)
+	}
+	before := m.ok("stat -c %Y.%y $M/app/stacks/s/env")
+	time.Sleep(1100 * time.Millisecond) // st_mtime in whole seconds must move
+	m.ok("cat > $M/app/config <<'EOF'\n" + ports + "[entrypoints.web]\nport = \"HTTP\"\npath = \"/v2\"\n[entrypoints.admin]\nport = \"HTTP\"\npath = \"/admin\"\nscheme = \"https\"\nEOF")
+	if got := m.read("app/stacks/s/entrypoints/web"); got != "http://127.0.0.1:35900/v2\n" {
+		t.Fatalf("entrypoints/web after the edit = %q", got)
+	}
+	if got := m.ok("ls $M/app/stacks/s/entrypoints"); got != "admin\nhttp\nweb\n" {
+		t.Fatalf("ls entrypoints = %q", got)
+	}
+	if env := m.read("app/stacks/s/env"); !strings.Contains(env, "ADMIN_URL=https://127.0.0.1:35900/admin\n") || !strings.Contains(env, "WEB_URL=http://127.0.0.1:35900/v2\n") {
+		t.Fatalf("env after the edit:\n%s", env)
+	}
+	if after := m.ok("stat -c %Y.%y $M/app/stacks/s/env"); after == before {
+		t.Fatalf("env's mtime did not move: %s", after)
+	}
+	m.ok("touch $M/app/stacks/s/holders/co-tenant")
 }
