@@ -121,6 +121,7 @@ func BenchmarkWrite(b *testing.B) {
 		defer unix.Close(disk)
 		if commitStore == nil {
 			commitStore = newStore(b, "store-commit")
+			walFixture = newWALStore(b)
 		}
 		line := []byte("holder=w checkout=/src/w\n")
 		value := make([]byte, 1200)
@@ -148,7 +149,10 @@ func BenchmarkWrite(b *testing.B) {
 			"store-commit": {run: func() error {
 				return commitStore.Update(ctx, func(tx storage.Txn) error { return tx.Set("k", value) })
 			}},
-			"fdatasync": {run: func() error { return syncWrite(disk, line) }},
+			// What a commit would cost with etcd's WAL design instead (see walStore).
+			"wal-commit":      {run: func() error { return walFixture.commit("k", value) }},
+			"badger-unsynced": {run: func() error { return walFixture.apply("k", value) }},
+			"fdatasync":       {run: func() error { return syncWrite(disk, line) }},
 			// With nothing left to write (every op above syncs what it wrote): the disk's cache
 			// flush alone.
 			"flush": {run: func() error { return unix.Fdatasync(disk) }},
@@ -221,6 +225,7 @@ func syncWrite(fd int, line []byte) error {
 var (
 	writeFixture *engineFixture
 	commitStore  *kv.DB
+	walFixture   *walStore
 )
 
 func writeEngine(b *testing.B) *engineFixture {
