@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -468,5 +469,77 @@ os.replace(tmp, sys.argv[1] + "/config")' $M/app`},
 	}
 	if r := m.sh("cat $M/app/mine.toml"); r.Code == 0 {
 		t.Fatal("a scratch file outlived the daemon")
+	}
+}
+
+// toolsReadmeMakefile is the Makefile of README.md's "A Makefile" section, exactly as shown.
+func toolsReadmeMakefile(t *testing.T) string {
+	t.Helper()
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "## A Makefile\n")
+	_, block, ok2 := strings.Cut(section, "```make\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("README.md has no make block under ## A Makefile")
+	}
+	return block
+}
+
+// The README's Makefile holds a stack the way make users expect: every run re-binds the holder to
+// the live session, a dead holder never looks like a claim, it works without USER, and two
+// checkouts whose folders share a name get two stacks.
+func TestToolsMakefileHoldsTheStack(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 26740})
+	makefile := toolsReadmeMakefile(t)
+	base := t.TempDir()
+	checkout := func(parent string) string {
+		dir := filepath.Join(base, parent, "app")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "Makefile"), []byte(makefile), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	a, b := checkout("a"), checkout("b")
+	// make's session ends with this setsid: its holder is then dead.
+	run := func(dir, script string) string {
+		return m.ok("cd " + dir + " && setsid bash -c '" + script + "'")
+	}
+	run(a, "make -s claim M=$M")
+	stacks := strings.Fields(m.ok("ls $M/app/stacks"))
+	if len(stacks) != 1 || !strings.HasPrefix(stacks[0], "app-") {
+		t.Fatalf("stacks after the first make: %v", stacks)
+	}
+	holder := "$M/app/stacks/" + stacks[0] + "/holders/" + strings.TrimSpace(m.ok("id -un"))
+	if got := m.ok("grep ^state= " + holder); got != "state=dead\n" {
+		t.Fatalf("the holder of an ended session reads %q", got)
+	}
+	// The next run, from a live session, re-binds it: live, held by that session.
+	out := run(a, "make -s claim M=$M && echo session=$$ && cat "+holder)
+	if !strings.Contains(out, "state=live\n") || !strings.Contains(out, "pid="+strings.TrimPrefix(strings.Fields(out)[0], "session=")+"\n") {
+		t.Fatalf("after make from a live session:\n%s", out)
+	}
+	// Without USER.
+	if out := run(a, "env -u USER make -s claim M=$M && grep ^state= "+holder); out != "state=live\n" {
+		t.Fatalf("make without USER: %q", out)
+	}
+	// A second checkout whose folder is also called app gets a stack of its own.
+	run(b, "make -s claim M=$M")
+	if got := strings.Fields(m.ok("ls $M/app/stacks")); len(got) != 2 {
+		t.Fatalf("two checkouts named app share stacks %v", got)
+	}
+	// A touch of a's holder from b (a stack name chosen by hand) is refused, naming a's checkout.
+	n := claimsEventCount(m, "app/stacks/"+stacks[0]+"/events")
+	r := m.refused("cd "+b+" && touch "+holder, syscall.EINVAL)
+	ev := claimsRefusalEvent(t, m, "app/stacks/"+stacks[0]+"/events", "STATE_RECORD_MALFORMED", "EINVAL")
+	if !strings.Contains(ev["message"].(string), a) || claimsEventCount(m, "app/stacks/"+stacks[0]+"/events") != n+1 {
+		t.Fatalf("refusal %v (stderr %q)", ev, r.Stderr)
 	}
 }
