@@ -18,6 +18,9 @@ const (
 	codePortFamily     = "PORT_FAMILY_COLLISION"
 	codePortListener   = "PORT_LISTENER_ABSENT"
 	codeEphemeralRange = "PORT_FAMILY_EPHEMERAL_OVERLAP"
+	// codeDeclarationChanged: the lease's [ports] declaration is no longer the config's (the
+	// seeds' inspectRecordedPortDeclaration, under the code a joining claim is refused with).
+	codeDeclarationChanged = "CONFIG_CHANGED_DURING_EXECUTION"
 
 	claimsOwner = "environment-claims"
 	portsOwner  = "environment-port-coordination"
@@ -83,6 +86,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		inventory  healthInventory
 		configured bool
 		candidates []int
+		declared   portdecl.Declaration
 	)
 	err := e.observeInventory(cockpit, func(tx storage.Txn, inv healthInventory) error {
 		data, err := tx.Get(stackKey(cockpit, stack))
@@ -97,7 +101,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		}
 		if m, err := e.loadCockpit(tx, cockpit); err == nil {
 			if cfg, ok := m.config(); ok {
-				configured, candidates = true, candidatePorts(cfg.Declaration)
+				configured, candidates, declared = true, candidatePorts(cfg.Declaration), cfg.Declaration
 			}
 		}
 		inventory = inv
@@ -148,6 +152,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 	}
 	obs := []Observation{claim, portFamilyObservation(base, lease, inventory, evidence, at)}
 	if lease.Active() {
+		obs = append(obs, declarationObservation(base, lease, configured, declared, cockpit, at))
 		obs = append(obs, listenerObservations(base, lease, evidence, at)...)
 		obs = append(obs, ephemeralObservation(base, leasePorts(lease), "leased", at))
 	} else if configured {
@@ -307,4 +312,23 @@ func sortedPortKeys(ports map[string]int) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// declarationObservation says whether an active lease was taken under the config's current
+// [ports] declaration: when not, a new holder is refused (ESTALE) and the stack keeps its old
+// ports until it is drained.
+func declarationObservation(base Observation, lease *Lease, configured bool, declared portdecl.Declaration, cockpit, at string) Observation {
+	o := base
+	o.Code, o.Owner, o.Source = codeDeclarationChanged, portsOwner, cockpit+"/config"
+	o.Remedy = "drain the stack (echo down > drain/request, then its attempts) and claim again to lease the family the config declares now"
+	switch {
+	case !configured:
+		o.Observed = Observed{State: ObservedUnavailable, Reason: "the cockpit has no port declaration", ObservedAt: at}
+	case lease.Declaration.Equal(declared):
+		o.Observed = available(true, "", at)
+	default:
+		o.Observed = available(false, fmt.Sprintf("the lease was taken under another [ports] declaration (step %d, count %d, bases %v) than the config's (step %d, count %d, bases %v); new holders are refused until the stack is drained",
+			lease.Declaration.Step, lease.Declaration.Count, lease.Declaration.Bases, declared.Step, declared.Count, declared.Bases), at)
+	}
+	return o
 }

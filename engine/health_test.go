@@ -71,8 +71,8 @@ func TestHealthOfAClaimedStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	obs := health(t, e, "a")
-	if len(obs) != 5 {
-		t.Fatalf("want claim-state, port-family, two listeners and ephemeral, got %+v", obs)
+	if len(obs) != 6 {
+		t.Fatalf("want claim-state, port-family, declaration, two listeners and ephemeral, got %+v", obs)
 	}
 	wantValue(t, observationOf(t, obs, codeClaimState, ""), true)
 	wantValue(t, observationOf(t, obs, codePortFamily, ""), true)
@@ -289,5 +289,25 @@ func TestHealthPortFamilyNeedsListenerEvidence(t *testing.T) {
 	failed := portFamilyObservation(base, lease, healthInventory{unsound: "app/b: decode record"}, listenerEvidence{}, at)
 	if failed.Observed.State != ObservedFailed {
 		t.Fatalf("port-family over an unsound inventory: %+v", failed.Observed)
+	}
+}
+
+// A running stack whose lease was taken under another [ports] declaration than the config's says
+// so in health (the seeds' inspectRecordedPortDeclaration), before a co-tenant meets the ESTALE.
+func TestHealthSaysTheDeclarationChanged(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a")
+	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
+		t.Fatal(err)
+	}
+	wantValue(t, observationOf(t, health(t, e, "a"), codeDeclarationChanged, ""), true)
+	moved := strings.Replace(healthConfig, "HTTP = 21080", "HTTP = 21180", 1)
+	if err := e.SetConfig(context.Background(), me("write", "app/config"), "app", []byte(moved)); err != nil {
+		t.Fatal(err)
+	}
+	o := observationOf(t, health(t, e, "a"), codeDeclarationChanged, "")
+	wantValue(t, o, false)
+	if !strings.Contains(o.Observed.Reason, "another [ports] declaration") {
+		t.Fatalf("reason %q", o.Observed.Reason)
 	}
 }

@@ -283,7 +283,10 @@ func TestClaimsConfigChangedAfterLease(t *testing.T) {
 	m.setupApp(20, map[string]int{"HTTP": 33000}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
 	lease := m.read("app/stacks/s/lease")
+	observeWant(t, m.observeHealth("app/stacks/s"), "CONFIG_CHANGED_DURING_EXECUTION ", true)
 	claimsConfig(m, "app", "[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 33100\n")
+	// health says so before anyone meets the refusal (the seeds' inspectRecordedPortDeclaration).
+	observeWant(t, m.observeHealth("app/stacks/s"), "CONFIG_CHANGED_DURING_EXECUTION ", false)
 	before := claimsSnapshot(m, "s")
 	m.refused("touch $M/app/stacks/s/holders/other", syscall.ESTALE)
 	claimsRefusalEvent(t, m, "app/stacks/s/events", "CONFIG_CHANGED_DURING_EXECUTION", "ESTALE")
