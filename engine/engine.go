@@ -200,6 +200,16 @@ func (e *Engine) Ports() ([]PortOwner, error) {
 	return out, err
 }
 
+// PortOwner is the lease holding port, read from the port index by its key alone: a lookup of
+// ports/<port> costs one read, whatever the number of leased ports.
+func (e *Engine) PortOwner(port int) (owner PortOwner, ok bool, err error) {
+	err = e.db.View(func(tx storage.Txn) error {
+		ok, err = getJSON(tx, portKey(port), &owner)
+		return err
+	})
+	return owner, ok, err
+}
+
 // Events returns the events lines of a stack, or of the cockpit itself when stack is "".
 func (e *Engine) Events(cockpit, stack string) ([]byte, error) {
 	if stack == "" {

@@ -64,24 +64,22 @@ func (f *FS) statusView(format func(engine.Status) ([]byte, error)) render {
 
 func (f *FS) portView(port int) render {
 	return func() (view, error) {
-		owners, err := f.eng.Ports()
+		o, leased, err := f.eng.PortOwner(port)
 		if err != nil {
 			return view{}, err
 		}
-		for _, o := range owners {
-			if o.Port == port {
-				r, err := f.eng.Stack(o.Cockpit, o.Stack)
-				if err != nil {
-					return view{}, err
-				}
-				line := fmt.Sprintf("cockpit=%s stack=%s key=%s offset=%d\n", o.Cockpit, o.Stack, o.Key, o.Offset)
-				if h, ok := f.eng.ForeignHold(port); ok {
-					// Leased here but held elsewhere: taken by another daemon while this one was
-					// down, never shared.
-					line += "conflict: " + foreignLine(h)
-				}
-				return view{data: []byte(line), mtime: stamp(r.UpdatedAt), uid: f.uid}, nil
+		if leased {
+			r, err := f.eng.Stack(o.Cockpit, o.Stack)
+			if err != nil {
+				return view{}, err
 			}
+			line := fmt.Sprintf("cockpit=%s stack=%s key=%s offset=%d\n", o.Cockpit, o.Stack, o.Key, o.Offset)
+			if h, ok := f.eng.ForeignHold(port); ok {
+				// Leased here but held elsewhere: taken by another daemon while this one was
+				// down, never shared.
+				line += "conflict: " + foreignLine(h)
+			}
+			return view{data: []byte(line), mtime: stamp(r.UpdatedAt), uid: f.uid}, nil
 		}
 		if h, ok := f.eng.ForeignHold(port); ok {
 			return view{data: []byte(foreignLine(h)), mtime: f.started, uid: h.UID}, nil

@@ -100,6 +100,26 @@ func (portsListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	return es, nil
 }
 
+// lookup finds one port by its key in the index, not by listing them all: `ls -l ports` looks up
+// every name, which listing would make quadratic.
+func (portsListing) lookup(_ context.Context, d *dir, name string) (entry, bool, error) {
+	f := d.fsys
+	port, err := strconv.Atoi(name)
+	if err != nil || strconv.Itoa(port) != name {
+		return entry{}, false, nil
+	}
+	_, leased, err := f.eng.PortOwner(port)
+	if err != nil {
+		return entry{}, false, err
+	}
+	if !leased {
+		if _, held := f.eng.ForeignHold(port); !held {
+			return entry{}, false, nil
+		}
+	}
+	return entry{name: name, node: f.newFile(d.child(name), "", "", f.portView(port), nil)}, true, nil
+}
+
 type cockpitListing struct{}
 
 func (cockpitListing) entries(ctx context.Context, d *dir) ([]entry, error) {
