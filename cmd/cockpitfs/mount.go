@@ -160,6 +160,7 @@ func serve(mnt, data string, nonempty bool, o cfs.Options) (err error) {
 		ready.Close()
 		ready = nil
 	}
+	logStatsOnSIGUSR1()
 	done := make(chan struct{})
 	go func() { server.Wait(); close(done) }()
 	select {

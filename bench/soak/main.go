@@ -1,0 +1,260 @@
+// Command soak drives a real cockpitfs daemon through many mixed operations — cockpit and stack
+// create/remove cycles, claims and releases, 64 KiB writes, reads and listings — and prints the
+// daemon's RSS, open fds, goroutines and the data directory's disk use at start and end, to show
+// they stay flat. Run it through scripts/soak.
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	bin := flag.String("bin", "", "the cockpitfs binary")
+	ops := flag.Int("ops", 100000, "how many operations")
+	flag.Parse()
+	if err := soak(*bin, *ops); err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		os.Exit(1)
+	}
+}
+
+type figures struct {
+	rssKiB, fds, goroutines int
+	diskKiB                 int64
+}
+
+func soak(bin string, ops int) error {
+	base, err := os.MkdirTemp("", "cockpitfs-soak-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(base)
+	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
+	logPath := filepath.Join(base, "daemon.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	daemon := exec.Command(bin, "mount", "--data", data, mnt)
+	daemon.Stdout, daemon.Stderr = logFile, logFile
+	if err := daemon.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		daemon.Process.Signal(syscall.SIGTERM)
+		daemon.Wait()
+	}()
+	for !serving(mnt) {
+		if daemon.ProcessState != nil {
+			return errors.New("the daemon exited")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	w := &worker{mnt: mnt}
+	w.mkdir("app")
+	w.write("app/config", "[ports]\nstep = 10\ncount = 50\n[ports.bases]\nHTTP = 26000\n")
+	const stacks = 8
+	for s := range stacks {
+		w.mkdir(fmt.Sprintf("app/stacks/s%d", s))
+		w.create(fmt.Sprintf("app/stacks/s%d/holders/base", s))
+	}
+	if w.err != nil {
+		return w.err
+	}
+	// Warm up, so start figures are of a daemon that has done each kind of work.
+	cycle := func(i int) {
+		s := fmt.Sprintf("app/stacks/s%d", i%stacks)
+		tmp := fmt.Sprintf("app/stacks/tmp%d", i)
+		w.mkdir(tmp)
+		w.read(tmp + "/record")
+		w.rmdir(tmp)
+		w.create(s + "/holders/h")
+		w.read(s + "/env")
+		w.remove(s + "/holders/h")
+		w.refusedWrite(s+"/holders/base", strings.Repeat("junk ", 64<<10/5), syscall.EINVAL)
+		w.read(s + "/events")
+		w.list("ports")
+		w.stat(s + "/lease")
+		if i%50 == 0 {
+			c := fmt.Sprintf("tmpapp%d", i)
+			w.mkdir(c)
+			w.write(c+"/config", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 27000\n"+strings.Repeat("# padding\n", 6000))
+			w.rmdir(c)
+		}
+	}
+	for i := range 200 {
+		cycle(i)
+	}
+	if w.err != nil {
+		return w.err
+	}
+	start, err := measure(daemon.Process.Pid, data, logPath)
+	if err != nil {
+		return err
+	}
+	began, startOps := time.Now(), w.ops
+	for i := 200; w.ops-startOps < ops && w.err == nil; i++ {
+		cycle(i)
+	}
+	if w.err != nil {
+		return w.err
+	}
+	end, err := measure(daemon.Process.Pid, data, logPath)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%d operations in %s\n", w.ops-startOps, time.Since(began).Round(time.Second))
+	fmt.Printf("%-6s %10s %6s %11s %10s\n", "", "RSS KiB", "fds", "goroutines", "disk KiB")
+	for _, row := range []struct {
+		name string
+		f    figures
+	}{{"start", start}, {"end", end}} {
+		fmt.Printf("%-6s %10d %6d %11d %10d\n", row.name, row.f.rssKiB, row.f.fds, row.f.goroutines, row.f.diskKiB)
+	}
+	return nil
+}
+
+func serving(mnt string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || !strings.Contains(string(data), " "+mnt+" ") {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(mnt, "README"))
+	return err == nil
+}
+
+var statsLine = regexp.MustCompile(`stats: goroutines=(\d+)`)
+
+// measure reads RSS and fds from /proc, disk use from the data directory's allocated blocks, and
+// goroutines from the line the daemon logs on SIGUSR1.
+func measure(pid int, data, logPath string) (figures, error) {
+	var f figures
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return f, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			fmt.Sscanf(strings.TrimPrefix(line, "VmRSS:"), "%d", &f.rssKiB)
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return f, err
+	}
+	f.fds = len(fds)
+	err = filepath.Walk(data, func(_ string, info os.FileInfo, err error) error {
+		if err == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				f.diskKiB += st.Blocks / 2
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return f, err
+	}
+	before := countLines(logPath)
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+		return f, err
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		lines := readLines(logPath)
+		for _, l := range lines[min(before, len(lines)):] {
+			if m := statsLine.FindStringSubmatch(l); m != nil {
+				fmt.Sscanf(m[1], "%d", &f.goroutines)
+				return f, nil
+			}
+		}
+	}
+	return f, errors.New("the daemon logged no stats line on SIGUSR1")
+}
+
+func readLines(path string) []string {
+	file, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer file.Close()
+	var lines []string
+	sc := bufio.NewScanner(file)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	return lines
+}
+
+func countLines(path string) int { return len(readLines(path)) }
+
+// worker runs operations through the mount, counting them; the first unexpected outcome stops it.
+type worker struct {
+	mnt string
+	ops int
+	err error
+}
+
+func (w *worker) do(what string, fn func(path string) error, rel string) {
+	if w.err != nil {
+		return
+	}
+	w.ops++
+	if err := fn(filepath.Join(w.mnt, rel)); err != nil {
+		w.err = fmt.Errorf("%s %s: %w", what, rel, err)
+	}
+}
+
+func (w *worker) mkdir(rel string) {
+	w.do("mkdir", func(p string) error { return os.Mkdir(p, 0o755) }, rel)
+}
+func (w *worker) rmdir(rel string) { w.do("rmdir", os.Remove, rel) }
+func (w *worker) remove(rel string) {
+	w.do("rm", os.Remove, rel)
+}
+func (w *worker) stat(rel string) {
+	w.do("stat", func(p string) error { _, err := os.Stat(p); return err }, rel)
+}
+func (w *worker) read(rel string) {
+	w.do("read", func(p string) error { _, err := os.ReadFile(p); return err }, rel)
+}
+func (w *worker) list(rel string) {
+	w.do("ls", func(p string) error { _, err := os.ReadDir(p); return err }, rel)
+}
+func (w *worker) create(rel string) {
+	w.do("create", func(p string) error {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	}, rel)
+}
+func (w *worker) write(rel, content string) {
+	w.do("write", func(p string) error { return os.WriteFile(p, []byte(content), 0o644) }, rel)
+}
+
+// refusedWrite writes content in one write(2) and wants errno.
+func (w *worker) refusedWrite(rel, content string, errno syscall.Errno) {
+	w.do("write", func(p string) error {
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			return err
+		}
+		_, werr := f.Write([]byte(content))
+		f.Close()
+		if !errors.Is(werr, errno) {
+			return fmt.Errorf("want %v, got %v", errno, werr)
+		}
+		return nil
+	}, rel)
+}
