@@ -178,7 +178,9 @@ func (r Record) Env(declared []portdecl.Entrypoint) []EnvVar {
 		env = append(env, EnvVar{k, strconv.Itoa(l.Ports[k])})
 	}
 	for _, e := range r.Entrypoints(declared) {
-		env = append(env, EnvVar{portdecl.EnvName(e.Name), e.URL})
+		if !e.Default { // only what the config declared: see portdecl.Resolved
+			env = append(env, EnvVar{portdecl.EnvName(e.Name), e.URL})
+		}
 	}
 	return env
 }

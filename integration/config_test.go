@@ -52,7 +52,7 @@ func TestConfigRefusals(t *testing.T) {
 		{"entrypoint to undeclared key", ports("HTTP = 35000\n") + "[entrypoints.web]\nport = \"API\"\npath = \"/\"\n", `"API" is not a key of [ports.bases]`},
 		{"entrypoint path without slash", ports("HTTP = 35000\n") + "[entrypoints.web]\nport = \"HTTP\"\npath = \"app\"\n", `does not start with "/"`},
 		{"entrypoint named like a default", ports("HTTP = 35000\n") + "[entrypoints.http]\nport = \"HTTP\"\npath = \"/x\"\n", "taken by the default entrypoint"},
-		{"entrypoint bad scheme", ports("HTTP = 35000\n") + "[entrypoints.web]\nport = \"HTTP\"\npath = \"/\"\nscheme = \"ftp\"\n", "scheme"},
+		{"entrypoint bad scheme", ports("HTTP = 35000\n") + "[entrypoints.web]\nport = \"HTTP\"\npath = \"/\"\nscheme = \"f t p\"\n", "not a URL scheme"},
 		{"entrypoint not loopback", ports("HTTP = 35000\n") + "[entrypoints.web]\nport = \"HTTP\"\npath = \"/\"\nhostname = \"example.com\"\n", "not a loopback"},
 		{"toml syntax error", "[ports\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 35000\n", "toml"},
 		{"unknown key", "[ports]\nstep = 10\ncount = 4\nfoo = 1\n[ports.bases]\nHTTP = 35000\n", "ports.foo: unknown key"},

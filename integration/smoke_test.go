@@ -14,8 +14,9 @@ func TestWalkthrough(t *testing.T) {
 	if got := m.read("app/stacks/feature-x/ports/HTTP"); got != "28080\n" {
 		t.Fatalf("ports/HTTP = %q", got)
 	}
-	env := m.ok("set -a; . $M/app/stacks/feature-x/env; set +a; echo $HTTP $DB $HTTP_URL")
-	if env != "28080 25432 http://127.0.0.1:28080/\n" {
+	// The default entrypoints (entrypoints/http) are not exported: no HTTP_URL nobody declared.
+	env := m.ok("set -a; . $M/app/stacks/feature-x/env; set +a; echo $HTTP $DB ${HTTP_URL-unset}; cat $M/app/stacks/feature-x/entrypoints/http")
+	if env != "28080 25432 unset\nhttp://127.0.0.1:28080/\n" {
 		t.Fatalf("env = %q", env)
 	}
 	m.refused("rm $M/app/stacks/feature-x/holders/me", syscall.EBUSY)

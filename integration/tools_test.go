@@ -543,3 +543,48 @@ func TestToolsMakefileHoldsTheStack(t *testing.T) {
 		t.Fatalf("refusal %v (stderr %q)", ev, r.Stderr)
 	}
 }
+
+// env defines only what the config declares: port keys and declared entrypoints, in any URL
+// scheme; shells, python-dotenv and direnv read it as written.
+func TestToolsEnvDefinesOnlyWhatIsDeclared(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok(`mkdir $M/app && cat > $M/app/config <<'EOF'
+[ports]
+step = 10
+count = 4
+[ports.bases]
+DATABASE = 26750
+REDIS = 26751
+[entrypoints.db]
+port = "DATABASE"
+path = "/app"
+scheme = "postgres"
+[entrypoints.cache]
+port = "REDIS"
+path = "/0"
+scheme = "redis"
+EOF
+mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
+	want := "DATABASE=26750\nREDIS=26751\nCACHE_URL=redis://127.0.0.1:26751/0\nDB_URL=postgres://127.0.0.1:26750/app\n"
+	if got := m.read("app/stacks/s/env"); got != want {
+		t.Fatalf("env = %q, want %q", got, want)
+	}
+	if got := m.ok("set -a; . $M/app/stacks/s/env; set +a; echo ${DATABASE_URL-unset} ${REDIS_URL-unset} $DB_URL"); got != "unset unset postgres://127.0.0.1:26750/app\n" {
+		t.Fatalf("sourced env: %q", got)
+	}
+	if m.sh("python3 -c 'import dotenv'").Code == 0 {
+		got := m.ok(`python3 -c 'import dotenv, sys; print(sorted(dotenv.dotenv_values(sys.argv[1]).items()))' $M/app/stacks/s/env`)
+		if got != "[('CACHE_URL', 'redis://127.0.0.1:26751/0'), ('DATABASE', '26750'), ('DB_URL', 'postgres://127.0.0.1:26750/app'), ('REDIS', '26751')]\n" {
+			t.Fatalf("python-dotenv reads %q", got)
+		}
+	}
+	if _, err := exec.LookPath("direnv"); err == nil {
+		dir := t.TempDir()
+		m.ok("cd " + dir + " && echo 'dotenv " + m.Path("app/stacks/s/env") + "' > .envrc && direnv allow .")
+		got := m.ok("cd " + dir + " && direnv exec . sh -c 'echo $DB_URL ${DATABASE_URL-unset}'")
+		if got != "postgres://127.0.0.1:26750/app unset\n" {
+			t.Fatalf("direnv: %q", got)
+		}
+	}
+}

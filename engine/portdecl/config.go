@@ -31,7 +31,7 @@ type Entrypoint struct {
 	Name     string `json:"name"`
 	Port     string `json:"port"`     // a key of Bases
 	Path     string `json:"path"`     // starts with "/"
-	Scheme   string `json:"scheme"`   // "http" (default) or "https"
+	Scheme   string `json:"scheme"`   // any URL scheme: "http" (default), "https", "postgres", "redis" …
 	Hostname string `json:"hostname"` // a loopback name or address, default "127.0.0.1"; IPv6 as "[::1]"
 }
 
@@ -194,8 +194,8 @@ func parseEntrypoint(name string, raw any, where string, bases map[string]int) (
 		if err != nil {
 			return Entrypoint{}, err
 		}
-		if scheme != "http" && scheme != "https" {
-			return Entrypoint{}, fmt.Errorf("%s.scheme: %q is neither \"http\" nor \"https\"", where, scheme)
+		if !validScheme(scheme) {
+			return Entrypoint{}, fmt.Errorf("%s.scheme: %q is not a URL scheme (a lower-case letter, then letters, digits, '+', '-' or '.': http, https, postgres, redis, amqp …)", where, scheme)
 		}
 		entrypoint.Scheme = scheme
 	}
@@ -302,4 +302,17 @@ func typeName(v any) string {
 	default:
 		return fmt.Sprintf("%T", v)
 	}
+}
+
+// validScheme says s is a URL scheme as RFC 3986 spells one, in lower case and at most 32 bytes.
+func validScheme(s string) bool {
+	if s == "" || len(s) > 32 || s[0] < 'a' || s[0] > 'z' {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }

@@ -8,7 +8,12 @@ import (
 )
 
 // Resolved is an entrypoint with its port filled in.
-type Resolved struct{ Name, URL string }
+type Resolved struct {
+	Name, URL string
+	// Default: the entrypoint every port key gets (entrypoints/<key>), which env does not export:
+	// a <KEY>_URL nobody declared would clobber what conventional tools read (DATABASE_URL).
+	Default bool
+}
 
 // Entrypoints derives every entrypoint for a lease's ports: one default per port key, named
 // lower-case with '_' -> '-' (HTTP_ADMIN -> http-admin), "http://127.0.0.1:<port>/"; then each
@@ -23,7 +28,7 @@ func Entrypoints(declared []Entrypoint, ports map[string]int) []Resolved {
 	for key, port := range ports {
 		name := defaultEntrypointName(key)
 		defaults[name] = true
-		resolved = append(resolved, Resolved{Name: name, URL: "http://" + defaultHostname + ":" + strconv.Itoa(port) + "/"})
+		resolved = append(resolved, Resolved{Name: name, URL: "http://" + defaultHostname + ":" + strconv.Itoa(port) + "/", Default: true})
 	}
 	for _, entrypoint := range declared {
 		port, leased := ports[entrypoint.Port]

@@ -21,7 +21,7 @@ DB = 5432
 [entrypoints.web]  # optional, any number; each adds entrypoints/<name> and <NAME>_URL in env
 port = "HTTP"      # a key of [ports.bases]
 path = "/"         # must start with "/"
-scheme = "http"    # optional: http (default) or https
+scheme = "http"    # optional: any URL scheme (http by default, https, postgres, redis …)
 hostname = "127.0.0.1"   # optional, default 127.0.0.1; a loopback name or address
 `
 
@@ -211,9 +211,10 @@ func TestParseRefuses(t *testing.T) {
 		{"path has DEL", web(`port = "HTTP"`, `path = "/a\u007f"`), "has white space or a control character"},
 		{"path has a line separator", web(`port = "HTTP"`, `path = "/a\u2028"`), "has white space or a control character"},
 		{"path has a no-break space", web(`port = "HTTP"`, `path = "/a\u00a0"`), "has white space or a control character"},
-		{"scheme is ftp", web(`port = "HTTP"`, `path = "/"`, `scheme = "ftp"`), `entrypoints.web.scheme: "ftp" is neither "http" nor "https"`},
-		{"scheme is upper-case", web(`port = "HTTP"`, `path = "/"`, `scheme = "HTTP"`), `entrypoints.web.scheme: "HTTP" is neither`},
-		{"scheme is empty", web(`port = "HTTP"`, `path = "/"`, `scheme = ""`), `entrypoints.web.scheme: "" is neither`},
+		{"scheme with a colon", web(`port = "HTTP"`, `path = "/"`, `scheme = "ftp:"`), `entrypoints.web.scheme: "ftp:" is not a URL scheme`},
+		{"scheme is upper-case", web(`port = "HTTP"`, `path = "/"`, `scheme = "HTTP"`), `entrypoints.web.scheme: "HTTP" is not a URL scheme`},
+		{"scheme is empty", web(`port = "HTTP"`, `path = "/"`, `scheme = ""`), `entrypoints.web.scheme: "" is not a URL scheme`},
+		{"scheme starts with a digit", web(`port = "HTTP"`, `path = "/"`, `scheme = "2http"`), `is not a URL scheme`},
 		{"hostname is a remote name", web(`port = "HTTP"`, `path = "/"`, `hostname = "example.com"`), `entrypoints.web.hostname: "example.com" is not a loopback name or address`},
 		{"hostname is empty", web(`port = "HTTP"`, `path = "/"`, `hostname = ""`), `entrypoints.web.hostname: "" is not a loopback`},
 		{"hostname is a private address", web(`port = "HTTP"`, `path = "/"`, `hostname = "10.0.0.1"`), `"10.0.0.1" is not a loopback`},
@@ -329,13 +330,13 @@ func TestEntrypoints(t *testing.T) {
 		{Name: "http", Port: "DB", Path: "/shadow"},
 	}
 	want := []Resolved{
-		{"bare", "http://127.0.0.1:8091/bare"},
-		{"db", "http://127.0.0.1:5442/"},
-		{"db-v6", "http://[::1]:5442/"},
-		{"http", "http://127.0.0.1:8090/"},
-		{"http-admin", "http://127.0.0.1:8091/"},
-		{"v6-unbracketed", "http://[::1]:5442/x"},
-		{"web", "https://localhost:8090/app?x=1"},
+		{"bare", "http://127.0.0.1:8091/bare", false},
+		{"db", "http://127.0.0.1:5442/", true},
+		{"db-v6", "http://[::1]:5442/", false},
+		{"http", "http://127.0.0.1:8090/", true},
+		{"http-admin", "http://127.0.0.1:8091/", true},
+		{"v6-unbracketed", "http://[::1]:5442/x", false},
+		{"web", "https://localhost:8090/app?x=1", false},
 	}
 	if got := Entrypoints(declared, leased); !reflect.DeepEqual(got, want) {
 		t.Errorf("Entrypoints =\n%v\nwant\n%v", got, want)
@@ -350,9 +351,9 @@ func TestEntrypoints(t *testing.T) {
 	}
 	family, _ := config.Declaration.FamilyAt(10)
 	wantSpec := []Resolved{
-		{"db", "http://127.0.0.1:5442/"},
-		{"http", "http://127.0.0.1:8090/"},
-		{"web", "http://127.0.0.1:8090/"},
+		{"db", "http://127.0.0.1:5442/", true},
+		{"http", "http://127.0.0.1:8090/", true},
+		{"web", "http://127.0.0.1:8090/", false},
 	}
 	if got := Entrypoints(config.Entrypoints, family.Ports); !reflect.DeepEqual(got, wantSpec) {
 		t.Errorf("Entrypoints of the SPEC's example at offset 10 = %v, want %v", got, wantSpec)
