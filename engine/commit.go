@@ -243,6 +243,16 @@ func (n *notifier) next(key string) <-chan struct{} {
 	return ch
 }
 
+// publishAll wakes every waiter (changes may have been missed).
+func (n *notifier) publishAll() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for key, ch := range n.m {
+		close(ch)
+		delete(n.m, key)
+	}
+}
+
 func (n *notifier) publish(key string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

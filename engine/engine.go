@@ -34,7 +34,17 @@ type Store = storage.Store
 //
 // Correctness of every decision does not rest on this: each transaction reads what it decides on
 // with Get, so the store's conflict check orders it against any writer. A backend shared by
-// several processes needs the caches bypassed, not only the flock removed.
+// several processes needs the caches bypassed, not only the flock removed: NewShared does that.
+//
+// # SHARED STORES
+//
+// Over a storage.Shared store (etcd) other daemons commit too, and no cache can be proved current
+// without asking the store: a watch delivers another daemon's commit some time after it, and
+// until it arrives a cache would serve what that commit replaced. So a shared engine reads
+// through: Stack and Cockpit run a View (etcd: a linearizable read) every time, and only the
+// decode is skipped when the bytes are the ones cached. keyedLocks then merely queue this
+// daemon's own writers; the store's compares order them against everyone else's. The watch
+// serves only wait, which a commit anywhere wakes.
 //
 // # LOCK ORDERING
 //
@@ -48,6 +58,7 @@ type Store = storage.Store
 //     notifier.mu, cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, staged.
 type Engine struct {
 	db      Store
+	shared  bool // other processes write db too: serve no read from the caches
 	now     func() time.Time
 	budget  time.Duration // of one operation's waiting: lockTimeout
 	locks   keyedLocks
@@ -65,10 +76,31 @@ type Engine struct {
 	staged sync.Map
 }
 
-// New returns an engine over db.
+// New returns an engine over db, which this process alone writes.
 func New(db Store) *Engine {
 	return &Engine{db: db, now: time.Now, budget: lockTimeout}
 }
+
+// NewShared returns an engine over db, which other daemons write too (see SHARED STORES): it
+// reads through its caches and wakes waiters at every stack's commit, whoever made it.
+func NewShared(db storage.Shared) (*Engine, error) {
+	e := New(db)
+	e.shared = true
+	err := db.Watch("s/", func(key string) {
+		if key == "" {
+			e.changes.publishAll()
+			return
+		}
+		e.changes.publish(key)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Shared says whether other daemons write the store too (NewShared).
+func (e *Engine) Shared() bool { return e.shared }
 
 // Changed returns a channel closed at the next committed change of the stack.
 func (e *Engine) Changed(cockpit, stack string) <-chan struct{} {
@@ -132,7 +164,7 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 // Cockpit returns one cockpit.
 func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 	key := cockpitKey(name)
-	if m, ok := e.cockpits.current(key); ok {
+	if m, ok := e.cockpits.current(key); ok && !e.shared {
 		return m.info(), nil
 	}
 	at := e.cockpits.since()
@@ -169,7 +201,7 @@ func (e *Engine) Stacks(cockpit string) ([]string, error) {
 func (e *Engine) Stack(cockpit, stack string) (Record, error) {
 	key := stackKey(cockpit, stack)
 	r, gen, ok := e.records.get(key)
-	if ok {
+	if ok && !e.shared {
 		return r, nil
 	}
 	var read cachedRecord

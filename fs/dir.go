@@ -125,7 +125,8 @@ func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *f
 	e, err := d.find(ctx, name)
 	if err != nil {
 		errno := d.fsys.fail(caller(ctx, "lookup", d.child(name)), "", "", err)
-		if _, ok := d.list.(ownNames); ok && errno == syscall.ENOENT {
+		// Over a shared store another machine's daemon creates names too.
+		if _, ok := d.list.(ownNames); ok && errno == syscall.ENOENT && !d.fsys.eng.Shared() {
 			out.SetEntryTimeout(entryTimeout) // a negative entry: see rawLayer.Lookup
 		}
 		return nil, errno

@@ -79,6 +79,8 @@ type mount struct {
 	t    *testing.T
 	Dir  string // the mount point
 	Data string // the store
+	// Store is the --store value of a daemon on etcd ("": badger in Data).
+	Store string
 	// ns is the network namespace the daemon runs in: its port holds and the listeners it sees
 	// are the namespace's (nil: the test's own, when it cannot make one).
 	ns   *netns.NS
@@ -241,6 +243,9 @@ func (m *mount) stop() {
 func (m *mount) verify() (string, error) {
 	var out syncBuffer
 	cmd := exec.Command(binary, "verify", "--data", m.Data)
+	if m.Store != "" {
+		cmd = exec.Command(binary, "verify", "--store", m.Store)
+	}
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := m.ns.Do(cmd.Start)
 	if err == nil {

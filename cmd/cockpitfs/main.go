@@ -39,20 +39,47 @@ flags:
                      unless root)
   --nonempty         mount even over a directory that holds files (they are hidden meanwhile)
   --log-level LEVEL  error, info (default) or debug (every FUSE request)
+  --store etcd://HOST:PORT[,HOST:PORT…]/PREFIX
+                     share the namespace with every daemon mounting PREFIX of that etcd
+                     cluster instead of --data (docs/teams.md); with etcdctl's flags:
+  --cacert FILE      verify the members' certificates with this CA bundle
+  --cert FILE, --key FILE
+                     the client certificate and its key
+  --user USER[:PASSWORD], --password PASSWORD
+                     etcd authentication
 `, mountCommand},
 		"unmount": {`usage: cockpitfs unmount MOUNTPOINT
 
 Unmount a cockpitfs mount; the daemon serving it then exits. A dead mount left by a killed
 daemon ("transport endpoint is not connected") is detached. Also spelled umount.
 `, unmountCommand},
-		"verify": {`usage: cockpitfs verify [--data DIR]
+		"verify": {`usage: cockpitfs verify [--data DIR | --store etcd://… [ETCD FLAGS]]
 
 Check every record and index entry of a stopped daemon's store (read-only). Exit 0: clean;
-1: violations, each printed; 2: DIR is missing or holds no store.
+1: violations, each printed; 2: DIR is missing or holds no store. An etcd prefix may be
+checked while daemons serve it: one consistent snapshot is read.
 
 flags:
   --data DIR   the store (default $XDG_STATE_HOME/cockpitfs, else ~/.local/state/cockpitfs)
+  --store etcd://HOST:PORT[,HOST:PORT…]/PREFIX
+                     share the namespace with every daemon mounting PREFIX of that etcd
+                     cluster instead of --data (docs/teams.md); with etcdctl's flags:
+  --cacert FILE      verify the members' certificates with this CA bundle
+  --cert FILE, --key FILE
+                     the client certificate and its key
+  --user USER[:PASSWORD], --password PASSWORD
+                     etcd authentication
 `, verifyCommand},
+		"migrate": {`usage: cockpitfs migrate [ETCD FLAGS] FROM TO
+
+Copy every record of the store FROM into the empty store TO, then verify the copy. Each is a
+data directory or etcd://HOST:PORT[,HOST:PORT…]/PREFIX: a laptop's store into a team's etcd
+prefix, or back. Stop the daemons of both first (a data directory in use is refused; etcd
+cannot tell). A store that is not empty is refused, and a copy that fails is removed.
+
+flags (for the etcd side):
+  --cacert FILE, --cert FILE, --key FILE, --user USER[:PASSWORD], --password PASSWORD
+`, migrateCommand},
 		"exec": {`usage: cockpitfs exec [--holder NAME] STACK_DIR -- COMMAND [ARG...]
 
 Hold the stack at STACK_DIR (e.g. ~/cockpit/app/stacks/feature-x) for COMMAND's lifetime: claim
@@ -104,6 +131,7 @@ commands:
   mount MOUNTPOINT           mount and serve the tree
   unmount MOUNTPOINT         unmount it (the daemon exits)
   verify [--data DIR]        check a stopped daemon's store
+  migrate FROM TO            copy a store into an empty one (data directory or etcd://…)
   backup [--data DIR] FILE   back a stopped daemon's store up
   restore [--data DIR] [FILE]  restore a stopped daemon's store
   exec STACK_DIR -- CMD...   hold a stack for CMD's lifetime, with its env

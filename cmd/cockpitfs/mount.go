@@ -21,6 +21,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	cfs "github.com/cockpitfs/cockpitfs/fs"
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
 // readyEnv names the fd a daemonised child reports readiness on.
@@ -45,6 +46,7 @@ func infof(format string, args ...any) {
 func mountCommand(args []string) error {
 	fset := newFlags("mount")
 	data := dataFlag(fset)
+	sf := addStoreFlags(fset)
 	daemon := fset.Bool("daemon", false, "")
 	allowOther := fset.Bool("allow-other", false, "")
 	nonempty := fset.Bool("nonempty", false, "")
@@ -74,10 +76,26 @@ func mountCommand(args []string) error {
 	if err != nil {
 		return err
 	}
+	// Checked here, so a daemon's parent reports a bad flag itself.
+	etcdCfg, isEtcd, err := sf.etcd()
+	if err != nil {
+		return &usageError{command: "mount", msg: err.Error()}
+	}
 	if *daemon {
 		return daemonize(args, *data)
 	}
-	return serve(mnt, *data, *nonempty, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
+	st := storeChoice{data: *data}
+	if isEtcd {
+		st.etcd, st.url = &etcdCfg, *sf.store
+	}
+	return serve(mnt, st, *nonempty, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
+}
+
+// storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names.
+type storeChoice struct {
+	data string
+	etcd *etcdstore.Config
+	url  string
 }
 
 func unmountCommand(args []string) error {
@@ -93,7 +111,7 @@ var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, s
 
 // serve mounts and serves until a stop signal or an unmount from outside, then unmounts and
 // closes the store.
-func serve(mnt, data string, nonempty bool, o cfs.Options) (err error) {
+func serve(mnt string, st storeChoice, nonempty bool, o cfs.Options) (err error) {
 	ready := readyPipe()
 	defer func() {
 		if ready != nil && err != nil {
@@ -122,39 +140,18 @@ func serve(mnt, data string, nonempty bool, o cfs.Options) (err error) {
 		return err
 	}
 	defer beneath.Close()
-	if err := os.MkdirAll(data, 0o700); err != nil {
+	eng, from, closeStore, err := openServed(mnt, st)
+	if err != nil {
+		protectMountpoint(beneath)
 		return err
 	}
-	db, err := kv.Open(data)
-	if err != nil {
-		protectMountpoint(beneath)
-		return damageHint(err, data)
-	}
-	defer func() {
-		if err := db.Close(); err != nil {
-			log.Print(err)
-		}
-	}()
-	stopBackups := make(chan struct{})
-	backupsDone := make(chan struct{})
-	go func() { keepBackups(db, data, stopBackups); close(backupsDone) }()
-	defer func() { close(stopBackups); <-backupsDone }()
-	eng := engine.New(db)
-	// The holds of every active lease are taken again before the mount serves anyone.
-	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})
-	if err != nil {
-		protectMountpoint(beneath)
-		return fmt.Errorf("holding the leased ports: %w", err)
-	}
-	for _, l := range lost {
-		log.Printf("conflict: %s/%s: %s; reported in its health and events", l.Cockpit, l.Stack, l)
-	}
+	defer closeStore()
 	server, err := cfs.Mount(mnt, eng, o)
 	protectMountpoint(beneath)
 	if err != nil {
 		return mountError(mnt, err)
 	}
-	infof("serving %s (data %s)", mnt, data)
+	infof("serving %s (%s)", mnt, from)
 	if ready != nil {
 		fmt.Fprintln(ready, "ok")
 		ready.Close()
@@ -170,6 +167,52 @@ func serve(mnt, data string, nonempty bool, o cfs.Options) (err error) {
 	case <-done: // unmounted from outside (cockpitfs unmount, umount)
 	}
 	return nil
+}
+
+// openServed opens the store a daemon serves and its engine; closeStore ends what it started.
+func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, closeStore func(), err error) {
+	if st.etcd != nil {
+		// The store is the truth of every machine sharing the prefix, so this daemon takes no
+		// machine-wide port holds (a port leased through etcd is leased to one stack across all
+		// of them), and etcd keeps its own copies, so there are no backups.
+		db, err := openEtcd(*st.etcd)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		if eng, err = engine.NewShared(db); err != nil {
+			db.Close()
+			return nil, "", nil, err
+		}
+		return eng, "store " + st.url, func() { db.Close() }, nil
+	}
+	data := st.data
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		return nil, "", nil, err
+	}
+	db, err := kv.Open(data)
+	if err != nil {
+		return nil, "", nil, damageHint(err, data)
+	}
+	closeDB := func() {
+		if err := db.Close(); err != nil {
+			log.Print(err)
+		}
+	}
+	stopBackups := make(chan struct{})
+	backupsDone := make(chan struct{})
+	go func() { keepBackups(db, data, stopBackups); close(backupsDone) }()
+	closeStore = func() { close(stopBackups); <-backupsDone; closeDB() }
+	eng = engine.New(db)
+	// The holds of every active lease are taken again before the mount serves anyone.
+	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})
+	if err != nil {
+		closeStore()
+		return nil, "", nil, fmt.Errorf("holding the leased ports: %w", err)
+	}
+	for _, l := range lost {
+		log.Printf("conflict: %s/%s: %s; reported in its health and events", l.Cockpit, l.Stack, l)
+	}
+	return eng, "data " + data, closeStore, nil
 }
 
 // mountError words a failed mount: go-fuse reports fusermount's failure by its wait status only,

@@ -153,9 +153,7 @@ func (s *Store) watch(full string, next int64, fn func(key string)) {
 
 // View runs fn on one linearizable snapshot.
 func (s *Store) View(fn func(storage.Txn) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.budget)
-	defer cancel()
-	t := s.newTxn(ctx, false)
+	t := s.newTxn(context.Background(), false)
 	if err := fn(t); err != nil {
 		return err
 	}
@@ -163,15 +161,15 @@ func (s *Store) View(fn func(storage.Txn) error) error {
 }
 
 // Update runs fn and commits its writes in one etcd transaction (see the package comment). Like
-// kv, it gives up once conflicts have kept it from committing for its budget; each attempt's reads
-// and commit have the budget of their own, so a slow but healthy cluster is not mistaken for a lost
+// kv, it gives up once conflicts have kept it from committing for its budget; each read and the
+// commit have the budget of their own, so a slow but healthy cluster is not mistaken for a lost
 // one.
 func (s *Store) Update(ctx context.Context, fn func(storage.Txn) error) error {
 	deadline := time.Now().Add(s.budget)
 	spread := time.Duration(0)
 	for attempt := 1; ; attempt++ {
 		began := time.Now()
-		conflicted, err := s.attempt(ctx, fn)
+		conflicted, err := s.tryUpdate(ctx, fn)
 		if !conflicted {
 			return err
 		}
@@ -198,12 +196,6 @@ func (s *Store) Commit(ctx context.Context, fn func(storage.Txn) error) (durable
 	return func() error { return nil }, nil
 }
 
-func (s *Store) attempt(ctx context.Context, fn func(storage.Txn) error) (conflicted bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.budget)
-	defer cancel()
-	return s.tryUpdate(ctx, fn)
-}
-
 func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conflicted bool, err error) {
 	t := s.newTxn(ctx, true)
 	if err := fn(t); err != nil {
@@ -219,6 +211,8 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	if len(t.writes) == 0 {
 		return false, nil // nothing to commit: the reads were one linearizable snapshot
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.budget)
+	defer cancel()
 	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
 	if err != nil {
 		// The Txn may have reached a quorum before the answer was lost.
@@ -278,7 +272,9 @@ func (t *txn) get(key string, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, er
 	if t.rev != 0 {
 		opts = append(opts, clientv3.WithRev(t.rev))
 	}
-	resp, err := t.s.cli.Get(t.ctx, key, opts...)
+	ctx, cancel := context.WithTimeout(t.ctx, t.s.budget)
+	defer cancel()
+	resp, err := t.s.cli.Get(ctx, key, opts...)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrCompacted) {
 			t.failure = errStale
