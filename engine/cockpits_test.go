@@ -229,13 +229,13 @@ func TestSetHolder(t *testing.T) {
 	if err := set(HolderAttrs{SetPID: true, PID: os.Getpid()}, false); err != nil {
 		t.Fatal(err)
 	}
-	if h := alice(); h.PID != os.Getpid() || h.ProcessStart == "" || HolderState(h) != "live" {
-		t.Fatalf("after pid=%d: %+v state %s", os.Getpid(), h, HolderState(h))
+	if h := alice(); h.PID != os.Getpid() || h.ProcessStart == "" || e.HolderState(h) != "live" {
+		t.Fatalf("after pid=%d: %+v state %s", os.Getpid(), h, e.HolderState(h))
 	}
 	if err := set(HolderAttrs{SetPID: true}, false); err != nil {
 		t.Fatal(err)
 	}
-	if h := alice(); h.PID != 0 || h.ProcessStart != "" || HolderState(h) != "untracked" {
+	if h := alice(); h.PID != 0 || h.ProcessStart != "" || e.HolderState(h) != "untracked" {
 		t.Fatalf("after pid=none: %+v", h)
 	}
 	revision := stackRecord(t, e, "app", "main").Revision

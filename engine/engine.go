@@ -57,12 +57,15 @@ type Store = storage.Store
 //  4. leaves, held for a map access and never while acquiring another lock: keyedLocks.mu,
 //     notifier.mu, cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, staged.
 type Engine struct {
-	db      Store
-	shared  bool // other processes write db too: serve no read from the caches
-	now     func() time.Time
-	budget  time.Duration // of one operation's waiting: lockTimeout
-	locks   keyedLocks
-	changes notifier
+	db     Store
+	shared bool // other processes write db too: serve no read from the caches
+	// machines judges the holders and executors of other machines (nil: every process is this
+	// machine's).
+	machines *machines
+	now      func() time.Time
+	budget   time.Duration // of one operation's waiting: lockTimeout
+	locks    keyedLocks
+	changes  notifier
 	// cockpitChanges wakes a cockpit's waiters at a commit anywhere in it.
 	cockpitChanges cockpitNotifier
 	records        recordCache
@@ -86,17 +89,40 @@ func New(db Store) *Engine {
 func NewShared(db storage.Shared) (*Engine, error) {
 	e := New(db)
 	e.shared = true
-	err := db.Watch("s/", func(key string) {
-		if key == "" {
-			e.changes.publishAll()
-			return
-		}
-		e.changes.publish(key)
-	})
+	var err error
+	if e.machines, err = announceMachine(db); err != nil {
+		return nil, err
+	}
+	err = db.Watch("", e.published)
 	if err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// published wakes the waiters of what a commit of key, by any daemon, changed ("": anything).
+func (e *Engine) published(key string) {
+	switch {
+	case key == "":
+		e.changes.publishAll()
+		e.cockpitChanges.publishAll()
+	case strings.HasPrefix(key, "s/"):
+		e.changes.publish(key)
+		e.cockpitChanges.publish(key)
+	case strings.HasPrefix(key, "c/"):
+		e.cockpitChanges.publish(key)
+	case strings.HasPrefix(key, "e/"):
+		// e/<cockpit>/<stack|->/<seq>: a line in an events file.
+		parts := strings.Split(key, "/")
+		if len(parts) != 4 {
+			return
+		}
+		if parts[2] == cockpitLevel {
+			e.cockpitChanges.publish(cockpitKey(parts[1]))
+		} else {
+			e.cockpitChanges.publish(stackKey(parts[1], parts[2]))
+		}
+	}
 }
 
 // Shared says whether other daemons write the store too (NewShared).

@@ -49,7 +49,7 @@ func holderState(t *testing.T, e *Engine, cockpit, stack, holder string) string 
 	if !ok {
 		t.Fatalf("holder %s is gone", holder)
 	}
-	return HolderState(h)
+	return e.HolderState(h)
 }
 
 func TestDeadHolderReleasedByAnotherClaim(t *testing.T) {

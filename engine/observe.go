@@ -96,7 +96,7 @@ func callerProcesses(c Caller) map[int]bool {
 const maxHolderProbes = 4
 
 // deadHolders observes every holder with a pid except the one named and returns those proven gone.
-func deadHolders(holders []Holder, except string) []Holder {
+func (e *Engine) deadHolders(holders []Holder, except string) []Holder {
 	var candidates []Holder
 	for _, h := range holders {
 		if h.PID != 0 && h.HolderID != except {
@@ -111,7 +111,7 @@ func deadHolders(holders []Holder, except string) []Holder {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				gone[i] = liveness.Gone(candidates[i].ProcessStart, liveness.Observe(candidates[i].PID))
+				gone[i] = e.gone(candidates[i].ProcessStart, candidates[i].PID)
 			}
 		}()
 	}
@@ -131,20 +131,30 @@ func deadHolders(holders []Holder, except string) []Holder {
 
 // observeExecutor is what Repair needs to know of the attempt recorded in r: which it is and
 // whether its executor is proven gone.
-func observeExecutor(r Record) executorCheck {
+func (e *Engine) observeExecutor(r Record) executorCheck {
 	var seen executorCheck
 	if d := r.Value.Drain; d != nil && d.Attempt != nil {
 		a := d.Attempt
 		seen.attemptID = a.AttemptID
-		seen.gone = a.ExecutorPID != 0 && liveness.Gone(a.ExecutorStart, liveness.Observe(a.ExecutorPID))
+		seen.gone = a.ExecutorPID != 0 && e.gone(a.ExecutorStart, a.ExecutorPID)
 	}
 	return seen
 }
 
-// HolderState is what reading a holder file reports: live, dead, unknown, or untracked (no pid).
-func HolderState(h Holder) string {
+// HolderState is what reading a holder file reports: live, dead, unknown, or untracked (no pid). A
+// holder of another machine is dead once its machine is, and unknown until then: only a daemon on
+// its machine can probe it.
+func (e *Engine) HolderState(h Holder) string {
 	if h.PID == 0 {
 		return "untracked"
+	}
+	if e.machines != nil {
+		if boot, ok := liveness.BootOf(h.ProcessStart); ok && boot != e.machines.boot {
+			if e.gone(h.ProcessStart, h.PID) {
+				return "dead"
+			}
+			return "unknown"
+		}
 	}
 	obs := liveness.Observe(h.PID)
 	switch {

@@ -25,7 +25,7 @@ func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name strin
 	if err != nil {
 		return err
 	}
-	in := claimInput{holder: nh, dead: deadHolders(before.Value.Holders, HolderID(name)), listening: listeners.Listening}
+	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, HolderID(name)), listening: listeners.Listening}
 	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
 		return claimHolder(r, in, reads, now)
 	})
@@ -100,7 +100,7 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 		if except == "" && len(before.Value.Holders) == 1 {
 			except = before.Value.Holders[0].HolderID
 		}
-		dead = deadHolders(before.Value.Holders, except)
+		dead = e.deadHolders(before.Value.Holders, except)
 	}
 	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, mine: callerProcesses(c),
 		generation: randomHex(), reservationID: randomHex()}
@@ -160,7 +160,7 @@ func (e *Engine) Repair(ctx context.Context, c Caller, cockpit, stack string) er
 	if err != nil {
 		return err
 	}
-	seen := observeExecutor(before)
+	seen := e.observeExecutor(before)
 	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
 		return repairAttempt(r, c, seen, now)
 	})

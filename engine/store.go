@@ -19,6 +19,7 @@ import (
 //	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log
 //	q/<cockpit>/<stack|->    the next events seq
 //	o/<cockpit>/<stack|->    the events file's end: bytes ever appended to it (see EventsWindow)
+//	m/<boot id>/<daemon>     a daemon of that boot is alive (shared stores only; see machines)
 const cockpitLevel = "-"
 
 // Prefixes of whole key families, for scans.
@@ -39,6 +40,9 @@ func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + 
 func eventKey(cockpit, stack string, seq uint64) string {
 	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
 }
+
+func machinesPrefix(boot string) string      { return "m/" + boot + "/" }
+func machineKey(boot, daemon string) string { return machinesPrefix(boot) + daemon }
 
 // cockpitMeta is what a cockpit keeps besides its stacks.
 type cockpitMeta struct {

@@ -178,11 +178,11 @@ func (f *FS) holderView(cockpit, stack, name string) render {
 		if !ok {
 			return view{}, notFound("holder %s does not exist", name)
 		}
-		return view{data: renderHolder(h), mtime: stamp(h.ClaimedAt), uid: h.UID, revision: r.Revision}, nil
+		return view{data: renderHolder(h, f.eng.HolderState(h)), mtime: stamp(h.ClaimedAt), uid: h.UID, revision: r.Revision}, nil
 	}
 }
 
-func renderHolder(h engine.Holder) []byte {
+func renderHolder(h engine.Holder, state string) []byte {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "name=%s\nid=%s\ncheckout=%s\ncheckout_path=%s\nclaimed_at=%s\n", h.Name, h.HolderID, h.CheckoutID, h.CheckoutPath, h.ClaimedAt)
 	if h.PID == 0 {
@@ -193,7 +193,7 @@ func renderHolder(h engine.Holder) []byte {
 	if h.ProcessStart != "" {
 		fmt.Fprintf(&b, "process_start=%s\n", h.ProcessStart)
 	}
-	fmt.Fprintf(&b, "state=%s\nuid=%d\n", engine.HolderState(h), h.UID)
+	fmt.Fprintf(&b, "state=%s\nuid=%d\n", state, h.UID)
 	return b.Bytes()
 }
 

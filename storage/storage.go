@@ -25,6 +25,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // ErrNotFound is returned (unwrapped) by Txn.Get for a missing key.
@@ -81,4 +82,8 @@ type Shared interface {
 	// after Watch returns, by any writer, until the store closes. fn("") means changes may have
 	// been missed (a lost connection, a compacted history): treat every key as changed.
 	Watch(prefix string, fn func(key string)) error
+	// Announce keeps key in the store while this process keeps renewing it: the store deletes it
+	// once the process has not renewed it for ttl (killed, its machine down, cut off from the
+	// store), and the process writes it again if it reaches the store after that.
+	Announce(key string, ttl time.Duration) error
 }

@@ -134,11 +134,35 @@ var bootID struct {
 	id string
 }
 
+// TestBootIDEnv names a boot id that replaces this machine's, for tests only: it makes a daemon
+// act as another machine's (two daemons on one test machine then share an etcd prefix as two
+// machines would). Nothing but a test sets it.
+const TestBootIDEnv = "COCKPITFS_TEST_BOOT_ID"
+
+// BootID names this boot of this machine.
+func BootID() (string, error) { return currentBootID() }
+
+// BootOf returns the boot a Linux start identity names (ok=false for any other identity).
+func BootOf(start string) (boot string, ok bool) {
+	if !procStart.MatchString(start) {
+		return "", false
+	}
+	boot, _, _ = strings.Cut(strings.TrimPrefix(start, "proc:"), ":")
+	return boot, true
+}
+
 func currentBootID() (string, error) {
 	bootID.Lock()
 	defer bootID.Unlock()
 	if bootID.id != "" {
 		return bootID.id, nil
+	}
+	if fake := os.Getenv(TestBootIDEnv); fake != "" {
+		if !bootIDPattern.MatchString(fake) {
+			return "", fmt.Errorf("%s=%q is not a boot ID", TestBootIDEnv, fake)
+		}
+		bootID.id = fake
+		return fake, nil
 	}
 	data, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {

@@ -128,6 +128,52 @@ func (s *Store) Watch(prefix string, fn func(key string)) error {
 	return nil
 }
 
+// Announce implements storage.Shared with an etcd lease of ttl, kept alive until Close. When the
+// lease is lost (expired while cut off) the key is written again under a new one.
+func (s *Store) Announce(key string, ttl time.Duration) error {
+	lost, err := s.announce(s.prefix+key, ttl)
+	if err != nil {
+		return fmt.Errorf("etcd announce %s: %w", key, s.describe(err))
+	}
+	go func() {
+		for s.closing.Err() == nil {
+			<-lost
+			_ = sleep(s.closing, time.Second)
+			for s.closing.Err() == nil {
+				if lost, err = s.announce(s.prefix+key, ttl); err == nil {
+					break
+				}
+				_ = sleep(s.closing, time.Second)
+			}
+		}
+	}()
+	return nil
+}
+
+// announce writes key under a new lease and returns a channel closed once the lease is lost.
+func (s *Store) announce(full string, ttl time.Duration) (<-chan struct{}, error) {
+	ctx, cancel := context.WithTimeout(s.closing, s.budget)
+	defer cancel()
+	lease, err := s.cli.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.cli.Put(ctx, full, "", clientv3.WithLease(lease.ID)); err != nil {
+		return nil, err
+	}
+	alive, err := s.cli.KeepAlive(s.closing, lease.ID)
+	if err != nil {
+		return nil, err
+	}
+	lost := make(chan struct{})
+	go func() {
+		for range alive {
+		}
+		close(lost)
+	}()
+	return lost, nil
+}
+
 func (s *Store) watch(full string, next int64, fn func(key string)) {
 	for s.closing.Err() == nil {
 		// WithRequireLeader ends the watch when its member loses the cluster, so it moves on to
