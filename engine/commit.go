@@ -126,7 +126,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	defer cancel()
 	unlock, err := e.locks.lock(budget, key)
 	if err != nil {
-		return e.locked(ctx, key)
+		return e.locked(ctx, key, nil)
 	}
 	durable, err := e.db.Commit(budget, func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
@@ -161,7 +161,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	e.cockpits.committed()
 	switch {
 	case errors.Is(err, storage.ErrLocked):
-		return e.locked(ctx, key)
+		return e.locked(ctx, key, err)
 	case err != nil:
 		return err
 	}
@@ -175,9 +175,15 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 
 // locked is why an operation on key gave up waiting: the caller's own cancellation (an
 // interrupt), or contention that outlasted the budget (STATE_LOCKED).
-func (e *Engine) locked(ctx context.Context, key string) error {
+//
+// cause is the store's ErrLocked, which says what kept it (conflicts, or an etcd quorum that did
+// not answer); nil when the wait was for this daemon's own lock.
+func (e *Engine) locked(ctx context.Context, key string, cause error) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if cause != nil {
+		return refuse(StateLocked, key, "retry", "the store did not commit within %s: %s", e.budget, strings.TrimPrefix(cause.Error(), storage.ErrLocked.Error()+": "))
 	}
 	return refuse(StateLocked, key, "retry", "contention did not clear within %s", e.budget)
 }

@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Code names a refusal; the codes and their meaning are SPEC §8's.
@@ -65,6 +67,10 @@ func AsRefusal(err error) *Refusal {
 	var r *Refusal
 	if errors.As(err, &r) {
 		return r
+	}
+	if errors.Is(err, storage.ErrLocked) {
+		// A read the store could not serve in time (etcd: no quorum answered).
+		return &Refusal{Code: StateLocked, Message: err.Error(), Fix: "retry"}
 	}
 	var m malformedValue
 	if errors.As(err, &m) {

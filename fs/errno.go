@@ -69,6 +69,8 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.EINTR
 	case errors.Is(err, storage.ErrNoSpace):
 		return syscall.ENOSPC // nothing was written (and the events line waits for space too)
+	case errors.Is(err, storage.ErrLocked):
+		return syscall.EAGAIN // a read the store could not serve in time (etcd: no quorum)
 	case errors.As(err, &r):
 		if errno, ok := errnos[r.Code]; ok {
 			return errno

@@ -81,6 +81,8 @@ type mount struct {
 	Data string // the store
 	// Store is the --store value of a daemon on etcd ("": badger in Data).
 	Store string
+	// env is added to the daemon's environment.
+	env []string
 	// ns is the network namespace the daemon runs in: its port holds and the listeners it sees
 	// are the namespace's (nil: the test's own, when it cannot make one).
 	ns   *netns.NS
@@ -158,6 +160,9 @@ func (m *mount) start(args ...string) {
 		m.cmd = nonrootCommand(nonrootPath(m.t), append(all, m.Dir)...)
 	}
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
+	if len(m.env) > 0 {
+		m.cmd.Env = append(os.Environ(), m.env...)
+	}
 	if err := m.ns.Do(m.cmd.Start); err != nil {
 		m.t.Fatal(err)
 	}
@@ -165,7 +170,11 @@ func (m *mount) start(args ...string) {
 	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(m.cmd, m.done)
 	// "serving" is logged once the mount is fully up (go-fuse's own open of the mount done), so
 	// a test may kill the daemon right away without catching it in its own request.
-	deadline := time.Now().Add(10 * time.Second)
+	wait := 10 * time.Second
+	if m.Store != "" {
+		wait = 60 * time.Second // etcd round trips to a race-built cluster in the test process
+	}
+	deadline := time.Now().Add(wait)
 	// Another user's mount without allow_other answers root EACCES: it is up once mounted.
 	for !strings.Contains(m.log.String(), "serving "+m.Dir) || !(serving(m.Dir) || m.nobody && mounted(m.Dir)) {
 		select {
@@ -175,7 +184,7 @@ func (m *mount) start(args ...string) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			m.t.Fatalf("daemon not serving after 10s\n%s", m.log)
+			m.t.Fatalf("daemon not serving after %v\n%s", wait, m.log)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -244,7 +253,7 @@ func (m *mount) verify() (string, error) {
 	var out syncBuffer
 	cmd := exec.Command(binary, "verify", "--data", m.Data)
 	if m.Store != "" {
-		cmd = exec.Command(binary, "verify", "--store", m.Store)
+		cmd = exec.Command(binary, "verify", "--store", m.Store, "--command-timeout", "10s")
 	}
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := m.ns.Do(cmd.Start)

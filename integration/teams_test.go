@@ -1,21 +1,26 @@
 package integration
 
 import (
+	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
 // newEtcdMount starts a daemon serving prefix of the cluster. It runs in the test's network
 // namespace, where the cluster listens; over etcd a daemon takes no machine-wide port holds.
-func newEtcdMount(t *testing.T, store string) *mount {
+func newEtcdMount(t *testing.T, store string, env ...string) *mount {
 	t.Helper()
 	base := t.TempDir()
-	m := &mount{t: t, Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data"), Store: store}
-	m.start("--store", store)
+	m := &mount{t: t, Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data"), Store: store, env: env}
+	m.start("--store", store, "--command-timeout", etcdtest.Budget.String())
 	t.Cleanup(m.stop)
 	return m
 }
@@ -61,5 +66,54 @@ func TestTeamTwoDaemonsOneNamespace(t *testing.T) {
 	}
 	if got := a.ok("ls $M/app/stacks/s1/holders"); got != "b\nme\n" {
 		t.Errorf("a lists holders %q, want b and me", got)
+	}
+}
+
+// A holder is judged by its own machine: another machine's daemon neither probes it (its pid means
+// nothing here) nor releases it while that machine's daemon keeps its etcd lease; once the lease
+// expires (the daemon killed) it reads dead and the next claim anywhere releases it. The two
+// machines are two daemons whose boot ids are faked (liveness.TestBootIDEnv).
+func TestTeamMachineLeaseReleasesHolders(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t, 3)
+	store := cluster.URL("machines")
+	a := newEtcdMount(t, store, liveness.TestBootIDEnv+"=aaaaaaaa-0000-4000-8000-000000000001")
+	b := newEtcdMount(t, store, liveness.TestBootIDEnv+"=bbbbbbbb-0000-4000-8000-000000000002")
+	a.setupApp(5, map[string]int{"HTTP": 18180}, "s1")
+
+	sleeper := exec.Command("sleep", "600")
+	sleeper.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	a.ok(fmt.Sprintf("touch $M/app/stacks/s1/holders/w && echo pid=%d > $M/app/stacks/s1/holders/w", sleeper.Process.Pid))
+	if got := a.read("app/stacks/s1/holders/w"); !strings.Contains(got, "process_start=proc:aaaaaaaa-") || !strings.Contains(got, "state=live\n") {
+		t.Fatalf("on its own machine the holder reads\n%s\nwant machine a's boot, live", got)
+	}
+	// On b the pid belongs to another boot: unknown, and a claim through b keeps it.
+	if got := b.read("app/stacks/s1/holders/w"); !strings.Contains(got, "state=unknown\n") {
+		t.Fatalf("on the other machine the holder reads\n%s\nwant state=unknown", got)
+	}
+	b.ok("touch $M/app/stacks/s1/holders/x")
+	if got := b.ok("ls $M/app/stacks/s1/holders"); got != "w\nx\n" {
+		t.Fatalf("after b's claim the holders are %q, want w kept beside x", got)
+	}
+
+	a.Kill()
+	deadline := time.Now().Add(engine.MachineTTL + 30*time.Second)
+	for !strings.Contains(b.read("app/stacks/s1/holders/w"), "state=dead\n") {
+		if time.Now().After(deadline) {
+			t.Fatalf("w never read dead after its daemon was killed:\n%s", b.read("app/stacks/s1/holders/w"))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// Its process still runs on this (test) machine: only its machine's lease decided.
+	if err := sleeper.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the holder's process is gone: %v", err)
+	}
+	b.ok("touch $M/app/stacks/s1/holders/y")
+	if got := b.ok("ls $M/app/stacks/s1/holders"); strings.Contains(got, "w\n") {
+		t.Fatalf("after the lease expired a claim left holders %q, want w released", got)
 	}
 }

@@ -47,6 +47,9 @@ flags:
                      the client certificate and its key
   --user USER[:PASSWORD], --password PASSWORD
                      etcd authentication
+  --command-timeout DURATION
+                     how long an operation waits for an etcd quorum, and retries
+                     conflicts, before it refuses with EAGAIN (default 2s)
 `, mountCommand},
 		"unmount": {`usage: cockpitfs unmount MOUNTPOINT
 
@@ -69,6 +72,9 @@ flags:
                      the client certificate and its key
   --user USER[:PASSWORD], --password PASSWORD
                      etcd authentication
+  --command-timeout DURATION
+                     how long an operation waits for an etcd quorum, and retries
+                     conflicts, before it refuses with EAGAIN (default 2s)
 `, verifyCommand},
 		"migrate": {`usage: cockpitfs migrate [ETCD FLAGS] FROM TO
 

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
@@ -13,6 +14,7 @@ import (
 // with etcdctl's connection flags.
 type storeFlags struct {
 	store, cacert, cert, key, user, password *string
+	timeout                                  *time.Duration
 }
 
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
@@ -23,6 +25,7 @@ func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 		key:      fs.String("key", "", "etcd: client certificate's key"),
 		user:     fs.String("user", "", "etcd: USER or USER:PASSWORD"),
 		password: fs.String("password", "", "etcd: password of --user"),
+		timeout:  fs.Duration("command-timeout", etcdstore.DefaultBudget, "etcd: how long an operation waits for a quorum"),
 	}
 }
 
@@ -42,6 +45,10 @@ func (f *storeFlags) etcd() (cfg etcdstore.Config, ok bool, err error) {
 		return cfg, false, err
 	}
 	cfg.Username, cfg.Password = *f.user, *f.password
+	if *f.timeout <= 0 {
+		return cfg, false, fmt.Errorf("--command-timeout %v is not a positive duration", *f.timeout)
+	}
+	cfg.Budget = *f.timeout
 	if user, password, found := strings.Cut(*f.user, ":"); found {
 		if *f.password != "" {
 			return cfg, false, errors.New("give the password in --user USER:PASSWORD or in --password, not both")
