@@ -83,7 +83,7 @@ func (e *Engine) Status() (Status, error) {
 					return err
 				}
 				st.UpdatedAt = later(st.UpdatedAt, r.UpdatedAt)
-				c.Stacks = append(c.Stacks, stackStatus(r))
+				c.Stacks = append(c.Stacks, e.stackStatus(r))
 				return nil
 			}); err != nil {
 				return err
@@ -119,13 +119,13 @@ func later(a, b string) string {
 	return a
 }
 
-func stackStatus(r Record) StackStatus {
+func (e *Engine) stackStatus(r Record) StackStatus {
 	s := StackStatus{Name: r.Stack, Revision: r.Revision, Holders: []HolderStatus{}}
 	if l := r.Value.Lease; l.Active() {
 		s.Ports = l.Ports
 	}
 	for _, h := range r.Value.Holders {
-		s.Holders = append(s.Holders, HolderStatus{Name: h.Name, State: HolderState(h), PID: h.PID, Checkout: h.CheckoutPath, UID: h.UID})
+		s.Holders = append(s.Holders, HolderStatus{Name: h.Name, State: e.HolderState(h), PID: h.PID, Checkout: h.CheckoutPath, UID: h.UID})
 	}
 	sort.Slice(s.Holders, func(i, j int) bool { return s.Holders[i].Name < s.Holders[j].Name })
 	if d := r.Value.Drain; d != nil {

@@ -41,7 +41,7 @@ func eventKey(cockpit, stack string, seq uint64) string {
 	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
 }
 
-func machinesPrefix(boot string) string      { return "m/" + boot + "/" }
+func machinesPrefix(boot string) string     { return "m/" + boot + "/" }
 func machineKey(boot, daemon string) string { return machinesPrefix(boot) + daemon }
 
 // cockpitMeta is what a cockpit keeps besides its stacks.
