@@ -455,3 +455,48 @@ func repairAttempt(r Record, c Caller, seen executorCheck, now time.Time) (Value
 	}
 	return failAttempt(r.Value, d, now), nil
 }
+
+// ReclaimRecovery is what a failed reclaim leaves to recover (the seeds'
+// inspectFailedReclaimRecovery): the reclaims done, the one that failed and those left, each with
+// the target it committed to, valid for evidence observed after FreshAfter (the failure).
+type ReclaimRecovery struct {
+	Purpose      string           `json:"purpose"`
+	StackID      string           `json:"stackId"`
+	ConfigSha256 string           `json:"configSha256"`
+	PlanDigest   string           `json:"planDigest"`
+	FreshAfter   string           `json:"freshAfter"`
+	Completed    []RecoveryTarget `json:"completed"`
+	Current      RecoveryTarget   `json:"current"`
+	Pending      []RecoveryTarget `json:"pending"`
+}
+
+// RecoveryTarget is a reclaim's target and its commitment.
+type RecoveryTarget struct {
+	TargetID         string      `json:"targetId"`
+	TargetCommitment *Commitment `json:"targetCommitment"`
+}
+
+// FailedReclaimRecovery is d's recovery when its attempt is a failed reclaim, nil otherwise.
+func FailedReclaimRecovery(d *Drain) *ReclaimRecovery {
+	if d == nil || d.Attempt == nil || d.Attempt.Status != AttemptFailed || d.Attempt.CurrentStage != StageReclaim ||
+		d.Attempt.FailedAt == nil || d.Attempt.ActionIndex < 1 || d.Attempt.ActionIndex >= len(d.Actions) {
+		return nil
+	}
+	target := func(a DrainAction) RecoveryTarget {
+		return RecoveryTarget{TargetID: a.TargetID, TargetCommitment: a.TargetCommitment}
+	}
+	rec := &ReclaimRecovery{
+		Purpose: d.Purpose, StackID: d.StackID, ConfigSha256: d.ConfigSha256, PlanDigest: d.PlanDigest,
+		FreshAfter: *d.Attempt.FailedAt, Completed: []RecoveryTarget{}, Pending: []RecoveryTarget{},
+		Current: target(d.Actions[d.Attempt.ActionIndex]),
+	}
+	for i, a := range d.Actions[1:] {
+		switch {
+		case i+1 < d.Attempt.ActionIndex:
+			rec.Completed = append(rec.Completed, target(a))
+		case i+1 > d.Attempt.ActionIndex:
+			rec.Pending = append(rec.Pending, target(a))
+		}
+	}
+	return rec
+}

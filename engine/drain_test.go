@@ -626,3 +626,39 @@ func TestDrainCoTenantRefusalNamesOnlyTheOthers(t *testing.T) {
 		t.Fatalf("refusal %q for a holder of the caller's own session", r.Message)
 	}
 }
+
+// A failed reclaim names what is done, what failed and what is left, each with its committed
+// target, as the seeds' inspectFailedReclaimRecovery reads them from the failure's record.
+func TestFailedReclaimRecovery(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	mustStep(t, e, reserveText(t, e, "down volume:a volume:b volume:c"))
+	for range 2 {
+		clock.advance(time.Millisecond)
+		mustStep(t, e, startExecutor(e, 0))
+		if got := FailedReclaimRecovery(stackOf(t, e).Value.Drain); got != nil {
+			t.Fatalf("recovery of an active attempt: %+v", got)
+		}
+		clock.advance(time.Millisecond)
+		mustStep(t, e, publish(e, true, ""))
+	}
+	clock.advance(time.Millisecond)
+	mustStep(t, e, startExecutor(e, 0))
+	clock.advance(time.Millisecond)
+	d := mustStep(t, e, publish(e, false, "")).Value.Drain
+	got := FailedReclaimRecovery(d)
+	if got == nil || got.FreshAfter != *d.Attempt.FailedAt || got.PlanDigest != d.PlanDigest || got.ConfigSha256 != d.ConfigSha256 {
+		t.Fatalf("recovery %+v", got)
+	}
+	targets := func(ts []RecoveryTarget) (out []string) {
+		for _, t := range ts {
+			out = append(out, t.TargetID)
+		}
+		return out
+	}
+	if c, p := targets(got.Completed), targets(got.Pending); !equalStrings(c, []string{"volume:a"}) || got.Current.TargetID != "volume:b" || !equalStrings(p, []string{"volume:c"}) {
+		t.Fatalf("completed %v, current %s, pending %v", c, got.Current.TargetID, p)
+	}
+	if got.Current.TargetCommitment == nil || got.Current.TargetCommitment.Sha256 != d.Actions[2].TargetCommitment.Sha256 {
+		t.Fatalf("current commitment %+v", got.Current.TargetCommitment)
+	}
+}

@@ -64,7 +64,11 @@ func showAttempt(r engine.Record) []byte {
 	if r.Value.Drain == nil || r.Value.Drain.Attempt == nil {
 		return []byte{}
 	}
-	return jsonLine(r.Value.Drain.Attempt)
+	// A failed reclaim also says what is done, what failed and what is left.
+	return jsonLine(struct {
+		*engine.Attempt
+		Recovery *engine.ReclaimRecovery `json:"recovery,omitempty"`
+	}{r.Value.Drain.Attempt, engine.FailedReclaimRecovery(r.Value.Drain)})
 }
 
 func showNothing(engine.Record) []byte { return []byte{} }

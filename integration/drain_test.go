@@ -808,3 +808,33 @@ func TestDrainCoTenantRefusalSparesTheWriter(t *testing.T) {
 		t.Fatalf("refusal %q must name kill %d and never the writer's session %s", msg, other.cmd.Process.Pid, session)
 	}
 }
+
+// drain/attempt of a failed reclaim names the reclaims done, the one that failed and those left,
+// each with its committed target (the seeds' inspectFailedReclaimRecovery).
+func TestDrainFailedReclaimRecovery(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(20, map[string]int{"HTTP": 37280}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	m.ok(`cd $M/app/stacks/s && echo "down volume:a volume:b volume:c" > drain/request &&
+		for i in 1 2; do echo start > drain/attempt && echo success > drain/outcome; done &&
+		echo start > drain/attempt && echo failure > drain/outcome`)
+	att := drainJSON(t, m, "app/stacks/s/drain/attempt")
+	rec, ok := att["recovery"].(map[string]any)
+	if !ok || att["status"] != "failed" || rec["freshAfter"] != att["failedAt"] {
+		t.Fatalf("drain/attempt after a failed reclaim: %v", att)
+	}
+	ids := func(v any) (out []string) {
+		for _, x := range v.([]any) {
+			out = append(out, x.(map[string]any)["targetId"].(string))
+		}
+		return out
+	}
+	if c, p, cur := ids(rec["completed"]), ids(rec["pending"]), rec["current"].(map[string]any)["targetId"]; fmt.Sprint(c) != "[volume:a]" || cur != "volume:b" || fmt.Sprint(p) != "[volume:c]" {
+		t.Fatalf("recovery: completed %v, current %v, pending %v", c, cur, p)
+	}
+	// A retry is an active attempt again: no recovery to show.
+	m.ok("echo start > $M/app/stacks/s/drain/attempt")
+	if att := drainJSON(t, m, "app/stacks/s/drain/attempt"); att["recovery"] != nil {
+		t.Fatalf("an active attempt shows a recovery: %v", att)
+	}
+}
