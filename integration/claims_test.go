@@ -479,7 +479,7 @@ mkdir $M/app/stacks/s`)
 			t.Errorf("entrypoints/%s = %q, want %q", name, got, want)
 		}
 	}
-	wantEnv := "DB_MAIN=33450\nHTTP=33400\nDB_MAIN_URL=http://127.0.0.1:33450/\nHTTP_URL=http://127.0.0.1:33400/\nWEB_URL=http://127.0.0.1:33400/app\n"
+	wantEnv := "DB_MAIN=33450\nHTTP=33400\nWEB_URL=http://127.0.0.1:33400/app\n" // defaults are not exported
 	if got := m.read("app/stacks/s/env"); got != wantEnv {
 		t.Fatalf("env = %q, want %q", got, wantEnv)
 	}
