@@ -195,3 +195,4 @@ func TestDamagedStoreIsRefusedThenRestored(t *testing.T) {
 		})
 	}
 }
+
