@@ -195,4 +195,3 @@ func TestDamagedStoreIsRefusedThenRestored(t *testing.T) {
 		})
 	}
 }
-
