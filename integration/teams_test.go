@@ -117,3 +117,46 @@ func TestTeamMachineLeaseReleasesHolders(t *testing.T) {
 		t.Fatalf("after the lease expired a claim left holders %q, want w released", got)
 	}
 }
+
+// migrate copies a data directory into an empty etcd prefix, whose daemon serves the same tree,
+// and back into an empty data directory; a store that is not empty is refused, changing nothing.
+func TestTeamMigrate(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t, 1)
+	store := cluster.URL("migrated")
+	laptop := newMount(t)
+	laptop.setupApp(5, map[string]int{"HTTP": 18280}, "s1")
+	laptop.ok("touch $M/app/stacks/s1/holders/me")
+	port := laptop.read("app/stacks/s1/ports/HTTP")
+	laptop.Stop()
+
+	migrate := func(from, to string) result {
+		t.Helper()
+		return shIn(t, "/", `"$B" migrate --command-timeout 10s "$F" "$T"`, "B="+binary, "F="+from, "T="+to)
+	}
+	if r := migrate(laptop.Data, store); r.Code != 0 || !strings.Contains(r.Stdout, "copied ") {
+		t.Fatalf("migrate into etcd: %+v", r)
+	}
+	if r := migrate(laptop.Data, store); r.Code == 0 || !strings.Contains(r.Stderr, "migrate only into an empty store") {
+		t.Fatalf("a second migrate into the same prefix: %+v, want refused", r)
+	}
+	team := newEtcdMount(t, store)
+	if got := team.read("app/stacks/s1/ports/HTTP"); got != port {
+		t.Fatalf("over etcd ports/HTTP = %q, want the laptop's %q", got, port)
+	}
+	if got := team.ok("ls $M/app/stacks/s1/holders"); got != "me\n" {
+		t.Fatalf("over etcd the holders are %q", got)
+	}
+	team.Stop()
+
+	back := filepath.Join(t.TempDir(), "back")
+	if r := migrate(store, back); r.Code != 0 {
+		t.Fatalf("migrate back: %+v", r)
+	}
+	if out, err := exec.Command(binary, "verify", "--data", back).CombinedOutput(); err != nil {
+		t.Fatalf("verify the copy back: %v\n%s", err, out)
+	}
+	if r := migrate(store, laptop.Data); r.Code == 0 || !strings.Contains(r.Stderr, "nothing was changed") {
+		t.Fatalf("migrate into the laptop's own store: %+v, want refused", r)
+	}
+}
