@@ -161,12 +161,15 @@ type CockpitInfo struct {
 	Config    string
 	// Entrypoints are those the accepted config declares, from which every stack's are derived.
 	Entrypoints []portdecl.Entrypoint
+	// EnvPrefix starts every name the stacks' env files export (see portdecl.Config).
+	EnvPrefix string
 }
 
 func (m cockpitMeta) info() CockpitInfo {
 	info := CockpitInfo{Name: m.Name, UID: m.UID, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, Config: m.Config}
 	if m.Declared != nil {
 		info.Entrypoints = m.Declared.Entrypoints
+		info.EnvPrefix = m.Declared.EnvPrefix
 	}
 	return info
 }

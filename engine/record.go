@@ -166,8 +166,18 @@ func (r Record) Entrypoints(declared []portdecl.Entrypoint) []portdecl.Resolved 
 // EnvVar is one line of a stack's environment.
 type EnvVar struct{ Name, Value string }
 
+// EnvFor is the env the stack exports under its cockpit's current config: Env of its declared
+// entrypoints, every name starting with the config's [env] prefix.
+func (r Record) EnvFor(info CockpitInfo) []EnvVar {
+	env := r.Env(info.Entrypoints)
+	for i := range env {
+		env[i].Name = info.EnvPrefix + env[i].Name
+	}
+	return env
+}
+
 // Env is the stack's environment while it holds a lease: each port by key in key order, then
-// each entrypoint's URL as <NAME>_URL. Nil without an active lease.
+// each declared entrypoint's URL as <NAME>_URL. Nil without an active lease.
 func (r Record) Env(declared []portdecl.Entrypoint) []EnvVar {
 	l := r.Value.Lease
 	if !l.Active() {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
-	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
@@ -211,8 +210,8 @@ func (f *FS) leasePortView(cockpit, stack, key string) render {
 }
 
 func (f *FS) entrypointView(cockpit, stack, name string) render {
-	return f.configuredView(cockpit, stack, "entrypoints/"+name, func(r engine.Record, declared []portdecl.Entrypoint) []byte {
-		for _, e := range r.Entrypoints(declared) {
+	return f.configuredView(cockpit, stack, "entrypoints/"+name, func(r engine.Record, info engine.CockpitInfo) []byte {
+		for _, e := range r.Entrypoints(info.Entrypoints) {
 			if e.Name == name {
 				return []byte(e.URL + "\n")
 			}
@@ -223,13 +222,13 @@ func (f *FS) entrypointView(cockpit, stack, name string) render {
 
 // configuredView renders a file of the stack from its record and its cockpit's current config
 // (env, entrypoints): it changes with either, so its mtime is the later of the two.
-func (f *FS) configuredView(cockpit, stack, name string, fn func(engine.Record, []portdecl.Entrypoint) []byte) render {
+func (f *FS) configuredView(cockpit, stack, name string, fn func(engine.Record, engine.CockpitInfo) []byte) render {
 	return func() (view, error) {
 		info, err := f.eng.Cockpit(cockpit)
 		if err != nil {
 			return view{}, err
 		}
-		v, err := f.stackView(cockpit, stack, name, func(r engine.Record) []byte { return fn(r, info.Entrypoints) })()
+		v, err := f.stackView(cockpit, stack, name, func(r engine.Record) []byte { return fn(r, info) })()
 		if t := stamp(info.UpdatedAt); err == nil && t.After(v.mtime) {
 			v.mtime = t
 		}
@@ -237,8 +236,8 @@ func (f *FS) configuredView(cockpit, stack, name string, fn func(engine.Record, 
 	}
 }
 
-func renderEnv(r engine.Record, declared []portdecl.Entrypoint) []byte {
-	env := r.Env(declared)
+func renderEnv(r engine.Record, info engine.CockpitInfo) []byte {
+	env := r.EnvFor(info)
 	if env == nil {
 		return nil
 	}

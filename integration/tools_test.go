@@ -579,7 +579,14 @@ mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
 			t.Fatalf("python-dotenv reads %q", got)
 		}
 	}
+	// A prefix keeps every name apart from whatever a tool reads.
+	m.ok(`printf '[env]\nprefix = "APP_"\n' >> $M/app/config`)
+	if got, want := m.read("app/stacks/s/env"), "APP_DATABASE=26750\nAPP_REDIS=26751\nAPP_CACHE_URL=redis://127.0.0.1:26751/0\nAPP_DB_URL=postgres://127.0.0.1:26750/app\n"; got != want {
+		t.Fatalf("env with a prefix = %q, want %q", got, want)
+	}
+	m.refused(`cat >> $M/app/config <<< 'bad = 1'`, syscall.EINVAL)
 	if _, err := exec.LookPath("direnv"); err == nil {
+		m.ok(`sed -i '/^\[env\]/,$d' $M/app/config`)
 		dir := t.TempDir()
 		m.ok("cd " + dir + " && echo 'dotenv " + m.Path("app/stacks/s/env") + "' > .envrc && direnv allow .")
 		got := m.ok("cd " + dir + " && direnv exec . sh -c 'echo $DB_URL ${DATABASE_URL-unset}'")

@@ -39,6 +39,9 @@ type Entrypoint struct {
 type Config struct {
 	Declaration Declaration
 	Entrypoints []Entrypoint // the declared ones, sorted by Name
+	// EnvPrefix ([env] prefix) starts every name the env file exports: "APP_" makes DB=5432
+	// APP_DB=5432, so a cockpit's names never meet a tool's.
+	EnvPrefix string `json:",omitempty"`
 }
 
 // Parse parses and validates a config document (SPEC §3). Every error is a message naming what
@@ -58,7 +61,7 @@ func Parse(text []byte) (Config, error) {
 	if _, err := toml.Decode(string(text), &document); err != nil {
 		return Config{}, fmt.Errorf("config: %v", err)
 	}
-	if err := onlyKeys(document, "", "entrypoints", "ports"); err != nil {
+	if err := onlyKeys(document, "", "entrypoints", "env", "ports"); err != nil {
 		return Config{}, err
 	}
 	rawPorts, ok := document["ports"]
@@ -80,7 +83,41 @@ func Parse(text []byte) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	return Config{Declaration: declaration, Entrypoints: entrypoints}, nil
+	prefix, err := parseEnv(document["env"])
+	if err != nil {
+		return Config{}, err
+	}
+	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix}, nil
+}
+
+// parseEnv reads the optional [env] table: prefix, upper-case letters, digits and '_', not
+// starting with a digit, at most 64 bytes.
+func parseEnv(raw any) (string, error) {
+	if raw == nil {
+		return "", nil
+	}
+	env, err := table(raw, "env")
+	if err != nil {
+		return "", err
+	}
+	if err := onlyKeys(env, "env.", "prefix"); err != nil {
+		return "", err
+	}
+	if _, given := env["prefix"]; !given {
+		return "", nil
+	}
+	prefix, err := text(env, "prefix", "env.prefix")
+	if err != nil {
+		return "", err
+	}
+	valid := prefix != "" && len(prefix) <= 64 && (prefix[0] < '0' || prefix[0] > '9')
+	for _, c := range prefix {
+		valid = valid && (c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_')
+	}
+	if !valid {
+		return "", fmt.Errorf("env.prefix: %q is not 1-64 bytes of [A-Z0-9_] starting with a letter or '_'", prefix)
+	}
+	return prefix, nil
 }
 
 func parsePorts(raw any) (Declaration, error) {
