@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func TestTeamTwoDaemonsOneNamespace(t *testing.T) {
 
 	// b looks up names before a creates them: a kept negative entry would hide them.
 	b.refused("ls $M/app", syscall.ENOENT)
-	a.setupApp(5, map[string]int{"HTTP": 18080}, "s1")
+	a.setupApp(12, map[string]int{"HTTP": 18080}, "s1")
 	b.refused("ls $M/app/stacks/s2", syscall.ENOENT)
 	if got := b.ok("cat $M/app/config | grep HTTP; ls $M/app/stacks"); got != "HTTP = 18080\ns1\n" {
 		t.Fatalf("b sees %q, want a's cockpit and stack", got)
@@ -66,6 +67,26 @@ func TestTeamTwoDaemonsOneNamespace(t *testing.T) {
 	}
 	if got := a.ok("ls $M/app/stacks/s1/holders"); got != "b\nme\n" {
 		t.Errorf("a lists holders %q, want b and me", got)
+	}
+
+	// Both machines claim at once, four stacks each: no port is leased twice.
+	var wg sync.WaitGroup
+	for _, m := range []*mount{a, b} {
+		wg.Go(func() {
+			m.ok(`for i in 1 2 3 4; do (mkdir $M/app/stacks/$$-$i && touch $M/app/stacks/$$-$i/holders/me) & done; wait`)
+		})
+	}
+	wg.Wait()
+	ports := strings.Fields(a.ok("cat $M/app/stacks/*/ports/HTTP"))
+	seen := map[string]bool{}
+	for _, p := range ports {
+		if seen[p] {
+			t.Errorf("port %s leased twice: %v", p, ports)
+		}
+		seen[p] = true
+	}
+	if len(ports) != 10 {
+		t.Errorf("%d stacks hold a lease, want 10: %v", len(ports), ports)
 	}
 }
 
