@@ -189,9 +189,9 @@ func addHolder(v Value, h Holder, now time.Time) (Value, bool, error) {
 		}
 		return v, false, nil
 	}
-	if len(v.Holders) >= MaxHolders {
+	if len(v.Holders) >= maxHolders {
 		return v, false, refuse(ClaimHolderLimit, HolderID(h.Name), "release a holder first",
-			"the stack already has %d holders", MaxHolders)
+			"the stack already has %d holders", maxHolders)
 	}
 	holders := append(append(make([]Holder, 0, len(v.Holders)+1), v.Holders...), h.claimed(now))
 	sortHolders(holders)

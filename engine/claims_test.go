@@ -125,7 +125,7 @@ func strPtr(s string) *string { return &s }
 func TestAddHolder(t *testing.T) {
 	alice := newHolder("alice").claimed(claimNow)
 	many := Value{}
-	for i := range MaxHolders {
+	for i := range maxHolders {
 		many.Holders = append(many.Holders, newHolder(fmt.Sprintf("h%04d", i)).claimed(claimNow))
 	}
 	sortHolders(many.Holders)
@@ -142,8 +142,8 @@ func TestAddHolder(t *testing.T) {
 		{name: "existing same checkout", v: Value{Holders: []Holder{alice}}, add: newHolder("alice"), wantHolders: 1},
 		{name: "existing other checkout", v: Value{Holders: []Holder{alice}},
 			add: Holder{Name: "alice", CheckoutPath: "/elsewhere"}, wantCode: StateRecordMalformed, wantHolders: 1},
-		{name: "limit", v: many, add: newHolder("late"), wantCode: ClaimHolderLimit, wantHolders: MaxHolders},
-		{name: "existing at the limit", v: many, add: newHolder("h0007"), wantHolders: MaxHolders},
+		{name: "limit", v: many, add: newHolder("late"), wantCode: ClaimHolderLimit, wantHolders: maxHolders},
+		{name: "existing at the limit", v: many, add: newHolder("h0007"), wantHolders: maxHolders},
 		{name: "re-claim clears lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(HolderID("alice"))},
 			add: newHolder("alice"), wantChanged: true, wantHolders: 1},
 		{name: "another keeps lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(HolderID("bob"))},

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -10,21 +9,19 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-
 // CreateCockpit makes a namespace owned by the caller.
 func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error {
-	if !ValidCockpitName(name) {
+	if !validCockpitName(name) {
 		return refuse(StateRecordMalformed, name, "use 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-', and not README or ports",
 			"cockpit name %q is invalid", name)
 	}
 	return e.update(ctx, cockpitKey(name), func(tx storage.Txn, now time.Time) error {
 		if _, err := tx.Get(cockpitKey(name)); err == nil {
-			return refuse(Exists, CockpitID(name), "", "cockpit %s already exists", name)
+			return refuse(Exists, cockpitID(name), "", "cockpit %s already exists", name)
 		} else if !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
-		m := cockpitMeta{Name: name, ID: CockpitID(name), UID: c.UID, CreatedAt: Stamp(now), UpdatedAt: Stamp(now)}
+		m := cockpitMeta{Name: name, ID: cockpitID(name), UID: c.UID, CreatedAt: Stamp(now), UpdatedAt: Stamp(now)}
 		if err := setJSON(tx, cockpitKey(name), m); err != nil {
 			return err
 		}

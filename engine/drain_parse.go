@@ -150,8 +150,8 @@ func checkReclaimTargets(purpose string, targets []string) error {
 	if purpose == "sleep" && len(targets) > 0 {
 		return malformedRequest("sleep only stops the runtime; it takes no targets (use down or reset)")
 	}
-	if len(targets) >= MaxHolders {
-		return malformedRequest("%d targets exceed %d", len(targets), MaxHolders-1)
+	if len(targets) >= maxHolders {
+		return malformedRequest("%d targets exceed %d", len(targets), maxHolders-1)
 	}
 	seen := map[string]bool{}
 	for _, t := range targets {

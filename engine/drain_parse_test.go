@@ -44,7 +44,7 @@ func TestParseDrainRequestRefusals(t *testing.T) {
 		"sleep valid_for=0", "sleep valid_for=300001", "sleep valid_for=abc", "sleep valid_for=-1", "sleep valid_for=01",
 		"sleep revision=-1", "sleep revision=x", "sleep revision=+1", "sleep revision=99999999999999999999",
 		`"sleep"`, `[{"purpose":"sleep"}]`, `{"purpose":"sleep"}`, `{`, `{} {}`,
-		"down " + strings.Repeat("t ", MaxHolders),
+		"down " + strings.Repeat("t ", maxHolders),
 	} {
 		_, err := ParseDrainRequest(text)
 		if r := AsRefusal(err); err == nil || r.Code != StateRecordMalformed || r.Message == "" {

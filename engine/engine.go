@@ -5,6 +5,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sort"
 	"strings"
@@ -106,12 +107,12 @@ func (e *Engine) published(key string) {
 	case key == "":
 		e.changes.publishAll()
 		e.cockpitChanges.publishAll()
-	case strings.HasPrefix(key, "s/"):
+	case strings.HasPrefix(key, allStacksPrefix):
 		e.changes.publish(key)
 		e.cockpitChanges.publish(key)
-	case strings.HasPrefix(key, "c/"):
+	case strings.HasPrefix(key, cockpitsPrefix):
 		e.cockpitChanges.publish(key)
-	case strings.HasPrefix(key, "e/"):
+	case strings.HasPrefix(key, allEventsPrefix):
 		// e/<cockpit>/<stack|->/<seq>: a line in an events file.
 		parts := strings.Split(key, "/")
 		if len(parts) != 4 {
@@ -128,15 +129,15 @@ func (e *Engine) published(key string) {
 // Shared says whether other daemons write the store too (NewShared).
 func (e *Engine) Shared() bool { return e.shared }
 
-// Changed returns a channel closed at the next committed change of the stack.
-func (e *Engine) Changed(cockpit, stack string) <-chan struct{} {
+// changed returns a channel closed at the next committed change of the stack.
+func (e *Engine) changed(cockpit, stack string) <-chan struct{} {
 	return e.changes.next(stackKey(cockpit, stack))
 }
 
 // Wait blocks until the stack's revision differs from seen and returns it, or until ctx ends.
 func (e *Engine) Wait(ctx context.Context, cockpit, stack string, seen int64) (int64, error) {
 	for {
-		changed := e.Changed(cockpit, stack)
+		changed := e.changed(cockpit, stack)
 		r, err := e.Stack(cockpit, stack)
 		if err != nil {
 			return 0, err
@@ -180,7 +181,7 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(cockpitsPrefix, func(_ string, v []byte) error {
 			var m cockpitMeta
-			if err := jsonUnmarshal(v, &m); err != nil {
+			if err := json.Unmarshal(v, &m); err != nil {
 				return err
 			}
 			out = append(out, m.info())
@@ -250,7 +251,7 @@ func (e *Engine) Ports() ([]PortOwner, error) {
 	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(portsPrefix, func(_ string, v []byte) error {
 			var o PortOwner
-			if err := jsonUnmarshal(v, &o); err != nil {
+			if err := json.Unmarshal(v, &o); err != nil {
 				return err
 			}
 			out = append(out, o)

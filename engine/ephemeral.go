@@ -13,46 +13,46 @@ import (
 // ephemeralRangePath is where Linux keeps the local ports it hands to outgoing connections.
 const ephemeralRangePath = "/proc/sys/net/ipv4/ip_local_port_range"
 
-// EphemeralRange is the kernel's range of ports for outgoing connections, both ends included. A
+// ephemeralRange is the kernel's range of ports for outgoing connections, both ends included. A
 // leased port inside it can be taken by any process's connect(2) between the lease and the bind.
-type EphemeralRange struct {
+type ephemeralRange struct {
 	Low, High int
 }
 
-// ReadEphemeralRange reads this host's range.
-func ReadEphemeralRange() (EphemeralRange, error) {
+// readEphemeralRange reads this host's range.
+func readEphemeralRange() (ephemeralRange, error) {
 	data, err := os.ReadFile(ephemeralRangePath)
 	if err != nil {
-		return EphemeralRange{}, fmt.Errorf("read the kernel's ephemeral port range: %w", err)
+		return ephemeralRange{}, fmt.Errorf("read the kernel's ephemeral port range: %w", err)
 	}
-	return ParseEphemeralRange(string(data))
+	return parseEphemeralRange(string(data))
 }
 
-// ParseEphemeralRange reads the content of ip_local_port_range: two ports separated by white
+// parseEphemeralRange reads the content of ip_local_port_range: two ports separated by white
 // space ("32768\t60999\n"), low ≤ high.
-func ParseEphemeralRange(text string) (EphemeralRange, error) {
+func parseEphemeralRange(text string) (ephemeralRange, error) {
 	fields := strings.Fields(text)
 	if len(fields) != 2 {
-		return EphemeralRange{}, fmt.Errorf("ephemeral port range %q is not two ports", text)
+		return ephemeralRange{}, fmt.Errorf("ephemeral port range %q is not two ports", text)
 	}
 	var ends [2]int
 	for i, f := range fields {
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 1 || n > 65535 {
-			return EphemeralRange{}, fmt.Errorf("ephemeral port range %q: %q is not a port", text, f)
+			return ephemeralRange{}, fmt.Errorf("ephemeral port range %q: %q is not a port", text, f)
 		}
 		ends[i] = n
 	}
 	if ends[0] > ends[1] {
-		return EphemeralRange{}, fmt.Errorf("ephemeral port range %q ends before it starts", text)
+		return ephemeralRange{}, fmt.Errorf("ephemeral port range %q ends before it starts", text)
 	}
-	return EphemeralRange{Low: ends[0], High: ends[1]}, nil
+	return ephemeralRange{Low: ends[0], High: ends[1]}, nil
 }
 
-func (r EphemeralRange) String() string { return fmt.Sprintf("%d-%d", r.Low, r.High) }
+func (r ephemeralRange) String() string { return fmt.Sprintf("%d-%d", r.Low, r.High) }
 
 // Inside returns the ports that lie in r, sorted.
-func (r EphemeralRange) Inside(ports []int) []int {
+func (r ephemeralRange) Inside(ports []int) []int {
 	var in []int
 	for _, p := range ports {
 		if p >= r.Low && p <= r.High {
@@ -63,8 +63,8 @@ func (r EphemeralRange) Inside(ports []int) []int {
 	return in
 }
 
-// EphemeralOverlap returns the candidate ports of decl that lie in r, sorted.
-func (r EphemeralRange) EphemeralOverlap(decl portdecl.Declaration) []int {
+// ephemeralOverlap returns the candidate ports of decl that lie in r, sorted.
+func (r ephemeralRange) ephemeralOverlap(decl portdecl.Declaration) []int {
 	return r.Inside(candidatePorts(decl))
 }
 
@@ -80,11 +80,11 @@ func candidatePorts(decl portdecl.Declaration) []int {
 // ephemeral range; "" when they do not, or when the range cannot be read (nothing to warn about
 // that we know of).
 func ephemeralWarning(decl portdecl.Declaration) string {
-	r, err := ReadEphemeralRange()
+	r, err := readEphemeralRange()
 	if err != nil {
 		return ""
 	}
-	overlap := r.EphemeralOverlap(decl)
+	overlap := r.ephemeralOverlap(decl)
 	if len(overlap) == 0 {
 		return ""
 	}

@@ -12,12 +12,12 @@ import (
 )
 
 func TestEphemeralRangeParses(t *testing.T) {
-	for text, want := range map[string]EphemeralRange{
+	for text, want := range map[string]ephemeralRange{
 		"32768\t60999\n": {32768, 60999},
 		"1024 65535":     {1024, 65535},
 		" 5000 5000 \n":  {5000, 5000},
 	} {
-		got, err := ParseEphemeralRange(text)
+		got, err := parseEphemeralRange(text)
 		if err != nil || got != want {
 			t.Errorf("ParseEphemeralRange(%q) = %v, %v; want %v", text, got, err, want)
 		}
@@ -26,7 +26,7 @@ func TestEphemeralRangeParses(t *testing.T) {
 
 func TestEphemeralRangeRefusesMalformed(t *testing.T) {
 	for _, text := range []string{"", "\n", "32768", "32768 60999 1", "a b", "32768 6o999", "60999 32768", "0 100", "1 65536", "-1 5"} {
-		if got, err := ParseEphemeralRange(text); err == nil {
+		if got, err := parseEphemeralRange(text); err == nil {
 			t.Errorf("ParseEphemeralRange(%q) = %v, want an error", text, got)
 		}
 	}
@@ -42,15 +42,15 @@ func TestEphemeralRangeOfThisHost(t *testing.T) {
 func TestEphemeralOverlapListsCandidatesInside(t *testing.T) {
 	decl := portdecl.Declaration{Step: 10, Count: 3, Bases: map[string]int{"HTTP": 100, "DB": 205}}
 	// Candidates: HTTP 100 110 120, DB 205 215 225.
-	got := EphemeralRange{Low: 105, High: 215}.EphemeralOverlap(decl)
+	got := ephemeralRange{Low: 105, High: 215}.ephemeralOverlap(decl)
 	if want := []int{110, 120, 205, 215}; !slices.Equal(got, want) {
 		t.Fatalf("overlap = %v, want %v", got, want)
 	}
-	if got := (EphemeralRange{Low: 300, High: 400}).EphemeralOverlap(decl); got != nil {
+	if got := (ephemeralRange{Low: 300, High: 400}).ephemeralOverlap(decl); got != nil {
 		t.Fatalf("overlap outside = %v, want none", got)
 	}
 	// Both ends are inside the range.
-	if got := (EphemeralRange{Low: 100, High: 100}).EphemeralOverlap(decl); !slices.Equal(got, []int{100}) {
+	if got := (ephemeralRange{Low: 100, High: 100}).ephemeralOverlap(decl); !slices.Equal(got, []int{100}) {
 		t.Fatalf("overlap at the low end = %v", got)
 	}
 }
@@ -91,9 +91,9 @@ func TestSetConfigWarnsOfEphemeralOverlap(t *testing.T) {
 	}
 }
 
-func hostEphemeralRange(t *testing.T) EphemeralRange {
+func hostEphemeralRange(t *testing.T) ephemeralRange {
 	t.Helper()
-	r, err := ReadEphemeralRange()
+	r, err := readEphemeralRange()
 	if err != nil {
 		t.Skipf("this host has no readable ephemeral range: %v", err)
 	}

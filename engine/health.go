@@ -288,7 +288,7 @@ func ephemeralBase(base Observation) Observation {
 // the stack holds no lease) lies in the kernel's ephemeral range.
 func ephemeralObservation(base Observation, ports []int, what, at string) Observation {
 	o := ephemeralBase(base)
-	r, err := ReadEphemeralRange()
+	r, err := readEphemeralRange()
 	if err != nil {
 		o.Observed = Observed{State: ObservedUnavailable, Reason: err.Error(), ObservedAt: at}
 		return o

@@ -44,7 +44,7 @@ func (f *fakeReads) portOwner(port int) (string, error) {
 }
 
 func declared(d portdecl.Declaration) cockpitMeta {
-	return cockpitMeta{Name: "app", ID: CockpitID("app"), Declared: &portdecl.Config{Declaration: d}}
+	return cockpitMeta{Name: "app", ID: cockpitID("app"), Declared: &portdecl.Config{Declaration: d}}
 }
 
 // stepRecord is stack app/s at revision 3 with value v.

@@ -10,8 +10,8 @@ func digest(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// CockpitID is the identity a record keeps of a cockpit (SPEC §2).
-func CockpitID(cockpit string) string { return "cockpit:" + digest(cockpit) }
+// cockpitID is the identity a record keeps of a cockpit (SPEC §2).
+func cockpitID(cockpit string) string { return "cockpit:" + digest(cockpit) }
 
 // StackID is the identity of a stack; it is also the runtime-stop target of its drains.
 func StackID(cockpit, stack string) string { return "stack:" + digest(cockpit+"/"+stack) }
@@ -39,8 +39,8 @@ func ValidName(s string) bool {
 	return true
 }
 
-// ValidCockpitName adds the names the root directory already uses.
-func ValidCockpitName(s string) bool {
+// validCockpitName adds the names the root directory already uses.
+func validCockpitName(s string) bool {
 	return ValidName(s) && s != "README" && s != "ports" && s != "status" && s != "status.json"
 }
 

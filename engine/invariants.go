@@ -14,10 +14,9 @@ import (
 )
 
 var (
-	holderIDPattern   = regexp.MustCompile(`^holder:[a-f0-9]{64}:session$`)
-	checkoutIDPattern = regexp.MustCompile(`^checkout:[a-f0-9]{64}$`)
-	stackIDPattern    = regexp.MustCompile(`^stack:[a-f0-9]{64}$`)
-	sha256Pattern     = regexp.MustCompile(`^[a-f0-9]{64}$`)
+	holderIDPattern = regexp.MustCompile(`^holder:[a-f0-9]{64}:session$`)
+	stackIDPattern  = regexp.MustCompile(`^stack:[a-f0-9]{64}$`)
+	sha256Pattern   = regexp.MustCompile(`^[a-f0-9]{64}$`)
 )
 
 // Check reports every invariant r breaks (the seeds' coordination and drain schemas plus the
@@ -28,10 +27,10 @@ func Check(r Record) error {
 	if r.Format != recordFormat || r.Kind != recordKind {
 		bad("format/kind %q/%q is not %s/%s", r.Format, r.Kind, recordFormat, recordKind)
 	}
-	if !ValidCockpitName(r.Cockpit) || !ValidName(r.Stack) {
+	if !validCockpitName(r.Cockpit) || !ValidName(r.Stack) {
 		bad("names %q/%q are invalid", r.Cockpit, r.Stack)
 	}
-	if r.CockpitID != CockpitID(r.Cockpit) || r.SubjectID != StackID(r.Cockpit, r.Stack) {
+	if r.CockpitID != cockpitID(r.Cockpit) || r.SubjectID != StackID(r.Cockpit, r.Stack) {
 		bad("identities do not match the names %s/%s", r.Cockpit, r.Stack)
 	}
 	if r.Revision < 0 {
@@ -79,8 +78,8 @@ func Check(r Record) error {
 
 func checkHolders(hs []Holder) []error {
 	var errs []error
-	if len(hs) > MaxHolders {
-		errs = append(errs, fmt.Errorf("%d holders exceed %d", len(hs), MaxHolders))
+	if len(hs) > maxHolders {
+		errs = append(errs, fmt.Errorf("%d holders exceed %d", len(hs), maxHolders))
 	}
 	for i, h := range hs {
 		switch {
@@ -152,7 +151,7 @@ func checkDrain(d *Drain) error {
 }
 
 func checkTargets(targets []string) error {
-	if len(targets) == 0 || len(targets) > MaxHolders {
+	if len(targets) == 0 || len(targets) > maxHolders {
 		return fmt.Errorf("%d targets", len(targets))
 	}
 	for i, t := range targets {

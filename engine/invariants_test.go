@@ -162,7 +162,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 	}
 	rename := func(cockpit, stack string) mutation {
 		return func(r *Record) {
-			r.Cockpit, r.Stack, r.CockpitID, r.SubjectID = cockpit, stack, CockpitID(cockpit), StackID(cockpit, stack)
+			r.Cockpit, r.Stack, r.CockpitID, r.SubjectID = cockpit, stack, cockpitID(cockpit), StackID(cockpit, stack)
 		}
 	}
 	attempt := func(f func(a *Attempt)) mutation { return func(r *Record) { f(r.Value.Drain.Attempt) } }
@@ -187,13 +187,13 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		{"cockpit named README", plain, rename("README", "main"), []string{"names"}},
 		{"cockpit named ports", plain, rename("ports", "main"), []string{"names"}},
 		{"stack name", plain, rename("app", ".main"), []string{"names"}},
-		{"cockpitId", plain, func(r *Record) { r.CockpitID = CockpitID("other") }, []string{"identities"}},
+		{"cockpitId", plain, func(r *Record) { r.CockpitID = cockpitID("other") }, []string{"identities"}},
 		{"subjectId", plain, func(r *Record) { r.SubjectID = StackID("app", "other") }, []string{"identities"}},
 		{"negative revision", plain, func(r *Record) { r.Revision = -1 }, []string{"negative"}},
 		{"updatedAt", plain, func(r *Record) { r.UpdatedAt = "2026-11-29T19:00:00Z" }, []string{"updatedAt"}},
 		// Holders.
 		{"too many holders", plain, func(r *Record) {
-			for i := range MaxHolders - 1 {
+			for i := range maxHolders - 1 {
 				r.Value.Holders = append(r.Value.Holders, invariantHolder(fmt.Sprintf("h%04d", i), 0))
 			}
 			sortHolders(r.Value.Holders)
@@ -283,7 +283,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		{"no targets", drained, drain(func(d *Drain) { d.TargetIDs = nil }), []string{"0 targets"}},
 		{"too many targets", drained, drain(func(d *Drain) {
 			d.TargetIDs = nil
-			for i := range MaxHolders + 1 {
+			for i := range maxHolders + 1 {
 				d.TargetIDs = append(d.TargetIDs, fmt.Sprintf("t%05d", i))
 			}
 		}), []string{"1025 targets"}},

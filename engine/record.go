@@ -60,15 +60,15 @@ const (
 	recordFormat = "cockpit-state/v1"
 	recordKind   = "coordination"
 	stampLayout  = "2006-01-02T15:04:05.000Z"
-	// MaxHolders bounds a stack's holders (the seeds' structured input limit).
-	MaxHolders = 1024
+	// maxHolders bounds a stack's holders (the seeds' structured input limit).
+	maxHolders = 1024
 	// MaxStacks bounds a cockpit's stacks: the seeds' inventory reads at most this many records
 	// of a namespace (the same structured input limit).
 	MaxStacks = 1024
-	// MaxRecordBytes bounds a record's JSON. The seeds bound records too
+	// maxRecordBytes bounds a record's JSON. The seeds bound records too
 	// (SERIALIZED_RECORD_BYTE_LIMIT), but their value is not in the reference; this one leaves
 	// room for MaxHolders holders with ordinary checkout paths (≈364 KB).
-	MaxRecordBytes = 1 << 20
+	maxRecordBytes = 1 << 20
 )
 
 // Stamp renders t as the records' canonical timestamp.
@@ -87,7 +87,7 @@ func newRecord(cockpit, stack string, now time.Time) Record {
 	return Record{
 		Format:    recordFormat,
 		Kind:      recordKind,
-		CockpitID: CockpitID(cockpit),
+		CockpitID: cockpitID(cockpit),
 		SubjectID: StackID(cockpit, stack),
 		UpdatedAt: Stamp(now),
 		Value:     Value{Holders: []Holder{}},

@@ -68,7 +68,7 @@ func TestRecordByteLimit(t *testing.T) {
 	long := "/" + strings.Repeat("c", 4000)
 	var refused error
 	n := 0
-	for ; n < MaxHolders && refused == nil; n++ {
+	for ; n < maxHolders && refused == nil; n++ {
 		name := fmt.Sprintf("h%04d", n)
 		refused = e.Claim(context.Background(), me("create", "app/stacks/s/holders/"+name), "app", "s", name, &HolderAttrs{Checkout: long + "/" + name})
 	}
@@ -76,7 +76,7 @@ func TestRecordByteLimit(t *testing.T) {
 		t.Fatalf("after %d claims: %v, want %s", n, refused, StateRecordTooLarge)
 	}
 	r := stackRecord(t, e, "app", "s")
-	if len(r.Value.Holders) != n-1 || len(canonicalJSON(r)) > MaxRecordBytes {
+	if len(r.Value.Holders) != n-1 || len(canonicalJSON(r)) > maxRecordBytes {
 		t.Fatalf("%d holders after %d claims, record of %d bytes", len(r.Value.Holders), n, len(canonicalJSON(r)))
 	}
 }

@@ -64,7 +64,7 @@ func (e *Engine) Status() (Status, error) {
 	err := e.db.View(func(tx storage.Txn) error {
 		st = Status{}
 		var metas []cockpitMeta
-		if err := tx.Scan("c/", func(_ string, v []byte) error {
+		if err := tx.Scan(cockpitsPrefix, func(_ string, v []byte) error {
 			var m cockpitMeta
 			if err := json.Unmarshal(v, &m); err != nil {
 				return err

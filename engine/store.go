@@ -27,6 +27,7 @@ const (
 	cockpitsPrefix  = "c/"
 	allStacksPrefix = "s/"
 	portsPrefix     = "p/"
+	allEventsPrefix = "e/"
 )
 
 func cockpitKey(cockpit string) string          { return cockpitsPrefix + cockpit }
@@ -34,7 +35,7 @@ func stackKey(cockpit, stack string) string     { return allStacksPrefix + cockp
 func stacksPrefix(cockpit string) string        { return allStacksPrefix + cockpit + "/" }
 func portKey(port int) string                   { return fmt.Sprintf("%s%05d", portsPrefix, port) }
 func leaseCountKey(cockpit string) string       { return "n/" + cockpit }
-func eventsPrefix(cockpit, stack string) string { return "e/" + cockpit + "/" + stack + "/" }
+func eventsPrefix(cockpit, stack string) string { return allEventsPrefix + cockpit + "/" + stack + "/" }
 func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
 func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + stack }
 func eventKey(cockpit, stack string, seq uint64) string {
@@ -100,7 +101,7 @@ func (e *Engine) readCockpit(tx storage.Txn, cockpit string) (cockpitMeta, []byt
 	raw, err := tx.Get(key)
 	if errors.Is(err, storage.ErrNotFound) {
 		e.cockpits.forget(key)
-		return cockpitMeta{}, nil, refuse(NotFound, CockpitID(cockpit), "", "cockpit %s does not exist", cockpit)
+		return cockpitMeta{}, nil, refuse(NotFound, cockpitID(cockpit), "", "cockpit %s does not exist", cockpit)
 	}
 	if err != nil {
 		return cockpitMeta{}, nil, err
@@ -149,9 +150,9 @@ func saveRecord(tx storage.Txn, r Record) (cachedRecord, error) {
 	if err != nil {
 		return cachedRecord{}, err
 	}
-	if len(data) > MaxRecordBytes {
+	if len(data) > maxRecordBytes {
 		return cachedRecord{}, refuse(StateRecordTooLarge, r.SubjectID, "release holders, or claim with shorter checkout paths",
-			"the stack's record would be %d bytes, more than %d", len(data), MaxRecordBytes)
+			"the stack's record would be %d bytes, more than %d", len(data), maxRecordBytes)
 	}
 	return cachedRecord{r, data}, tx.Set(stackKey(r.Cockpit, r.Stack), data)
 }

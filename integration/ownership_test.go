@@ -207,6 +207,9 @@ func TestOwnershipDrain(t *testing.T) {
 	} {
 		ownershipNobodyRefused(m, script, syscall.EACCES)
 		ownershipDenied(m, stack+"events")
+		if got := m.read(stack + "record"); got != record {
+			t.Fatalf("nobody's refused %q changed the record", script)
+		}
 	}
 	m.ok("echo start pid=none > $M/app/stacks/s/drain/attempt")
 	record = m.read(stack + "record")

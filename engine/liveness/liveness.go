@@ -28,17 +28,6 @@ const (
 	Present              // exists, with Start
 )
 
-func (s State) String() string {
-	switch s {
-	case Absent:
-		return "absent"
-	case Present:
-		return "present"
-	default:
-		return "unknown"
-	}
-}
-
 // Observation is one reading of a pid.
 type Observation struct {
 	State  State

@@ -290,11 +290,3 @@ func TestClassifySignal(t *testing.T) {
 		}
 	}
 }
-
-func TestStateString(t *testing.T) {
-	for state, want := range map[State]string{Unknown: "unknown", Absent: "absent", Present: "present", State(9): "unknown"} {
-		if got := state.String(); got != want {
-			t.Errorf("State(%d).String() = %q, want %q", int(state), got, want)
-		}
-	}
-}
