@@ -95,6 +95,10 @@ func syncDir(dir string) error {
 
 // KeepBackup writes a rolling backup into dir/backups and removes all but the newest few.
 func (db *DB) KeepBackup(dir string) (string, int, error) {
+	// A damaged table reads as missing records: such a backup would rotate good ones out.
+	if err := db.VerifyTables(); err != nil {
+		return "", 0, err
+	}
 	backups := filepath.Join(dir, BackupDirName)
 	if err := os.MkdirAll(backups, 0o700); err != nil {
 		return "", 0, fmt.Errorf("kv: %w", err)

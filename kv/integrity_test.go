@@ -2,6 +2,7 @@ package kv
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -257,5 +258,48 @@ func TestOpenReadOnlyChangesNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(db.scratch); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the scratch copy %s is left behind", db.scratch)
+	}
+}
+
+// A table damaged while the store is open: badger would read its records as missing; the next
+// rolling backup's verification finds it, writes no backup, and from then on every read and
+// write fails with ErrCorrupt.
+func TestTableDamagedWhileOpenFailsClosed(t *testing.T) {
+	t.Parallel()
+	dir := closedStore(t, 16)
+	db, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, _, err := db.KeepBackup(dir); err != nil {
+		t.Fatalf("a backup of a sound store: %v", err)
+	}
+	sst := onlyFile(t, dir, "*.sst")
+	data, err := os.ReadFile(sst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := bytes.Index(data, []byte("value-007-"))
+	f, err := os.OpenFile(sst, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{'9'}, int64(at+8)); err != nil { // in place: the table is mapped
+		t.Fatal(err)
+	}
+	f.Close()
+	backups, _ := filepath.Glob(filepath.Join(dir, BackupDirName, "*.backup"))
+	if _, _, err := db.KeepBackup(dir); !errors.Is(err, storage.ErrCorrupt) {
+		t.Fatalf("a backup of a damaged store: want ErrCorrupt, got %v", err)
+	}
+	if after, _ := filepath.Glob(filepath.Join(dir, BackupDirName, "*.backup")); len(after) != len(backups) {
+		t.Errorf("a backup was written of the damaged store: %v", after)
+	}
+	if err := db.View(func(storage.Txn) error { return nil }); !errors.Is(err, storage.ErrCorrupt) {
+		t.Errorf("View after the damage was found: %v", err)
+	}
+	if err := db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set("k", nil) }); !errors.Is(err, storage.ErrCorrupt) {
+		t.Errorf("Update after the damage was found: %v", err)
 	}
 }

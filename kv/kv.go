@@ -40,8 +40,10 @@ type DB struct {
 	lock     *os.File
 	readOnly bool
 	// scratch is the temporary copy a read-only DB runs on, removed by Close.
-	scratch   string
-	dir       string
+	scratch string
+	dir     string
+	// damaged is the error VerifyTables found; once set, every View and Update returns it.
+	damaged   atomic.Pointer[error]
 	sync      *groupSync
 	conflicts atomic.Uint64
 }
@@ -307,6 +309,9 @@ func (t txn) Scan(prefix string, fn func(key string, value []byte) error) error 
 // View runs fn in a read-only transaction on one consistent snapshot, which holds
 // only durable commits. fn's error is returned unchanged.
 func (db *DB) View(fn func(storage.Txn) error) error {
+	if err := db.damaged.Load(); err != nil {
+		return *err
+	}
 	btx := db.bdb.NewTransaction(false)
 	defer btx.Discard()
 	// Every commit the snapshot can see took its ticket before the snapshot began.
@@ -336,6 +341,9 @@ func (db *DB) Update(ctx context.Context, fn func(storage.Txn) error) error {
 func (db *DB) Commit(ctx context.Context, fn func(storage.Txn) error) (durable func() error, err error) {
 	if db.readOnly {
 		return nil, errReadOnly
+	}
+	if err := db.damaged.Load(); err != nil {
+		return nil, *err
 	}
 	deadline := time.Now().Add(lockWait)
 	backoff := firstBackoff
@@ -391,6 +399,23 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-timer.C:
 		return nil
 	}
+}
+
+// VerifyTables checks every table's checksums again. badger checks a block as it reads it but
+// its lookups and iterators drop the error, so a table damaged after Open reads as missing
+// records. Once damage is found the store fails closed: every View and Update returns it
+// (storage.ErrCorrupt), until a restart, which Open then refuses.
+func (db *DB) VerifyTables() (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("kv: verify tables: %s", oneLine(p))
+		}
+		if err != nil {
+			err = fmt.Errorf("%w: %w", err, storage.ErrCorrupt)
+			db.damaged.Store(&err)
+		}
+	}()
+	return db.bdb.VerifyChecksum()
 }
 
 // Syncs returns how many fdatasync rounds made commits durable since Open.

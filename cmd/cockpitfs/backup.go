@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // backupEvery is how often a serving daemon refreshes its rolling backup, when anything changed.
@@ -121,6 +122,10 @@ func heldHint(err error) error {
 func keepBackups(db *kv.DB, data string, stop <-chan struct{}) {
 	backup := func() {
 		path, n, err := db.KeepBackup(data)
+		if errors.Is(err, storage.ErrCorrupt) {
+			log.Printf("the store is damaged, every operation now answers EIO; stop the daemon, then `cockpitfs verify --data %s` and `cockpitfs restore --data %s`: %v", data, data, err)
+			return
+		}
 		if err != nil {
 			log.Printf("backup: %v", err)
 			return
