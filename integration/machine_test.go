@@ -118,6 +118,7 @@ const machineDrain = `echo sleep > $S/drain/request && echo start > $S/drain/att
 // daemon's socket (the same socket before and after the indexes were read), so no port sits in
 // two active leases at any moment.
 func TestMachineTwoDaemonsNeverShareAPort(t *testing.T) {
+	t.Parallel() // its daemons are in a network namespace of the test's own
 	ns := machineSharedNetns(t)
 	byRoot := newMountIn(t, ns)
 	byNobody := machineNobodyMountIn(t, ns)
@@ -210,6 +211,7 @@ done; done`, rounds, strings.Join(stacks, " "), machineDrain)
 // again it takes back the holds of its leases before it serves, keeps those nobody took, and
 // reports the one the other daemon took — in health, events and verify — without sharing it.
 func TestMachineKilledDaemonStrandsNothing(t *testing.T) {
+	t.Parallel() // its daemons are in a network namespace of the test's own
 	ns := machineSharedNetns(t)
 	a, b := newMountIn(t, ns), newMountIn(t, ns)
 	const base = 46000
@@ -308,6 +310,7 @@ time.sleep(600)`, strconv.Itoa(port))
 // listener, with the holder in the claim's events line and in ports/; when it squats every
 // candidate the claim is refused (EADDRINUSE) and nothing changes.
 func TestMachineSquatterIsSkipped(t *testing.T) {
+	t.Parallel() // its daemons are in a network namespace of the test's own
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("SKIPPING: python3 is missing")
 	}
@@ -351,6 +354,7 @@ func TestMachineSquatterIsSkipped(t *testing.T) {
 // claims from a working directory the daemon may not read — the checkout is unknown, or named by
 // a write on the same open — and drains its stack.
 func TestMachineAllowOtherNonRootDaemon(t *testing.T) {
+	t.Parallel() // its daemons are in a network namespace of the test's own
 	conf, _ := os.ReadFile("/etc/fuse.conf")
 	if !strings.Contains("\n"+string(conf), "\nuser_allow_other") {
 		if os.Getenv("CI") == "true" {
