@@ -348,8 +348,16 @@ func (h *holds) foreign(port int, inode string) (portlock.Holder, bool) {
 	if err != nil || !ok {
 		return portlock.Holder{}, false
 	}
+	// A hold let go while it was asked answers nothing and would read as a squatter: the answer
+	// counts only if the same socket still holds the port, and it is not this daemon's by now.
+	if now, err := h.space.Bound(); err != nil || now[port] != inode {
+		return portlock.Holder{}, false
+	}
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, mine := h.byPort[port]; mine {
+		return portlock.Holder{}, false
+	}
 	h.known[port] = knownHolder{inode: inode, holder: holder}
-	h.mu.Unlock()
 	return holder, true
 }
