@@ -90,6 +90,7 @@ func claimsSha(s string) string {
 // A co-tenant joins without changing the lease; it can leave, the last holder cannot; a stack
 // with holders cannot be removed, nor a cockpit with stacks; a stack cannot be made twice.
 func TestClaimsCoTenant(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 31080, "DB": 31432}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -159,6 +160,7 @@ func TestClaimsCoTenant(t *testing.T) {
 
 // A second stack of the cockpit leases the next family (offset = step).
 func TestClaimsSecondStackNextFamily(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 31180, "DB": 31532}, "a", "b")
 	m.ok("touch $M/app/stacks/a/holders/me $M/app/stacks/b/holders/me")
@@ -176,6 +178,7 @@ func TestClaimsSecondStackNextFamily(t *testing.T) {
 // A live TCP listener on a port of the first family makes the claim skip that family, whatever
 // address it is bound to (loopback, IPv4 any, IPv6 any).
 func TestClaimsListenerSkipsFamily(t *testing.T) {
+	t.Parallel()
 	for i, tc := range []struct{ network, host string }{
 		{"tcp4", "127.0.0.1"},
 		{"tcp4", "0.0.0.0"},
@@ -199,6 +202,7 @@ func TestClaimsListenerSkipsFamily(t *testing.T) {
 
 // Every candidate family blocked by host listeners: EADDRINUSE, nothing claimed.
 func TestClaimsAllCandidatesBlockedByListeners(t *testing.T) {
+	t.Parallel()
 	base := 32400
 	m := newMount(t)
 	claimsListen(m, "tcp4", fmt.Sprintf("127.0.0.1:%d", base))
@@ -223,6 +227,7 @@ func TestClaimsAllCandidatesBlockedByListeners(t *testing.T) {
 
 // count=2: the third stack's claim is refused (ENOSPC) and changes nothing.
 func TestClaimsCountExhausted(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(2, map[string]int{"HTTP": 32600}, "a", "b", "c")
 	m.ok("touch $M/app/stacks/a/holders/me $M/app/stacks/b/holders/me")
@@ -240,6 +245,7 @@ func TestClaimsCountExhausted(t *testing.T) {
 // Leases are machine-wide: a second cockpit with overlapping bases skips the family the first
 // leased, and MOUNTPOINT/ports names the owner of each port.
 func TestClaimsTwoCockpitsOverlap(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 32800}, "s")
 	m.ok("mkdir $M/web && mkdir $M/web/stacks/t")
@@ -264,6 +270,7 @@ func TestClaimsTwoCockpitsOverlap(t *testing.T) {
 
 // A claim in a cockpit with no config: EINVAL, and the fix says what to do.
 func TestClaimsWithoutConfig(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.ok("mkdir $M/app && mkdir $M/app/stacks/s")
 	m.refused("touch $M/app/stacks/s/holders/me", syscall.EINVAL)
@@ -279,6 +286,7 @@ func TestClaimsWithoutConfig(t *testing.T) {
 // The config changes under a running stack: its lease keeps the old declaration, and a new holder
 // is refused (ESTALE) since it would join a lease the current config does not describe.
 func TestClaimsConfigChangedAfterLease(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 33000}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -305,6 +313,7 @@ func TestClaimsConfigChangedAfterLease(t *testing.T) {
 // holder: the lease was taken under another declaration, so ESTALE, and nothing changes (the
 // dead holder is not released either). A drain request naming the successor stops the stack.
 func TestClaimsTakeoverAfterConfigChange(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 33050}, "s")
 	holder := drainStartSleeper(t)
@@ -331,6 +340,7 @@ func TestClaimsTakeoverAfterConfigChange(t *testing.T) {
 // A holder file says who holds and how: pid is the creating shell's session leader, checkout its
 // working directory; writes change pid, never a checkout chosen by an earlier open.
 func TestClaimsHolderFile(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 33200}, "s")
 	work := t.TempDir()
@@ -437,6 +447,7 @@ func TestClaimsHolderFile(t *testing.T) {
 // Before the first claim nothing of a lease exists; after it, ports, env and entrypoints
 // (defaults and declared) render the family.
 func TestClaimsEntrypointsAndEnv(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.ok(`mkdir $M/app && cat > $M/app/config <<'EOF'
 [ports]
@@ -491,6 +502,7 @@ mkdir $M/app/stacks/s`)
 
 // record is the coordination record as JSON; its revision is the revision file's.
 func TestClaimsRecordJSON(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 33600}, "s")
 	check := func(wantRev int) map[string]any {
@@ -525,6 +537,7 @@ func TestClaimsRecordJSON(t *testing.T) {
 
 // make sees a holder file as an ordinary target: the second run has nothing to do for it.
 func TestClaimsMakefile(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 33800}, "s")
 	dir := t.TempDir()
@@ -594,6 +607,7 @@ func claimsTimes(t *testing.T, m *mount) (string, string) {
 
 // Sizes are exact and times are the record's, unmoved by reads and refusals.
 func TestClaimsSizesAndTimes(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(4, map[string]int{"HTTP": 34000, "DB": 34050}, "s", "t")
 	m.ok("touch $M/app/stacks/s/holders/me $M/app/stacks/t/holders/me")
@@ -623,6 +637,7 @@ func TestClaimsSizesAndTimes(t *testing.T) {
 // A change by one process is what the next ls, cat and stat of another show, even a shell that
 // already looked.
 func TestClaimsVisibleAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 34200}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")

@@ -34,6 +34,7 @@ func configSetup(t *testing.T) *mount {
 // Every invalid declaration is refused with EINVAL, for the reason named in events, and leaves
 // the accepted config as it was.
 func TestConfigRefusals(t *testing.T) {
+	t.Parallel()
 	m := configSetup(t)
 	ports := func(body string) string { return "[ports]\nstep = 10\ncount = 4\n[ports.bases]\n" + body }
 	for _, tc := range []struct{ name, doc, why string }{
@@ -84,6 +85,7 @@ func TestConfigRefusals(t *testing.T) {
 // Every document here has the same length, so this test does not depend on O_TRUNC discarding
 // the previous one (TestConfigShorterDocumentReplaces covers that).
 func TestConfigWriters(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.ok("mkdir $M/app")
 	dir := t.TempDir()
@@ -167,6 +169,7 @@ func TestConfigWriters(t *testing.T) {
 // Replacing the config with a shorter document: the usual case of removing a port. `cat >`, cp
 // and python's open('w') all open with O_TRUNC; the result must be exactly the new document.
 func TestConfigShorterDocumentReplaces(t *testing.T) {
+	t.Parallel()
 	long := "[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 35600\nDB = 35700\n"
 	short := "[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 35800\n"
 	m := newMount(t)
@@ -194,6 +197,7 @@ func TestConfigShorterDocumentReplaces(t *testing.T) {
 // Reading config returns exactly the accepted bytes: comments, blank lines, key order; st_size
 // is their length.
 func TestConfigReadBack(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.ok("mkdir $M/app")
 	if got := m.read("app/config"); got != "" {

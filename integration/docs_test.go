@@ -71,6 +71,7 @@ func docOutputMatches(want, got []string) bool {
 }
 
 func TestDocOutputMatching(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		want, got string
 		ok        bool
@@ -105,6 +106,7 @@ func TestDocOutputMatching(t *testing.T) {
 
 // Every console example of docs/ runs as shown: each block in one bash on a fresh mount.
 func TestDocsExamples(t *testing.T) {
+	t.Parallel()
 	pages, err := filepath.Glob("../docs/*.md")
 	if err != nil || len(pages) == 0 {
 		t.Fatalf("no pages in docs/: %v", err)
@@ -147,6 +149,7 @@ var markdownLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 // The README and docs link only inside the repository (a clone has nothing beside it) or to the
 // web, and every relative link names a file or directory that exists.
 func TestDocsLinks(t *testing.T) {
+	t.Parallel()
 	pages, _ := filepath.Glob("../docs/*.md")
 	pages = append(pages, "../README.md")
 	root, err := filepath.Abs("..")

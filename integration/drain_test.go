@@ -186,6 +186,7 @@ func (s *drainSleeper) kill() {
 // A full sleep: reserve, start the runtime-stop, publish its success; the stack is released with
 // its ports, and the next stack leases the same family at offset 0.
 func TestDrainSleep(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36080, "DB": 36081}, "s1", "s2")
 	m.ok("touch $M/app/stacks/s1/holders/me")
@@ -296,6 +297,7 @@ func drainOkSequence(t *testing.T, evs []map[string]any) []string {
 // The executor script takes a down of two volumes through: runtime-stop, then the reclaims in
 // sorted order (volume:cache before volume:db), the first try of volume:cache failing and retried.
 func TestDrainDownExecutor(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36180, "DB": 36181}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -334,6 +336,7 @@ func TestDrainDownExecutor(t *testing.T) {
 
 // The Makefile's down target does the same; a drain begun by hand is resumed by `make down`.
 func TestDrainDownMakefile(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	// count = 1: the cockpit's one lease must be given back by the drain for s2 to claim.
 	m.setupApp(1, map[string]int{"HTTP": 36280, "DB": 36281}, "s1", "s2")
@@ -392,6 +395,7 @@ func TestDrainDownMakefile(t *testing.T) {
 // While a drain is reserved the record changes only by the drain's own steps: claims, releases,
 // holder writes and rmdir are refused, and so are steps out of order.
 func TestDrainRefusalsWhileDraining(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36380}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -424,6 +428,7 @@ func TestDrainRefusalsWhileDraining(t *testing.T) {
 // drain/request's revision defaults to the one when the file was opened: a change in between
 // (here a holder attribute write, which keeps one holder) refuses with ESTALE.
 func TestDrainStaleRequest(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36480}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -457,6 +462,7 @@ func TestDrainStaleRequest(t *testing.T) {
 
 // A success after validThrough is refused; repair waits for the executor to be gone.
 func TestDrainLateSuccessRepair(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36580}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -496,6 +502,7 @@ func TestDrainLateSuccessRepair(t *testing.T) {
 
 // With no executor recorded, repair waits for validThrough.
 func TestDrainRepairNoExecutor(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36680}, "s1", "s2")
 	m.ok("touch $M/app/stacks/s1/holders/me")
@@ -525,6 +532,7 @@ func TestDrainRepairNoExecutor(t *testing.T) {
 
 // Unlinking drain/request cancels a reservation no attempt has started; afterwards it is refused.
 func TestDrainCancel(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36780}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -567,6 +575,7 @@ func TestDrainCancel(t *testing.T) {
 
 // Writing the reserved request again resumes it (no change); another purpose is refused.
 func TestDrainResume(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36880}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -604,6 +613,7 @@ func TestDrainResume(t *testing.T) {
 // The reference implementation's JSON request is accepted when it states the plan the stack
 // derives; the given digests are kept.
 func TestDrainJSONRequest(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 36980, "DB": 36981}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
@@ -687,6 +697,7 @@ func TestDrainJSONRequest(t *testing.T) {
 
 // A reservation needs the stack's one live holder and an active lease.
 func TestDrainReserveRefusals(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 37080}, "s")
 	// No holder, no lease: nothing to drain.
@@ -767,6 +778,7 @@ func drainServeInPidNamespace(t *testing.T, m *mount) {
 // (the engine's StartAttempt says so), not recorded as an attempt with no executor, which repair
 // would then fail after validThrough while the writer may still be working.
 func TestDrainStartUnresolvedWriter(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 37180}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me") // a claim needs a resolved caller: made before
@@ -788,6 +800,7 @@ func TestDrainStartUnresolvedWriter(t *testing.T) {
 // A reservation refused for co-tenants names only them: holders of the writer's own session are
 // to be released, never killed (the message once said `kill <your shell> <your shell>`).
 func TestDrainCoTenantRefusalSparesTheWriter(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 37180}, "s")
 	other := drainStartSleeper(t)

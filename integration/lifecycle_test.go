@@ -130,6 +130,7 @@ func lifecycleSignal(m *mount, sig syscall.Signal) error {
 }
 
 func TestLifecycleCleanRestartKeepsRecords(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	lifecycleSetup(m, 31000)
 	before := lifecycleSnapshot(m)
@@ -154,6 +155,7 @@ func TestLifecycleCleanRestartKeepsRecords(t *testing.T) {
 // A crash loses nothing: every acknowledged change is on disk. The restarted daemon serves on a
 // fresh mount point here, so this test depends only on durability, not on stale-mount clearing.
 func TestLifecycleKillRestartKeepsRecords(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	lifecycleSetup(m, 31100)
 	before := lifecycleSnapshot(m)
@@ -170,6 +172,7 @@ func TestLifecycleKillRestartKeepsRecords(t *testing.T) {
 // After kill -9 the mount point is left "transport endpoint is not connected"; a new daemon on
 // the same mount point must clear it itself and serve the same records.
 func TestLifecycleKillRestartClearsStaleMount(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	lifecycleSetup(m, 31200)
 	before := lifecycleSnapshot(m)
@@ -201,6 +204,7 @@ func TestLifecycleKillRestartClearsStaleMount(t *testing.T) {
 }
 
 func TestLifecycleSecondDaemonSameData(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	other := filepath.Join(t.TempDir(), "mnt2")
 	t.Cleanup(func() { detach(other) })
@@ -217,6 +221,7 @@ func TestLifecycleSecondDaemonSameData(t *testing.T) {
 }
 
 func TestLifecycleMountOnLiveMount(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	data := filepath.Join(t.TempDir(), "data2")
 	r := lifecycleRun(t, "mount", "--data", data, m.Dir)
@@ -257,6 +262,7 @@ func lifecycleGone(pid int) bool {
 }
 
 func TestLifecycleDaemonMode(t *testing.T) {
+	t.Parallel()
 	base := t.TempDir()
 	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
 	pid := 0
@@ -312,6 +318,7 @@ func TestLifecycleDaemonMode(t *testing.T) {
 }
 
 func TestLifecycleDaemonUnusableData(t *testing.T) {
+	t.Parallel()
 	base := t.TempDir()
 	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
 	t.Cleanup(func() { detach(mnt) })
@@ -333,6 +340,7 @@ func TestLifecycleDaemonUnusableData(t *testing.T) {
 // Every signal a terminal or a session manager sends to end a foreground daemon unmounts it:
 // Ctrl-C, kill, the terminal closing (SIGHUP), Ctrl-\ (SIGQUIT).
 func TestLifecycleSignalsUnmountAndExitZero(t *testing.T) {
+	t.Parallel()
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			m := newMount(t)
@@ -349,6 +357,7 @@ func TestLifecycleSignalsUnmountAndExitZero(t *testing.T) {
 }
 
 func TestLifecycleSIGTERMWithOpenFile(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	// A process holding a file open on the mount makes a plain unmount EBUSY.
 	holder := exec.Command("bash", "-c", `exec sleep 100 < "$M/README"`)
@@ -386,6 +395,7 @@ func TestLifecycleSIGTERMWithOpenFile(t *testing.T) {
 }
 
 func TestLifecycleVersion(t *testing.T) {
+	t.Parallel()
 	r := lifecycleRun(t, "version")
 	if r.Code != 0 || !regexp.MustCompile(`^cockpitfs \S+ .*go1\.\S+\n$`).MatchString(r.Stdout) {
 		t.Fatalf("version: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
@@ -393,6 +403,7 @@ func TestLifecycleVersion(t *testing.T) {
 }
 
 func TestLifecycleMountWithoutArgs(t *testing.T) {
+	t.Parallel()
 	r := lifecycleRun(t, "mount")
 	if r.Code == 0 || !strings.Contains(r.Stderr, "usage") || !strings.Contains(r.Stderr, "cockpitfs mount") {
 		t.Fatalf("mount without args: want non-zero with usage, got exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
@@ -420,6 +431,7 @@ func lifecycleReadmeFirstCommand(readme string) string {
 // The README opens with the command a newcomer types first; it must work as written, from the
 // repository root, with ~ and the default store in a throwaway home.
 func TestLifecycleReadmeFirstCommand(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("../README.md")
 	if errors.Is(err, os.ErrNotExist) {
 		t.Skip("README.md does not exist yet (it is being written)")

@@ -130,6 +130,7 @@ func livenessLease(m *mount, stack string) string {
 // A holder whose process is killed reads dead, and the next claim by another holder releases it
 // while the lease (same ports) is kept for the holders that remain.
 func TestLivenessDeadHolderReleasedByNextClaim(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 31080, "DB": 31432}, "s")
 	// keeper keeps the stack held (untracked), so releasing victim is not a takeover.
@@ -185,6 +186,7 @@ func TestLivenessDeadHolderReleasedByNextClaim(t *testing.T) {
 // The last holder dead: a new holder's claim takes the running stack over in one transaction,
 // keeping its lease.
 func TestLivenessLastHolderDeadTakeover(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 31280}, "s")
 	sleeper := livenessStart(t)
@@ -223,6 +225,7 @@ func TestLivenessLastHolderDeadTakeover(t *testing.T) {
 // A holder whose process lives, and an untracked one, survive every other claim; the live one
 // still blocks a drain, and the refusal names its pid and how to end it.
 func TestLivenessLiveAndUntrackedNeverReleased(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 31480}, "s")
 	sleeper := livenessStart(t)
@@ -260,6 +263,7 @@ func TestLivenessLiveAndUntrackedNeverReleased(t *testing.T) {
 // Dead holders are released before a drain reservation too (§5), so the one live holder left
 // can reserve.
 func TestLivenessDrainReservationReleasesDead(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 31580}, "s")
 	livenessClaimPid(m, "s", "me", "none")
@@ -320,6 +324,7 @@ func livenessReuse(t *testing.T, pid int, oldTicks string) *livenessProc {
 // A pid reused by a stranger is dead (its start identity differs), and a claim releases it even
 // though the pid exists.
 func TestLivenessPidReuse(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("pid reuse needs root (ns_last_pid) and CI=true")
@@ -373,6 +378,7 @@ func TestLivenessPidReuse(t *testing.T) {
 // `touch holders/me` from a shell in its own session holds the stack with that shell (the
 // session leader), not with touch; through make, with the shell that ran make.
 func TestLivenessDefaultPidIsSessionLeader(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 31880}, "s")
 	holders := m.Path("app/stacks/s/holders")
@@ -410,6 +416,7 @@ func TestLivenessDefaultPidIsSessionLeader(t *testing.T) {
 // A holder created from a session whose leader has since exited is dead; the next claim
 // releases it.
 func TestLivenessSessionLeaderExited(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 32080}, "s")
 	livenessClaimPid(m, "s", "keeper", "none")
@@ -438,6 +445,7 @@ func TestLivenessSessionLeaderExited(t *testing.T) {
 // kernel reports session 0; the holder is then the outermost process of the session the daemon
 // can see, so a claim from a short-lived touch is not dead the moment touch exits.
 func TestLivenessSessionOutsidePidNamespace(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("a pid namespace needs root and CI=true")

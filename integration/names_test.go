@@ -57,6 +57,7 @@ func namesState(m *mount) string {
 }
 
 func TestNamesHostileCockpits(t *testing.T) {
+	t.Parallel()
 	m := namesSetup(t, 37000)
 	before := namesState(m)
 	for what, name := range namesHostile {
@@ -77,6 +78,7 @@ func TestNamesHostileCockpits(t *testing.T) {
 }
 
 func TestNamesHostileStacksAndHolders(t *testing.T) {
+	t.Parallel()
 	m := namesSetup(t, 37100)
 	before := namesState(m)
 	for what, name := range namesHostile {
@@ -102,6 +104,7 @@ func TestNamesHostileStacksAndHolders(t *testing.T) {
 
 // Names the tree does not define: EPERM, recorded in the nearest events file, nothing created.
 func TestNamesUndefined(t *testing.T) {
+	t.Parallel()
 	m := namesSetup(t, 37200)
 	before := namesState(m)
 	for _, tc := range []struct{ script, events string }{
@@ -132,6 +135,7 @@ func TestNamesUndefined(t *testing.T) {
 
 // Read-only files refuse writes, and keep their content.
 func TestNamesReadOnlyFiles(t *testing.T) {
+	t.Parallel()
 	m := namesSetup(t, 37300)
 	before := namesState(m) + m.read("README") + m.read("ports/37300") + m.read("app/stacks/s/lease")
 	for _, script := range []string{
@@ -162,6 +166,7 @@ func TestNamesReadOnlyFiles(t *testing.T) {
 // A command over 64 KiB in one write(2): EFBIG, recorded, nothing changed; 64 KiB exactly is
 // parsed (and refused as malformed).
 func TestNamesCommandTooLarge(t *testing.T) {
+	t.Parallel()
 	m := namesSetup(t, 37400)
 	before := namesState(m)
 	write := func(n string) string {

@@ -55,6 +55,7 @@ func nonrootCommand(path string, args ...string) *exec.Cmd {
 // As another user than root a mount goes through fusermount3 (SPEC §1); without it, the daemon
 // says what to install.
 func TestNonRootNeedsFusermount(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("runs as root to become uid 65534")
 	}
@@ -68,6 +69,7 @@ func TestNonRootNeedsFusermount(t *testing.T) {
 // With fusermount3 a user mounts and serves its own tree, which it alone can see. /dev/fuse must
 // be open to users, as Debian's udev rule makes it (0666); .ci/run sees to it.
 func TestNonRootMountServes(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("runs as root to become uid 65534")
 	}

@@ -37,6 +37,7 @@ func (m *mount) observeSleepDrain(stack string) {
 }
 
 func TestRootPortsIndexAcrossCockpits(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 30180, "DB": 30532}, "a", "b")
 	m.observeCockpit("web", 31180, "x")
@@ -115,6 +116,7 @@ func observeWant(t *testing.T, health map[string]observation, key string, want b
 }
 
 func TestHealthOfAStackUpAndDown(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 24180, "DB": 24532}, "a")
 	stack := "app/stacks/a"
@@ -172,6 +174,7 @@ func observeWaitOpen(pid int, path string) bool {
 }
 
 func TestWaitReturnsOnACoTenantsClaim(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 25180}, "a")
 	m.ok("touch $M/app/stacks/a/holders/me")
@@ -212,6 +215,7 @@ func TestWaitReturnsOnACoTenantsClaim(t *testing.T) {
 }
 
 func TestWaitEndsOnInterrupt(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 25280}, "a")
 	r := m.sh("timeout -s INT 1 cat $M/app/stacks/a/wait")
@@ -253,6 +257,7 @@ func (m *mount) observeEvents(parts ...string) []event {
 }
 
 func TestEventsExplainRefusalsAndChanges(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 26180}, "a")
 	h := "$M/app/stacks/a/holders"
@@ -313,6 +318,7 @@ func TestEventsExplainRefusalsAndChanges(t *testing.T) {
 }
 
 func TestEventsKeepTheLast256(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 26280}, "a")
 	m.ok("touch $M/app/stacks/a/holders/me")
@@ -335,6 +341,7 @@ func TestEventsKeepTheLast256(t *testing.T) {
 
 // A config whose candidates the kernel may hand to outgoing connections is accepted with a warning.
 func TestEventsWarnOfEphemeralCandidates(t *testing.T) {
+	t.Parallel()
 	text, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		t.Skipf("no ephemeral port range on this host: %v", err)
@@ -366,6 +373,7 @@ func (m *mount) observeVerify() (string, int) {
 }
 
 func TestVerifyAfterOperationsAndOnACorruptStore(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 27180, "DB": 27532}, "a", "b", "c")
 	m.observeCockpit("web", 29180, "x")
@@ -456,6 +464,7 @@ func (m *mount) observeCorrupt(change func(tx storage.Txn) error) {
 // while any two active leases on the machine share a port, even two other stacks'; claim-state
 // fails while any record of the cockpit is broken.
 func TestHealthObservesTheInventory(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 24680}, "a", "b", "c", "d")
 	m.ok("touch $M/app/stacks/a/holders/me $M/app/stacks/b/holders/me")
@@ -509,6 +518,7 @@ func TestHealthObservesTheInventory(t *testing.T) {
 // A refusal code per cause, through the mount: the 1025th stack of a cockpit is
 // STATE_INVENTORY_LIMIT (ENOSPC); a stored record that does not decode answers EIO.
 func TestRefusalCodesOfLimitsAndBrokenRecords(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(5, map[string]int{"HTTP": 24780}, "a", "b")
 	m.observeCorrupt(func(tx storage.Txn) error {

@@ -70,6 +70,7 @@ func ownershipDenied(m *mount, events string) {
 }
 
 func TestOwnershipAllowOther(t *testing.T) {
+	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
 	m.setupApp(20, map[string]int{"HTTP": 33000}, "s1")
 	m.ok("touch $M/app/stacks/s1/holders/rootholder")
@@ -133,6 +134,7 @@ func TestOwnershipAllowOther(t *testing.T) {
 
 // A cockpit nobody creates is nobody's: its config shows uid 65534, nobody writes it, root too.
 func TestOwnershipCockpitCreator(t *testing.T) {
+	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
 	ownershipNobodyOK(m, "mkdir $M/nobapp && mkdir $M/nobapp/stacks/s1 && cat > $M/nobapp/config <<'EOF'\n[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 33100\nEOF")
 	if got := m.ok("stat -c %u $M/nobapp/config $M/nobapp $M/nobapp/stacks/s1"); got != strings.Repeat(ownershipNobody+"\n", 3) {
@@ -159,6 +161,7 @@ func TestOwnershipCockpitCreator(t *testing.T) {
 
 // SPEC §1: "By default only the mounting user can see the mount".
 func TestOwnershipDefaultOnlyMounter(t *testing.T) {
+	t.Parallel()
 	m := ownershipMount(t)
 	m.ok("mkdir $M/app")
 	for _, script := range []string{"stat $M/README", "ls $M", "cat $M/README", "mkdir $M/nobapp"} {
@@ -174,6 +177,7 @@ func TestOwnershipDefaultOnlyMounter(t *testing.T) {
 // (A partial document, as bash's printf writes one line per write(2), must not answer EINVAL to
 // someone who may not write the file at all.)
 func TestOwnershipConfigDeniedBeforeValidation(t *testing.T) {
+	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
 	m.setupApp(20, map[string]int{"HTTP": 33400})
 	config := m.read("app/config")
@@ -187,6 +191,7 @@ func TestOwnershipConfigDeniedBeforeValidation(t *testing.T) {
 // A stack's drain belongs to the uid of its holder (§6): anyone else can neither reserve one,
 // nor start, publish, repair or cancel root's; root can.
 func TestOwnershipDrain(t *testing.T) {
+	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
 	m.setupApp(20, map[string]int{"HTTP": 33700}, "s")
 	m.ok("touch $M/app/stacks/s/holders/rootholder")

@@ -8,6 +8,7 @@ import (
 
 // The SPEC's walkthrough, as a newcomer types it.
 func TestWalkthrough(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(20, map[string]int{"HTTP": 28080, "DB": 25432}, "feature-x")
 	m.ok("touch $M/app/stacks/feature-x/holders/me")

@@ -15,6 +15,7 @@ import (
 // file. Every read must show the writer's latest change: whatever the kernel caches, a change is
 // visible at the next open, stat and readdir (SPEC §2). COCKPITFS_STALE_ROUNDS sets the number of rounds (default 10000).
 func TestNeverStale(t *testing.T) {
+	t.Parallel()
 	rounds := 10000
 	if v := os.Getenv("COCKPITFS_STALE_ROUNDS"); v != "" {
 		rounds, _ = strconv.Atoi(v)
@@ -71,6 +72,7 @@ func TestNeverStale(t *testing.T) {
 // does not say which open asks. A frozen file's open (record) is of its own node, so its fstat
 // is its snapshot's.
 func TestStatWhileAnOlderOpenLives(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(4, map[string]int{"HTTP": 38580}, "s")
 	m.ok("touch $M/app/stacks/s/holders/keeper")
@@ -120,6 +122,7 @@ func TestStatWhileAnOlderOpenLives(t *testing.T) {
 // A frozen file (rendered from the record alone) is read from the kernel's page cache until its
 // content changes, and the change is read at the next open: the daemon sees one READ per content.
 func TestFrozenFileReadOncePerContent(t *testing.T) {
+	t.Parallel()
 	m := newMount(t, "--debug")
 	m.setupApp(4, map[string]int{"HTTP": 38780}, "s")
 	m.ok("touch $M/app/stacks/s/holders/keeper")
@@ -165,6 +168,7 @@ func TestFrozenFileReadOncePerContent(t *testing.T) {
 // port looked up before the lease is found right after it; a holder looked up before it exists
 // is found once another process creates it.
 func TestMissingNamesAppear(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(4, map[string]int{"HTTP": 38680}, "s")
 	stack := m.Path("app", "stacks", "s")

@@ -12,6 +12,7 @@ import (
 // mount that the kill would leave unanswered (go-fuse's poll hack did, and left a zombie holding
 // the mount and the store's lock). Then the next daemon starts on the same store and mount point.
 func TestStartupKillLeavesNoZombie(t *testing.T) {
+	t.Parallel()
 	base := t.TempDir()
 	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
 	t.Cleanup(func() { detach(mnt) })

@@ -11,6 +11,7 @@ import (
 // A control write is one command whatever its offset: appends (>>) and writes at odd offsets
 // apply the command they carry, nothing of what the file showed before.
 func TestWritesAtOffsetsAndAppends(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(4, map[string]int{"HTTP": 38280}, "s")
 	h := "$M/app/stacks/s/holders/me"
@@ -35,6 +36,7 @@ func TestWritesAtOffsetsAndAppends(t *testing.T) {
 // Concurrent writers to one holder file: every write is applied whole, one after another, and
 // the record stays sound (the harness verifies the store when the test ends).
 func TestWritesConcurrentToOneHolder(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	m.setupApp(4, map[string]int{"HTTP": 38380}, "s")
 	m.ok("touch $M/app/stacks/s/holders/me")
