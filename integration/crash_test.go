@@ -371,6 +371,7 @@ func crashCycles(t *testing.T) int {
 }
 
 func TestCrashSafety(t *testing.T) {
+	t.Parallel()
 	cycles := crashCycles(t)
 	seed := time.Now().UnixNano()
 	if v := os.Getenv("COCKPITFS_CRASH_SEED"); v != "" {

@@ -406,6 +406,7 @@ func linSeed(t *testing.T) int64 {
 }
 
 func TestLinearizability(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewSource(linSeed(t)))
 	passed, drains := 0, 0
 	for run := 0; run < 4; run++ {
@@ -429,6 +430,7 @@ func TestLinearizability(t *testing.T) {
 // The daemon is killed mid-history and restarted; what the kill interrupted may or may not have
 // applied, and the history across the restart must still be one linearizable history.
 func TestLinearizabilityCrash(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewSource(linSeed(t)))
 	passed := 0
 	for run := 0; run < 2; run++ {
@@ -452,6 +454,7 @@ func TestLinearizabilityCrash(t *testing.T) {
 // Each round starts with the holder present, so the claim's lookup can see it just before the
 // release removes it.
 func TestLinearizabilityClaimRacingRelease(t *testing.T) {
+	t.Parallel()
 	m := newMount(t)
 	dir := linSetup(m)
 	m.ok("touch $M/app/stacks/lin/holders/keeper") // a co-tenant, so releasing x is never the last
