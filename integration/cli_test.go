@@ -173,7 +173,7 @@ COMP_WORDS=(%s); COMP_CWORD=%d; _cockpitfs; echo "${COMPREPLY[*]}"`, binary, quo
 		"cockpitfs ve":                    "verify version",
 		"cockpitfs mount --da":            "--daemon --data",
 		"cockpitfs mount --log-level d":   "debug",
-		"cockpitfs verify --":             "--data --help",
+		"cockpitfs verify --da":           "--data",
 		"cockpitfs help un":               "unmount",
 		"cockpitfs completion ":           "bash",
 		"cockpitfs exec --h":              "--help --holder",
