@@ -476,7 +476,7 @@ touch "$S/holders/first"
 touch "$S/holders/second"
 echo "holders=$(ls "$S/holders" | tr '\n' ,)"
 grep -E '^(pid|state)=' "$S/holders/first"
-"$COCKPITFS" unmount "$B/mnt"
+"$COCKPITFS" unmount "$B/mnt" >/dev/null
 `
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
