@@ -202,7 +202,8 @@ func TestToolsEditorScratchNotLogged(t *testing.T) {
 	needTool(t, "vim")
 	m := toolsSetup(t, 26630)
 	n := claimsEventCount(m, "app/events")
-	m.ok("cd /tmp && vim -es -c '%s/26630/26640/' -c wq $M/app/config")
+	// -i NONE: parallel tests running vim would otherwise race on ~/.viminfo, and vim -es exits 1 when it cannot write it.
+	m.ok("cd /tmp && vim -es -i NONE -c '%s/26630/26640/' -c wq $M/app/config")
 	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 26640") {
 		t.Fatalf("vim's save was not applied: %q", got)
 	}
@@ -380,7 +381,7 @@ lines = open(sys.argv[1]).read().replace("FROM", "TO").splitlines(True)
 with open(sys.argv[1], "w", buffering=1) as f:
     for line in lines:
         f.write(line)' $M/app/config`},
-		{"vim", "vim -es -c '%s/FROM/TO/' -c wq $M/app/config"},
+		{"vim", "vim -es -i NONE -c '%s/FROM/TO/' -c wq $M/app/config"},
 		{"nano", "python3 " + toolsHelper(t, "pty-keys.py") + ` '\x1c|FROM\r|TO\r|a|\x0f|\r|\x18' nano $M/app/config || true`}, // judged by what it saved
 	} {
 		t.Run(tc.name, func(t *testing.T) {
