@@ -69,11 +69,13 @@ func TestTeamTwoDaemonsOneNamespace(t *testing.T) {
 		t.Errorf("a lists holders %q, want b and me", got)
 	}
 
-	// Both machines claim at once, four stacks each: no port is leased twice.
+	// Both machines claim at once, four stacks each: no port is leased twice. A claim that meets
+	// contention past its budget is refused STATE_LOCKED (EAGAIN) and changes nothing; the user
+	// tries again, as this loop does, so every stack ends up leased.
 	var wg sync.WaitGroup
 	for _, m := range []*mount{a, b} {
 		wg.Go(func() {
-			m.ok(`for i in 1 2 3 4; do (mkdir $M/app/stacks/$$-$i && touch $M/app/stacks/$$-$i/holders/me) & done; wait`)
+			m.ok(`for i in 1 2 3 4; do (mkdir $M/app/stacks/$$-$i && for try in $(seq 20); do touch $M/app/stacks/$$-$i/holders/me 2>/dev/null && break; sleep 0.2; done) & done; wait`)
 		})
 	}
 	wg.Wait()
