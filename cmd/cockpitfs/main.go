@@ -39,18 +39,7 @@ flags:
                      unless root)
   --nonempty         mount even over a directory that holds files (they are hidden meanwhile)
   --log-level LEVEL  error, info (default) or debug (every FUSE request)
-  --store etcd://HOST:PORT[,HOST:PORT…]/PREFIX
-                     share the namespace with every daemon mounting PREFIX of that etcd
-                     cluster instead of --data (docs/teams.md); with etcdctl's flags:
-  --cacert FILE      verify the members' certificates with this CA bundle
-  --cert FILE, --key FILE
-                     the client certificate and its key
-  --user USER[:PASSWORD], --password PASSWORD
-                     etcd authentication
-  --command-timeout DURATION
-                     how long an operation waits for an etcd quorum, and retries
-                     conflicts, before it refuses with EAGAIN (default 2s)
-`, mountCommand},
+` + etcdFlagsUsage, mountCommand},
 		"unmount": {`usage: cockpitfs unmount MOUNTPOINT
 
 Unmount a cockpitfs mount; the daemon serving it then exits. A dead mount left by a killed
@@ -64,18 +53,7 @@ checked while daemons serve it: one consistent snapshot is read.
 
 flags:
   --data DIR   the store (default $XDG_STATE_HOME/cockpitfs, else ~/.local/state/cockpitfs)
-  --store etcd://HOST:PORT[,HOST:PORT…]/PREFIX
-                     share the namespace with every daemon mounting PREFIX of that etcd
-                     cluster instead of --data (docs/teams.md); with etcdctl's flags:
-  --cacert FILE      verify the members' certificates with this CA bundle
-  --cert FILE, --key FILE
-                     the client certificate and its key
-  --user USER[:PASSWORD], --password PASSWORD
-                     etcd authentication
-  --command-timeout DURATION
-                     how long an operation waits for an etcd quorum, and retries
-                     conflicts, before it refuses with EAGAIN (default 2s)
-`, verifyCommand},
+` + etcdFlagsUsage, verifyCommand},
 		"migrate": {`usage: cockpitfs migrate [ETCD FLAGS] FROM TO
 
 Copy every record of the store FROM into the empty store TO, then verify the copy. Each is a
@@ -338,3 +316,17 @@ func plural(n int, noun string) string {
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
 }
+
+// etcdFlagsUsage is the help of the flags mount and verify share for an etcd store.
+const etcdFlagsUsage = `  --store etcd://HOST:PORT[,HOST:PORT…]/PREFIX
+                     share the namespace with every daemon mounting PREFIX of that etcd
+                     cluster instead of --data (docs/teams.md); with etcdctl's flags:
+  --cacert FILE      verify the members' certificates with this CA bundle
+  --cert FILE, --key FILE
+                     the client certificate and its key
+  --user USER[:PASSWORD], --password PASSWORD
+                     etcd authentication
+  --command-timeout DURATION
+                     how long an operation waits for an etcd quorum, and retries
+                     conflicts, before it refuses with EAGAIN (default 2s)
+`
