@@ -21,19 +21,34 @@ import (
 func main() {
 	bin := flag.String("bin", "", "the cockpitfs binary")
 	ops := flag.Int("ops", 100000, "how many operations")
+	samples := flag.Int("samples", 10, "figures printed along the way, evenly spaced")
 	flag.Parse()
-	if err := soak(*bin, *ops); err != nil {
+	if err := soak(*bin, *ops, max(1, *samples)); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
 	}
 }
 
+// figures are what must stay flat. RSS is split as the kernel counts it: anonymous memory (the Go
+// heap, badger's allocations) and file pages (the binary's own code, badger's memory-mapped logs
+// and tables, which grow with the files and the kernel may drop); the Go heap's bytes live at its
+// last collection and the size its next collection waits for (GOGC: twice the live heap, at
+// least 4 MiB) tell a leak from a target.
 type figures struct {
-	rssKiB, fds, goroutines int
-	diskKiB                 int64
+	ops                              int
+	rssKiB, anonKiB, fileKiB, fds    int
+	goroutines                       int
+	heapAllocKiB, nextGCKiB, diskKiB int64
 }
 
-func soak(bin string, ops int) error {
+func (f figures) row(name string) string {
+	return fmt.Sprintf("%-6s %8d %8d %8d %8d %9d %9d %5d %10d %8d", name, f.ops, f.rssKiB, f.anonKiB, f.fileKiB,
+		f.heapAllocKiB, f.nextGCKiB, f.fds, f.goroutines, f.diskKiB)
+}
+
+const header = "        ops      RSS     anon     file heap-live   next-gc   fds goroutines     disk (KiB)"
+
+func soak(bin string, ops, samples int) error {
 	base, err := os.MkdirTemp("", "cockpitfs-soak-")
 	if err != nil {
 		return err
@@ -103,8 +118,20 @@ func soak(bin string, ops int) error {
 		return err
 	}
 	began, startOps := time.Now(), w.ops
+	fmt.Println(header)
+	fmt.Println(start.row("start"))
+	next := ops / samples
 	for i := 200; w.ops-startOps < ops && w.err == nil; i++ {
 		cycle(i)
+		if done := w.ops - startOps; done >= next && done < ops {
+			f, err := measure(daemon.Process.Pid, data, logPath)
+			if err != nil {
+				return err
+			}
+			f.ops = done
+			fmt.Println(f.row(""))
+			next += ops / samples
+		}
 	}
 	if w.err != nil {
 		return w.err
@@ -113,14 +140,9 @@ func soak(bin string, ops int) error {
 	if err != nil {
 		return err
 	}
+	end.ops = w.ops - startOps
+	fmt.Println(end.row("end"))
 	fmt.Printf("%d operations in %s\n", w.ops-startOps, time.Since(began).Round(time.Second))
-	fmt.Printf("%-6s %10s %6s %11s %10s\n", "", "RSS KiB", "fds", "goroutines", "disk KiB")
-	for _, row := range []struct {
-		name string
-		f    figures
-	}{{"start", start}, {"end", end}} {
-		fmt.Printf("%-6s %10d %6d %11d %10d\n", row.name, row.f.rssKiB, row.f.fds, row.f.goroutines, row.f.diskKiB)
-	}
 	return nil
 }
 
@@ -133,7 +155,7 @@ func serving(mnt string) bool {
 	return err == nil
 }
 
-var statsLine = regexp.MustCompile(`stats: goroutines=(\d+)`)
+var statsLine = regexp.MustCompile(`stats: goroutines=(\d+) heap_live=(\d+) next_gc=(\d+)`)
 
 // measure reads RSS and fds from /proc, disk use from the data directory's allocated blocks, and
 // goroutines from the line the daemon logs on SIGUSR1.
@@ -144,8 +166,10 @@ func measure(pid int, data, logPath string) (figures, error) {
 		return f, err
 	}
 	for _, line := range strings.Split(string(status), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			fmt.Sscanf(strings.TrimPrefix(line, "VmRSS:"), "%d", &f.rssKiB)
+		for prefix, into := range map[string]*int{"VmRSS:": &f.rssKiB, "RssAnon:": &f.anonKiB, "RssFile:": &f.fileKiB} {
+			if strings.HasPrefix(line, prefix) {
+				fmt.Sscanf(strings.TrimPrefix(line, prefix), "%d", into)
+			}
 		}
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
@@ -173,6 +197,9 @@ func measure(pid int, data, logPath string) (figures, error) {
 		for _, l := range lines[min(before, len(lines)):] {
 			if m := statsLine.FindStringSubmatch(l); m != nil {
 				fmt.Sscanf(m[1], "%d", &f.goroutines)
+				fmt.Sscanf(m[2], "%d", &f.heapAllocKiB)
+				fmt.Sscanf(m[3], "%d", &f.nextGCKiB)
+				f.heapAllocKiB, f.nextGCKiB = f.heapAllocKiB/1024, f.nextGCKiB/1024
 				return f, nil
 			}
 		}
