@@ -36,3 +36,14 @@ func (e *Engine) StackOwner(r Record) (uid uint32, ok bool) {
 	info, err := e.Cockpit(r.Cockpit)
 	return info.UID, err == nil
 }
+
+// StackCreator is the uid that made the stack, who (with root) may remove it; for a record kept
+// from before creators were recorded, its cockpit's owner. ok is false when the cockpit cannot
+// be read.
+func (e *Engine) StackCreator(r Record) (uid uint32, ok bool) {
+	info, err := e.Cockpit(r.Cockpit)
+	if err != nil {
+		return 0, false
+	}
+	return r.creator(cockpitMeta{UID: info.UID}), true
+}

@@ -101,6 +101,15 @@ func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text [
 	})
 }
 
+// creator is who made the stack. A record kept from before creators were recorded names none:
+// its cockpit's owner stands in, the uid that already owned its files when nobody held it.
+func (r Record) creator(m cockpitMeta) uint32 {
+	if r.Creator != nil {
+		return *r.Creator
+	}
+	return m.UID
+}
+
 // CreateStack makes a stack whose record starts at revision 0: no holders, no lease, no drain.
 func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack string) error {
 	if err := checkName("stack", stack); err != nil {
@@ -120,7 +129,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 			return refuse(StateInventoryLimit, StackID(cockpit, stack), "remove a stack this cockpit no longer needs",
 				"cockpit %s already has %d stacks", cockpit, MaxStacks)
 		}
-		if _, err := saveRecord(tx, newRecord(cockpit, stack, now)); err != nil {
+		if _, err := saveRecord(tx, newRecord(cockpit, stack, c.UID, now)); err != nil {
 			return err
 		}
 		m.Stacks++
@@ -131,7 +140,8 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 	})
 }
 
-// RemoveStack removes a stack with no holders, no active lease and no drain.
+// RemoveStack removes a stack with no holders, no active lease and no drain; only its creator
+// (or root) may: removing it deletes its history.
 func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack string) error {
 	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, cockpit)
@@ -141,6 +151,9 @@ func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack strin
 		r, err := e.loadRecord(tx, cockpit, stack)
 		if err != nil {
 			return err
+		}
+		if owner := r.creator(m); !c.may(owner) {
+			return c.denied("stack "+cockpit+"/"+stack, owner)
 		}
 		if v := r.Value; len(v.Holders) > 0 || v.Lease.Active() || v.Drain != nil {
 			return refuse(ClaimCoTenant, r.SubjectID, "drain the stack first (echo down > drain/request, then its attempts)",

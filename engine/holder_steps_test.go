@@ -49,7 +49,7 @@ func declared(d portdecl.Declaration) cockpitMeta {
 
 // stepRecord is stack app/s at revision 3 with value v.
 func stepRecord(v Value) Record {
-	r := newRecord("app", "s", claimNow)
+	r := newRecord("app", "s", 0, claimNow)
 	r.Revision = 3
 	if v.Holders == nil {
 		v.Holders = []Holder{}

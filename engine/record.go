@@ -22,6 +22,9 @@ type Record struct {
 	Value     Value  `json:"value"`
 	Cockpit   string `json:"cockpit"`
 	Stack     string `json:"stack"`
+	// Creator is the uid that made the stack, who (with root) may remove it; nil in a record
+	// written before creators were kept: such a stack is its cockpit's owner's (see creator).
+	Creator *uint32 `json:"creator,omitempty"`
 }
 
 // Value is what a transition changes.
@@ -83,8 +86,9 @@ func ParseStamp(s string) (time.Time, bool) {
 	return t, true
 }
 
-func newRecord(cockpit, stack string, now time.Time) Record {
+func newRecord(cockpit, stack string, creator uint32, now time.Time) Record {
 	return Record{
+		Creator:   &creator,
 		Format:    recordFormat,
 		Kind:      recordKind,
 		CockpitID: cockpitID(cockpit),

@@ -214,6 +214,14 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (
 		out.Uid = uid
 		setTimes(&out.Attr, t)
 	}
+	if _, isStack := d.list.(stackListing); isStack {
+		// A stack's directory shows who may remove it.
+		if r, err := d.fsys.eng.Stack(d.cockpit, d.stack); err == nil {
+			if uid, ok := d.fsys.eng.StackCreator(r); ok {
+				out.Uid = uid
+			}
+		}
+	}
 	return 0
 }
 

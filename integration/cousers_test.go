@@ -1,10 +1,16 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // A co-user (nobody) may name only a process it may signal in its own holder: pid=1 or root's
@@ -42,4 +48,86 @@ func TestCoUserHolderPIDsAndJunk(t *testing.T) {
 	if got := m.read(stack + "record"); got != record {
 		t.Fatalf("record changed by nobody's junk:\nbefore %s\nafter  %s", record, got)
 	}
+}
+
+// A stack is removed only by its creator or root, a cockpit only by its owner or root: another
+// user's rmdir is refused (EACCES), the stack keeps its history, and the cockpit's events say
+// who was refused. A stack's directory shows its creator.
+func TestCoUserRemovesOnlyWhatIsTheirs(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	m.setupApp(20, map[string]int{"HTTP": 33800}, "rootstack")
+	ownershipNobodyOK(m, "mkdir $M/app/stacks/nobstack")
+	if got := m.ok("stat -c %u $M/app/stacks/rootstack $M/app/stacks/nobstack"); got != "0\n"+ownershipNobody+"\n" {
+		t.Fatalf("st_uid of the stacks root and nobody made = %q", got)
+	}
+
+	history := m.read("app/stacks/rootstack/events")
+	ownershipNobodyRefused(m, "rmdir $M/app/stacks/rootstack", syscall.EACCES)
+	ownershipDenied(m, "app/events")
+	if ev := m.lastEvent("app/events"); !strings.Contains(ev, "stack app/rootstack belongs to uid 0") {
+		t.Errorf("the refusal does not name the owner: %s", ev)
+	}
+	if got := m.read("app/stacks/rootstack/events"); got != history {
+		t.Fatalf("rootstack's history changed by nobody's refused rmdir:\nbefore %s\nafter  %s", history, got)
+	}
+	if got := m.ok("ls $M/app/stacks"); got != "nobstack\nrootstack\n" {
+		t.Fatalf("stacks after nobody's refused rmdir = %q", got)
+	}
+
+	// Nor root's cockpit, once empty of others' stacks: ownership is checked before emptiness.
+	ownershipNobodyRefused(m, "rmdir $M/app", syscall.EACCES)
+	ownershipDenied(m, "app/events")
+
+	// Its own stack nobody removes; root removes anyone's.
+	ownershipNobodyOK(m, "rmdir $M/app/stacks/nobstack")
+	ownershipNobodyOK(m, "mkdir $M/app/stacks/nobstack2")
+	m.ok("rmdir $M/app/stacks/nobstack2 && rmdir $M/app/stacks/rootstack && rmdir $M/app")
+}
+
+// A record written before creators were kept names none: its cockpit's owner stands in. Root's
+// stack in nobody's cockpit is root's while its record says so, and nobody's once the record is
+// of the old shape.
+func TestCoUserStackWithoutCreator(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	ownershipNobodyOK(m, "mkdir $M/nobapp")
+	m.ok("mkdir $M/nobapp/stacks/old")
+	ownershipNobodyRefused(m, "rmdir $M/nobapp/stacks/old", syscall.EACCES)
+	ownershipDenied(m, "nobapp/events")
+
+	m.Stop()
+	db, err := kv.Open(m.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(context.Background(), func(tx storage.Txn) error {
+		data, err := tx.Get("s/nobapp/old")
+		if err != nil {
+			return err
+		}
+		var record map[string]any
+		if err := json.Unmarshal(data, &record); err != nil {
+			return err
+		}
+		if record["creator"] != float64(0) {
+			return fmt.Errorf("the record's creator is %v, want 0", record["creator"])
+		}
+		delete(record, "creator")
+		if data, err = json.Marshal(record); err != nil {
+			return err
+		}
+		return tx.Set("s/nobapp/old", data)
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.start("--allow-other")
+	if got := m.ok("stat -c %u $M/nobapp/stacks/old"); got != ownershipNobody+"\n" {
+		t.Fatalf("st_uid of a stack without a creator in nobody's cockpit = %q", got)
+	}
+	ownershipNobodyOK(m, "rmdir $M/nobapp/stacks/old")
 }
