@@ -162,6 +162,9 @@ func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack strin
 		if err := tx.Delete(stackKey(cockpit, stack)); err != nil {
 			return err
 		}
+		if err := tx.Delete(declaredValuesKey(cockpit, stack)); err != nil {
+			return err
+		}
 		if err := deleteEvents(tx, cockpit, stack); err != nil {
 			return err
 		}

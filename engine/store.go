@@ -14,6 +14,7 @@ import (
 //
 //	c/<cockpit>              cockpitMeta
 //	s/<cockpit>/<stack>      Record
+//	d/<cockpit>/<stack>      DeclaredValues of the stack (declared-values)
 //	p/<port, 5 digits>       PortOwner: the machine-wide index of active leases
 //	n/<cockpit>              number of active leases in the cockpit
 //	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log

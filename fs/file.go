@@ -177,7 +177,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 	openedFlags := uint32(openFlags)
 	if _, isDocument := f.writer.(documentWriter); isDocument && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		// Who may write it is known now: refused here, even bash's echo reports it.
-		if err := f.fsys.eng.MayWriteConfig(caller(ctx, "open", f.path), f.cockpit); err != nil {
+		if err := f.writer.(documentWriter).mayOpen(caller(ctx, "open", f.path), f); err != nil {
 			return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
 		}
 		openedFlags = fuse.FOPEN_DIRECT_IO // the close applies the document: FLUSH must come
@@ -406,6 +406,8 @@ func (f *file) Flush(ctx context.Context, fh fs.FileHandle) (errno syscall.Errno
 // documentWriter is a writer of a whole document (config): writes collect it, and it is applied
 // once, when the writer is done with it (close or fsync).
 type documentWriter interface {
+	// mayOpen refuses at open a writer who may not write the document.
+	mayOpen(c engine.Caller, f *file) error
 	apply(ctx context.Context, f *file, h *handle) error
 }
 

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -233,6 +234,47 @@ func (f *FS) configuredView(cockpit, stack, name string, fn func(engine.Record, 
 			v.mtime = t
 		}
 		return v, err
+	}
+}
+
+// entrypointsJSONView renders entrypoints.json: the seeds' deriveEntrypoints result for the
+// stack's lease, the current config and the stack's declared values, with the mtime of the
+// latest of the three.
+func (f *FS) entrypointsJSONView(cockpit, stack string) render {
+	return func() (view, error) {
+		dv, err := f.eng.DeclaredValues(cockpit, stack)
+		if err != nil {
+			return view{}, err
+		}
+		v, err := f.configuredView(cockpit, stack, "entrypoints.json", func(r engine.Record, info engine.CockpitInfo) []byte {
+			result := r.DeriveEntrypoints(info.Entrypoints, dv.Values)
+			if result == nil {
+				return nil
+			}
+			data, _ := json.Marshal(result)
+			return append(data, '\n')
+		})()
+		if t := stamp(dv.UpdatedAt); err == nil && t.After(v.mtime) {
+			v.mtime = t
+		}
+		return v, err
+	}
+}
+
+// declaredValuesView renders declared-values: the document last accepted (empty before), owned
+// by the cockpit's owner, dated when it was written (the cockpit's creation before).
+func (f *FS) declaredValuesView(cockpit, stack string) render {
+	return func() (view, error) {
+		info, err := f.eng.Cockpit(cockpit)
+		if err != nil {
+			return view{}, err
+		}
+		dv, err := f.eng.DeclaredValues(cockpit, stack)
+		if err != nil {
+			return view{}, err
+		}
+		at := cmp.Or(dv.UpdatedAt, info.CreatedAt)
+		return view{data: []byte(dv.Text), mtime: stamp(at), uid: info.UID}, nil
 	}
 }
 

@@ -198,10 +198,12 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 		view("revision", renderRevision),
 		{name: "events", node: f.eventsFile(d.child("events"), c, s)},
 		{name: "health", node: f.newFile(d.child("health"), c, s, f.healthView(c, s), nil)},
+		{name: "declared-values", node: f.newFile(d.child("declared-values"), c, s, f.declaredValuesView(c, s), declaredValuesWriter{})},
 		{name: "wait", node: f.newWaitFile(d.child("wait"), c, s), unlisted: true},
 	}
 	if r.Value.Lease.Active() {
-		es = append(es, frozenEntry(d, "env", f.configuredView(c, s, "env", renderEnv)))
+		es = append(es, frozenEntry(d, "env", f.configuredView(c, s, "env", renderEnv)),
+			frozenEntry(d, "entrypoints.json", f.entrypointsJSONView(c, s)))
 	}
 	return es, nil
 }

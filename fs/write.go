@@ -49,6 +49,22 @@ func (configWriter) write(_ context.Context, _ *file, h *handle, data []byte, of
 	return nil
 }
 
+func (configWriter) mayOpen(c engine.Caller, f *file) error {
+	return f.fsys.eng.MayWriteConfig(c, f.cockpit)
+}
+
 func (configWriter) apply(ctx context.Context, f *file, h *handle) error {
 	return f.fsys.eng.SetConfig(ctx, caller(ctx, "write", f.path), f.cockpit, h.doc)
+}
+
+// declaredValuesWriter collects a stack's declared-values document as configWriter collects
+// config, and applies it whole when the writer is done.
+type declaredValuesWriter struct{ configWriter }
+
+func (declaredValuesWriter) mayOpen(c engine.Caller, f *file) error {
+	return f.fsys.eng.MayWriteDeclaredValues(c, f.cockpit, f.stack)
+}
+
+func (declaredValuesWriter) apply(ctx context.Context, f *file, h *handle) error {
+	return f.fsys.eng.SetDeclaredValues(ctx, caller(ctx, "write", f.path), f.cockpit, f.stack, h.doc)
 }

@@ -21,6 +21,9 @@ const (
 	maxNameBytes           = 128
 	defaultScheme          = "http"
 	defaultHostname        = "127.0.0.1"
+	// DefaultKind is the kind of every default entrypoint and of a declared one that names none,
+	// as the seeds' deriveEntrypoints renders the defaults.
+	DefaultKind = "entrypoint"
 	// ipv6Loopback is how the IPv6 loopback is kept in Entrypoint.Hostname: bracketed, as a URL
 	// needs it, so "<scheme>://<hostname>:<port><path>" is a URL with no special case.
 	ipv6Loopback = "[::1]"
@@ -33,6 +36,9 @@ type Entrypoint struct {
 	Path     string `json:"path"`     // starts with "/"
 	Scheme   string `json:"scheme"`   // any URL scheme: "http" (default), "https", "postgres", "redis" …
 	Hostname string `json:"hostname"` // a loopback name or address, default "127.0.0.1"; IPv6 as "[::1]"
+	// Kind says what the URL is for (the seeds' entrypoint kind): "" (a config accepted before
+	// kinds existed) reads as DefaultKind.
+	Kind string `json:"kind,omitempty"`
 }
 
 // Config is an accepted config document.
@@ -204,10 +210,20 @@ func parseEntrypoint(name string, raw any, where string, bases map[string]int) (
 	if err != nil {
 		return Entrypoint{}, err
 	}
-	if err := onlyKeys(fields, where+".", "hostname", "path", "port", "scheme"); err != nil {
+	if err := onlyKeys(fields, where+".", "hostname", "kind", "path", "port", "scheme"); err != nil {
 		return Entrypoint{}, err
 	}
-	entrypoint := Entrypoint{Name: name, Scheme: defaultScheme, Hostname: defaultHostname}
+	entrypoint := Entrypoint{Name: name, Scheme: defaultScheme, Hostname: defaultHostname, Kind: DefaultKind}
+	if _, given := fields["kind"]; given {
+		kind, err := text(fields, "kind", where+".kind")
+		if err != nil {
+			return Entrypoint{}, err
+		}
+		if !validKind(kind) {
+			return Entrypoint{}, fmt.Errorf("%s.kind: %q is not a kind (1-32 bytes: a lower-case letter, then lower-case letters, digits or '-': entrypoint, oauth-callback, webhook …)", where, kind)
+		}
+		entrypoint.Kind = kind
+	}
 	if entrypoint.Port, err = text(fields, "port", where+".port"); err != nil {
 		return Entrypoint{}, err
 	}
@@ -339,6 +355,21 @@ func typeName(v any) string {
 	default:
 		return fmt.Sprintf("%T", v)
 	}
+}
+
+// validKind says s is an entrypoint kind: a lower-case word with '-', at most 32 bytes. The
+// seeds check kinds against a list of their own that is not in the reference, so any such word
+// is accepted.
+func validKind(s string) bool {
+	if s == "" || len(s) > 32 || s[0] < 'a' || s[0] > 'z' {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // validScheme says s is a URL scheme as RFC 3986 spells one, in lower case and at most 32 bytes.

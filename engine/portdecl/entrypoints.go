@@ -10,6 +10,8 @@ import (
 // Resolved is an entrypoint with its port filled in.
 type Resolved struct {
 	Name, URL string
+	Kind      string // DefaultKind for a default one
+	Port      string // the port key
 	// Default: the entrypoint every port key gets (entrypoints/<key>), which env does not export:
 	// a <KEY>_URL nobody declared would clobber what conventional tools read (DATABASE_URL).
 	Default bool
@@ -28,25 +30,32 @@ func Entrypoints(declared []Entrypoint, ports map[string]int) []Resolved {
 	for key, port := range ports {
 		name := defaultEntrypointName(key)
 		defaults[name] = true
-		resolved = append(resolved, Resolved{Name: name, URL: "http://" + defaultHostname + ":" + strconv.Itoa(port) + "/", Default: true})
+		resolved = append(resolved, Resolved{Name: name, URL: "http://" + defaultHostname + ":" + strconv.Itoa(port) + "/", Kind: DefaultKind, Port: key, Default: true})
 	}
 	for _, entrypoint := range declared {
 		port, leased := ports[entrypoint.Port]
 		if !leased || defaults[entrypoint.Name] {
 			continue
 		}
-		scheme := cmp.Or(entrypoint.Scheme, defaultScheme)
-		hostname := cmp.Or(entrypoint.Hostname, defaultHostname)
-		if hostname == "::1" {
-			hostname = ipv6Loopback
-		}
-		resolved = append(resolved, Resolved{
-			Name: entrypoint.Name,
-			URL:  scheme + "://" + hostname + ":" + strconv.Itoa(port) + entrypoint.Path,
-		})
+		resolved = append(resolved, entrypoint.On(port))
 	}
 	slices.SortStableFunc(resolved, func(a, b Resolved) int { return cmp.Compare(a.Name, b.Name) })
 	return resolved
+}
+
+// On is e resolved on port.
+func (e Entrypoint) On(port int) Resolved {
+	scheme := cmp.Or(e.Scheme, defaultScheme)
+	hostname := cmp.Or(e.Hostname, defaultHostname)
+	if hostname == "::1" {
+		hostname = ipv6Loopback
+	}
+	return Resolved{
+		Name: e.Name,
+		URL:  scheme + "://" + hostname + ":" + strconv.Itoa(port) + e.Path,
+		Kind: cmp.Or(e.Kind, DefaultKind),
+		Port: e.Port,
+	}
 }
 
 // EnvName is the env variable for an entrypoint: the name upper-cased, '-' -> '_', plus "_URL"

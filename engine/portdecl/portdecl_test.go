@@ -48,7 +48,7 @@ func TestParseAccepts(t *testing.T) {
 	}{
 		{"the SPEC's example", specExample, Config{
 			Declaration: Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 8080, "DB": 5432}},
-			Entrypoints: []Entrypoint{{Name: "web", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "127.0.0.1"}},
+			Entrypoints: []Entrypoint{{Name: "web", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "127.0.0.1", Kind: "entrypoint"}},
 		}},
 		{"no entrypoints", portsWith("1", "1", "A = 1"), Config{
 			Declaration: Declaration{Step: 1, Count: 1, Bases: map[string]int{"A": 1}},
@@ -57,12 +57,12 @@ func TestParseAccepts(t *testing.T) {
 			Declaration: Declaration{Step: 1, Count: 1, Bases: map[string]int{"A": 1}},
 		}},
 		{"defaults filled in, sorted by name", ports +
-			entrypoint("zeta", `port = "DB"`, `path = "/z?x=1#f"`) +
+			entrypoint("zeta", `port = "DB"`, `path = "/z?x=1#f"`, `kind = "oauth-callback"`) +
 			entrypoint(`"Admin.v2"`, `port = "HTTP"`, `path = "/admin/"`, `scheme = "https"`), Config{
 			Declaration: Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 8080, "DB": 5432}},
 			Entrypoints: []Entrypoint{
-				{Name: "Admin.v2", Port: "HTTP", Path: "/admin/", Scheme: "https", Hostname: "127.0.0.1"},
-				{Name: "zeta", Port: "DB", Path: "/z?x=1#f", Scheme: "http", Hostname: "127.0.0.1"},
+				{Name: "Admin.v2", Port: "HTTP", Path: "/admin/", Scheme: "https", Hostname: "127.0.0.1", Kind: "entrypoint"},
+				{Name: "zeta", Port: "DB", Path: "/z?x=1#f", Scheme: "http", Hostname: "127.0.0.1", Kind: "oauth-callback"},
 			},
 		}},
 		{"loopback hostnames; IPv6 kept bracketed", ports +
@@ -72,10 +72,10 @@ func TestParseAccepts(t *testing.T) {
 			entrypoint("d", `port = "HTTP"`, `path = "/"`, `hostname = "[::1]"`), Config{
 			Declaration: Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 8080, "DB": 5432}},
 			Entrypoints: []Entrypoint{
-				{Name: "a", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "localhost"},
-				{Name: "b", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "127.1.2.3"},
-				{Name: "c", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "[::1]"},
-				{Name: "d", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "[::1]"},
+				{Name: "a", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "localhost", Kind: "entrypoint"},
+				{Name: "b", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "127.1.2.3", Kind: "entrypoint"},
+				{Name: "c", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "[::1]", Kind: "entrypoint"},
+				{Name: "d", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "[::1]", Kind: "entrypoint"},
 			},
 		}},
 		{"dots, brackets and quotes in strings and comments do not nest", ports +
@@ -85,9 +85,9 @@ func TestParseAccepts(t *testing.T) {
 			entrypoint("y", `port = "HTTP"`, `path = """/""[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r"""""`), Config{
 			Declaration: Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 8080, "DB": 5432}},
 			Entrypoints: []Entrypoint{
-				{Name: "w", Port: "HTTP", Path: "/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r/[[[[[[[[[[[[[[[[[[{{{{{{{{{{{{{{{{{{{", Scheme: "http", Hostname: "127.0.0.1"},
-				{Name: "x", Port: "HTTP", Path: `/"[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r`, Scheme: "http", Hostname: "127.0.0.1"},
-				{Name: "y", Port: "HTTP", Path: `/""[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r""`, Scheme: "http", Hostname: "127.0.0.1"},
+				{Name: "w", Port: "HTTP", Path: "/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r/[[[[[[[[[[[[[[[[[[{{{{{{{{{{{{{{{{{{{", Scheme: "http", Hostname: "127.0.0.1", Kind: "entrypoint"},
+				{Name: "x", Port: "HTTP", Path: `/"[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r`, Scheme: "http", Hostname: "127.0.0.1", Kind: "entrypoint"},
+				{Name: "y", Port: "HTTP", Path: `/""[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r""`, Scheme: "http", Hostname: "127.0.0.1", Kind: "entrypoint"},
 			},
 		}},
 		{"ports as an inline table", "ports = {step = 10, count = 2, bases = {HTTP = 8080}}\n", Config{
@@ -214,6 +214,9 @@ func TestParseRefuses(t *testing.T) {
 		{"scheme with a colon", web(`port = "HTTP"`, `path = "/"`, `scheme = "ftp:"`), `entrypoints.web.scheme: "ftp:" is not a URL scheme`},
 		{"scheme is upper-case", web(`port = "HTTP"`, `path = "/"`, `scheme = "HTTP"`), `entrypoints.web.scheme: "HTTP" is not a URL scheme`},
 		{"scheme is empty", web(`port = "HTTP"`, `path = "/"`, `scheme = ""`), `entrypoints.web.scheme: "" is not a URL scheme`},
+		{"kind is upper-case", web(`port = "HTTP"`, `path = "/"`, `kind = "OAuth"`), `entrypoints.web.kind: "OAuth" is not a kind`},
+		{"kind is empty", web(`port = "HTTP"`, `path = "/"`, `kind = ""`), `entrypoints.web.kind: "" is not a kind`},
+		{"kind is not a string", web(`port = "HTTP"`, `path = "/"`, `kind = 1`), `entrypoints.web.kind: must be a string`},
 		{"scheme starts with a digit", web(`port = "HTTP"`, `path = "/"`, `scheme = "2http"`), `is not a URL scheme`},
 		{"hostname is a remote name", web(`port = "HTTP"`, `path = "/"`, `hostname = "example.com"`), `entrypoints.web.hostname: "example.com" is not a loopback name or address`},
 		{"hostname is empty", web(`port = "HTTP"`, `path = "/"`, `hostname = ""`), `entrypoints.web.hostname: "" is not a loopback`},
@@ -322,21 +325,21 @@ func TestCandidatesAndFamilyAt(t *testing.T) {
 func TestEntrypoints(t *testing.T) {
 	leased := map[string]int{"HTTP": 8090, "HTTP_ADMIN": 8091, "DB": 5442}
 	declared := []Entrypoint{
-		{Name: "web", Port: "HTTP", Path: "/app?x=1", Scheme: "https", Hostname: "localhost"},
-		{Name: "db-v6", Port: "DB", Path: "/", Scheme: "http", Hostname: "[::1]"},
-		{Name: "bare", Port: "HTTP_ADMIN", Path: "/bare"},
-		{Name: "v6-unbracketed", Port: "DB", Path: "/x", Hostname: "::1"},
+		{Name: "web", Port: "HTTP", Path: "/app?x=1", Scheme: "https", Hostname: "localhost", Kind: "entrypoint"},
+		{Name: "db-v6", Port: "DB", Path: "/", Scheme: "http", Hostname: "[::1]", Kind: "entrypoint"},
+		{Name: "bare", Port: "HTTP_ADMIN", Path: "/bare", Kind: "oauth-callback"},
+		{Name: "v6-unbracketed", Port: "DB", Path: "/x", Hostname: "::1", Kind: "entrypoint"},
 		{Name: "stale", Port: "GONE", Path: "/"},
 		{Name: "http", Port: "DB", Path: "/shadow"},
 	}
 	want := []Resolved{
-		{"bare", "http://127.0.0.1:8091/bare", false},
-		{"db", "http://127.0.0.1:5442/", true},
-		{"db-v6", "http://[::1]:5442/", false},
-		{"http", "http://127.0.0.1:8090/", true},
-		{"http-admin", "http://127.0.0.1:8091/", true},
-		{"v6-unbracketed", "http://[::1]:5442/x", false},
-		{"web", "https://localhost:8090/app?x=1", false},
+		{"bare", "http://127.0.0.1:8091/bare", "oauth-callback", "HTTP_ADMIN", false},
+		{"db", "http://127.0.0.1:5442/", "entrypoint", "DB", true},
+		{"db-v6", "http://[::1]:5442/", "entrypoint", "DB", false},
+		{"http", "http://127.0.0.1:8090/", "entrypoint", "HTTP", true},
+		{"http-admin", "http://127.0.0.1:8091/", "entrypoint", "HTTP_ADMIN", true},
+		{"v6-unbracketed", "http://[::1]:5442/x", "entrypoint", "DB", false},
+		{"web", "https://localhost:8090/app?x=1", "entrypoint", "HTTP", false},
 	}
 	if got := Entrypoints(declared, leased); !reflect.DeepEqual(got, want) {
 		t.Errorf("Entrypoints =\n%v\nwant\n%v", got, want)
@@ -351,9 +354,9 @@ func TestEntrypoints(t *testing.T) {
 	}
 	family, _ := config.Declaration.FamilyAt(10)
 	wantSpec := []Resolved{
-		{"db", "http://127.0.0.1:5442/", true},
-		{"http", "http://127.0.0.1:8090/", true},
-		{"web", "http://127.0.0.1:8090/", false},
+		{"db", "http://127.0.0.1:5442/", "entrypoint", "DB", true},
+		{"http", "http://127.0.0.1:8090/", "entrypoint", "HTTP", true},
+		{"web", "http://127.0.0.1:8090/", "entrypoint", "HTTP", false},
 	}
 	if got := Entrypoints(config.Entrypoints, family.Ports); !reflect.DeepEqual(got, wantSpec) {
 		t.Errorf("Entrypoints of the SPEC's example at offset 10 = %v, want %v", got, wantSpec)

@@ -1,0 +1,234 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// Diagnostic codes the seeds' deriveEntrypoints reports beside a complete derivation: a value
+// declared elsewhere for an entrypoint (an .env line, a provider's registered redirect) that
+// differs from the derived URL. They refuse nothing, so they have no errno.
+const (
+	PortLocalValueCorrected     Code = "PORT_LOCAL_VALUE_CORRECTED"
+	PortExternalRegistrationGap Code = "PORT_EXTERNAL_REGISTRATION_GAP"
+)
+
+// EntrypointResult is the seeds' deriveEntrypoints result: kind "complete" with every rendered
+// entrypoint and the diagnostics of declared values, or kind "refusal" with why the current
+// config's entrypoints cannot be derived on the lease's ports.
+type EntrypointResult struct {
+	Kind        string            `json:"kind"`
+	Values      []EntrypointValue `json:"values,omitempty"`
+	Diagnostics []Diagnostic      `json:"diagnostics"`
+}
+
+// EntrypointValue is one rendered entrypoint, as the seeds' projection carries it.
+type EntrypointValue struct {
+	Name  string `json:"name"`
+	Kind  string `json:"kind"`
+	Port  string `json:"port"`
+	Value string `json:"value"`
+}
+
+// Diagnostic is the seeds' diagnostic: severity error (a refusal), warning or info.
+type Diagnostic struct {
+	Severity string `json:"severity"`
+	Code     Code   `json:"code"`
+	Message  string `json:"message"`
+	Target   string `json:"target"`
+	Fix      string `json:"fix,omitempty"`
+}
+
+// DeriveEntrypoints derives the stack's entrypoints as the seeds' deriveEntrypoints does: the
+// default one of each leased port in port-key order, then each declared one, every declared one
+// compared with the value recorded for it in values (declared-values). Nil without an active
+// lease. Unlike Entrypoints, which renders env and entrypoints/ and leaves such an entrypoint
+// out, a declared entrypoint on a port the lease does not hold refuses the derivation.
+func (r Record) DeriveEntrypoints(declared []portdecl.Entrypoint, values map[string]string) *EntrypointResult {
+	l := r.Value.Lease
+	if !l.Active() {
+		return nil
+	}
+	defaults := portdecl.Entrypoints(nil, l.Ports)
+	slices.SortFunc(defaults, func(a, b portdecl.Resolved) int { return strings.Compare(a.Port, b.Port) })
+	result := &EntrypointResult{Kind: "complete", Diagnostics: []Diagnostic{}}
+	names := map[string]bool{}
+	for _, d := range defaults {
+		names[d.Name] = true
+		result.Values = append(result.Values, EntrypointValue{Name: d.Name, Kind: d.Kind, Port: d.Port, Value: d.URL})
+	}
+	refusal := func(message, target string) *EntrypointResult {
+		return &EntrypointResult{Kind: "refusal", Diagnostics: []Diagnostic{{
+			Severity: "error", Code: PortFamilyOutOfRange, Message: message, Target: target,
+			Fix: "drain the stack and claim it again under the current [ports], or restore the entrypoint's port key",
+		}}}
+	}
+	for _, d := range declared {
+		if names[d.Name] {
+			return refusal("entrypoint declaration duplicates a rendered name", d.Name)
+		}
+		names[d.Name] = true
+		port, leased := l.Ports[d.Port]
+		if !leased {
+			return refusal("entrypoint references a port absent from the accepted lease", d.Port)
+		}
+		e := d.On(port)
+		result.Values = append(result.Values, EntrypointValue{Name: e.Name, Kind: e.Kind, Port: e.Port, Value: e.URL})
+		recorded, ok := values[d.Name]
+		switch {
+		case !ok || recorded == e.URL:
+		case isLoopbackURL(recorded):
+			result.Diagnostics = append(result.Diagnostics, Diagnostic{Severity: "warning", Code: PortLocalValueCorrected,
+				Message: "stale loopback value was replaced from the accepted lease", Target: d.Name, Fix: "use " + e.URL})
+		default:
+			result.Diagnostics = append(result.Diagnostics, Diagnostic{Severity: "info", Code: PortExternalRegistrationGap,
+				Message: "external registration cannot be updated by cockpit", Target: d.Name, Fix: "update the external registration to " + e.URL})
+		}
+	}
+	return result
+}
+
+// isLoopbackURL says value is a URL on this machine's loopback, as the seeds' isLoopback: a
+// value cockpitfs itself would have written, so a stale one is simply replaced, where any other
+// host is a registration someone must update by hand.
+func isLoopbackURL(value string) bool {
+	u, err := url.Parse(value)
+	if err != nil {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// DeclaredValues is what declared-values holds: per entrypoint name, the value recorded for it
+// outside cockpitfs, as written.
+type DeclaredValues struct {
+	Text      string            `json:"text"`
+	Values    map[string]string `json:"values"`
+	UpdatedAt string            `json:"updatedAt"`
+}
+
+const maxDeclaredValues = 1024 // the seeds' structured input limit
+
+// ParseDeclaredValues reads a declared-values document: one `<entrypoint name>=<value>` per line,
+// blank lines and lines starting with '#' ignored; a name at most once.
+func ParseDeclaredValues(text []byte) (map[string]string, error) {
+	const fix = "write one <entrypoint name>=<value> per line, the whole document at once"
+	if !utf8.Valid(text) {
+		return nil, refuse(StateRecordMalformed, "", fix, "declared values are not UTF-8")
+	}
+	values := map[string]string{}
+	for i, line := range strings.Split(string(text), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		switch {
+		case !ok || !ValidName(name):
+			return nil, refuse(StateRecordMalformed, "", fix, "line %d: %q is not <entrypoint name>=<value>", i+1, line)
+		case value == "" || strings.IndexFunc(value, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+			return nil, refuse(StateRecordMalformed, "", fix, "line %d: the value of %s is empty or holds white space", i+1, name)
+		}
+		if _, twice := values[name]; twice {
+			return nil, refuse(StateRecordMalformed, "", fix, "line %d: %s is declared twice", i+1, name)
+		}
+		if len(values) == maxDeclaredValues {
+			return nil, refuse(StateRecordMalformed, "", fix, "more than %d declared values", maxDeclaredValues)
+		}
+		values[name] = value
+	}
+	return values, nil
+}
+
+// declaredValuesKey holds a stack's DeclaredValues beside its record, so recording them neither
+// moves the stack's revision nor waits for its drain.
+func declaredValuesKey(cockpit, stack string) string { return "d/" + cockpit + "/" + stack }
+
+// DeclaredValues returns what the stack's declared-values holds (empty before any write).
+func (e *Engine) DeclaredValues(cockpit, stack string) (DeclaredValues, error) {
+	var dv DeclaredValues
+	err := e.db.View(func(tx storage.Txn) error {
+		if _, err := tx.Get(stackKey(cockpit, stack)); errors.Is(err, storage.ErrNotFound) {
+			return refuse(NotFound, StackID(cockpit, stack), "", "stack %s does not exist", stack)
+		} else if err != nil {
+			return err
+		}
+		_, err := getJSON(tx, declaredValuesKey(cockpit, stack), &dv)
+		return err
+	})
+	return dv, err
+}
+
+// mayDeclareValues says whether c may write the declared values of r's stack: the cockpit's
+// owner and the stack's holders' uids may, since each of them runs the stack.
+func mayDeclareValues(c Caller, r Record, cockpitUID uint32) error {
+	if !c.may(cockpitUID) && !slices.ContainsFunc(r.Value.Holders, func(h Holder) bool { return c.may(h.UID) }) {
+		return c.denied("the declared values of stack "+r.Stack, cockpitUID)
+	}
+	return nil
+}
+
+// MayWriteDeclaredValues refuses, at open, a writer who may not write the stack's declared values.
+func (e *Engine) MayWriteDeclaredValues(c Caller, cockpit, stack string) error {
+	info, err := e.Cockpit(cockpit)
+	if err != nil {
+		return err
+	}
+	r, err := e.Stack(cockpit, stack)
+	if err != nil {
+		return err
+	}
+	return mayDeclareValues(c, r, info.UID)
+}
+
+// SetDeclaredValues replaces the stack's declared values with the document text.
+func (e *Engine) SetDeclaredValues(ctx context.Context, c Caller, cockpit, stack string, text []byte) error {
+	return e.update(ctx, declaredValuesKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+		m, err := e.loadCockpit(tx, cockpit)
+		if err != nil {
+			return err
+		}
+		r, err := e.loadRecord(tx, cockpit, stack)
+		if err != nil {
+			return err
+		}
+		if err := mayDeclareValues(c, r, m.UID); err != nil {
+			return err
+		}
+		values, err := ParseDeclaredValues(text)
+		if err != nil {
+			var rf *Refusal
+			if errors.As(err, &rf) {
+				rf.Target = r.SubjectID
+			}
+			return err
+		}
+		var dv DeclaredValues
+		if _, err := getJSON(tx, declaredValuesKey(cockpit, stack), &dv); err != nil {
+			return err
+		}
+		if dv.Text == string(text) {
+			return errUnchanged
+		}
+		dv = DeclaredValues{Text: string(text), Values: values, UpdatedAt: Stamp(now)}
+		if err := setJSON(tx, declaredValuesKey(cockpit, stack), dv); err != nil {
+			return err
+		}
+		return appendEvent(tx, cockpit, stack, okEvent(c, now, r.Revision))
+	})
+}

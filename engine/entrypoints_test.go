@@ -1,0 +1,35 @@
+package engine
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestParseDeclaredValues(t *testing.T) {
+	got, err := ParseDeclaredValues([]byte("# recorded\n\n web=http://localhost:1/a \ncb=https://x.example/cb\n"))
+	if err != nil || len(got) != 2 || got["web"] != "http://localhost:1/a" || got["cb"] != "https://x.example/cb" {
+		t.Fatalf("ParseDeclaredValues = %v, %v", got, err)
+	}
+	for _, bad := range []string{"web", "=x", "web=", "web=a b", "web=1\nweb=2", ".x=1", "w\xffb=1"} {
+		var r *Refusal
+		if _, err := ParseDeclaredValues([]byte(bad)); !errors.As(err, &r) || r.Code != StateRecordMalformed {
+			t.Errorf("ParseDeclaredValues(%q) = %v, want STATE_RECORD_MALFORMED", bad, err)
+		}
+	}
+}
+
+func TestIsLoopbackURL(t *testing.T) {
+	for value, want := range map[string]bool{
+		"http://localhost:8080/":      true,
+		"http://127.0.0.1:8080/a":     true,
+		"http://127.9.0.1/":           true,
+		"http://[::1]:80/":            true,
+		"https://auth.example.com/cb": false,
+		"http://10.0.0.1:8080/":       false,
+		"::not a url":                 false,
+	} {
+		if got := isLoopbackURL(value); got != want {
+			t.Errorf("isLoopbackURL(%q) = %v, want %v", value, got, want)
+		}
+	}
+}

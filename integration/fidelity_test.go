@@ -1,0 +1,80 @@
+package integration
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// Entrypoint kinds and declared values, as the seeds' deriveEntrypoints has them: config takes a
+// kind per entrypoint, entrypoints.json is the derivation (each value with its kind and port key,
+// defaults of kind "entrypoint"), and a value recorded in declared-values that differs from the
+// derived URL is reported: a loopback one as corrected, any other as a registration to update.
+// entrypoints/<name> stays the URL alone.
+func TestFidelityEntrypointKindsAndDeclaredValues(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app $M/app/stacks/s")
+	config := "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 34080\nDB = 34432\n" +
+		"[entrypoints.web]\nport = \"HTTP\"\npath = \"/app\"\n" +
+		"[entrypoints.callback]\nport = \"HTTP\"\npath = \"/oauth/callback\"\nkind = \"oauth-callback\"\n"
+	claimsConfig(m, "app", config)
+	m.ok("touch $M/app/stacks/s/holders/me")
+
+	derived := `{"kind":"complete","values":[` +
+		`{"name":"db","kind":"entrypoint","port":"DB","value":"http://127.0.0.1:34432/"},` +
+		`{"name":"http","kind":"entrypoint","port":"HTTP","value":"http://127.0.0.1:34080/"},` +
+		`{"name":"callback","kind":"oauth-callback","port":"HTTP","value":"http://127.0.0.1:34080/oauth/callback"},` +
+		`{"name":"web","kind":"entrypoint","port":"HTTP","value":"http://127.0.0.1:34080/app"}],`
+	if got, want := m.read("app/stacks/s/entrypoints.json"), derived+`"diagnostics":[]}`+"\n"; got != want {
+		t.Fatalf("entrypoints.json =\n%s\nwant\n%s", got, want)
+	}
+	if got := m.read("app/stacks/s/entrypoints/callback"); got != "http://127.0.0.1:34080/oauth/callback\n" {
+		t.Fatalf("entrypoints/callback = %q: still the URL alone", got)
+	}
+
+	// Values recorded elsewhere: web's .env line from another family, callback's registration
+	// at a provider. Matching values say nothing.
+	m.ok(`cat > $M/app/stacks/s/declared-values <<'EOF'
+# from .env and the provider's console
+web=http://localhost:34090/app
+callback=https://auth.example.com/oauth/callback
+EOF`)
+	want := derived + `"diagnostics":[` +
+		`{"severity":"info","code":"PORT_EXTERNAL_REGISTRATION_GAP","message":"external registration cannot be updated by cockpit","target":"callback","fix":"update the external registration to http://127.0.0.1:34080/oauth/callback"},` +
+		`{"severity":"warning","code":"PORT_LOCAL_VALUE_CORRECTED","message":"stale loopback value was replaced from the accepted lease","target":"web","fix":"use http://127.0.0.1:34080/app"}]}` + "\n"
+	if got := m.read("app/stacks/s/entrypoints.json"); got != want {
+		t.Fatalf("entrypoints.json with declared values =\n%s\nwant\n%s", got, want)
+	}
+	m.ok("printf 'web=http://127.0.0.1:34080/app\\n' > $M/app/stacks/s/declared-values")
+	if got := m.read("app/stacks/s/entrypoints.json"); got != derived+`"diagnostics":[]}`+"\n" {
+		t.Fatalf("entrypoints.json with a current declared value =\n%s", got)
+	}
+
+	// A malformed document is refused whole, and the one accepted stays.
+	before := m.read("app/stacks/s/declared-values")
+	m.refused("/bin/echo 'web http://x' > $M/app/stacks/s/declared-values", syscall.EINVAL)
+	claimsRefusalEvent(t, m, "app/stacks/s/events", "STATE_RECORD_MALFORMED", "EINVAL")
+	if got := m.read("app/stacks/s/declared-values"); got != before {
+		t.Fatalf("declared-values after a refused write = %q, want %q", got, before)
+	}
+
+	// A kind that is not one is refused with the config unchanged.
+	m.refused("cat > $M/app/config <<'EOF'\n[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 34080\n[entrypoints.x]\nport = \"HTTP\"\npath = \"/\"\nkind = \"Web App\"\nEOF", syscall.EINVAL)
+	claimsRefusalEvent(t, m, "app/events", "PORT_FAMILY_OUT_OF_RANGE", "EINVAL")
+	if got := m.read("app/config"); got != config {
+		t.Fatalf("config after a refused kind = %q", got)
+	}
+
+	// The config's bases change under the running stack: an entrypoint on a key the lease does
+	// not hold refuses the derivation, as the seeds' does; env leaves it out.
+	claimsConfig(m, "app", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 34080\nAPI = 34500\n"+
+		"[entrypoints.svc]\nport = \"API\"\npath = \"/\"\n")
+	refusal := `{"kind":"refusal","diagnostics":[{"severity":"error","code":"PORT_FAMILY_OUT_OF_RANGE","message":"entrypoint references a port absent from the accepted lease","target":"API",`
+	if got := m.read("app/stacks/s/entrypoints.json"); !strings.HasPrefix(got, refusal) {
+		t.Fatalf("entrypoints.json after the bases changed =\n%s\nwant it to start\n%s", got, refusal)
+	}
+	if got := m.read("app/stacks/s/env"); strings.Contains(got, "API") {
+		t.Fatalf("env names an entrypoint the lease cannot serve:\n%s", got)
+	}
+}
