@@ -462,7 +462,7 @@ path = "/app"
 EOF
 mkdir $M/app/stacks/s`)
 	s := "$M/app/stacks/s"
-	if got := m.ok("ls " + s + "/ports; ls " + s + "/entrypoints; ls " + s); got != "drain\nentrypoints\nevents\nhealth\nholders\nlease\nports\nrecord\nrevision\n" {
+	if got := m.ok("ls " + s + "/ports; ls " + s + "/entrypoints; ls " + s); got != "declared-values\ndrain\nentrypoints\nevents\nhealth\nholders\nlease\nports\nrecord\nrevision\n" {
 		t.Fatalf("before the first claim, ports/, entrypoints/ and the stack list: %q", got)
 	}
 	for _, f := range []string{"env", "ports/HTTP", "entrypoints/web", "entrypoints/http"} {
