@@ -17,12 +17,39 @@ import (
 // drainReservedFix is how a holder change refused by a reserved drain is resolved.
 const drainReservedFix = "wait for the drain to finish (cat wait) or cancel an unstarted one (rm drain/request)"
 
+// leaseBound is how many active leases the claims of one uid may hold, across every cockpit, so
+// that one user cannot take every free family of the machine: 0 is no bound.
+type leaseBound struct {
+	perUID    int
+	unbounded map[uint32]bool
+}
+
+// of is uid's bound (0: none).
+func (b leaseBound) of(uid uint32) int {
+	if uid == rootUID || b.unbounded[uid] {
+		return 0
+	}
+	return b.perUID
+}
+
+// BoundLeases lets the claims of each uid but root and those listed hold at most perUID active
+// leases (0: no bound). A lease counts against the uid whose claim took it until it is released.
+// Call it before the engine serves.
+func (e *Engine) BoundLeases(perUID int, unbounded ...uint32) {
+	e.leaseBound = leaseBound{perUID: perUID, unbounded: map[uint32]bool{}}
+	for _, uid := range unbounded {
+		e.leaseBound.unbounded[uid] = true
+	}
+}
+
 // claimInput is a claim as observed before its transaction: the holder proposed, the holders
 // proven dead, and the host's listener probe.
 type claimInput struct {
 	holder    Holder // as proposed (see Holder.claimed)
 	dead      []Holder
 	listening func(ports []int) ([]int, error) // host TCP listeners among ports
+	// uidLeaseLimit bounds the active leases the claimant's uid may have taken (0: no bound).
+	uidLeaseLimit int
 }
 
 // claimHolder adds in.holder to the stack and leases the stack a port family if it has none (§4).
@@ -61,6 +88,19 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 	}
 	var active int
 	if !v.Lease.Active() {
+		if in.uidLeaseLimit > 0 {
+			// Before anything else is read: past the bound, no family of any cockpit is the
+			// claimant's to take.
+			held, err := reads.leasesOf(in.holder.UID)
+			if err != nil {
+				return r.Value, err
+			}
+			if held >= in.uidLeaseLimit {
+				return r.Value, refuse(PortLeaseUIDLimit, r.SubjectID,
+					"drain a stack of yours you no longer need (echo down > drain/request), or ask the daemon's administrator to raise --max-leases-per-uid",
+					"uid %d already holds %d active leases, the most one user may hold on this daemon, so that other users find port families free", in.holder.UID, held)
+			}
+		}
 		if active, err = reads.activeLeases(); err != nil {
 			return r.Value, err
 		}
@@ -70,6 +110,8 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 		return r.Value, err
 	}
 	if !v.Lease.Active() {
+		uid := in.holder.UID
+		lease.UID = &uid
 		v.Lease = lease
 	}
 	return v, nil

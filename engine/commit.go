@@ -34,6 +34,7 @@ type step func(r Record, reads stepReads, now time.Time) (Value, error)
 type stepReads interface {
 	cockpit() (cockpitMeta, error)
 	activeLeases() (int, error)         // active leases in the cockpit
+	leasesOf(uid uint32) (int, error)   // active leases taken by uid's claims, every cockpit
 	portOwner(port int) (string, error) // "cockpit/stack" of another stack's active lease of port, "" if none
 	// hold takes the machine-wide holds of a candidate family's ports for the stack, all or none,
 	// and says who holds the port it could not take (nil: taken, or the engine holds no ports).
@@ -65,6 +66,12 @@ func (t txReads) cockpit() (cockpitMeta, error) { return t.e.loadCockpit(t.tx, t
 func (t txReads) activeLeases() (int, error) {
 	var n int
 	_, err := getJSON(t.tx, leaseCountKey(t.cockpitName), &n)
+	return n, err
+}
+
+func (t txReads) leasesOf(uid uint32) (int, error) {
+	var n int
+	_, err := getJSON(t.tx, uidLeasesKey(uid), &n)
 	return n, err
 }
 

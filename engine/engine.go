@@ -73,6 +73,8 @@ type Engine struct {
 	cockpits       cockpitCache
 	// holds are the machine-wide holds of the leased ports (nil: this engine holds none).
 	holds *holds
+	// leaseBound bounds the active leases of one uid's claims (BoundLeases).
+	leaseBound leaseBound
 	// inventory is what health observes of every record, kept from commits.
 	inventory inventory
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's

@@ -18,9 +18,11 @@ type fakeReads struct {
 	meta    cockpitMeta
 	missing bool
 	active  int
-	owners  map[int]string
-	err     error // returned by every index read
-	made    []string
+	// uidLeases are the claimant uid's active leases.
+	uidLeases int
+	owners    map[int]string
+	err       error // returned by every index read
+	made      []string
 }
 
 func (f *fakeReads) cockpit() (cockpitMeta, error) {
@@ -34,6 +36,11 @@ func (f *fakeReads) cockpit() (cockpitMeta, error) {
 func (f *fakeReads) activeLeases() (int, error) {
 	f.made = append(f.made, "activeLeases")
 	return f.active, f.err
+}
+
+func (f *fakeReads) leasesOf(uint32) (int, error) {
+	f.made = append(f.made, "leasesOf")
+	return f.uidLeases, f.err
 }
 
 func (f *fakeReads) hold(map[string]int) (*portlock.Holder, int, error) { return nil, 0, nil }

@@ -54,6 +54,9 @@ type Lease struct {
 	Ports       map[string]int       `json:"ports"`
 	Released    bool                 `json:"released"`
 	Declaration portdecl.Declaration `json:"declaration"`
+	// UID is the uid whose claim took the lease, which it counts against (Engine.BoundLeases);
+	// nil in a lease taken before leases were counted, which counts against no one.
+	UID *uint32 `json:"uid,omitempty"`
 }
 
 // Active reports whether l holds its ports.

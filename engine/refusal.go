@@ -38,6 +38,9 @@ const (
 	ClaimHolderLimit    Code = "CLAIM_HOLDER_LIMIT"     // a stack has MaxHolders holders
 	StateInventoryLimit Code = "STATE_INVENTORY_LIMIT"  // a cockpit has MaxStacks stacks
 	StateRecordTooLarge Code = "STATE_RECORD_TOO_LARGE" // a record would pass MaxRecordBytes
+	// PortLeaseUIDLimit: the claimant's uid already holds as many active leases as one uid may
+	// (Engine.BoundLeases), so the families left stay for others.
+	PortLeaseUIDLimit Code = "PORT_LEASE_UID_LIMIT"
 )
 
 // Refusal is why an operation changed nothing: a value the adapter maps to an errno and an events

@@ -17,6 +17,7 @@ import (
 //	d/<cockpit>/<stack>      DeclaredValues of the stack (declared-values)
 //	p/<port, 5 digits>       PortOwner: the machine-wide index of active leases
 //	n/<cockpit>              number of active leases in the cockpit
+//	u/<uid>                  number of active leases taken by the uid's claims, every cockpit
 //	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log
 //	q/<cockpit>/<stack|->    the next events seq
 //	o/<cockpit>/<stack|->    the events file's end: bytes ever appended to it (see EventsWindow)
@@ -29,6 +30,7 @@ const (
 	allStacksPrefix = "s/"
 	portsPrefix     = "p/"
 	allEventsPrefix = "e/"
+	uidLeasesPrefix = "u/"
 )
 
 func cockpitKey(cockpit string) string          { return cockpitsPrefix + cockpit }
@@ -36,6 +38,7 @@ func stackKey(cockpit, stack string) string     { return allStacksPrefix + cockp
 func stacksPrefix(cockpit string) string        { return allStacksPrefix + cockpit + "/" }
 func portKey(port int) string                   { return fmt.Sprintf("%s%05d", portsPrefix, port) }
 func leaseCountKey(cockpit string) string       { return "n/" + cockpit }
+func uidLeasesKey(uid uint32) string            { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
 func eventsPrefix(cockpit, stack string) string { return allEventsPrefix + cockpit + "/" + stack + "/" }
 func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
 func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + stack }
@@ -195,11 +198,31 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 	if delta == 0 {
 		return nil
 	}
-	var n int
-	if _, err := getJSON(tx, leaseCountKey(cockpit), &n); err != nil {
+	if err := addCount(tx, leaseCountKey(cockpit), delta); err != nil {
 		return err
 	}
-	return setJSON(tx, leaseCountKey(cockpit), n+delta)
+	// The uid a lease counts against is the one it was taken by, also when it is released.
+	charged := after
+	if delta < 0 {
+		charged = before
+	}
+	if charged.UID == nil {
+		return nil
+	}
+	return addCount(tx, uidLeasesKey(*charged.UID), delta)
+}
+
+// addCount adds delta to the count kept at key, read with Get so concurrent changes conflict.
+// A count that reaches zero is deleted: a uid that holds nothing leaves no key behind.
+func addCount(tx storage.Txn, key string, delta int) error {
+	var n int
+	if _, err := getJSON(tx, key, &n); err != nil {
+		return err
+	}
+	if n+delta <= 0 && strings.HasPrefix(key, uidLeasesPrefix) {
+		return tx.Delete(key)
+	}
+	return setJSON(tx, key, n+delta)
 }
 
 // leaseIndexProblems says where the port index does not give a port of lease, an active lease of

@@ -11,7 +11,7 @@ import (
 )
 
 // Verify checks the whole store offline: every record against Check, the port index against the
-// active leases both ways, and the per-cockpit counts. It returns one line per violation, naming
+// active leases both ways, and the per-cockpit and per-uid counts. It returns one line per violation, naming
 // its key, and how many records it read.
 func Verify(db Store) ([]string, int, error) {
 	var violations []string
@@ -21,6 +21,7 @@ func Verify(db Store) ([]string, int, error) {
 	records := map[string]Record{}
 	stacks := map[string]int{}
 	leases := map[string]int{}
+	uidLeases := map[string]int{} // by uidLeasesKey
 	err := db.View(func(tx storage.Txn) error {
 		if err := tx.Scan(allStacksPrefix, func(key string, value []byte) error {
 			r, err := decodeRecord(value)
@@ -39,6 +40,9 @@ func Verify(db Store) ([]string, int, error) {
 			stacks[cockpit]++
 			if r.Value.Lease.Active() {
 				leases[cockpit]++
+				if r.Value.Lease.UID != nil {
+					uidLeases[uidLeasesKey(*r.Value.Lease.UID)]++
+				}
 				problems, err := leaseIndexProblems(tx, cockpit, stack, r.Value.Lease)
 				if err != nil {
 					return err
@@ -64,6 +68,21 @@ func Verify(db Store) ([]string, int, error) {
 			return nil
 		}); err != nil {
 			return err
+		}
+		if err := tx.Scan(uidLeasesPrefix, func(key string, value []byte) error {
+			var n int
+			if err := json.Unmarshal(value, &n); err != nil {
+				bad(key, "%v", err)
+			} else if n != uidLeases[key] {
+				bad(key, "counts %d active leases, the store holds %d taken by that uid", n, uidLeases[key])
+			}
+			delete(uidLeases, key)
+			return nil
+		}); err != nil {
+			return err
+		}
+		for key, n := range uidLeases {
+			bad(key, "is missing: the store holds %d active leases taken by that uid", n)
 		}
 		return tx.Scan(cockpitsPrefix, func(key string, value []byte) error {
 			var m cockpitMeta

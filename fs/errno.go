@@ -23,6 +23,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.PortFamilyOutOfRange:         syscall.EINVAL,
 	engine.ClaimCoTenant:                syscall.EBUSY,
 	engine.PortLeaseExhausted:           syscall.ENOSPC,
+	engine.PortLeaseUIDLimit:            syscall.EDQUOT,
 	engine.PortFamilyCollision:          syscall.EADDRINUSE,
 	engine.PortListenerEvidenceInvalid:  syscall.EAGAIN,
 	engine.ConfigChangedDuringExecution: syscall.ESTALE,

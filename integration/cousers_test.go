@@ -131,3 +131,50 @@ func TestCoUserStackWithoutCreator(t *testing.T) {
 	}
 	ownershipNobodyOK(m, "rmdir $M/nobapp/stacks/old")
 }
+
+// One uid's claims hold at most --max-leases-per-uid active leases, every cockpit counted: past
+// it a claim is refused (EDQUOT, PORT_LEASE_UID_LIMIT) and changes nothing, while root still
+// leases; a drain of one of the uid's stacks makes room again.
+func TestCoUserLeaseBound(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other", "--max-leases-per-uid", "2")
+	m.setupApp(20, map[string]int{"HTTP": 33900}, "root1")
+	ownershipNobodyOK(m, `for s in n1 n2 n3; do mkdir $M/app/stacks/$s; done
+		echo pid=none > $M/app/stacks/n1/holders/nob
+		echo pid=none > $M/app/stacks/n2/holders/nob`)
+
+	for _, refused := range []struct{ stack, script string }{
+		{"app/stacks/n3/", "echo pid=none > $M/app/stacks/n3/holders/nob"},
+		// Its own cockpit counts too: the bound is the machine's, not a cockpit's.
+		{"nobapp/stacks/x/", "echo pid=none > $M/nobapp/stacks/x/holders/nob"},
+	} {
+		if refused.stack == "nobapp/stacks/x/" {
+			ownershipNobodyOK(m, "mkdir $M/nobapp && printf '[ports]\\nstep = 10\\ncount = 5\\n[ports.bases]\\nHTTP = 34100\\n' > $M/nobapp/config && mkdir $M/nobapp/stacks/x")
+		}
+		record := m.read(refused.stack + "record")
+		ownershipNobodyRefused(m, refused.script, syscall.EDQUOT)
+		ev := m.lastEvent(refused.stack + "events")
+		for _, want := range []string{`"result":"refused"`, `"code":"PORT_LEASE_UID_LIMIT"`, `"errno":"EDQUOT"`, `"uid":65534`, "uid 65534 already holds 2 active leases"} {
+			if !strings.Contains(ev, want) {
+				t.Errorf("%sevents: want %s in %s", refused.stack, want, ev)
+			}
+		}
+		if got := m.read(refused.stack + "record"); got != record {
+			t.Fatalf("record changed by a refused claim:\nbefore %s\nafter  %s", record, got)
+		}
+	}
+	if got := m.ok("ls $M/ports"); got != "33900\n33910\n" {
+		t.Fatalf("ports after nobody's refused claims = %q, want its two leases'", got)
+	}
+
+	// Root is not bounded, and finds the families nobody could not take.
+	m.ok("touch $M/app/stacks/root1/holders/r && mkdir $M/app/stacks/root2 && touch $M/app/stacks/root2/holders/r && mkdir $M/app/stacks/root3 && touch $M/app/stacks/root3/holders/r")
+
+	// A drained stack's lease no longer counts.
+	ownershipNobodyOK(m, `S=$M/app/stacks/n1
+		echo sleep > $S/drain/request && echo start pid=none > $S/drain/attempt && echo success > $S/drain/outcome
+		echo pid=none > $M/app/stacks/n3/holders/nob`)
+	if got := m.read("app/stacks/n3/ports/HTTP"); got != "33900\n" {
+		t.Fatalf("n3's HTTP once n1 was drained = %q", got)
+	}
+}

@@ -38,6 +38,10 @@ flags:
   --allow-other      let every user use the mount (needs user_allow_other in /etc/fuse.conf
                      unless root)
   --nonempty         mount even over a directory that holds files (they are hidden meanwhile)
+  --max-leases-per-uid N
+                     the most active leases the claims of one user may hold, every cockpit
+                     counted, so one user cannot take every free port family (default 8;
+                     0: no bound); root and the daemon's own user are not bounded
   --log-level LEVEL  error, info (default) or debug (every FUSE request)
 ` + etcdFlagsUsage, mountCommand},
 		"unmount": {`usage: cockpitfs unmount MOUNTPOINT

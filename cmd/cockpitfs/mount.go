@@ -50,6 +50,7 @@ func mountCommand(args []string) error {
 	daemon := fset.Bool("daemon", false, "")
 	allowOther := fset.Bool("allow-other", false, "")
 	nonempty := fset.Bool("nonempty", false, "")
+	leasesPerUID := fset.Int("max-leases-per-uid", defaultLeasesPerUID, "")
 	level := fset.String("log-level", "info", "")
 	debug := fset.Bool("debug", false, "") // kept for scripts of earlier releases: --log-level debug
 	positional, err := parseInterspersed(fset, args)
@@ -72,6 +73,9 @@ func mountCommand(args []string) error {
 	if *debug {
 		logLevel = logDebug
 	}
+	if *leasesPerUID < 0 {
+		return &usageError{command: "mount", msg: fmt.Sprintf("--max-leases-per-uid %d is negative (0: no bound)", *leasesPerUID)}
+	}
 	mnt, err := filepath.Abs(positional[0])
 	if err != nil {
 		return err
@@ -84,19 +88,25 @@ func mountCommand(args []string) error {
 	if *daemon {
 		return daemonize(args, *data)
 	}
-	st := storeChoice{data: *data}
+	st := storeChoice{data: *data, leasesPerUID: *leasesPerUID}
 	if isEtcd {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
 	return serve(mnt, st, *nonempty, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
 }
 
-// storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names.
+// storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names; and
+// how many active leases each user's claims may hold there (--max-leases-per-uid).
 type storeChoice struct {
-	data string
-	etcd *etcdstore.Config
-	url  string
+	data         string
+	etcd         *etcdstore.Config
+	url          string
+	leasesPerUID int
 }
+
+// defaultLeasesPerUID is --max-leases-per-uid's default: one developer's stacks running at once
+// on a shared machine, with room left for everyone else in a cockpit of the usual 20 families.
+const defaultLeasesPerUID = 8
 
 func unmountCommand(args []string) error {
 	if len(args) != 1 {
@@ -183,6 +193,7 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 			db.Close()
 			return nil, "", nil, err
 		}
+		eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
 		return eng, "store " + st.url, func() { db.Close() }, nil
 	}
 	data := st.data
@@ -203,6 +214,8 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 	go func() { keepBackups(db, data, stopBackups); close(backupsDone) }()
 	closeStore = func() { close(stopBackups); <-backupsDone; closeDB() }
 	eng = engine.New(db)
+	// Whoever runs the daemon may take every family it could take by running one of its own.
+	eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
 	// The holds of every active lease are taken again before the mount serves anyone.
 	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})
 	if err != nil {
