@@ -303,3 +303,74 @@ func TestTableDamagedWhileOpenFailsClosed(t *testing.T) {
 		t.Errorf("Update after the damage was found: %v", err)
 	}
 }
+
+// damageInPlace overwrites one byte of value-007 in the store's only table, in place: the table
+// is mapped by the open store, which sees the change at once.
+func damageInPlace(t *testing.T, dir string) {
+	t.Helper()
+	sst := onlyFile(t, dir, "*.sst")
+	data, err := os.ReadFile(sst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := bytes.Index(data, []byte("value-007-"))
+	if at < 0 {
+		t.Fatal("value-007 is not in the table")
+	}
+	f, err := os.OpenFile(sst, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte{'9'}, int64(at+8)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A read that meets a table damaged after the store opened is damage (ErrCorrupt), never a
+// missing key nor a shorter scan — badger alone answers "not found" and a scan without the
+// block's keys — and the store fails closed from then on.
+func TestTableDamagedWhileOpenReadsAsDamage(t *testing.T) {
+	t.Parallel()
+	for _, read := range []struct {
+		name string
+		fn   func(tx storage.Txn) error
+	}{
+		{"get", func(tx storage.Txn) error { _, err := tx.Get("k007"); return err }},
+		{"scan", func(tx storage.Txn) error {
+			return tx.Scan("k", func(string, []byte) error { return nil })
+		}},
+	} {
+		t.Run(read.name, func(t *testing.T) {
+			t.Parallel()
+			dir := closedStore(t, 16)
+			db, err := Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			// Sound: a missing key is missing, a scan finds every key.
+			if _, ok := get(t, db, "k999"); ok {
+				t.Fatal("k999 exists")
+			}
+			n := 0
+			if err := db.View(func(tx storage.Txn) error {
+				return tx.Scan("k", func(string, []byte) error { n++; return nil })
+			}); err != nil || n != 16 {
+				t.Fatalf("scan of the sound store: %d keys, %v", n, err)
+			}
+
+			damageInPlace(t, dir)
+			err = db.View(read.fn)
+			if !errors.Is(err, storage.ErrCorrupt) || errors.Is(err, storage.ErrNotFound) {
+				t.Fatalf("%s of a key in the damaged block: want ErrCorrupt, got %v", read.name, err)
+			}
+			if !strings.Contains(err.Error(), ".sst") {
+				t.Errorf("the error does not name the table: %v", err)
+			}
+			if err := db.View(func(storage.Txn) error { return nil }); !errors.Is(err, storage.ErrCorrupt) {
+				t.Errorf("View after the damage was met: %v", err)
+			}
+		})
+	}
+}
