@@ -22,10 +22,14 @@ type recordCache struct {
 	latest map[string]cachedRecord
 }
 
-// cachedRecord is a record and the bytes it was decoded from (or encoded to).
+// cachedRecord is a record and the bytes of its head it was decoded from (or encoded to).
 type cachedRecord struct {
 	Record
-	raw []byte
+	raw    []byte
+	stored storedHolders
+	// checked: the record passed Check when this engine saved it, so a commit that follows it
+	// checks only the holders it changes.
+	checked bool
 }
 
 func (c *recordCache) get(key string) (Record, uint64, bool) {
@@ -35,16 +39,16 @@ func (c *recordCache) get(key string) (Record, uint64, bool) {
 	return e.Record, c.gen[key], ok
 }
 
-// decoded returns the record of key cached as decoded from exactly raw.
-func (c *recordCache) decoded(key string, raw []byte) (Record, bool) {
+// decoded returns the record of key cached as read with exactly raw as its head.
+func (c *recordCache) decoded(key string, raw []byte) (cachedRecord, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range []cachedRecord{c.latest[key], c.m[key]} {
 		if e.raw != nil && bytes.Equal(e.raw, raw) {
-			return e.Record, true
+			return e, true
 		}
 	}
-	return Record{}, false
+	return cachedRecord{}, false
 }
 
 // put stores r, read as raw at generation gen, unless a commit invalidated key since.

@@ -8,12 +8,12 @@ import (
 // A read that raced a commit must not cache what it read before the commit.
 func TestRecordCacheGenerations(t *testing.T) {
 	var c recordCache
-	old := cachedRecord{Record{Revision: 1}, []byte("1")}
+	old := cachedRecord{Record: Record{Revision: 1}, raw: []byte("1")}
 	_, gen, ok := c.get("k")
 	if ok {
 		t.Fatal("empty cache hit")
 	}
-	two := cachedRecord{Record{Revision: 2}, []byte("2")}
+	two := cachedRecord{Record: Record{Revision: 2}, raw: []byte("2")}
 	committed := c.invalidate("k", &two) // a commit lands between the read's get and its put
 	c.put("k", old, gen)
 	if _, _, ok := c.get("k"); ok {
@@ -24,7 +24,7 @@ func TestRecordCacheGenerations(t *testing.T) {
 		t.Fatalf("after fill: %v %v", r.Revision, ok)
 	}
 	_, gen, _ = c.get("k")
-	c.put("k", cachedRecord{Record{Revision: 3}, []byte("3")}, gen)
+	c.put("k", cachedRecord{Record: Record{Revision: 3}, raw: []byte("3")}, gen)
 	if r, _, _ := c.get("k"); r.Revision != 3 {
 		t.Fatalf("a put at the current generation was dropped: %d", r.Revision)
 	}
@@ -35,8 +35,8 @@ func TestRecordCacheGenerations(t *testing.T) {
 // skips decoding the newest commit's bytes.
 func TestRecordCacheCommitsOvertaken(t *testing.T) {
 	var c recordCache
-	four := cachedRecord{Record{Revision: 4}, []byte("4")}
-	five := cachedRecord{Record{Revision: 5}, []byte("5")}
+	four := cachedRecord{Record: Record{Revision: 4}, raw: []byte("4")}
+	five := cachedRecord{Record: Record{Revision: 5}, raw: []byte("5")}
 	genFour := c.invalidate("k", &four)
 	genFive := c.invalidate("k", &five)
 	if _, _, ok := c.get("k"); ok {
@@ -58,7 +58,7 @@ func TestRecordCacheDecodedOnlyFromTheSameBytes(t *testing.T) {
 	if _, ok := c.decoded("k", []byte("3")); ok {
 		t.Fatal("empty cache hit")
 	}
-	c.fill("k", cachedRecord{Record{Revision: 3}, []byte("3")}, 0)
+	c.fill("k", cachedRecord{Record: Record{Revision: 3}, raw: []byte("3")}, 0)
 	if r, ok := c.decoded("k", []byte("3")); !ok || r.Revision != 3 {
 		t.Fatalf("same bytes: %v %v", r.Revision, ok)
 	}

@@ -189,7 +189,7 @@ func TestAddHolderKeepsHoldersSortedAndInputIntact(t *testing.T) {
 		}
 		v = next
 	}
-	if errs := checkHolders(v.Holders); len(errs) != 0 {
+	if errs := checkHolders(v.Holders, nil); len(errs) != 0 {
 		t.Fatalf("holders not valid after adds: %v", errs)
 	}
 }

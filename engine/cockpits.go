@@ -129,7 +129,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 			return refuse(StateInventoryLimit, StackID(cockpit, stack), "remove a stack this cockpit no longer needs",
 				"cockpit %s already has %d stacks", cockpit, MaxStacks)
 		}
-		if _, err := saveRecord(tx, newRecord(cockpit, stack, c.UID, now)); err != nil {
+		if _, err := saveRecord(tx, cachedRecord{}, newRecord(cockpit, stack, c.UID, now)); err != nil {
 			return err
 		}
 		m.Stacks++

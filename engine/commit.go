@@ -87,12 +87,12 @@ func (t txReads) portOwner(port int) (string, error) {
 // applyStep commits the value s derives from the stack's current record.
 func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string, s step) error {
 	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
-		r, err := e.loadRecord(tx, cockpit, stack)
+		r, err := e.readRecord(tx, cockpit, stack)
 		if err != nil {
 			return err
 		}
 		var heldElsewhere []string
-		v, err := s(r, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, heldElsewhere: &heldElsewhere}, now)
+		v, err := s(r.Record, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, heldElsewhere: &heldElsewhere}, now)
 		if err != nil {
 			return err
 		}
@@ -107,8 +107,8 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 
 // commit writes the next revision of r with value v, its port index and its events line, with
 // warning in the line ("" for none).
-func (e *Engine) commit(tx storage.Txn, c Caller, r Record, v Value, now time.Time, warning string) error {
-	saved, err := saveRecord(tx, r.next(v, now))
+func (e *Engine) commit(tx storage.Txn, c Caller, r cachedRecord, v Value, now time.Time, warning string) error {
+	saved, err := saveRecord(tx, r, r.next(v, now))
 	if err != nil {
 		return err
 	}

@@ -454,7 +454,7 @@ func snapshotRevision(t *testing.T, snapshot map[string]string, stack string) (i
 	if !ok {
 		return 0, false
 	}
-	r, err := decodeRecord([]byte(data))
+	r, err := decodeHead([]byte(data))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,8 +96,14 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		if err != nil {
 			return err
 		}
-		if r, readErr = decodeRecord(data); readErr == nil {
-			readErr = Check(r)
+		read, err := e.recordOf(tx, stackKey(cockpit, stack), data)
+		switch {
+		case isMalformed(err):
+			readErr, err = err, nil
+		case err != nil:
+			return err
+		default:
+			r, readErr = read.Record, Check(read.Record)
 		}
 		if m, err := e.loadCockpit(tx, cockpit); err == nil {
 			if cfg, ok := m.config(); ok {

@@ -71,7 +71,7 @@ func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPor
 	var leases []Record
 	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(allStacksPrefix, func(_ string, v []byte) error {
-			r, err := decodeRecord(v)
+			r, err := decodeHead(v) // the lease is all it needs
 			if err == nil && r.Value.Lease.Active() {
 				leases = append(leases, r)
 			}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
@@ -21,7 +22,11 @@ var (
 
 // Check reports every invariant r breaks (the seeds' coordination and drain schemas plus the
 // identities of the names it carries); nil means r is a record the engine may hold.
-func Check(r Record) error {
+func Check(r Record) error { return check(r, nil) }
+
+// check is Check trusting each holder of checked, the sorted holders of a record that passed it,
+// that r keeps unchanged: a commit checks what it changes, not every holder of the stack again.
+func check(r Record, checked []Holder) error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if r.Format != recordFormat || r.Kind != recordKind {
@@ -40,17 +45,13 @@ func Check(r Record) error {
 		bad("updatedAt %q is not canonical", r.UpdatedAt)
 	}
 	v := r.Value
-	errs = append(errs, checkHolders(v.Holders)...)
+	errs = append(errs, checkHolders(v.Holders, checked)...)
 	if v.Lease != nil {
 		if err := checkLease(v.Lease); err != nil {
 			bad("lease: %v", err)
 		}
 	}
-	ids := map[string]bool{}
-	for _, h := range v.Holders {
-		ids[h.HolderID] = true
-	}
-	if l := v.LastReleasedHolder; l != nil && (!holderIDPattern.MatchString(*l) || ids[*l]) {
+	if l := v.LastReleasedHolder; l != nil && (!holderIDPattern.MatchString(*l) || slices.ContainsFunc(v.Holders, func(h Holder) bool { return h.HolderID == *l })) {
 		bad("lastReleasedHolder %q is malformed or still a holder", *l)
 	}
 	if len(v.Holders) > 0 && !v.Lease.Active() {
@@ -76,12 +77,21 @@ func Check(r Record) error {
 	return errors.Join(errs...)
 }
 
-func checkHolders(hs []Holder) []error {
+func checkHolders(hs, checked []Holder) []error {
 	var errs []error
 	if len(hs) > maxHolders {
 		errs = append(errs, fmt.Errorf("%d holders exceed %d", len(hs), maxHolders))
 	}
 	for i, h := range hs {
+		for len(checked) > 0 && checked[0].HolderID < h.HolderID {
+			checked = checked[1:]
+		}
+		if len(checked) > 0 && checked[0] == h {
+			if i > 0 && hs[i-1].HolderID >= h.HolderID {
+				errs = append(errs, fmt.Errorf("holders are not unique and sorted at %s", h.Name))
+			}
+			continue
+		}
 		switch {
 		case !ValidName(h.Name) || h.HolderID != HolderID(h.Name):
 			errs = append(errs, fmt.Errorf("holder %q: identity does not match its name", h.Name))

@@ -139,7 +139,7 @@ func TestCheckAcceptsValidRecords(t *testing.T) {
 		}
 		// What the store holds reads back the same.
 		data, _ := json.Marshal(r)
-		back, err := decodeRecord(data)
+		back, err := decodeHead(data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -388,7 +388,7 @@ func TestCheckGuardsSaveRecord(t *testing.T) {
 	before := recordSnapshot(t, e, "app", "main")
 	r := stackRecord(t, e, "app", "main")
 	r.Value.Lease = nil
-	err := e.db.Update(t.Context(), func(tx storage.Txn) error { _, err := saveRecord(tx, r); return err })
+	err := e.db.Update(t.Context(), func(tx storage.Txn) error { _, err := saveRecord(tx, cachedRecord{}, r); return err })
 	requireCode(t, err, StateRecordMalformed)
 	if after := recordSnapshot(t, e, "app", "main"); after != before {
 		t.Fatalf("a record breaking its invariants was saved:\n%s", after)

@@ -93,7 +93,11 @@ func (e *Engine) refreshInventory(tx storage.Txn, stale map[string]bool) error {
 		case err != nil:
 			return err
 		default:
-			inv.set(key, e.inventoryEntry(key, raw))
+			entry, err := e.inventoryEntry(tx, key, raw)
+			if err != nil {
+				return err
+			}
+			inv.set(key, entry)
 		}
 	}
 	return nil
@@ -107,23 +111,33 @@ func (e *Engine) loadInventory(tx storage.Txn) error {
 	inv.owners = map[int]map[string]string{}
 	inv.unsound = map[string]map[string]string{}
 	inv.shared = map[int]bool{}
-	err := tx.Scan(allStacksPrefix, func(key string, raw []byte) error {
-		inv.set(key, e.inventoryEntry(key, raw))
+	heads := map[string][]byte{}
+	if err := tx.Scan(allStacksPrefix, func(key string, raw []byte) error {
+		heads[key] = raw
 		return nil
-	})
-	inv.loaded = err == nil
-	return err
+	}); err != nil {
+		return err
+	}
+	for key, raw := range heads {
+		entry, err := e.inventoryEntry(tx, key, raw)
+		if err != nil {
+			return err
+		}
+		inv.set(key, entry)
+	}
+	inv.loaded = true
+	return nil
 }
 
-func (e *Engine) inventoryEntry(key string, raw []byte) inventoryEntry {
+// inventoryEntry observes the record whose head is raw; an error is the store's, not the record's.
+func (e *Engine) inventoryEntry(tx storage.Txn, key string, raw []byte) (inventoryEntry, error) {
 	cockpit, _ := splitStackKey(key)
-	r, ok := e.records.decoded(key, raw)
-	var err error
-	if !ok {
-		r, err = decodeRecord(raw)
+	r, err := e.recordOf(tx, key, raw)
+	if err != nil && !isMalformed(err) {
+		return inventoryEntry{}, err
 	}
 	if err == nil {
-		err = Check(r)
+		err = Check(r.Record)
 	}
 	entry := inventoryEntry{cockpit: cockpit}
 	switch {
@@ -132,7 +146,7 @@ func (e *Engine) inventoryEntry(key string, raw []byte) inventoryEntry {
 	case r.Value.Lease.Active():
 		entry.ports = r.Value.Lease.Ports
 	}
-	return entry
+	return entry, nil
 }
 
 func (inv *inventory) set(key string, entry inventoryEntry) {

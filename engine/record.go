@@ -147,7 +147,9 @@ func sortHolders(hs []Holder) {
 	sort.Slice(hs, func(i, j int) bool { return hs[i].HolderID < hs[j].HolderID })
 }
 
-func decodeRecord(data []byte) (Record, error) {
+// decodeHead decodes a record's head (see saveRecord): every field but the holders stored under
+// their own keys.
+func decodeHead(data []byte) (Record, error) {
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
 		return Record{}, fmt.Errorf("decode record: %w", malformedValue{err})

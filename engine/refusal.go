@@ -82,6 +82,12 @@ func AsRefusal(err error) *Refusal {
 	return &Refusal{Code: StateRootUnavailable, Message: err.Error(), Fix: "check the disk and the daemon's log, then retry"}
 }
 
+// isMalformed says err is a stored value that does not decode.
+func isMalformed(err error) bool {
+	var m malformedValue
+	return errors.As(err, &m)
+}
+
 // malformedValue is a stored value that does not decode.
 type malformedValue struct{ err error }
 

@@ -79,4 +79,13 @@ func TestRecordByteLimit(t *testing.T) {
 	if len(r.Value.Holders) != n-1 || len(canonicalJSON(r)) > maxRecordBytes {
 		t.Fatalf("%d holders after %d claims, record of %d bytes", len(r.Value.Holders), n, len(canonicalJSON(r)))
 	}
+	// Refused at the bound, not before it: one more holder of that size would pass it.
+	if holder := len(canonicalJSON(r.Value.Holders[0])); len(canonicalJSON(r))+holder+1 <= maxRecordBytes {
+		t.Fatalf("refused at %d bytes, with room for a holder of %d", len(canonicalJSON(r)), holder)
+	}
+	// However large the record, no value stored reaches kv's value threshold (256 KiB), from
+	// which badger keeps it in its value log, which is never reclaimed.
+	if _, _, largest := storedLayout(t, e.db, "app", "s"); largest > maxHeadBytes {
+		t.Fatalf("a value of %d bytes is stored, more than %d", largest, maxHeadBytes)
+	}
 }

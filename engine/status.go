@@ -77,16 +77,21 @@ func (e *Engine) Status() (Status, error) {
 		for _, m := range metas {
 			st.UpdatedAt = later(st.UpdatedAt, m.UpdatedAt)
 			c := CockpitStatus{Name: m.Name, UID: m.UID, Stacks: []StackStatus{}}
-			if err := tx.Scan(stacksPrefix(m.Name), func(_ string, v []byte) error {
-				r, err := decodeRecord(v)
+			var keys []string
+			heads := map[string][]byte{}
+			if err := tx.Scan(stacksPrefix(m.Name), func(k string, v []byte) error {
+				keys, heads[k] = append(keys, k), v
+				return nil
+			}); err != nil {
+				return err
+			}
+			for _, k := range keys {
+				r, err := e.recordOf(tx, k, heads[k])
 				if err != nil {
 					return err
 				}
 				st.UpdatedAt = later(st.UpdatedAt, r.UpdatedAt)
-				c.Stacks = append(c.Stacks, e.stackStatus(r))
-				return nil
-			}); err != nil {
-				return err
+				c.Stacks = append(c.Stacks, e.stackStatus(r.Record))
 			}
 			st.Cockpits = append(st.Cockpits, c)
 		}

@@ -13,7 +13,8 @@ import (
 // Keys of the store. Names never hold '/', so it separates components unambiguously.
 //
 //	c/<cockpit>              cockpitMeta
-//	s/<cockpit>/<stack>      Record
+//	s/<cockpit>/<stack>      the stack's Record without its holders: its head (see saveRecord)
+//	h/<cockpit>/<stack>/<holderId>        one Holder of the stack
 //	d/<cockpit>/<stack>      DeclaredValues of the stack (declared-values)
 //	p/<port, 5 digits>       PortOwner: the machine-wide index of active leases
 //	n/<cockpit>              number of active leases in the cockpit
@@ -26,22 +27,27 @@ const cockpitLevel = "-"
 
 // Prefixes of whole key families, for scans.
 const (
-	cockpitsPrefix  = "c/"
-	allStacksPrefix = "s/"
-	portsPrefix     = "p/"
-	allEventsPrefix = "e/"
-	uidLeasesPrefix = "u/"
+	cockpitsPrefix   = "c/"
+	allStacksPrefix  = "s/"
+	allHoldersPrefix = "h/"
+	portsPrefix      = "p/"
+	allEventsPrefix  = "e/"
+	uidLeasesPrefix  = "u/"
 )
 
-func cockpitKey(cockpit string) string          { return cockpitsPrefix + cockpit }
-func stackKey(cockpit, stack string) string     { return allStacksPrefix + cockpit + "/" + stack }
-func stacksPrefix(cockpit string) string        { return allStacksPrefix + cockpit + "/" }
-func portKey(port int) string                   { return fmt.Sprintf("%s%05d", portsPrefix, port) }
-func leaseCountKey(cockpit string) string       { return "n/" + cockpit }
-func uidLeasesKey(uid uint32) string            { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
-func eventsPrefix(cockpit, stack string) string { return allEventsPrefix + cockpit + "/" + stack + "/" }
-func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
-func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + stack }
+func cockpitKey(cockpit string) string      { return cockpitsPrefix + cockpit }
+func stackKey(cockpit, stack string) string { return allStacksPrefix + cockpit + "/" + stack }
+func stacksPrefix(cockpit string) string    { return allStacksPrefix + cockpit + "/" }
+func holdersPrefix(cockpit, stack string) string {
+	return allHoldersPrefix + cockpit + "/" + stack + "/"
+}
+func holderKey(cockpit, stack, id string) string { return holdersPrefix(cockpit, stack) + id }
+func portKey(port int) string                    { return fmt.Sprintf("%s%05d", portsPrefix, port) }
+func leaseCountKey(cockpit string) string        { return "n/" + cockpit }
+func uidLeasesKey(uid uint32) string             { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
+func eventsPrefix(cockpit, stack string) string  { return allEventsPrefix + cockpit + "/" + stack + "/" }
+func eventsSeqKey(cockpit, stack string) string  { return "q/" + cockpit + "/" + stack }
+func eventsEndKey(cockpit, stack string) string  { return "o/" + cockpit + "/" + stack }
 func eventKey(cockpit, stack string, seq uint64) string {
 	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
 }
@@ -121,8 +127,30 @@ func (m cockpitMeta) config() (portdecl.Config, bool) {
 	return *m.Declared, true
 }
 
-// loadRecord reads a stack's record in tx. The bytes are always read (the transaction must Get
-// what it depends on); decoding them is skipped when they are the bytes the cache holds.
+// A stack's record is stored in pieces, so that a commit costs what it changes, not what the
+// stack holds: the head (the record without its holders) under the stack's key, and each holder
+// under a key of its own. Every commit on a stack writes its head (the revision moves), so a
+// transaction that Gets the head conflicts with any change of the stack's holders, and head bytes
+// seen before name the same holders: the cache may serve them without reading the holders' keys.
+//
+// A record written before holders had keys keeps them in its head ("inline"); it reads the same,
+// and each commit on it moves up to migrateBatch of them to their own keys (a store may limit a
+// transaction's writes: etcd's --max-txn-ops defaults to 128).
+const migrateBatch = 64
+
+// maxHeadBytes bounds a head's JSON well below kv's value threshold (256 KiB), from which badger
+// keeps values in its value log, which is never garbage-collected. Only a drain grows a head.
+const maxHeadBytes = 192 << 10
+
+// storedHolders is where a record's holders lie in the store.
+type storedHolders struct {
+	inline []Holder // still in the head, sorted
+	bytes  int      // the JSON of every holder, summed: the record's size without encoding it
+}
+
+// loadRecord reads a stack's record in tx. The head is always read (the transaction must Get
+// what it depends on); the holders' keys are read, and the whole decoded, only when the head is
+// not the one the cache holds.
 func (e *Engine) loadRecord(tx storage.Txn, cockpit, stack string) (Record, error) {
 	r, err := e.readRecord(tx, cockpit, stack)
 	return r.Record, err
@@ -130,35 +158,175 @@ func (e *Engine) loadRecord(tx storage.Txn, cockpit, stack string) (Record, erro
 
 func (e *Engine) readRecord(tx storage.Txn, cockpit, stack string) (cachedRecord, error) {
 	key := stackKey(cockpit, stack)
-	data, err := tx.Get(key)
+	head, err := tx.Get(key)
 	if errors.Is(err, storage.ErrNotFound) {
 		return cachedRecord{}, refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
 	}
 	if err != nil {
 		return cachedRecord{}, err
 	}
-	if r, ok := e.records.decoded(key, data); ok {
-		return cachedRecord{r, data}, nil
-	}
-	r, err := decodeRecord(data)
-	return cachedRecord{r, data}, err
+	return e.recordOf(tx, key, head)
 }
 
-// saveRecord writes r after checking every invariant: a transition that would break one is a bug
-// and commits nothing. It returns what it wrote.
-func saveRecord(tx storage.Txn, r Record) (cachedRecord, error) {
-	if err := Check(r); err != nil {
-		return cachedRecord{}, refuse(StateRecordMalformed, r.SubjectID, "report this as a cockpitfs bug", "transition would break the record's invariants: %v", err)
+// recordOf is the record whose head, key's value in tx, is head: the cached one when it holds
+// those bytes, else read with its holders.
+func (e *Engine) recordOf(tx storage.Txn, key string, head []byte) (cachedRecord, error) {
+	if r, ok := e.records.decoded(key, head); ok {
+		return r, nil
 	}
-	data, err := json.Marshal(r)
+	return assembleRecord(tx, key, head)
+}
+
+// assembleRecord decodes head, key's value, and adds the holders stored under their own keys.
+func assembleRecord(tx storage.Txn, key string, head []byte) (cachedRecord, error) {
+	r, err := decodeHead(head)
 	if err != nil {
 		return cachedRecord{}, err
 	}
-	if len(data) > maxRecordBytes {
-		return cachedRecord{}, refuse(StateRecordTooLarge, r.SubjectID, "release holders, or claim with shorter checkout paths",
-			"the stack's record would be %d bytes, more than %d", len(data), maxRecordBytes)
+	cockpit, stack := splitStackKey(key)
+	inline := r.Value.Holders
+	stored := storedHolders{inline: inline}
+	for _, h := range inline {
+		stored.bytes += encodedLen(h)
 	}
-	return cachedRecord{r, data}, tx.Set(stackKey(r.Cockpit, r.Stack), data)
+	var keyed []Holder
+	err = tx.Scan(holdersPrefix(cockpit, stack), func(k string, v []byte) error {
+		var h Holder
+		if err := json.Unmarshal(v, &h); err != nil {
+			return fmt.Errorf("decode %s: %w", k, malformedValue{err})
+		}
+		if k != holderKey(cockpit, stack, h.HolderID) {
+			return fmt.Errorf("decode %s: %w", k, malformedValue{fmt.Errorf("it holds holder %s", h.HolderID)})
+		}
+		keyed = append(keyed, h)
+		stored.bytes += len(v)
+		return nil
+	})
+	if err != nil {
+		return cachedRecord{}, err
+	}
+	if r.Value.Holders, err = mergeHolders(inline, keyed); err != nil {
+		return cachedRecord{}, fmt.Errorf("decode %s: %w", key, malformedValue{err})
+	}
+	return cachedRecord{Record: r, raw: head, stored: stored}, nil
+}
+
+// mergeHolders merges two lists sorted by id; an id in both is damage.
+func mergeHolders(a, b []Holder) ([]Holder, error) {
+	if len(a) == 0 && b != nil {
+		return b, nil
+	}
+	out := make([]Holder, 0, len(a)+len(b))
+	for len(a) > 0 || len(b) > 0 {
+		switch {
+		case len(b) == 0 || len(a) > 0 && a[0].HolderID < b[0].HolderID:
+			out, a = append(out, a[0]), a[1:]
+		case len(a) == 0 || b[0].HolderID < a[0].HolderID:
+			out, b = append(out, b[0]), b[1:]
+		default:
+			return nil, fmt.Errorf("holder %s is stored both in the record and under its own key", a[0].Name)
+		}
+	}
+	return out, nil
+}
+
+func encodedLen(h Holder) int {
+	data, _ := json.Marshal(h) // a Holder always encodes
+	return len(data)
+}
+
+// saveRecord writes next, which follows prev (zero for a new stack), after checking every
+// invariant: a transition that would break one is a bug and commits nothing. It writes next's
+// head and the holders that differ from prev's, and returns what it wrote.
+func saveRecord(tx storage.Txn, prev cachedRecord, next Record) (cachedRecord, error) {
+	var err error
+	if prev.checked {
+		err = check(next, prev.Value.Holders) // prev's holders passed when it was saved
+	} else {
+		err = Check(next)
+	}
+	if err != nil {
+		return cachedRecord{}, refuse(StateRecordMalformed, next.SubjectID, "report this as a cockpitfs bug", "transition would break the record's invariants: %v", err)
+	}
+	stored, err := saveHolders(tx, prev, next)
+	if err != nil {
+		return cachedRecord{}, err
+	}
+	head := next
+	head.Value.Holders = stored.inline
+	data, err := json.Marshal(head)
+	if err != nil {
+		return cachedRecord{}, err
+	}
+	// The record as read: the head with every holder in place of null or the inline ones.
+	size := len(data) - len(`null`) + len(`[]`) + stored.bytes + max(len(next.Value.Holders)-1, 0)
+	if len(stored.inline) > 0 {
+		inline, _ := json.Marshal(stored.inline)
+		size = len(data) - len(inline) + len(`[]`) + stored.bytes + max(len(next.Value.Holders)-1, 0)
+	}
+	switch {
+	case size > maxRecordBytes:
+		return cachedRecord{}, refuse(StateRecordTooLarge, next.SubjectID, "release holders, or claim with shorter checkout paths",
+			"the stack's record would be %d bytes, more than %d", size, maxRecordBytes)
+	case len(stored.inline) == 0 && len(data) > maxHeadBytes:
+		return cachedRecord{}, refuse(StateRecordTooLarge, next.SubjectID, "reserve the drain with fewer targets",
+			"the stack's record would be %d bytes without its holders, more than %d", len(data), maxHeadBytes)
+	}
+	return cachedRecord{Record: next, raw: data, stored: stored, checked: true}, tx.Set(stackKey(next.Cockpit, next.Stack), data)
+}
+
+// saveHolders writes the holders of next that prev does not hold as they are, and deletes those
+// next no longer holds. Both lists are sorted by id (next's was checked).
+func saveHolders(tx storage.Txn, prev cachedRecord, next Record) (storedHolders, error) {
+	stored := storedHolders{bytes: prev.stored.bytes}
+	inline := map[string]bool{}
+	for _, h := range prev.stored.inline {
+		inline[h.HolderID] = true
+	}
+	moves := migrateBatch
+	write := func(h Holder) error {
+		data, err := json.Marshal(h)
+		if err != nil {
+			return err
+		}
+		stored.bytes += len(data)
+		return tx.Set(holderKey(next.Cockpit, next.Stack, h.HolderID), data)
+	}
+	before, after := prev.Value.Holders, next.Value.Holders
+	for len(before) > 0 || len(after) > 0 {
+		var err error
+		switch {
+		case len(after) == 0 || len(before) > 0 && before[0].HolderID < after[0].HolderID:
+			gone := before[0]
+			stored.bytes -= encodedLen(gone)
+			if !inline[gone.HolderID] {
+				err = tx.Delete(holderKey(next.Cockpit, next.Stack, gone.HolderID))
+			}
+			before = before[1:]
+		case len(before) == 0 || after[0].HolderID < before[0].HolderID:
+			err = write(after[0])
+			after = after[1:]
+		default:
+			was, is := before[0], after[0]
+			switch {
+			case was != is:
+				stored.bytes -= encodedLen(was)
+				err = write(is)
+			case !inline[is.HolderID]:
+			case moves > 0:
+				moves--
+				stored.bytes -= encodedLen(was)
+				err = write(is)
+			default:
+				stored.inline = append(stored.inline, is)
+			}
+			before, after = before[1:], after[1:]
+		}
+		if err != nil {
+			return storedHolders{}, err
+		}
+	}
+	return stored, nil
 }
 
 // reindexLease moves the port index and the cockpit's active-lease count from before's lease to

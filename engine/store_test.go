@@ -1,0 +1,220 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// storedLayout reads what the store holds for a stack: how many holders its head keeps inline, how
+// many keys of their own, and the largest value of the two.
+func storedLayout(t *testing.T, db Store, cockpit, stack string) (inline, keyed, largest int) {
+	t.Helper()
+	err := db.View(func(tx storage.Txn) error {
+		head, err := tx.Get(stackKey(cockpit, stack))
+		if err != nil {
+			return err
+		}
+		var raw struct {
+			Value struct {
+				Holders []json.RawMessage `json:"holders"`
+			} `json:"value"`
+		}
+		if err := json.Unmarshal(head, &raw); err != nil {
+			return err
+		}
+		inline, largest = len(raw.Value.Holders), len(head)
+		return tx.Scan(holdersPrefix(cockpit, stack), func(_ string, v []byte) error {
+			keyed++
+			largest = max(largest, len(v))
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inline, keyed, largest
+}
+
+func requireVerified(t *testing.T, db Store) {
+	t.Helper()
+	violations, _, err := Verify(db)
+	if err != nil || len(violations) > 0 {
+		t.Fatalf("verify: %v\n%s", err, strings.Join(violations, "\n"))
+	}
+}
+
+// A stack's holders each have a key of their own; its key holds the rest of the record.
+func TestHoldersStoredUnderTheirOwnKeys(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "s")
+	for _, name := range []string{"alice", "bob", "carol"} {
+		claim(t, e, "app", "s", name)
+	}
+	if err := e.Release(t.Context(), me("unlink", "app/stacks/s/holders/bob"), "app", "s", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	if inline, keyed, _ := storedLayout(t, e.db, "app", "s"); inline != 0 || keyed != 2 {
+		t.Fatalf("%d holders inline and %d under keys, want 0 and 2", inline, keyed)
+	}
+	// A reader without the cache (a restarted daemon) assembles the same record.
+	want := stackRecord(t, e, "app", "s")
+	if got := stackRecord(t, New(e.db), "app", "s"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("read back:\n%+v\nwant\n%+v", got, want)
+	}
+	requireVerified(t, e.db)
+}
+
+// A record written before holders had keys of their own keeps them all in the stack's key. It
+// reads the same, and each commit on the stack moves migrateBatch of them to their own keys.
+func TestInlineHoldersMigrate(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "s")
+	n := 2*migrateBatch + 10
+	for i := range n {
+		claim(t, e, "app", "s", fmt.Sprintf("h%03d", i))
+	}
+	want := stackRecord(t, e, "app", "s")
+	// As the previous version wrote it: the whole record, holders included, under the stack's key.
+	err := e.db.Update(t.Context(), func(tx storage.Txn) error {
+		var keys []string
+		if err := tx.Scan(holdersPrefix("app", "s"), func(k string, _ []byte) error { keys = append(keys, k); return nil }); err != nil {
+			return err
+		}
+		for _, k := range keys {
+			if err := tx.Delete(k); err != nil {
+				return err
+			}
+		}
+		return setJSON(tx, stackKey("app", "s"), want)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e = New(e.db) // restarted: nothing cached
+	if got := stackRecord(t, e, "app", "s"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("the old record reads differently: %d holders, revision %d; want %d, %d", len(got.Value.Holders), got.Revision, len(want.Value.Holders), want.Revision)
+	}
+	requireVerified(t, e.db)
+	for step, wantInline := range []int{n, n - migrateBatch, n - 2*migrateBatch, 0, 0, 0} {
+		inline, keyed, _ := storedLayout(t, e.db, "app", "s")
+		if inline != wantInline || inline+keyed != len(stackRecord(t, e, "app", "s").Value.Holders) {
+			t.Fatalf("after %d commits: %d holders inline, %d under keys; want %d inline", step, inline, keyed, wantInline)
+		}
+		requireVerified(t, e.db)
+		if step%2 == 0 {
+			claim(t, e, "app", "s", "new")
+		} else if err := e.Release(t.Context(), me("unlink", "app/stacks/s/holders/new"), "app", "s", "new"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every holder is still there, unchanged.
+	got := stackRecord(t, New(e.db), "app", "s")
+	if !reflect.DeepEqual(got.Value.Holders, want.Value.Holders) {
+		t.Fatalf("%d holders after the migration differ from the %d before", len(got.Value.Holders), len(want.Value.Holders))
+	}
+}
+
+// Verify names a holder's key that no stack has, or that holds another holder, and a holder
+// stored both inline and under its key.
+func TestVerifyNamesHolderKeyDamage(t *testing.T) {
+	for _, c := range []struct {
+		name, key, says string
+		corrupt         func(tx storage.Txn, h Holder) error
+	}{
+		{"a holder of no stack", "h/app/gone/", "a holder of stack app/gone, which does not exist", func(tx storage.Txn, h Holder) error {
+			return setJSON(tx, holderKey("app", "gone", h.HolderID), h)
+		}},
+		{"a key holding another holder", "s/app/s", "holds holder", func(tx storage.Txn, h Holder) error {
+			other := h
+			other.Name = "other"
+			other.HolderID = HolderID("other")
+			return setJSON(tx, holderKey("app", "s", h.HolderID), other)
+		}},
+		{"a holder both inline and under its key", "s/app/s", "stored both in the record and under its own key", func(tx storage.Txn, h Holder) error {
+			r, err := assembleRecord(tx, stackKey("app", "s"), mustGet(tx, stackKey("app", "s")))
+			if err != nil {
+				return err
+			}
+			return setJSON(tx, stackKey("app", "s"), r.Record)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEngine(t)
+			newCockpit(t, e, "app", exampleConfig, "s")
+			claim(t, e, "app", "s", "alice")
+			h, _ := stackRecord(t, e, "app", "s").Value.Holder("alice")
+			if err := e.db.Update(t.Context(), func(tx storage.Txn) error { return c.corrupt(tx, h) }); err != nil {
+				t.Fatal(err)
+			}
+			violations, _, err := Verify(e.db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(violations) != 1 || !strings.HasPrefix(violations[0], c.key) || !strings.Contains(violations[0], c.says) {
+				t.Fatalf("violations %q, want one on %s saying %q", violations, c.key, c.says)
+			}
+		})
+	}
+}
+
+func mustGet(tx storage.Txn, key string) []byte {
+	v, err := tx.Get(key)
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// A commit checks the holders it changes and trusts those it keeps as the record it follows held
+// them; their order, count and the rest of the record it checks whole.
+func TestCheckTrustsOnlyUnchangedHolders(t *testing.T) {
+	r := validRecord()
+	bad := r
+	bad.Value.Holders = slices.Clone(r.Value.Holders)
+	bad.Value.Holders[0].ClaimedAt = "yesterday"
+	if err := check(bad, r.Value.Holders); err == nil || !strings.Contains(err.Error(), "claimedAt") {
+		t.Fatalf("a changed holder went unchecked: %v", err)
+	}
+	// The same holder, unchanged since a check passed it, is not checked again.
+	if err := check(bad, bad.Value.Holders); err != nil {
+		t.Fatalf("an unchanged holder was checked again: %v", err)
+	}
+	unsorted := r
+	unsorted.Value.Holders = []Holder{r.Value.Holders[1], r.Value.Holders[0]}
+	if err := check(unsorted, r.Value.Holders); err == nil || !strings.Contains(err.Error(), "not unique and sorted") {
+		t.Fatalf("holders out of order went unchecked: %v", err)
+	}
+	released := r
+	released.Value.LastReleasedHolder = &r.Value.Holders[1].HolderID
+	if err := check(released, r.Value.Holders); err == nil || !strings.Contains(err.Error(), "still a holder") {
+		t.Fatalf("a released holder still holding went unchecked: %v", err)
+	}
+}
+
+// The first commit on a record read from the store checks every holder: a holder damaged on disk
+// (or by a bug) refuses the commit instead of being carried on.
+func TestFirstCommitAfterReadChecksEveryHolder(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "s")
+	claim(t, e, "app", "s", "alice")
+	h, _ := stackRecord(t, e, "app", "s").Value.Holder("alice")
+	h.ClaimedAt = "yesterday"
+	if err := e.db.Update(t.Context(), func(tx storage.Txn) error { return setJSON(tx, holderKey("app", "s", h.HolderID), h) }); err != nil {
+		t.Fatal(err)
+	}
+	e = New(e.db)
+	before, err := e.Stack("app", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireCode(t, claimErr(e, "app", "s", "bob"), StateRecordMalformed)
+	if after, _ := e.Stack("app", "s"); after.Revision != before.Revision || len(after.Value.Holders) != 1 {
+		t.Fatalf("the refused claim changed the stack: revision %d → %d, %d holders", before.Revision, after.Revision, len(after.Value.Holders))
+	}
+}
