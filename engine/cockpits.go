@@ -70,6 +70,20 @@ func (e *Engine) MayWriteConfig(c Caller, cockpit string) error {
 	return nil
 }
 
+// configFix is what a refused config document says to do.
+const configFix = "correct the named value and write the whole config again"
+
+// CheckConfigPrefix refuses the beginning of a config document still being written (up to the
+// end of a line) when no further line can make it valid, with the refusal SetConfig would give
+// the whole document: a writer that reports no close's errno (bash's printf and echo) is told
+// at the write that brings the error.
+func (e *Engine) CheckConfigPrefix(cockpit string, text []byte) error {
+	if err := portdecl.ParsePrefix(text); err != nil {
+		return refuse(PortFamilyOutOfRange, cockpitID(cockpit), configFix, "%v", err)
+	}
+	return nil
+}
+
 // SetConfig accepts a port declaration (§3) for the cockpit; only its owner (or root) may.
 // Leases keep the declaration they were taken under.
 func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text []byte) error {
@@ -84,7 +98,7 @@ func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text [
 		}
 		cfg, err := portdecl.Parse(text)
 		if err != nil {
-			return refuse(PortFamilyOutOfRange, m.ID, "correct the named value and write the whole config again", "%v", err)
+			return refuse(PortFamilyOutOfRange, m.ID, configFix, "%v", err)
 		}
 		if m.Config == string(text) {
 			return errUnchanged

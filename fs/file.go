@@ -57,6 +57,12 @@ type handle struct {
 	doc     []byte // config: everything written through this open
 	// dirty: doc was written since it was last applied (see documentWriter).
 	dirty bool
+	// refused: a write of doc was refused (its line in events written then). The document is
+	// never applied; every later write and fsync of this open returns the same errno without
+	// another events line, until a truncation starts a new document.
+	refused syscall.Errno
+	// scattered: doc was not written front to back (see configWriter).
+	scattered bool
 	// wrote: this open wrote a document, so attributes set through it (a copy restoring the
 	// source's times and mode: mv, cp -p) are accepted and change nothing.
 	wrote bool
@@ -233,8 +239,16 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.refused != 0 {
+		return 0, h.refused
+	}
 	if err := f.writer.write(ctx, f, h, data, off); err != nil {
-		return 0, f.fsys.fail(caller(ctx, "write", f.path), f.cockpit, f.stack, err)
+		errno := f.fsys.fail(caller(ctx, "write", f.path), f.cockpit, f.stack, err)
+		if _, isDocument := f.writer.(documentWriter); isDocument {
+			// A document missing this write is not the one written: it is never applied.
+			h.refused, h.dirty = errno, false
+		}
+		return 0, errno
 	}
 	return uint32(len(data)), 0
 }
@@ -310,7 +324,7 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if sized {
 		if h, ok := fh.(*handle); ok {
 			h.mu.Lock()
-			h.doc = h.doc[:0]
+			h.doc, h.refused, h.scattered = h.doc[:0], 0, false
 			h.mu.Unlock()
 		}
 	}
@@ -420,6 +434,12 @@ func (f *file) applyDocument(ctx context.Context, fh fs.FileHandle, op string) s
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.refused != 0 && op == "fsync" {
+		return h.refused // what was written cannot be made durable
+	}
+	if h.refused != 0 {
+		return 0 // the writer was told at the write that was refused (cat would say it twice)
+	}
 	if !h.dirty {
 		return 0 // never apply on a flush nothing was written before (every close flushes)
 	}

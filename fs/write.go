@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"bytes"
 	"context"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -34,13 +35,36 @@ func (w holderWriter) touch(ctx context.Context, f *file) error {
 // writer is done: at close or fsync (see documentWriter), or by renaming a scratch file onto
 // config (see scratch.go). A writer may write it in any number of write(2)s: bash's printf writes
 // a line at a time, dd bs=16 sixteen bytes.
+//
+// A close's errno is lost on bash's builtins, so the document so far is judged at every write
+// that ends a line: the write that brings an error no further line can fix is refused (see
+// engine.CheckConfigPrefix), and bash's printf and echo report it.
 type configWriter struct{}
 
-func (configWriter) write(_ context.Context, _ *file, h *handle, data []byte, off int64) error {
+// maxJudgedPrefix bounds the documents judged at each line: a judgement parses everything
+// written so far, so a document written a line per write costs the square of its length. Real
+// configs are a few KiB; a longer one is judged whole at close.
+const maxJudgedPrefix = 16 << 10
+
+func (configWriter) write(_ context.Context, f *file, h *handle, data []byte, off int64) error {
+	if err := collect(h, data, off); err != nil {
+		return err
+	}
+	if lines := bytes.LastIndexByte(h.doc, '\n') + 1; !h.scattered && bytes.IndexByte(data, '\n') >= 0 && lines <= maxJudgedPrefix {
+		return f.fsys.eng.CheckConfigPrefix(f.cockpit, h.doc[:lines])
+	}
+	return nil
+}
+
+// collect adds one write(2) of a whole document to the document written on h so far.
+func collect(h *handle, data []byte, off int64) error {
 	end := off + int64(len(data))
 	if off < 0 || end > maxCommand {
 		return tooLarge(int(end))
 	}
+	// Only a document written front to back has a beginning to judge; one written out of order
+	// (a hole, a rewrite) is judged whole at close.
+	h.scattered = h.scattered || off != int64(len(h.doc))
 	if int64(len(h.doc)) < end {
 		h.doc = append(h.doc, make([]byte, end-int64(len(h.doc)))...)
 	}
@@ -59,7 +83,11 @@ func (configWriter) apply(ctx context.Context, f *file, h *handle) error {
 
 // declaredValuesWriter collects a stack's declared-values document as configWriter collects
 // config, and applies it whole when the writer is done.
-type declaredValuesWriter struct{ configWriter }
+type declaredValuesWriter struct{}
+
+func (declaredValuesWriter) write(_ context.Context, _ *file, h *handle, data []byte, off int64) error {
+	return collect(h, data, off)
+}
 
 func (declaredValuesWriter) mayOpen(c engine.Caller, f *file) error {
 	return f.fsys.eng.MayWriteDeclaredValues(c, f.cockpit, f.stack)

@@ -596,3 +596,77 @@ mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
 		}
 	}
 }
+
+// bash's printf and echo write a document a line per write(2) and never see a close's errno: a
+// line that brings an error no further line can fix is refused at its own write, so bash says
+// "write error" and exits 1, with one events line and config unchanged. What only the whole
+// document shows (something missing) is refused at close, which bash's builtins do not report:
+// the idioms docs/tools.md recommends report it.
+func TestToolsConfigBashBuiltins(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	good := toolsConfig(26760)
+	claimsConfig(m, "app", good)
+	for _, tc := range []struct{ name, script, stderr, message string }{
+		{"printf, an unknown key", `printf '[ports]\nstep = 10\nstepp = 10\ncount = 4\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`,
+			"printf: write error: Invalid argument", "ports.stepp: unknown key"},
+		{"printf, a line that is no TOML", `printf '[ports]\nstep = ten\ncount = 4\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`,
+			"printf: write error: Invalid argument", "line 2"},
+		{"printf, a key given twice", `printf '[ports]\nstep = 10\ncount = 4\ncount = 5\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`,
+			"printf: write error: Invalid argument", "already been defined"},
+		{"printf, a value out of range", `printf '[ports]\nstep = 0\ncount = 4\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`,
+			"printf: write error: Invalid argument", "ports.step: 0 is less than 1"},
+		{"echo -e, a bad scheme on the last line", `echo -e '[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 26770\n[entrypoints.web]\nport = "HTTP"\npath = "/"\nscheme = "HTTP"' > $M/app/config`,
+			"echo: write error: Invalid argument", "entrypoints.web.scheme"},
+		{"echo >>, an unknown key appended", `echo 'bad = 1' >> $M/app/config`,
+			"echo: write error: Invalid argument", "ports.bases.bad"},
+		// Missing: only the close knows, and these idioms report the close's errno.
+		{"/usr/bin/printf, count missing", `/usr/bin/printf '[ports]\nstep = 10\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`,
+			"printf: write error: Invalid argument", "ports.count: required"},
+		{"printf | cat, count missing", `printf '[ports]\nstep = 10\n[ports.bases]\nHTTP = 26770\n' | cat > $M/app/config`,
+			"cat: write error: Invalid argument", "ports.count: required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := claimsEventCount(m, "app/events")
+			r := m.sh(tc.script)
+			if r.Code == 0 || !strings.Contains(r.Stderr, tc.stderr) {
+				t.Fatalf("exit %d, stderr %q; want a failure saying %q", r.Code, r.Stderr, tc.stderr)
+			}
+			if got := m.read("app/config"); got != good {
+				t.Fatalf("config = %q after a refused document", got)
+			}
+			lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
+			if len(lines) != 1 || !strings.Contains(lines[0], `"errno":"EINVAL"`) || !strings.Contains(lines[0], tc.message) {
+				t.Fatalf("want one refusal naming %q in events, got:\n%s", tc.message, strings.Join(lines, "\n"))
+			}
+		})
+	}
+	// A document whose last line completes it: bash's builtin cannot report the close, so it
+	// exits 0 with nothing applied, and events says why (docs/tools.md: use cat or /usr/bin/printf).
+	n := claimsEventCount(m, "app/events")
+	if r := m.sh(`printf '[ports]\nstep = 10\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`); r.Code != 0 || r.Stderr != "" {
+		t.Fatalf("bash's printf of a document missing count: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	if got := m.read("app/config"); got != good {
+		t.Fatalf("config = %q after a refused document", got)
+	}
+	if lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]; len(lines) != 1 || !strings.Contains(lines[0], "ports.count: required") {
+		t.Fatalf("want one refusal in events, got:\n%s", strings.Join(lines, "\n"))
+	}
+	// Valid documents are applied whatever their lines look like on the way: a value spanning
+	// lines, comments and blank lines, an entrypoint before the bases it names.
+	for _, doc := range []string{
+		`[entrypoints.web]\nport = "HTTP"\n# the path below spans two lines\npath = """\n/app"""\n\n[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 26780\n`,
+		`[ports.bases]\nHTTP = 26790\n[ports]\nstep = 10\ncount = 4\n`,
+	} {
+		n := claimsEventCount(m, "app/events")
+		m.ok(`printf '` + doc + `' > $M/app/config`)
+		if got := m.ok("printf '" + doc + "' | diff - $M/app/config && echo same"); got != "same\n" {
+			t.Fatalf("config after printf: %s", got)
+		}
+		if lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]; len(lines) != 1 || !strings.Contains(lines[0], `"result":"ok"`) {
+			t.Fatalf("want the document applied once, events:\n%s", strings.Join(lines, "\n"))
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package portdecl
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -56,7 +57,21 @@ type Config struct {
 // exactly (the TOML decoder would match struct fields case-insensitively, so the document is
 // walked as plain tables instead). Beyond SPEC §3, every env variable the config implies (KEY
 // per port key, <NAME>_URL per entrypoint) must be distinct, so the env file never sets one twice.
-func Parse(text []byte) (Config, error) {
+func Parse(text []byte) (Config, error) { return parse(text, false) }
+
+// ParsePrefix judges the beginning of a document still being written, up to the end of a line
+// (bash's printf writes a line per write(2)): it refuses only what no further line can fix — a
+// syntax error in a complete line, an unknown key, a value out of range, a duplicate — with the
+// message Parse would give. What may still follow is not judged: a missing [ports], step, count,
+// base, entrypoint port or path, an entrypoint's port key not declared yet, a multi-line string
+// or array still open.
+func ParsePrefix(text []byte) error {
+	_, err := parse(text, true)
+	return err
+}
+
+// parse is Parse, or ParsePrefix when partial is set.
+func parse(text []byte, partial bool) (Config, error) {
 	if len(text) > MaxDocumentBytes {
 		return Config{}, fmt.Errorf("config: the document is %d bytes, more than %d", len(text), MaxDocumentBytes)
 	}
@@ -65,27 +80,32 @@ func Parse(text []byte) (Config, error) {
 	}
 	var document map[string]any
 	if _, err := toml.Decode(string(text), &document); err != nil {
+		if partial && endsOpen(text, err) {
+			return Config{}, nil
+		}
 		return Config{}, fmt.Errorf("config: %v", err)
 	}
 	if err := onlyKeys(document, "", "entrypoints", "env", "ports"); err != nil {
 		return Config{}, err
 	}
-	rawPorts, ok := document["ports"]
-	if !ok {
-		return Config{}, fmt.Errorf("config: no [ports] table")
-	}
-	declaration, err := parsePorts(rawPorts)
-	if err != nil {
-		return Config{}, err
-	}
-	if err := declaration.Validate(); err != nil {
-		return Config{}, err
+	var declaration Declaration
+	if rawPorts, ok := document["ports"]; ok {
+		var given known
+		var err error
+		if declaration, given, err = parsePorts(rawPorts, partial); err != nil {
+			return Config{}, err
+		}
+		if err := declaration.validate(given); err != nil {
+			return Config{}, err
+		}
+	} else if !partial {
+		return Config{}, missing("config: no [ports] table")
 	}
 	rawEntrypoints, ok := document["entrypoints"]
 	if !ok {
 		rawEntrypoints = map[string]any{}
 	}
-	entrypoints, err := parseEntrypoints(rawEntrypoints, declaration.Bases)
+	entrypoints, err := parseEntrypoints(rawEntrypoints, declaration.Bases, partial)
 	if err != nil {
 		return Config{}, err
 	}
@@ -126,40 +146,49 @@ func parseEnv(raw any) (string, error) {
 	return prefix, nil
 }
 
-func parsePorts(raw any) (Declaration, error) {
+// parsePorts reads the [ports] table and says which of its parts are given; only a prefix of a
+// document may lack step or count, and only a prefix's bases may grow.
+func parsePorts(raw any, partial bool) (Declaration, known, error) {
+	given := known{step: true, count: true, bases: !partial}
 	ports, err := table(raw, "ports")
 	if err != nil {
-		return Declaration{}, err
+		return Declaration{}, given, err
 	}
 	if err := onlyKeys(ports, "ports.", "bases", "count", "step"); err != nil {
-		return Declaration{}, err
+		return Declaration{}, given, err
 	}
 	step, err := integer(ports, "step", "ports.step")
+	if partial && isMissing(err) {
+		given.step, err = false, nil
+	}
 	if err != nil {
-		return Declaration{}, err
+		return Declaration{}, given, err
 	}
 	count, err := integer(ports, "count", "ports.count")
+	if partial && isMissing(err) {
+		given.count, err = false, nil
+	}
 	if err != nil {
-		return Declaration{}, err
+		return Declaration{}, given, err
 	}
 	bases := map[string]int{}
 	if rawBases, ok := ports["bases"]; ok {
 		baseTable, err := table(rawBases, "ports.bases")
 		if err != nil {
-			return Declaration{}, err
+			return Declaration{}, given, err
 		}
 		for _, key := range slices.Sorted(maps.Keys(baseTable)) {
 			base, err := integer(baseTable, key, "ports.bases."+quoteKey(key))
 			if err != nil {
-				return Declaration{}, err
+				return Declaration{}, given, err
 			}
 			bases[key] = base
 		}
 	}
-	return Declaration{Step: step, Count: count, Bases: bases}, nil
+	return Declaration{Step: step, Count: count, Bases: bases}, given, nil
 }
 
-func parseEntrypoints(raw any, bases map[string]int) ([]Entrypoint, error) {
+func parseEntrypoints(raw any, bases map[string]int, partial bool) ([]Entrypoint, error) {
 	tables, err := table(raw, "entrypoints")
 	if err != nil {
 		return nil, err
@@ -189,7 +218,7 @@ func parseEntrypoints(raw any, bases map[string]int) ([]Entrypoint, error) {
 		if !validName(name) {
 			return nil, fmt.Errorf("%s: a name is 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'", where)
 		}
-		entrypoint, err := parseEntrypoint(name, tables[name], where, bases)
+		entrypoint, err := parseEntrypoint(name, tables[name], where, bases, partial)
 		if err != nil {
 			return nil, err
 		}
@@ -205,7 +234,9 @@ func parseEntrypoints(raw any, bases map[string]int) ([]Entrypoint, error) {
 	return entrypoints, nil
 }
 
-func parseEntrypoint(name string, raw any, where string, bases map[string]int) (Entrypoint, error) {
+// parseEntrypoint reads one entrypoint. In a partial document (a prefix), a port or path not
+// given yet may still follow, and so may the base its port names.
+func parseEntrypoint(name string, raw any, where string, bases map[string]int, partial bool) (Entrypoint, error) {
 	fields, err := table(raw, where)
 	if err != nil {
 		return Entrypoint{}, err
@@ -224,13 +255,18 @@ func parseEntrypoint(name string, raw any, where string, bases map[string]int) (
 		}
 		entrypoint.Kind = kind
 	}
-	if entrypoint.Port, err = text(fields, "port", where+".port"); err != nil {
+	entrypoint.Port, err = text(fields, "port", where+".port")
+	if _, declared := bases[entrypoint.Port]; err == nil && !declared && !partial {
+		err = fmt.Errorf("%s.port: %q is not a key of [ports.bases]", where, entrypoint.Port)
+	}
+	if err != nil && !(partial && isMissing(err)) {
 		return Entrypoint{}, err
 	}
-	if _, declared := bases[entrypoint.Port]; !declared {
-		return Entrypoint{}, fmt.Errorf("%s.port: %q is not a key of [ports.bases]", where, entrypoint.Port)
+	entrypoint.Path, err = text(fields, "path", where+".path")
+	if partial && isMissing(err) {
+		entrypoint.Path, err = "/", nil
 	}
-	if entrypoint.Path, err = text(fields, "path", where+".path"); err != nil {
+	if err != nil {
 		return Entrypoint{}, err
 	}
 	if !strings.HasPrefix(entrypoint.Path, "/") {
@@ -314,7 +350,7 @@ func table(raw any, where string) (map[string]any, error) {
 func integer(t map[string]any, key, where string) (int, error) {
 	raw, ok := t[key]
 	if !ok {
-		return 0, fmt.Errorf("%s: required", where)
+		return 0, missing(where + ": required")
 	}
 	n, ok := raw.(int64)
 	if !ok {
@@ -326,7 +362,7 @@ func integer(t map[string]any, key, where string) (int, error) {
 func text(t map[string]any, key, where string) (string, error) {
 	raw, ok := t[key]
 	if !ok {
-		return "", fmt.Errorf("%s: required", where)
+		return "", missing(where + ": required")
 	}
 	s, ok := raw.(string)
 	if !ok {
@@ -383,4 +419,29 @@ func validScheme(s string) bool {
 		}
 	}
 	return true
+}
+
+// missingError is something a document lacks: a prefix of it may still be followed by it.
+type missingError string
+
+func (e missingError) Error() string { return string(e) }
+
+func missing(message string) error { return missingError(message) }
+
+func isMissing(err error) bool {
+	var m missingError
+	return errors.As(err, &m)
+}
+
+// endsOpen says the decoder's err on a prefix of a document is where the text ends (a multi-line
+// string, array or inline table still open), so more lines may complete it: with one more
+// newline, the error moves with the end. An error in a complete line stays where it is.
+func endsOpen(text []byte, err error) bool {
+	var first, again toml.ParseError
+	var document map[string]any
+	_, errAgain := toml.Decode(string(text)+"\n", &document)
+	if !errors.As(err, &first) || !errors.As(errAgain, &again) {
+		return errAgain == nil
+	}
+	return again.Position.Start != first.Position.Start
 }

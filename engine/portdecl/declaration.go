@@ -41,18 +41,29 @@ type Family struct {
 
 // Validate applies SPEC §3's rules to a declaration. The message names the offending field the
 // way the config document spells it (ports.step, ports.bases.HTTP, ...).
-func (d Declaration) Validate() error {
+func (d Declaration) Validate() error { return d.validate(known{step: true, count: true, bases: true}) }
+
+// known says which parts of a declaration are given: a document still being written (see
+// ParsePrefix) may not have reached step or count yet, and more bases may follow.
+type known struct{ step, count, bases bool }
+
+// validate applies Validate's rules to what is known, in Validate's order: an error it returns
+// stays an error whatever is added later.
+func (d Declaration) validate(k known) error {
 	// Arithmetic is in int64 with bounds checked before each product, so a huge step or count
 	// cannot overflow or make us generate more than maxCandidatePorts candidates.
 	step, count := int64(d.Step), int64(d.Count)
-	if step < 1 {
+	if k.step && step < 1 {
 		return fmt.Errorf("ports.step: %d is less than 1", step)
 	}
-	if count < 1 {
+	if k.count && count < 1 {
 		return fmt.Errorf("ports.count: %d is less than 1", count)
 	}
 	if len(d.Bases) == 0 {
-		return fmt.Errorf("ports.bases: at least one base is required")
+		if !k.bases {
+			return nil
+		}
+		return missing("ports.bases: at least one base is required")
 	}
 	keys := slices.Sorted(maps.Keys(d.Bases))
 	owner := make(map[int]string, len(keys))
@@ -69,9 +80,12 @@ func (d Declaration) Validate() error {
 		}
 		owner[base] = key
 	}
-	if count > maxCandidatePorts/int64(len(keys)) {
+	if k.count && count > maxCandidatePorts/int64(len(keys)) {
 		return fmt.Errorf("ports.count: %d families × %d bases is more than %d candidate ports",
 			count, len(keys), maxCandidatePorts)
+	}
+	if !k.step || !k.count {
+		return nil // the families are judged once both are given
 	}
 	if count > 1 && step > maxPort {
 		return fmt.Errorf("ports.step: %d puts the family at offset %d above port 65535", step, step)

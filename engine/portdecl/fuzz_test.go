@@ -1,18 +1,32 @@
 package portdecl
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 )
 
 // FuzzParse checks that Parse never panics and that whatever it accepts is a declaration whose
 // candidate families are in range, disjoint and found again by FamilyAt, with entrypoints that
-// render to distinct names and env variables.
+// render to distinct names and env variables; and that ParsePrefix never refuses the beginning
+// of a document Parse accepts.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(specExample))
 	f.Add([]byte(portsWith("10", "2", "HTTP = 8080", "DB = 8090")))
+	f.Add([]byte("[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 8080\n[entrypoints.web]\nport = \"HTTP\"\npath = \"\"\"/a\n\"\"\"\n"))
 	f.Fuzz(func(t *testing.T, text []byte) {
 		config, err := Parse(text)
+		// A prefix ParsePrefix refuses is the beginning of no valid document.
+		for end := bytes.IndexByte(text, '\n'); end >= 0 && err == nil; {
+			if refused := ParsePrefix(text[:end+1]); refused != nil {
+				t.Fatalf("ParsePrefix refused %q (%v), the beginning of a valid document", text[:end+1], refused)
+			}
+			next := bytes.IndexByte(text[end+1:], '\n')
+			if next < 0 {
+				break
+			}
+			end += 1 + next
+		}
 		if err != nil {
 			return
 		}

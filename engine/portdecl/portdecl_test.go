@@ -242,6 +242,10 @@ func TestParseRefuses(t *testing.T) {
 		{"a default's variable is a port key", portsWith("10", "2", "HTTP = 8080", "HTTP_URL = 9000"),
 			"ports.bases.HTTP: its default entrypoint http sets HTTP_URL, which port key HTTP_URL sets too"},
 	}
+	// What only the whole document shows: something it lacks, which a further line may add.
+	judgedWhole := map[string]bool{"empty document": true, "only entrypoints": true, "step missing": true,
+		"count missing": true, "no [ports.bases]": true, "empty [ports.bases]": true, "port missing": true,
+		"port is not declared": true, "path missing": true}
 	for _, test := range tests {
 		t.Run(test.name, func(t *testing.T) {
 			got, err := Parse([]byte(test.doc))
@@ -250,6 +254,57 @@ func TestParseRefuses(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), test.want) {
 				t.Errorf("Parse error %q does not contain %q", err, test.want)
+			}
+			// As a prefix of a longer document, the same error, unless a further line may fix it.
+			switch err := ParsePrefix([]byte(test.doc)); {
+			case judgedWhole[test.name] && err != nil:
+				t.Errorf("ParsePrefix refused what a further line may add: %v", err)
+			case !judgedWhole[test.name] && (err == nil || !strings.Contains(err.Error(), test.want)):
+				t.Errorf("ParsePrefix error %v, want one containing %q", err, test.want)
+			}
+		})
+	}
+}
+
+// ParsePrefix refuses a document's beginning only when no further line can make it valid.
+func TestParsePrefix(t *testing.T) {
+	for _, test := range []struct{ name, doc, want string }{
+		// Open at the end: more lines may close it.
+		{"an array still open", ports + "[entrypoints.web]\nport = [\n", ""},
+		{"an array open after a value", "x = [1,\n", ""},
+		{"a multi-line string still open", ports + "[entrypoints.web]\npath = \"\"\"/a\n", ""},
+		{"a multi-line literal string still open", ports + "[entrypoints.web]\npath = '''/a\n", ""},
+		{"an entrypoint before the bases it names", "[entrypoints.web]\nport = \"HTTP\"\n", ""},
+		{"an entrypoint without a path yet", ports + "[entrypoints.web]\nport = \"HTTP\"\n", ""},
+		{"a section begun", "[ports]\n", ""},
+		{"a step given, no count yet", "[ports]\nstep = 10\n", ""},
+		{"a count given, no step yet", "[ports]\ncount = 4\n[ports.bases]\nA = 1\n", ""},
+		{"bases before step and count", "[ports.bases]\nHTTP = 8080\n", ""},
+		// Complete lines no further line can repair.
+		{"a line without a value", "[ports]\nstep =\n", "config: toml:"},
+		{"a table header not closed", "[ports\n", "config: toml:"},
+		{"a string across lines", "[ports]\nx = \"a\n", "config: toml:"},
+		{"a value that is no value", "[ports]\nstep = ten\n", "config: toml:"},
+		{"an array with a broken element", "x = [1,\n 2 3\n", "config: toml:"},
+		{"a key given twice", "[ports]\nstep = 10\nstep = 20\n", "already been defined"},
+		{"a table given twice", "[ports]\nstep = 10\n[ports]\n", "already been defined"},
+		{"an unknown key before the rest", "[ports]\nstepp = 10\n", "ports.stepp: unknown key"},
+		{"an unknown table", "[port]\n", "port: unknown key"},
+		{"a step of 0 before the count", "[ports]\nstep = 0\n", "ports.step: 0 is less than 1"},
+		{"a base out of range before step", "[ports.bases]\nHTTP = 70000\n", "ports.bases.HTTP: 70000 is outside 1-65535"},
+		{"a scheme before the port", "[entrypoints.web]\nscheme = \"HTTP\"\n", "entrypoints.web.scheme"},
+		{"an entrypoint named as a default", ports + "[entrypoints.http]\n", "taken by the default entrypoint"},
+		{"overlapping families so far", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nA = 8080\nB = 8090\n", "in two candidate families"},
+		{"too many candidates so far", "[ports]\ncount = 600\n[ports.bases]\nA = 1000\nB = 2000\n", "more than 1024 candidate ports"},
+		{"a bad prefix", "[env]\nprefix = \"app\"\n", "env.prefix"},
+	} {
+		t.Run(test.name, func(t *testing.T) {
+			err := ParsePrefix([]byte(test.doc))
+			if test.want == "" && err != nil {
+				t.Fatalf("ParsePrefix(%q) = %v; a further line may still make it valid", test.doc, err)
+			}
+			if test.want != "" && (err == nil || !strings.Contains(err.Error(), test.want)) {
+				t.Fatalf("ParsePrefix(%q) = %v, want an error containing %q", test.doc, err, test.want)
 			}
 		})
 	}
