@@ -43,7 +43,9 @@ type Store = storage.Store
 // without asking the store: a watch delivers another daemon's commit some time after it, and
 // until it arrives a cache would serve what that commit replaced. So a shared engine reads
 // through: Stack and Cockpit run a View (etcd: a linearizable read) every time, and only the
-// decode is skipped when the bytes are the ones cached. keyedLocks then merely queue this
+// decode is skipped when the bytes are the ones cached (the store's own cache makes a View one
+// round trip, see etcdstore). Only hints skip the read: what Claim observes before its
+// transaction (recentStack), which the transaction reads again. keyedLocks then merely queue this
 // daemon's own writers; the store's compares order them against everyone else's. The watch
 // serves only wait, which a commit anywhere wakes.
 //
@@ -245,6 +247,25 @@ func (e *Engine) Stack(cockpit, stack string) (Record, error) {
 		e.records.put(key, read, gen)
 	}
 	return read.Record, err
+}
+
+// recentStack is the stack's record as a hint of what to observe before an operation's
+// transaction, which reads the record again and decides on that: over a shared store it is what
+// this daemon already holds, with no round trip, and may miss another daemon's latest commit (a
+// holder it adds is then merely not probed by this operation). A failed read is not trusted: the
+// current record, or the refusal, comes from Stack.
+func (e *Engine) recentStack(cockpit, stack string) (Record, error) {
+	if shared, ok := e.db.(storage.Shared); ok && e.shared {
+		var read cachedRecord
+		err := shared.Recent(func(tx storage.Txn) (err error) {
+			read, err = e.readRecord(tx, cockpit, stack)
+			return err
+		})
+		if err == nil {
+			return read.Record, nil
+		}
+	}
+	return e.Stack(cockpit, stack)
 }
 
 // Ports lists every port of every active lease on the machine, in port order.

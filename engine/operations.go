@@ -21,7 +21,7 @@ func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name strin
 	if err != nil {
 		return err
 	}
-	before, err := e.Stack(cockpit, stack)
+	before, err := e.recentStack(cockpit, stack)
 	if err != nil {
 		return err
 	}

@@ -82,6 +82,11 @@ type Shared interface {
 	// after Watch returns, by any writer, until the store closes. fn("") means changes may have
 	// been missed (a lost connection, a compacted history): treat every key as changed.
 	Watch(prefix string, fn func(key string)) error
+	// Recent runs fn, read-only like View, on the latest snapshot this process already holds,
+	// without asking the store: it may miss the latest commits of other processes, and of this
+	// one. It serves hints only, such as what to observe before an Update, which reads again
+	// whatever it decides on.
+	Recent(fn func(Txn) error) error
 	// Announce keeps key in the store while this process keeps renewing it: the store deletes it
 	// once the process has not renewed it for ttl (killed, its machine down, cut off from the
 	// store), and the process writes it again if it reaches the store after that.

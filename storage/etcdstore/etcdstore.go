@@ -2,8 +2,9 @@
 // machines share one namespace. It implements the storage contract with one etcd transaction per
 // Update:
 //
-//   - fn reads one snapshot: the first read is a linearizable read that fixes its revision R, every
-//     later read is at R. Writes are buffered; reads see them (read-your-writes).
+//   - fn reads one snapshot at a revision R: a linearizable read of one key (one round trip)
+//     returns a revision X, and R is X or later (below). Writes are buffered; reads see them
+//     (read-your-writes).
 //   - The commit is a single Txn: If every compare holds, Then every buffered write. It compares
 //     the ModRevision of every key fn read with Get or that a Scan returned (0 for a key read as
 //     missing) against the one read at R, and for every scanned range that ModRevision < R+1 over
@@ -13,6 +14,38 @@
 //     protects Scan against phantoms too, which the contract does not require.
 //   - Update returns nil only once etcd answers that the Txn succeeded, i.e. a quorum committed it.
 //     A failed compare is a conflict: fn runs again on a fresh snapshot until the budget ends.
+//
+// # READS FROM THE CACHE, AND WHY THEY ARE CURRENT
+//
+// One watch on the prefix keeps a cache of every key under it (cache.go): values, ModRevisions,
+// and the revision the cache is complete through. A snapshot's reads are served from the cache
+// with no round trip each, when this proof holds, else from etcd at X:
+//
+//  1. X is current. The read of one key is linearizable (etcd's ReadIndex: the member answers only
+//     once it has applied everything the leader had committed when the read arrived), so X is at
+//     least the revision of every commit acknowledged, to anyone, before the operation began.
+//  2. The cache holds R ≥ X. A transaction pins the cache only once it is complete through X,
+//     at its revision R then: every commit up to R under the prefix is applied, in revision order,
+//     and nothing later (the watch's order, and etcd's never splitting a revision across
+//     responses, see cache). Until the pin ends the cache keeps every version a read at R sees.
+//  3. So the snapshot at R is the store as it stood at a moment within the operation: after it
+//     began (R ≥ X covers everything acknowledged before), before the read of the cache (R was
+//     committed by then). Reads at R are linearizable, as reads of etcd at X would be; a View
+//     or an Update that writes nothing needs nothing more, and a commit is protected by its
+//     compares exactly as above.
+//
+// So every operation costs one round trip to learn X, whatever number of keys and ranges it
+// reads, plus its commit; a claim costs what a bare Get+Txn compare-and-swap does. The round trip
+// to learn X cannot go without another proof of currency: a watch delivers another daemon's
+// commit some time after it is acknowledged, and no daemon can know, without asking etcd, that
+// none is on its way (etcd offers no read leases). It also keeps the quorum check before anything
+// is proposed: without a quorum the read fails, the operation refuses and nothing applies. A
+// cache behind X (the watch is cut off, or slow) costs the reads from etcd, never a stale one;
+// a revision past the cache's with no event on its way (a commit outside the prefix) is settled
+// by a progress request on the watch.
+//
+// Recent serves hints from the cache as it stands, with no round trip and no proof: only for what
+// a later transaction reads again before it decides.
 //
 // The store is Shared (storage.Shared): other daemons write the same keys, so the engine reads
 // through its caches and wakes its waiters from Watch.
@@ -51,7 +84,12 @@ type Store struct {
 	prefix    string
 	budget    time.Duration
 	conflicts atomic.Uint64
-	// closing ends the watches when the store closes.
+	// roundTrips counts the requests View and Update sent to etcd.
+	roundTrips atomic.Uint64
+	cache      *cache
+	// watching is the context of the cache's watch, whose stream a progress request must name.
+	watching atomic.Pointer[context.Context]
+	// closing ends the watch when the store closes.
 	closing context.Context
 	close   context.CancelFunc
 }
@@ -81,15 +119,14 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
-	s := &Store{cli: cli, prefix: prefix, budget: budget}
+	s := &Store{cli: cli, prefix: prefix, budget: budget, cache: newCache()}
 	s.closing, s.close = context.WithCancel(context.Background())
-	ctx, cancel := context.WithTimeout(context.Background(), 2*budget)
-	defer cancel()
 	// A linearizable read needs a quorum: a cluster that cannot serve one is refused now.
-	if _, err := cli.Get(ctx, prefix, clientv3.WithCountOnly()); err != nil {
-		cli.Close()
-		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), s.describe(err))
+	if err := s.load(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
+	go s.follow()
 	return s, nil
 }
 
@@ -114,17 +151,19 @@ func (s *Store) Client() *clientv3.Client { return s.cli }
 // Conflicts returns how many times Update retried because a compare failed.
 func (s *Store) Conflicts() uint64 { return s.conflicts.Load() }
 
-// Watch implements storage.Shared: it reports every change under prefix after the revision it
-// reads now, resuming where it left off when a member goes away.
+// RoundTrips returns how many requests View and Update have sent to etcd.
+func (s *Store) RoundTrips() uint64 { return s.roundTrips.Load() }
+
+// Watch implements storage.Shared from the cache's watch: fn sees each change once the cache
+// holds it, so a read fn's call prompts finds it there.
 func (s *Store) Watch(prefix string, fn func(key string)) error {
 	full := s.prefix + prefix
-	ctx, cancel := context.WithTimeout(s.closing, s.budget)
-	resp, err := s.cli.Get(ctx, full, clientv3.WithCountOnly())
-	cancel()
-	if err != nil {
-		return fmt.Errorf("etcd watch %s: %w", full, s.describe(err))
-	}
-	go s.watch(full, resp.Header.Revision+1, fn)
+	s.cache.subscribe(full, func(key string) {
+		if key != "" {
+			key = strings.TrimPrefix(key, s.prefix)
+		}
+		fn(key)
+	})
 	return nil
 }
 
@@ -174,36 +213,70 @@ func (s *Store) announce(full string, ttl time.Duration) (<-chan struct{}, error
 	return lost, nil
 }
 
-func (s *Store) watch(full string, next int64, fn func(key string)) {
-	for s.closing.Err() == nil {
-		// WithRequireLeader ends the watch when its member loses the cluster, so it moves on to
-		// one that has it instead of staying silent.
-		ctx := clientv3.WithRequireLeader(s.closing)
-		for resp := range s.cli.Watch(ctx, full, clientv3.WithPrefix(), clientv3.WithRev(next)) {
-			if resp.CompactRevision != 0 {
-				fn("")
-				next = resp.CompactRevision
-				continue
-			}
-			if resp.Err() != nil {
-				break
-			}
-			for _, ev := range resp.Events {
-				fn(strings.TrimPrefix(string(ev.Kv.Key), s.prefix))
-				next = ev.Kv.ModRevision + 1
-			}
-		}
-		_ = sleep(s.closing, 100*time.Millisecond)
-	}
-}
+// catchUp bounds how long a read waits for the watch to bring the cache up to the revision it
+// must see before it reads etcd instead: a watch event follows its commit within a millisecond or
+// so, and a watch that is cut off must not hold operations up.
+const catchUp = 100 * time.Millisecond
 
-// View runs fn on one linearizable snapshot.
+// View runs fn on one linearizable snapshot (see the package comment).
 func (s *Store) View(fn func(storage.Txn) error) error {
-	t := s.newTxn(context.Background(), false)
+	t, err := s.snapshot(context.Background(), false)
+	if err != nil {
+		return err
+	}
+	defer t.done()
 	if err := fn(t); err != nil {
 		return err
 	}
 	return t.failure
+}
+
+// Recent implements storage.Shared: fn reads the cache as it stands, with no round trip.
+func (s *Store) Recent(fn func(storage.Txn) error) error {
+	t := s.newTxn(context.Background(), false)
+	t.rev, t.cached = s.cache.pin(0)
+	defer t.done()
+	if err := fn(t); err != nil {
+		return err
+	}
+	return t.failure
+}
+
+// snapshot begins a transaction on a linearizable snapshot: one round trip (a linearizable read
+// of one key) learns a revision every commit acknowledged so far is at or below, and the
+// transaction reads the cache once the watch has brought it that far, or etcd at that revision.
+func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
+	checkCtx, cancel := context.WithTimeout(ctx, s.budget)
+	resp, err := s.cli.Get(checkCtx, s.prefix, clientv3.WithCountOnly())
+	cancel()
+	s.roundTrips.Add(1)
+	if err != nil {
+		return nil, fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, s.describe(err))
+	}
+	t := s.newTxn(ctx, writable)
+	t.rev = resp.Header.Revision
+	if at, ok := s.pinAtLeast(t.rev); ok {
+		t.rev, t.cached = at, true
+	}
+	return t, nil
+}
+
+// pinAtLeast pins the cache once it is complete through rev. A revision past the cache's with no
+// event on its way (a commit outside the prefix moved it) is confirmed by a progress request on
+// the watch's stream.
+func (s *Store) pinAtLeast(rev int64) (int64, bool) {
+	if at, ok := s.cache.pin(rev); ok {
+		return at, true
+	}
+	if watching := s.watching.Load(); watching != nil {
+		_ = s.cli.RequestProgress(*watching)
+	}
+	ctx, cancel := context.WithTimeout(s.closing, catchUp)
+	defer cancel()
+	if !s.cache.await(ctx, rev, catchUp) {
+		return 0, false
+	}
+	return s.cache.pin(rev)
 }
 
 // Update runs fn and commits its writes in one etcd transaction (see the package comment). Like
@@ -243,7 +316,11 @@ func (s *Store) Commit(ctx context.Context, fn func(storage.Txn) error) (durable
 }
 
 func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conflicted bool, err error) {
-	t := s.newTxn(ctx, true)
+	t, err := s.snapshot(ctx, true)
+	if err != nil {
+		return false, err
+	}
+	defer t.done()
 	if err := fn(t); err != nil {
 		if t.failure != nil {
 			// fn saw a read fail and returned it, perhaps wrapped: report etcd's side.
@@ -260,11 +337,62 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	ctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
 	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
+	s.roundTrips.Add(1)
 	if err != nil {
 		// The Txn may have reached a quorum before the answer was lost.
 		return false, fmt.Errorf("%w: etcd commit (it may or may not have applied): %w", storage.ErrLocked, s.describe(err))
 	}
 	return !resp.Succeeded, nil
+}
+
+// load reads the whole prefix into the cache with a linearizable read.
+func (s *Store) load() error {
+	ctx, cancel := context.WithTimeout(s.closing, 2*s.budget)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return s.describe(err)
+	}
+	notify(s.cache.reload(resp.Kvs, resp.Header.Revision))
+	return nil
+}
+
+// follow keeps the cache current from one watch on the prefix, resuming where it left off when a
+// member goes away, and loading the prefix again when the history it missed was compacted.
+func (s *Store) follow() {
+	for s.closing.Err() == nil {
+		// WithRequireLeader ends the watch when its member loses the cluster, so it moves on to
+		// one that has it instead of staying silent.
+		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.closing))
+		s.watching.Store(&ctx)
+		next := s.cache.revision() + 1
+		for resp := range s.cli.Watch(ctx, s.prefix, clientv3.WithPrefix(), clientv3.WithRev(next)) {
+			if resp.CompactRevision != 0 {
+				if s.load() != nil {
+					break
+				}
+				cancel() // the server ended the watch; start again past what was loaded
+				continue
+			}
+			if resp.Err() != nil {
+				break
+			}
+			switch {
+			case len(resp.Events) > 0:
+				notify(s.cache.apply(resp.Events, resp.Events[len(resp.Events)-1].Kv.ModRevision))
+			case resp.IsProgressNotify():
+				notify(s.cache.apply(nil, resp.Header.Revision))
+			}
+		}
+		cancel()
+		_ = sleep(s.closing, 100*time.Millisecond)
+	}
+}
+
+func notify(changes []change) {
+	for _, c := range changes {
+		c.fn(c.key)
+	}
 }
 
 // errStale is a read at the snapshot's revision that etcd had compacted away: a conflict.
@@ -298,7 +426,8 @@ type txn struct {
 	s        *Store
 	ctx      context.Context
 	writable bool
-	rev      int64            // the snapshot's revision; 0 until the first read fixes it
+	cached   bool             // reads come from the cache, pinned at rev
+	rev      int64            // the snapshot's revision
 	read     map[string]int64 // full key → ModRevision at rev (0: missing)
 	ranges   []string         // full-key prefixes scanned
 	writes   map[string]*[]byte
@@ -310,17 +439,30 @@ func (s *Store) newTxn(ctx context.Context, writable bool) *txn {
 	return &txn{s: s, ctx: ctx, writable: writable, read: map[string]int64{}, writes: map[string]*[]byte{}}
 }
 
-// get reads at the snapshot's revision, fixing it at the first read.
-func (t *txn) get(key string, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, error) {
+// done ends t, letting the cache drop what only t could still read.
+func (t *txn) done() {
+	if t.cached {
+		t.s.cache.unpin(t.rev)
+	}
+}
+
+// get reads key (with prefix: every key under it, in key order) at the snapshot's revision.
+func (t *txn) get(key string, prefix bool) ([]*mvccpb.KeyValue, error) {
 	if t.failure != nil {
 		return nil, t.failure
 	}
-	if t.rev != 0 {
-		opts = append(opts, clientv3.WithRev(t.rev))
+	if t.cached {
+		return t.s.cache.read(key, prefix, t.rev), nil
 	}
+	var opts []clientv3.OpOption
+	if prefix {
+		opts = append(opts, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	}
+	opts = append(opts, clientv3.WithRev(t.rev))
 	ctx, cancel := context.WithTimeout(t.ctx, t.s.budget)
 	defer cancel()
 	resp, err := t.s.cli.Get(ctx, key, opts...)
+	t.s.roundTrips.Add(1)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrCompacted) {
 			t.failure = errStale
@@ -328,9 +470,6 @@ func (t *txn) get(key string, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, er
 			t.failure = fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, t.s.describe(err))
 		}
 		return nil, t.failure
-	}
-	if t.rev == 0 {
-		t.rev = resp.Header.Revision
 	}
 	return resp.Kvs, nil
 }
@@ -343,7 +482,7 @@ func (t *txn) Get(key string) ([]byte, error) {
 		}
 		return append([]byte{}, *v...), nil
 	}
-	kvs, err := t.get(full)
+	kvs, err := t.get(full, false)
 	if err != nil {
 		return nil, err
 	}
@@ -377,7 +516,7 @@ func (t *txn) Delete(key string) error {
 // Scan merges the snapshot's range with the transaction's own writes under it.
 func (t *txn) Scan(prefix string, fn func(key string, value []byte) error) error {
 	full := t.s.prefix + prefix
-	kvs, err := t.get(full, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	kvs, err := t.get(full, true)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,126 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+)
+
+// stallWatch stops s's cache from following etcd: the watch goroutine calls Watch's fn after
+// applying a change, and this fn blocks from the first change after arm until the test ends.
+// So the cache holds that first change and nothing after it.
+func stallWatch(t *testing.T, s *etcdstore.Store) (arm func()) {
+	armed, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the store closes: cleanups run last first
+	if err := s.Watch("", func(string) {
+		select {
+		case <-armed:
+			<-release
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return func() { close(armed) }
+}
+
+// A read is never served from a cache that misses a commit acknowledged before it began, however
+// far behind the watch is: b's watch is stalled after a's first write, a writes twice more, and
+// b's next View, Update and failed Update all see a's last write, never the one its cache holds.
+func TestReadsNeverServeAStaleCache(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	a := c.Open(t, "stale")
+	b := c.Open(t, "stale")
+	arm := stallWatch(t, b)
+	set(t, a, "k", "1")
+	if got := get(t, b, "k"); got != "1" {
+		t.Fatalf("b reads k=%s, want 1", got)
+	}
+	arm()
+	set(t, a, "k", "2") // b's cache takes this one, then its watch stalls
+	set(t, a, "k", "3")
+	set(t, a, "l/x", "3")
+
+	if got := get(t, b, "k"); got != "3" {
+		t.Errorf("b's View reads k=%s after a wrote 3: served from a stale cache", got)
+	}
+	var listed []string
+	err := b.View(func(tx storage.Txn) error {
+		return tx.Scan("l/", func(k string, _ []byte) error { listed = append(listed, k); return nil })
+	})
+	if err != nil || len(listed) != 1 {
+		t.Errorf("b's Scan of l/ = %v, %v; want a's l/x", listed, err)
+	}
+	// An outcome that writes nothing rests on the reads alone.
+	errTwo := errors.New("k is 2")
+	err = b.Update(context.Background(), func(tx storage.Txn) error {
+		if v, err := tx.Get("k"); err != nil || string(v) == "2" {
+			return errors.Join(err, errTwo)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("b's Update that refuses on k=2: %v", err)
+	}
+	// A commit compares what it read: copying k must copy 3.
+	err = b.Update(context.Background(), func(tx storage.Txn) error {
+		v, err := tx.Get("k")
+		if err != nil {
+			return err
+		}
+		return tx.Set("copy", v)
+	})
+	if err != nil || get(t, a, "copy") != "3" {
+		t.Errorf("b copied k as %s (%v), want 3", get(t, a, "copy"), err)
+	}
+}
+
+// With the cache current, a transaction costs one linearizable read and its commit, however many
+// keys and ranges it reads; a View costs that read alone. (A cache the watch has not yet brought
+// up to date costs the reads from etcd instead: each count is the fewest of a few tries.)
+func TestCurrentCacheRoundTrips(t *testing.T) {
+	s := etcdtest.Start(t, 1).Open(t, "trips")
+	set(t, s, "a", "1")
+	set(t, s, "l/b", "1")
+	trips := func(do func() error) uint64 {
+		t.Helper()
+		fewest := uint64(1 << 62)
+		for range 5 {
+			before := s.RoundTrips()
+			if err := do(); err != nil {
+				t.Fatal(err)
+			}
+			fewest = min(fewest, s.RoundTrips()-before)
+		}
+		return fewest
+	}
+	readAll := func(tx storage.Txn) error {
+		for _, k := range []string{"a", "missing", "l/b"} {
+			if _, err := tx.Get(k); err != nil && !errors.Is(err, storage.ErrNotFound) {
+				return err
+			}
+		}
+		return tx.Scan("l/", func(string, []byte) error { return nil })
+	}
+	if n := trips(func() error { return s.View(readAll) }); n != 1 {
+		t.Errorf("a View of three keys and a range took %d round trips, want 1", n)
+	}
+	update := func() error {
+		return s.Update(context.Background(), func(tx storage.Txn) error {
+			if err := readAll(tx); err != nil {
+				return err
+			}
+			return tx.Set("a", []byte("2"))
+		})
+	}
+	if n := trips(update); n != 2 {
+		t.Errorf("an Update reading three keys and a range took %d round trips, want 2", n)
+	}
+	if n := trips(func() error { return s.Recent(readAll) }); n != 0 {
+		t.Errorf("Recent took %d round trips, want none", n)
+	}
+}
