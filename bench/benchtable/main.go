@@ -191,6 +191,12 @@ func main() {
 	r, _ = t.ratio("Claim", "ns/peer", "Claim/least", "ns/claim", atLeast(0))
 	t.row("  least a claim through the mount can cost: 1 store commit + create floor", "Claim/least", "ns/claim", us, "µs", "peer is "+r, "", "")
 
+	r, v = t.ratio("EtcdClaim", "ns/claim", "EtcdClaim", "ns/bare", atMost(1.5))
+	t.row("etcd: claim in an engine over 3 members on loopback", "EtcdClaim", "ns/claim", us, "µs", r+" of bare Get+Txn", "≤ 1.5× bare", v)
+	t.row("etcd: bare linearizable Get + Txn compare-and-swap, same cluster", "EtcdClaim", "ns/bare", us, "µs", "", "", "")
+	t.row("  the same claim in an engine over badger, same run", "EtcdClaim", "ns/badger-claim", us, "µs", "", "", "")
+	t.row("  etcd round trips per claim", "EtcdClaim", "roundtrips/claim", 1, "", "", "", "")
+
 	r, v = t.ratio("NewLease", "ns/new-lease", "NewLease", "ns/co-tenant", atMost(1.3))
 	t.row("new lease: claim on an idle stack through the mount, 10,000 sockets open", "NewLease", "ns/new-lease", us, "µs", r+" of co-tenant", "≤ 1.3× co-tenant", v)
 	t.row("new lease: a co-tenant's claim (lease kept), same run", "NewLease", "ns/co-tenant", us, "µs", "", "", "")
