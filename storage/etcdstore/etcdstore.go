@@ -155,9 +155,22 @@ func (s *Store) Conflicts() uint64 { return s.conflicts.Load() }
 func (s *Store) RoundTrips() uint64 { return s.roundTrips.Load() }
 
 // Watch implements storage.Shared from the cache's watch: fn sees each change once the cache
-// holds it, so a read fn's call prompts finds it there.
+// holds it, so a read fn's call prompts finds it there. It subscribes once the cache holds every
+// commit acknowledged before Watch was called, so fn is not handed those as new (should the watch
+// lag past the budget, it subscribes anyway: an extra call wakes a waiter for nothing, a missed one
+// would leave it asleep).
 func (s *Store) Watch(prefix string, fn func(key string)) error {
 	full := s.prefix + prefix
+	ctx, cancel := context.WithTimeout(s.closing, s.budget)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("etcd watch %s: %w", full, s.describe(err))
+	}
+	if watching := s.watching.Load(); watching != nil {
+		_ = s.cli.RequestProgress(*watching)
+	}
+	s.cache.await(ctx, resp.Header.Revision, s.budget)
 	s.cache.subscribe(full, func(key string) {
 		if key != "" {
 			key = strings.TrimPrefix(key, s.prefix)
