@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -339,6 +340,9 @@ func startAttempt(r Record, c Caller, ex executor, attemptID string, now time.Ti
 		ExecutorPID:       ex.pid,
 		ExecutorStart:     ex.start,
 	}
+	if action.Stage == StageReclaim {
+		next.Attempt.Planning = &AttemptPlanning{UpdatedAt: r.UpdatedAt, Attempt: d.Attempt}
+	}
 	v := r.Value
 	v.Drain = &next
 	return v, nil
@@ -380,15 +384,20 @@ func activeAttempt(r Record, c Caller, attemptID, what string) (*Drain, *Attempt
 }
 
 // publishOutcome is a drain/outcome write (the seeds' reduceDrainOutcome).
-func publishOutcome(r Record, c Caller, success bool, attemptID string, now time.Time) (Value, error) {
-	d, a, err := activeAttempt(r, c, attemptID, "publish an outcome for")
+func publishOutcome(r Record, c Caller, o Outcome, now time.Time) (Value, error) {
+	d, a, err := activeAttempt(r, c, o.AttemptID, "publish an outcome for")
 	if err != nil {
 		return r.Value, err
+	}
+	if o.Planned >= 0 {
+		if err := plannedFrom(r, a, o.Planned); err != nil {
+			return r.Value, err
+		}
 	}
 	if err := inOrder(r, now); err != nil {
 		return r.Value, err
 	}
-	if !success {
+	if !o.Success {
 		return failAttempt(r.Value, d, now), nil
 	}
 	validThrough, _ := ParseStamp(a.ValidThrough)
@@ -412,9 +421,74 @@ func publishOutcome(r Record, c Caller, success bool, attemptID string, now time
 	return Value{Holders: []Holder{}, Lease: &lease, LastReleasedHolder: &holderID}, nil
 }
 
-// failAttempt records d's active attempt as failed in the next revision.
+// plannedFrom refuses an outcome whose executor acted on another record than the one the active
+// reclaim a was planned from: the seeds bind a reclaim step to its planning record
+// (reclaimDrainStep), so a plan never runs under another try.
+func plannedFrom(r Record, a *Attempt, planned int64) error {
+	p, ok := r.PlanningRecord()
+	if !ok {
+		return refuse(LifecycleEvidenceInvalid, r.SubjectID, "publish without planned=: only a reclaim's outcome names its planning record",
+			"attempt %s (%s of %s) has no planning record, yet the outcome names revision %d as one", a.AttemptID, a.CurrentStage, a.CurrentTarget, planned)
+	}
+	if p.Revision != planned {
+		return refuse(LifecycleEvidenceInvalid, r.SubjectID, fmt.Sprintf("act on the record drain/planning serves (revision %d), then publish with planned=%d", p.Revision, p.Revision),
+			"revision %d is not the record attempt %s was planned from (revision %d)", planned, a.AttemptID, p.Revision)
+	}
+	return nil
+}
+
+// PlanningRecord is the record the stack's active reclaim attempt was planned from, as the seeds'
+// reclaimDrainStep binds it: the attempt's own record one revision back, which it must directly
+// follow. ok is false without an active reclaim attempt, or when that record does not precede it.
+func (r Record) PlanningRecord() (planning Record, ok bool) {
+	d := r.Value.Drain
+	if d == nil || d.Attempt == nil || d.Attempt.Planning == nil {
+		return Record{}, false
+	}
+	a := d.Attempt
+	if a.Status != AttemptActive || a.CurrentStage != StageReclaim || a.ActionIndex >= len(d.Actions) ||
+		d.Actions[a.ActionIndex].Stage != StageReclaim || d.Actions[a.ActionIndex].TargetID != a.CurrentTarget ||
+		r.Revision != a.CommittedRevision {
+		return Record{}, false
+	}
+	planning = r
+	planning.Revision = a.CommittedRevision - 1
+	planning.UpdatedAt = a.Planning.UpdatedAt
+	drain := *d
+	drain.Attempt = a.Planning.Attempt
+	planning.Value.Drain = &drain
+	return planning, planningPrecedes(&drain, a, planning.Revision) == nil
+}
+
+// planningPrecedes says why the drain d of a planning record at revision does not directly
+// precede attempt a (the seeds' planningRecordPrecedesAttempt), nil when it does: a first try
+// follows the drain's last progress, a retry the published failure of the same action.
+func planningPrecedes(d *Drain, a *Attempt, revision int64) error {
+	if a.Planning.UpdatedAt > a.CommittedAt || !isStamp(a.Planning.UpdatedAt) {
+		return errors.New("the planning record is dated after the attempt")
+	}
+	f := d.Attempt
+	if f == nil {
+		if revision != d.ProgressRevision {
+			return errors.New("a first try's planning record is not the drain's last progress")
+		}
+		return nil
+	}
+	switch {
+	case f.Status != AttemptFailed || f.FailedRevision == nil || *f.FailedRevision != revision || f.Planning != nil:
+		return errors.New("a retry's planning record does not hold the published failure it retries")
+	case f.ActionIndex != a.ActionIndex || f.CurrentStage != a.CurrentStage || f.CurrentTarget != a.CurrentTarget ||
+		f.ReservationID != a.ReservationID || f.Purpose != a.Purpose || f.Generation != a.Generation || !equalStrings(f.TargetIDs, a.TargetIDs):
+		return errors.New("a retry's planning record failed another action")
+	}
+	return nil
+}
+
+// failAttempt records d's active attempt as failed in the next revision. A failed attempt keeps
+// no planning: its retry plans from the failure.
 func failAttempt(v Value, d *Drain, now time.Time) Value {
 	failed := *d.Attempt
+	failed.Planning = nil
 	failedRevision := failed.CommittedRevision + 1
 	failedAt := Stamp(now)
 	failed.Status, failed.FailedRevision, failed.FailedAt = AttemptFailed, &failedRevision, &failedAt

@@ -253,22 +253,49 @@ func ParseAttemptCommand(text string) (executorPID int, err error) {
 	return pid, nil
 }
 
-// ParseOutcomeCommand parses `success|failure [attempt=<attemptId>]`; attemptID "" names the
-// active attempt.
-func ParseOutcomeCommand(text string) (success bool, attemptID string, err error) {
-	const fix = "write `success` or `failure`, optionally with attempt=<attemptId>"
+// Outcome is a drain/outcome write: `success|failure [attempt=<attemptId>] [planned=<revision>]`.
+type Outcome struct {
+	Success bool
+	// AttemptID "" names whichever attempt is active.
+	AttemptID string
+	// Planned is the revision of the planning record (drain/planning) the executor acted on; -1
+	// when not given. Given, the outcome applies only to the reclaim planned from that record.
+	Planned int64
+}
+
+// ParseOutcomeCommand parses an outcome write; each attribute at most once, in any order.
+func ParseOutcomeCommand(text string) (Outcome, error) {
+	const fix = "write `success` or `failure`, optionally with attempt=<attemptId> and planned=<planning revision>"
+	o := Outcome{Planned: -1}
 	tokens := strings.Fields(text)
-	if len(tokens) == 0 || tokens[0] != "success" && tokens[0] != "failure" || len(tokens) > 2 {
-		return false, "", refuse(StateRecordMalformed, "drain/outcome", fix, "outcome command %q is not success|failure [attempt=<id>]", text)
+	if len(tokens) == 0 || tokens[0] != "success" && tokens[0] != "failure" || len(tokens) > 3 {
+		return o, refuse(StateRecordMalformed, "drain/outcome", fix, "outcome command %q is not success|failure [attempt=<id>] [planned=<revision>]", text)
 	}
-	if len(tokens) == 2 {
-		value, ok := strings.CutPrefix(tokens[1], "attempt=")
-		if !ok || !sha256Pattern.MatchString(value) {
-			return false, "", refuse(StateRecordMalformed, "drain/outcome", fix, "outcome attribute %q is not attempt=<64 hex>", tokens[1])
+	o.Success = tokens[0] == "success"
+	seen := map[string]bool{}
+	for _, token := range tokens[1:] {
+		key, value, _ := strings.Cut(token, "=")
+		if seen[key] {
+			return o, refuse(StateRecordMalformed, "drain/outcome", fix, "outcome attribute %q is repeated", key)
 		}
-		attemptID = value
+		seen[key] = true
+		switch key {
+		case "attempt":
+			if !sha256Pattern.MatchString(value) {
+				return o, refuse(StateRecordMalformed, "drain/outcome", fix, "outcome attribute %q is not attempt=<64 hex>", token)
+			}
+			o.AttemptID = value
+		case "planned":
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || n < 0 || strconv.FormatInt(n, 10) != value {
+				return o, refuse(StateRecordMalformed, "drain/outcome", fix, "outcome attribute %q is not planned=<revision>", token)
+			}
+			o.Planned = n
+		default:
+			return o, refuse(StateRecordMalformed, "drain/outcome", fix, "unknown outcome attribute %q", token)
+		}
 	}
-	return tokens[0] == "success", attemptID, nil
+	return o, nil
 }
 
 // ParseRepairCommand parses `terminated`, the only repair there is.

@@ -134,15 +134,19 @@ func TestParseOutcomeCommand(t *testing.T) {
 		text    string
 		success bool
 		id      string
-	}{{"success", true, ""}, {"failure\n", false, ""}, {"success attempt=" + id, true, id}, {"failure\nattempt=" + id + "\n", false, id}} {
-		success, got, err := ParseOutcomeCommand(tc.text)
-		if err != nil || success != tc.success || got != tc.id {
-			t.Errorf("ParseOutcomeCommand(%q) = %v, %q, %v", tc.text, success, got, err)
+		planned int64
+	}{{"success", true, "", -1}, {"failure\n", false, "", -1}, {"success attempt=" + id, true, id, -1}, {"failure\nattempt=" + id + "\n", false, id, -1},
+		{"success planned=7 attempt=" + id, true, id, 7}, {"failure planned=0", false, "", 0}} {
+		o, err := ParseOutcomeCommand(tc.text)
+		if err != nil || o.Success != tc.success || o.AttemptID != tc.id || o.Planned != tc.planned {
+			t.Errorf("ParseOutcomeCommand(%q) = %+v, %v", tc.text, o, err)
 		}
 	}
 	for _, text := range []string{"", "ok", "Success", "success attempt=", "success attempt=" + strings.ToUpper(id), "success attempt=" + id[1:],
-		"success id=" + id, "success failure", "success attempt=" + id + " attempt=" + id} {
-		if _, _, err := ParseOutcomeCommand(text); AsRefusal(err).Code != StateRecordMalformed || err == nil {
+		"success id=" + id, "success failure", "success attempt=" + id + " attempt=" + id,
+		"success planned=", "success planned=-1", "success planned=07", "success planned=x", "success planned=1 planned=1",
+		"success planned=1 attempt=" + id + " x=1"} {
+		if _, err := ParseOutcomeCommand(text); AsRefusal(err).Code != StateRecordMalformed || err == nil {
 			t.Errorf("ParseOutcomeCommand(%q) = %v, want STATE_RECORD_MALFORMED", text, err)
 		}
 	}

@@ -64,6 +64,18 @@ type Attempt struct {
 	FailedAt          *string  `json:"failedAt"`
 	ExecutorPID       int      `json:"executorPid,omitempty"`
 	ExecutorStart     string   `json:"executorStart,omitempty"`
+	// Planning extends an active reclaim's attempt with what its start replaced, so the record
+	// the reclaim was planned from can be served (see Record.PlanningRecord).
+	Planning *AttemptPlanning `json:"planning,omitempty"`
+}
+
+// AttemptPlanning is what a reclaim attempt's start replaced of the record: its updatedAt and
+// its drain's attempt (none before a first try, the failed one before a retry). With them the
+// planning record (the seeds' reclaimDrainStep planningRecord) is the attempt's own record one
+// revision back.
+type AttemptPlanning struct {
+	UpdatedAt string   `json:"updatedAt"`
+	Attempt   *Attempt `json:"attempt"`
 }
 
 const (

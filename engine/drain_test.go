@@ -107,7 +107,7 @@ func startExecutor(e *Engine, pid int) error {
 }
 
 func publish(e *Engine, success bool, id string) error {
-	return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", success, id)
+	return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, AttemptID: id, Planned: -1})
 }
 
 func repairStack(e *Engine) error { return e.Repair(drainCtx, drainCaller("repair"), "app", "s") }
@@ -451,7 +451,9 @@ func TestDrainRefusals(t *testing.T) {
 			return e.ReserveDrain(drainCtx, stranger, "app", "s", DrainRequest{Purpose: "sleep"}, 2)
 		}, PermissionDenied, ""},
 		{"start as stranger", reserved, func(t *testing.T, e *Engine) error { return e.StartAttempt(drainCtx, stranger, "app", "s", 0) }, PermissionDenied, ""},
-		{"outcome as stranger", active, func(t *testing.T, e *Engine) error { return e.PublishOutcome(drainCtx, stranger, "app", "s", true, "") }, PermissionDenied, ""},
+		{"outcome as stranger", active, func(t *testing.T, e *Engine) error {
+			return e.PublishOutcome(drainCtx, stranger, "app", "s", Outcome{Success: true, Planned: -1})
+		}, PermissionDenied, ""},
 		{"repair as stranger", active, func(t *testing.T, e *Engine) error { return e.Repair(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
 		{"cancel as stranger", reserved, func(t *testing.T, e *Engine) error { return e.CancelDrain(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
 		{"start without drain", nothing, func(t *testing.T, e *Engine) error { return startExecutor(e, 0) }, NotFound, "no drain"},
@@ -661,4 +663,52 @@ func TestFailedReclaimRecovery(t *testing.T) {
 	if got.Current.TargetCommitment == nil || got.Current.TargetCommitment.Sha256 != d.Actions[2].TargetCommitment.Sha256 {
 		t.Fatalf("current commitment %+v", got.Current.TargetCommitment)
 	}
+}
+
+// A reclaim's attempt carries what its start replaced, so the record it was planned from is
+// served exactly (the seeds' reclaimDrainStep): the progress before a first try, the failure
+// before a retry; and Check refuses a planning that does not directly precede its attempt.
+func TestDrainReclaimPlanningRecord(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	mustStep(t, e, reserveText(t, e, "down volume:db"))
+	mustStep(t, e, startExecutor(e, 0))
+	if _, ok := stackOf(t, e).PlanningRecord(); ok {
+		t.Fatal("a runtime-stop has a planning record")
+	}
+	mustStep(t, e, publish(e, true, ""))
+	for _, success := range []bool{false, true} {
+		clock.advance(time.Second)
+		before := stackOf(t, e)
+		r := mustStep(t, e, startExecutor(e, 0))
+		planning, ok := r.PlanningRecord()
+		if want, _ := json.Marshal(before); !ok || string(mustJSON(t, planning)) != string(want) {
+			t.Fatalf("PlanningRecord = %s (%v), want the record before the start %s", mustJSON(t, planning), ok, want)
+		}
+		broken := r
+		d := *r.Value.Drain
+		a := *d.Attempt
+		p := *a.Planning
+		p.UpdatedAt = Stamp(clock.now().Add(time.Hour))
+		a.Planning, d.Attempt, broken.Value.Drain = &p, &a, &d
+		if err := Check(broken); err == nil || !strings.Contains(err.Error(), "dated after the attempt") {
+			t.Fatalf("Check of a planning dated after its attempt = %v", err)
+		}
+		if _, ok := broken.PlanningRecord(); ok {
+			t.Fatal("PlanningRecord served a planning dated after its attempt")
+		}
+		mustRefuse(t, e, LifecycleEvidenceInvalid, func() error {
+			return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: planning.Revision + 1})
+		})
+		clock.advance(time.Second)
+		mustStep(t, e, e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: planning.Revision}))
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }

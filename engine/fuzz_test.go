@@ -90,7 +90,8 @@ func FuzzParseOutcomeCommand(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, text string) {
-		success, attemptID, err := ParseOutcomeCommand(text)
+		o, err := ParseOutcomeCommand(text)
+		success, attemptID := o.Success, o.AttemptID
 		if err != nil {
 			if AsRefusal(err).Code != StateRecordMalformed {
 				t.Fatalf("refusal %v is not STATE_RECORD_MALFORMED", err)
@@ -303,7 +304,7 @@ func (rig *sequenceRig) step(in *sequenceInput) (string, string, error) {
 		}
 		c := rig.caller(in, "write", path+"/drain/outcome")
 		return fmt.Sprintf("outcome on %s success=%v attempt=%q as uid %d", stack, success, attemptID, c.UID), stack,
-			e.PublishOutcome(ctx, c, "app", stack, success, attemptID)
+			e.PublishOutcome(ctx, c, "app", stack, Outcome{Success: success, AttemptID: attemptID, Planned: -1})
 	case 8:
 		c := rig.caller(in, "write", path+"/drain/repair")
 		return fmt.Sprintf("repair %s as uid %d", stack, c.UID), stack, e.Repair(ctx, c, "app", stack)

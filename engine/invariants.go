@@ -249,6 +249,16 @@ func checkAttempt(d *Drain, a *Attempt) error {
 	case a.ExecutorStart != "" && (a.ExecutorPID == 0 || !liveness.IsStart(a.ExecutorStart)):
 		return errors.New("executor start without a pid or malformed")
 	}
+	if a.Planning != nil {
+		if a.Status != AttemptActive || a.CurrentStage != StageReclaim {
+			return errors.New("planning on an attempt that is not an active reclaim")
+		}
+		planned := *d
+		planned.Attempt = a.Planning.Attempt
+		if err := planningPrecedes(&planned, a, a.CommittedRevision-1); err != nil {
+			return err
+		}
+	}
 	switch a.Status {
 	case AttemptActive:
 		if a.FailedRevision != nil || a.FailedAt != nil {

@@ -147,10 +147,10 @@ func (e *Engine) StartAttempt(ctx context.Context, c Caller, cockpit, stack stri
 	})
 }
 
-// PublishOutcome applies `success|failure [attempt=<id>]` to drain/outcome.
-func (e *Engine) PublishOutcome(ctx context.Context, c Caller, cockpit, stack string, success bool, attemptID string) error {
+// PublishOutcome applies an outcome write to drain/outcome.
+func (e *Engine) PublishOutcome(ctx context.Context, c Caller, cockpit, stack string, o Outcome) error {
 	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
-		return publishOutcome(r, c, success, attemptID, now)
+		return publishOutcome(r, c, o, now)
 	})
 }
 

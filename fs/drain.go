@@ -29,12 +29,14 @@ func (drainListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	if _, err := d.fsys.eng.Stack(d.cockpit, d.stack); err != nil {
 		return nil, err
 	}
-	es := make([]entry, len(drainFiles))
+	es := make([]entry, len(drainFiles), len(drainFiles)+1)
 	for i, df := range drainFiles {
 		es[i] = entry{name: df.name, node: d.fsys.newFile(d.child(df.name), d.cockpit, d.stack,
 			d.fsys.stackView(d.cockpit, d.stack, "drain/"+df.name, df.show), drainWriter{df})}
 	}
-	return es, nil
+	planning := entry{name: "planning", node: d.fsys.newFile(d.child("planning"), d.cockpit, d.stack,
+		d.fsys.stackView(d.cockpit, d.stack, "drain/planning", showPlanning), nil)}
+	return append(es, planning), nil
 }
 
 func (drainListing) unlink(ctx context.Context, d *dir, name string) syscall.Errno {
@@ -71,6 +73,16 @@ func showAttempt(r engine.Record) []byte {
 	}{r.Value.Drain.Attempt, engine.FailedReclaimRecovery(r.Value.Drain)})
 }
 
+// showPlanning is the record the active reclaim was planned from (the seeds' reclaimDrainStep
+// planningRecord), as record shows records; empty while no reclaim attempt is active.
+func showPlanning(r engine.Record) []byte {
+	p, ok := r.PlanningRecord()
+	if !ok {
+		return []byte{}
+	}
+	return renderRecord(p)
+}
+
 func showNothing(engine.Record) []byte { return []byte{} }
 
 // drainWriter applies one drain command per write(2).
@@ -100,11 +112,11 @@ func startAttempt(ctx context.Context, f *file, _ *handle, c engine.Caller, text
 }
 
 func publishOutcome(ctx context.Context, f *file, _ *handle, c engine.Caller, text string) error {
-	success, attempt, err := engine.ParseOutcomeCommand(text)
+	o, err := engine.ParseOutcomeCommand(text)
 	if err != nil {
 		return err
 	}
-	return f.fsys.eng.PublishOutcome(ctx, c, f.cockpit, f.stack, success, attempt)
+	return f.fsys.eng.PublishOutcome(ctx, c, f.cockpit, f.stack, o)
 }
 
 func repairAttempt(ctx context.Context, f *file, _ *handle, c engine.Caller, text string) error {

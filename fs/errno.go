@@ -28,6 +28,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.PortListenerEvidenceInvalid:  syscall.EAGAIN,
 	engine.ConfigChangedDuringExecution: syscall.ESTALE,
 	engine.ExecutionPreconditionChanged: syscall.ESTALE,
+	engine.LifecycleEvidenceInvalid:     syscall.ESTALE,
 	engine.DrainAttemptRepairRequired:   syscall.ENOTRECOVERABLE,
 	engine.StateLocked:                  syscall.EAGAIN,
 	engine.StateRootUnavailable:         syscall.EIO,

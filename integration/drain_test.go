@@ -553,7 +553,7 @@ func TestDrainCancel(t *testing.T) {
 	if got := m.read("app/stacks/s/ports/HTTP"); got != "36780\n" {
 		t.Fatalf("ports/HTTP after cancel: %q", got)
 	}
-	if got := m.ok("ls $M/app/stacks/s/drain"); got != "attempt\noutcome\nrepair\nrequest\n" {
+	if got := m.ok("ls $M/app/stacks/s/drain"); got != "attempt\noutcome\nplanning\nrepair\nrequest\n" {
 		t.Fatalf("drain/ after cancel: %q", got)
 	}
 	if ev := drainEvents(t, m, "s"); ev[len(ev)-1]["op"] != "unlink" || ev[len(ev)-1]["result"] != "ok" {

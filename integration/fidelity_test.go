@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,5 +78,56 @@ EOF`)
 	}
 	if got := m.read("app/stacks/s/env"); strings.Contains(got, "API") {
 		t.Fatalf("env names an entrypoint the lease cannot serve:\n%s", got)
+	}
+}
+
+// An active reclaim is bound to the record it was planned from, as the seeds' reclaimDrainStep
+// binds it: drain/planning serves that record (exactly what record showed before the attempt
+// started: the drain's last progress for a first try, the published failure for a retry), and an
+// outcome naming another record with planned= is refused as invalid evidence, changing nothing.
+func TestFidelityReclaimPlanningRecord(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(2, map[string]int{"HTTP": 34600}, "s")
+	s := "$M/app/stacks/s"
+	m.ok("cd " + s + " && touch holders/me && echo 'down volume:a volume:b' > drain/request && echo start > drain/attempt")
+	if got := m.read("app/stacks/s/drain/planning"); got != "" {
+		t.Fatalf("drain/planning during runtime-stop = %q, want empty: only a reclaim has one", got)
+	}
+	drainRefused(t, m, "s", "echo success planned=1 > "+s+"/drain/outcome", syscall.ESTALE, "LIFECYCLE_EVIDENCE_INVALID")
+	m.ok("echo success > " + s + "/drain/outcome")
+
+	for try, outcome := range []string{"failure", "success"} {
+		planned := m.read("app/stacks/s/record")
+		revision := drainRevision(t, m, "s")
+		m.ok("echo start > " + s + "/drain/attempt")
+		if got := m.read("app/stacks/s/drain/planning"); got != planned {
+			t.Fatalf("try %d: drain/planning =\n%s\nwant the record before the start:\n%s", try, got, planned)
+		}
+		for _, other := range []int{revision - 1, revision + 1, revision + 2} {
+			ev := drainRefused(t, m, "s", fmt.Sprintf("echo %s planned=%d > %s/drain/outcome", outcome, other, s), syscall.ESTALE, "LIFECYCLE_EVIDENCE_INVALID")
+			if fix := fmt.Sprint(ev["fix"]); !strings.Contains(fix, fmt.Sprintf("planned=%d", revision)) {
+				t.Fatalf("fix %q does not name planned=%d", fix, revision)
+			}
+		}
+		m.ok(fmt.Sprintf("echo %s planned=%d > %s/drain/outcome", outcome, revision, s))
+		if got := m.read("app/stacks/s/drain/planning"); got != "" {
+			t.Fatalf("try %d: drain/planning after the outcome = %q, want empty", try, got)
+		}
+	}
+	// The next reclaim plans from the progress the success published.
+	planned := m.read("app/stacks/s/record")
+	m.ok("echo start > " + s + "/drain/attempt")
+	if got := m.read("app/stacks/s/drain/planning"); got != planned {
+		t.Fatalf("the second reclaim's drain/planning =\n%s\nwant\n%s", got, planned)
+	}
+	var att map[string]any
+	if err := json.Unmarshal([]byte(m.read("app/stacks/s/drain/attempt")), &att); err != nil || att["currentTarget"] != "volume:b" {
+		t.Fatalf("drain/attempt = %v (%v), want the reclaim of volume:b", att, err)
+	}
+	// The store with a reclaim active, planning and all, meets every invariant offline.
+	m.Stop()
+	if out, err := m.verify(); err != nil {
+		t.Fatalf("cockpitfs verify with a reclaim active: %v\n%s", err, out)
 	}
 }
