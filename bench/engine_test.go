@@ -94,7 +94,7 @@ func (f *engineFixture) drainSleep(cockpit, stack, holder string) error {
 	if err := f.eng.StartAttempt(ctx, caller("write"), cockpit, stack, 0); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	if err := f.eng.PublishOutcome(ctx, caller("write"), cockpit, stack, engine.Outcome{Success: true, Planned: -1}); err != nil {
+	if err := f.eng.PublishOutcome(ctx, caller("write"), cockpit, stack, engine.Outcome{Success: true}); err != nil {
 		return fmt.Errorf("outcome: %w", err)
 	}
 	return nil

@@ -389,8 +389,8 @@ func publishOutcome(r Record, c Caller, o Outcome, now time.Time) (Value, error)
 	if err != nil {
 		return r.Value, err
 	}
-	if o.Planned >= 0 {
-		if err := plannedFrom(r, a, o.Planned); err != nil {
+	if o.Planned != nil {
+		if err := plannedFrom(r, a, *o.Planned); err != nil {
 			return r.Value, err
 		}
 	}

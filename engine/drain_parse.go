@@ -258,15 +258,15 @@ type Outcome struct {
 	Success bool
 	// AttemptID "" names whichever attempt is active.
 	AttemptID string
-	// Planned is the revision of the planning record (drain/planning) the executor acted on; -1
+	// Planned is the revision of the planning record (drain/planning) the executor acted on, nil
 	// when not given. Given, the outcome applies only to the reclaim planned from that record.
-	Planned int64
+	Planned *int64
 }
 
 // ParseOutcomeCommand parses an outcome write; each attribute at most once, in any order.
 func ParseOutcomeCommand(text string) (Outcome, error) {
 	const fix = "write `success` or `failure`, optionally with attempt=<attemptId> and planned=<planning revision>"
-	o := Outcome{Planned: -1}
+	var o Outcome
 	tokens := strings.Fields(text)
 	if len(tokens) == 0 || tokens[0] != "success" && tokens[0] != "failure" || len(tokens) > 3 {
 		return o, refuse(StateRecordMalformed, "drain/outcome", fix, "outcome command %q is not success|failure [attempt=<id>] [planned=<revision>]", text)
@@ -290,7 +290,7 @@ func ParseOutcomeCommand(text string) (Outcome, error) {
 			if err != nil || n < 0 || strconv.FormatInt(n, 10) != value {
 				return o, refuse(StateRecordMalformed, "drain/outcome", fix, "outcome attribute %q is not planned=<revision>", token)
 			}
-			o.Planned = n
+			o.Planned = &n
 		default:
 			return o, refuse(StateRecordMalformed, "drain/outcome", fix, "unknown outcome attribute %q", token)
 		}

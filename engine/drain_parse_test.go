@@ -134,11 +134,15 @@ func TestParseOutcomeCommand(t *testing.T) {
 		text    string
 		success bool
 		id      string
-		planned int64
+		planned int64 // -1: none
 	}{{"success", true, "", -1}, {"failure\n", false, "", -1}, {"success attempt=" + id, true, id, -1}, {"failure\nattempt=" + id + "\n", false, id, -1},
 		{"success planned=7 attempt=" + id, true, id, 7}, {"failure planned=0", false, "", 0}} {
 		o, err := ParseOutcomeCommand(tc.text)
-		if err != nil || o.Success != tc.success || o.AttemptID != tc.id || o.Planned != tc.planned {
+		planned := int64(-1)
+		if o.Planned != nil {
+			planned = *o.Planned
+		}
+		if err != nil || o.Success != tc.success || o.AttemptID != tc.id || planned != tc.planned {
 			t.Errorf("ParseOutcomeCommand(%q) = %+v, %v", tc.text, o, err)
 		}
 	}

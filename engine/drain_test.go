@@ -107,7 +107,7 @@ func startExecutor(e *Engine, pid int) error {
 }
 
 func publish(e *Engine, success bool, id string) error {
-	return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, AttemptID: id, Planned: -1})
+	return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, AttemptID: id})
 }
 
 func repairStack(e *Engine) error { return e.Repair(drainCtx, drainCaller("repair"), "app", "s") }
@@ -452,7 +452,7 @@ func TestDrainRefusals(t *testing.T) {
 		}, PermissionDenied, ""},
 		{"start as stranger", reserved, func(t *testing.T, e *Engine) error { return e.StartAttempt(drainCtx, stranger, "app", "s", 0) }, PermissionDenied, ""},
 		{"outcome as stranger", active, func(t *testing.T, e *Engine) error {
-			return e.PublishOutcome(drainCtx, stranger, "app", "s", Outcome{Success: true, Planned: -1})
+			return e.PublishOutcome(drainCtx, stranger, "app", "s", Outcome{Success: true})
 		}, PermissionDenied, ""},
 		{"repair as stranger", active, func(t *testing.T, e *Engine) error { return e.Repair(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
 		{"cancel as stranger", reserved, func(t *testing.T, e *Engine) error { return e.CancelDrain(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
@@ -697,12 +697,14 @@ func TestDrainReclaimPlanningRecord(t *testing.T) {
 			t.Fatal("PlanningRecord served a planning dated after its attempt")
 		}
 		mustRefuse(t, e, LifecycleEvidenceInvalid, func() error {
-			return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: planning.Revision + 1})
+			return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: ptr(planning.Revision + 1)})
 		})
 		clock.advance(time.Second)
-		mustStep(t, e, e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: planning.Revision}))
+		mustStep(t, e, e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: &planning.Revision}))
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func mustJSON(t *testing.T, v any) []byte {
 	t.Helper()

@@ -304,7 +304,7 @@ func (rig *sequenceRig) step(in *sequenceInput) (string, string, error) {
 		}
 		c := rig.caller(in, "write", path+"/drain/outcome")
 		return fmt.Sprintf("outcome on %s success=%v attempt=%q as uid %d", stack, success, attemptID, c.UID), stack,
-			e.PublishOutcome(ctx, c, "app", stack, Outcome{Success: success, AttemptID: attemptID, Planned: -1})
+			e.PublishOutcome(ctx, c, "app", stack, Outcome{Success: success, AttemptID: attemptID})
 	case 8:
 		c := rig.caller(in, "write", path+"/drain/repair")
 		return fmt.Sprintf("repair %s as uid %d", stack, c.UID), stack, e.Repair(ctx, c, "app", stack)

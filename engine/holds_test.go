@@ -38,7 +38,7 @@ func sleepDrain(t *testing.T, e *Engine, cockpit, stack, holder string) {
 	if err := e.StartAttempt(ctx, me("write", "drain/attempt"), cockpit, stack, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.PublishOutcome(ctx, me("write", "drain/outcome"), cockpit, stack, Outcome{Success: true, Planned: -1}); err != nil {
+	if err := e.PublishOutcome(ctx, me("write", "drain/outcome"), cockpit, stack, Outcome{Success: true}); err != nil {
 		t.Fatal(err)
 	}
 }

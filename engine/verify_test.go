@@ -45,7 +45,7 @@ func verifyStore(t *testing.T) *Engine {
 	drain := me("write", "app/stacks/b/drain")
 	must(e.ReserveDrain(ctx, drain, "app", "b", DrainRequest{Purpose: "sleep"}, b.Revision))
 	must(e.StartAttempt(ctx, drain, "app", "b", 0))
-	must(e.PublishOutcome(ctx, drain, "app", "b", Outcome{Success: true, Planned: -1}))
+	must(e.PublishOutcome(ctx, drain, "app", "b", Outcome{Success: true}))
 	must(e.RemoveStack(ctx, me("rmdir", "app/stacks/b"), "app", "b"))
 	return e
 }
