@@ -211,6 +211,17 @@ func main() {
 	t.row("  new lease in the engine, holding its ports", "Hold", "ns/lease-held", us, "µs", r+" of unheld", "", "")
 	t.row("  new lease in the engine, not holding them, same run", "Hold", "ns/lease-unheld", us, "µs", "", "", "")
 
+	r, v = t.ratio("Crowd", "ns/holders-1000", "Crowd", "ns/holders-1", atMost(2))
+	t.row("crowded stack: a claim (touch) on a stack with 1,000 holders, through the mount", "Crowd", "ns/holders-1000", us, "µs", r+" of 1 holder", "≤ 2× 1 holder", v)
+	t.row("crowded stack: the same claim on a stack with 1 holder", "Crowd", "ns/holders-1", us, "µs", "", "", "")
+	r, _ = t.ratio("Crowd", "ns/engine-holders-1000", "Crowd", "ns/engine-holders-1", atMost(2))
+	t.row("  engine claim in-process, 1,000 holders", "Crowd", "ns/engine-holders-1000", us, "µs", r+" of 1 holder", "", "")
+	t.row("  engine claim in-process, 1 holder", "Crowd", "ns/engine-holders-1", us, "µs", "", "", "")
+	t.row("crowded stack: data directory before claim/release cycles on 1,024 holders (du)", "CrowdDisk", "MiB-before", 1, "MiB", "", "", "")
+	r, _ = t.ratio("CrowdDisk", "MiB-after", "CrowdDisk", "MiB-before", atLeast(0))
+	t.row("  after 600 cycles", "CrowdDisk", "MiB-after", 1, "MiB", r+" of before", "", "")
+	t.row("  of it badger's value log, never reclaimed", "CrowdDisk", "MiB-vlog", 1, "MiB", "", "≤ 1 MiB", t.limit("CrowdDisk", "MiB-vlog", atMost(1)))
+
 	for _, shape := range []string{"distinct", "one"} {
 		for _, w := range []int{1, 4, 16} {
 			name := fmt.Sprintf("Concurrency/%s-%d", shape, w)
