@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -89,6 +90,45 @@ func TestTeamTwoDaemonsOneNamespace(t *testing.T) {
 	}
 	if len(ports) != 10 {
 		t.Errorf("%d stacks hold a lease, want 10: %v", len(ports), ports)
+	}
+}
+
+// Each daemon sees the other's acknowledged change at its very next stat, readdir or open, issued
+// the moment the writing syscall returns, with no process start between them: the reads the
+// daemon serves from its watched copy of the prefix must first prove that copy current (see
+// storage/etcdstore). The writer alternates between the daemons.
+func TestTeamChangeSeenAtNextRead(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t, 3)
+	store := cluster.URL("next")
+	a, b := newEtcdMount(t, store), newEtcdMount(t, store)
+	a.setupApp(4, map[string]int{"HTTP": 19080}, "s")
+	a.ok("touch $M/app/stacks/s/holders/base")
+	holders := []string{"app", "stacks", "s", "holders"}
+	for round := range 24 {
+		w, r := a, b
+		if round%2 == 1 {
+			w, r = b, a
+		}
+		name := fmt.Sprintf("h%d", round)
+		f, err := os.OpenFile(w.Path(append(holders, name)...), os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatalf("round %d: claim %s: %v", round, name, err)
+		}
+		f.Close()
+		if _, err := os.Stat(r.Path(append(holders, name)...)); err != nil {
+			t.Fatalf("round %d: the other daemon's stat of the new holder: %v", round, err)
+		}
+		if got, want := r.read("app", "stacks", "s", "revision"), w.read("app", "stacks", "s", "revision"); got != want {
+			t.Fatalf("round %d: the other daemon opens revision %q, the writer %q", round, got, want)
+		}
+		if err := os.Remove(r.Path(append(holders, name)...)); err != nil {
+			t.Fatalf("round %d: release %s through the other daemon: %v", round, name, err)
+		}
+		entries, err := os.ReadDir(w.Path(holders...))
+		if err != nil || len(entries) != 1 || entries[0].Name() != "base" {
+			t.Fatalf("round %d: the writer lists holders %v (%v) after the other released %s, want only base", round, entries, err, name)
+		}
 	}
 }
 
