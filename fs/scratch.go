@@ -265,9 +265,11 @@ func (cockpitListing) unlink(ctx context.Context, d *dir, name string) syscall.E
 	sc := d.fsys.scratch.get(d.cockpit, name)
 	if sc == nil && name == "config" {
 		c := caller(ctx, "unlink", d.child(name))
+		// GNU mv from another filesystem removes its target before copying: this refusal is what
+		// it reports ("unable to remove target"), so the fix names the ways that work.
 		return d.fsys.fail(c, d.cockpit, "", &engine.Refusal{Code: engine.Unsupported,
-			Message: d.child(name) + " cannot be removed, only replaced",
-			Fix:     "write the new document into it (cp new.toml config), or create it beside config and mv it onto config"})
+			Message: d.child(name) + " cannot be removed, only replaced (mv from another filesystem removes it first)",
+			Fix:     "copy the new document onto it (cp new.toml config), or mv the file beside config first, then onto config"})
 	}
 	if sc == nil {
 		return d.fsys.undefined(ctx, "unlink", d.child(name), d.cockpit, "")
