@@ -25,6 +25,7 @@ type cache struct {
 	mu       sync.Mutex
 	rev      int64
 	advanced chan struct{} // closed, and replaced, when rev advances
+	behind   bool          // a wait for rev to advance timed out, and it has not advanced since
 	keys     []string      // sorted: every key with a version
 	versions map[string][]version
 	readers  map[int64]int // pinned snapshot revision → readers at it
@@ -205,6 +206,7 @@ func (c *cache) advance(rev int64) {
 		return
 	}
 	c.rev = rev
+	c.behind = false
 	close(c.advanced)
 	c.advanced = make(chan struct{})
 	c.prune()
@@ -253,4 +255,18 @@ func (c *cache) revision() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.rev
+}
+
+// lag records that a wait for the cache timed out: the watch is cut off or slow.
+func (c *cache) lag() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.behind = true
+}
+
+// lagging says whether the last wait timed out and the cache has not advanced since.
+func (c *cache) lagging() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.behind
 }

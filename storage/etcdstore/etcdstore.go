@@ -276,7 +276,8 @@ func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
 
 // pinAtLeast pins the cache once it is complete through rev. A revision past the cache's with no
 // event on its way (a commit outside the prefix moved it) is confirmed by a progress request on
-// the watch's stream.
+// the watch's stream. While the watch is cut off (a member went away), reads stop waiting for it
+// after the first one that waited in vain.
 func (s *Store) pinAtLeast(rev int64) (int64, bool) {
 	if at, ok := s.cache.pin(rev); ok {
 		return at, true
@@ -284,9 +285,13 @@ func (s *Store) pinAtLeast(rev int64) (int64, bool) {
 	if watching := s.watching.Load(); watching != nil {
 		_ = s.cli.RequestProgress(*watching)
 	}
+	if s.cache.lagging() {
+		return 0, false // the last wait was in vain: read etcd until the watch delivers again
+	}
 	ctx, cancel := context.WithTimeout(s.closing, catchUp)
 	defer cancel()
 	if !s.cache.await(ctx, rev, catchUp) {
+		s.cache.lag()
 		return 0, false
 	}
 	return s.cache.pin(rev)
