@@ -5,6 +5,7 @@ package etcdtest
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -28,18 +29,22 @@ const MaxTxnOps = 2048
 // ≈100 ms instead of ≈10 ms, so contention that clears in 2 s on a real cluster may not here.
 const Budget = 10 * time.Second
 
-// Cluster is a running cluster. Stop and Start take one member down and back up.
+// Cluster is a running cluster. Stop and Restart take one member down and back up.
 type Cluster struct {
 	t       testing.TB
 	mu      sync.Mutex
 	configs []*embed.Config
 	members []*embed.Etcd // nil while stopped
+	// closing[i] is closed once stopped member i has released its ports and data directory.
+	closing []chan struct{}
+	// fronts are what clients dial: member i's client port behind a proxy that Stop cuts.
+	fronts []*front
 }
 
 // Start starts n members and waits until they serve; they stop when the test ends.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, members: make([]*embed.Etcd, n)}
+	c := &Cluster{t: t, members: make([]*embed.Etcd, n), closing: make([]chan struct{}, n)}
 	root := t.TempDir()
 	var initial []string
 	for i := range n {
@@ -56,6 +61,7 @@ func Start(t testing.TB, n int) *Cluster {
 		cfg.MaxTxnOps = MaxTxnOps
 		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 		c.configs = append(c.configs, cfg)
+		c.fronts = append(c.fronts, &front{addr: freeURL(t).Host, member: client.Host})
 		initial = append(initial, cfg.Name+"="+peer.String())
 	}
 	for _, cfg := range c.configs {
@@ -88,6 +94,12 @@ func freeURL(t testing.TB) url.URL {
 }
 
 func (c *Cluster) start(i int) error {
+	c.mu.Lock()
+	closing := c.closing[i]
+	c.mu.Unlock()
+	if closing != nil {
+		<-closing // the last run's ports and data directory
+	}
 	e, err := embed.StartEtcd(c.configs[i])
 	if err != nil {
 		return fmt.Errorf("etcd member %d: %w", i, err)
@@ -104,14 +116,17 @@ func (c *Cluster) start(i int) error {
 	c.mu.Lock()
 	c.members[i] = e
 	c.mu.Unlock()
+	if err := c.fronts[i].open(); err != nil {
+		return fmt.Errorf("etcd member %d: %w", i, err)
+	}
 	return nil
 }
 
-// Endpoints lists every member's client address, stopped ones included.
+// Endpoints lists the address clients reach each member at, stopped ones included.
 func (c *Cluster) Endpoints() []string {
 	var out []string
-	for _, cfg := range c.configs {
-		out = append(out, cfg.AdvertiseClientUrls[0].Host)
+	for _, f := range c.fronts {
+		out = append(out, f.addr)
 	}
 	return out
 }
@@ -132,15 +147,31 @@ func (c *Cluster) Open(t testing.TB, prefix string) *etcdstore.Store {
 	return s
 }
 
-// Stop stops member i (as a crash would, but letting it flush: its data directory stays).
+// Stop kills member i as a crash would: every client connection to it breaks at once, and its
+// raft node stops without handing leadership over (a stopped leader is found by an election
+// timeout). What it acknowledged is in its WAL, synced before any acknowledgement, and its data
+// directory stays for Restart. etcd's own close goes on in the background (Restart waits for it):
+// it would otherwise wait up to the request timeout (6 s) for the daemons' watch and lease
+// streams, which a crash cuts at once.
 func (c *Cluster) Stop(i int) {
 	c.mu.Lock()
 	e := c.members[i]
 	c.members[i] = nil
-	c.mu.Unlock()
+	var closed chan struct{}
 	if e != nil {
-		e.Close()
+		closed = make(chan struct{})
+		c.closing[i] = closed
 	}
+	c.mu.Unlock()
+	if e == nil {
+		return
+	}
+	c.fronts[i].cut()
+	e.Server.HardStop()
+	go func() {
+		defer close(closed)
+		e.Close()
+	}()
 }
 
 // Restart starts stopped member i again on its data directory.
@@ -155,4 +186,92 @@ func (c *Cluster) stopAll() {
 	for i := range c.members {
 		c.Stop(i)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, closed := range c.closing {
+		if closed != nil {
+			<-closed // before the test removes the data directories
+		}
+	}
+}
+
+// front is a member's client address as clients see it: a TCP proxy to the member's own, which
+// cut closes with every connection through it, as a crashed machine's would break.
+type front struct {
+	addr, member string
+	mu           sync.Mutex
+	listener     net.Listener
+	conns        map[net.Conn]bool
+}
+
+func (f *front) open() error {
+	l, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.listener, f.conns = l, map[net.Conn]bool{}
+	f.mu.Unlock()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go f.relay(conn)
+		}
+	}()
+	return nil
+}
+
+// relay copies between a client and the member until either side ends or cut.
+func (f *front) relay(client net.Conn) {
+	member, err := net.Dial("tcp", f.member)
+	if err != nil {
+		client.Close()
+		return
+	}
+	if !f.track(client, member) {
+		client.Close()
+		member.Close()
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(member, client); done <- struct{}{} }()
+	go func() { io.Copy(client, member); done <- struct{}{} }()
+	<-done
+	client.Close()
+	member.Close()
+	f.mu.Lock()
+	delete(f.conns, client)
+	delete(f.conns, member)
+	f.mu.Unlock()
+}
+
+// track registers a relay's connections; false once the front is cut.
+func (f *front) track(conns ...net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conns == nil {
+		return false
+	}
+	for _, c := range conns {
+		f.conns[c] = true
+	}
+	return true
+}
+
+func (f *front) cut() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.listener != nil {
+		f.listener.Close()
+	}
+	for c := range f.conns {
+		if tcp, ok := c.(*net.TCPConn); ok {
+			tcp.SetLinger(0) // a reset, as from a crashed machine, not an orderly close
+		}
+		c.Close()
+	}
+	f.listener, f.conns = nil, nil
 }
