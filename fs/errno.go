@@ -84,19 +84,26 @@ func errnoOf(err error) syscall.Errno {
 // fail turns err into the errno the caller sees and reports it once: a refusal in the events file
 // of (cockpit, stack) — the nearest one; stack "" is the cockpit's, cockpit "" has none — and
 // anything else in the log, and in that events file under its code (STATE_ROOT_UNAVAILABLE, or
-// STATE_RECORD_MALFORMED for a stored value that does not decode).
+// STATE_RECORD_MALFORMED for a stored value that does not decode). A refusal no events file
+// takes is logged: one the store could not serve (STATE_LOCKED: etcd without a quorum cannot
+// take the events line either) would otherwise leave no trace of its cause.
 func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Errno {
 	errno := errnoOf(err)
 	if errors.Is(err, errGone) || errno == syscall.EINTR {
 		return errno // nothing was refused: the kernel retries, or the caller gave up
 	}
-	if errno == syscall.EIO || errors.Is(err, storage.ErrNoSpace) {
+	logged := errno == syscall.EIO || errors.Is(err, storage.ErrNoSpace)
+	if logged {
 		f.log.Printf("%s %s: %v", c.Op, c.Path, err)
 	}
-	if cockpit != "" {
-		if lerr := f.eng.LogRefusal(c, cockpit, stack, engine.AsRefusal(err), unix.ErrnoName(errno)); lerr != nil {
-			f.log.Printf("%s %s: recording the refusal: %v", c.Op, c.Path, lerr)
+	refusal := engine.AsRefusal(err)
+	switch {
+	case cockpit != "":
+		if lerr := f.eng.LogRefusal(c, cockpit, stack, refusal, unix.ErrnoName(errno)); lerr != nil && !logged {
+			f.log.Printf("%s %s: %s %v (not in events: %v)", c.Op, c.Path, unix.ErrnoName(errno), refusal, lerr)
 		}
+	case refusal.Code == engine.StateLocked && !logged:
+		f.log.Printf("%s %s: %s %v", c.Op, c.Path, unix.ErrnoName(errno), refusal)
 	}
 	return errno
 }
