@@ -83,6 +83,8 @@ type mount struct {
 	Store string
 	// env is added to the daemon's environment.
 	env []string
+	// args are the mount flags start was given last, which restart gives again.
+	args []string
 	// ns is the network namespace the daemon runs in: its port holds and the listeners it sees
 	// are the namespace's (nil: the test's own, when it cannot make one).
 	ns   *netns.NS
@@ -153,6 +155,7 @@ func (m *mount) listen(network, addr string) (net.Listener, error) {
 // start runs the daemon in the foreground as a subprocess and waits until it serves.
 func (m *mount) start(args ...string) {
 	m.t.Helper()
+	m.args = args
 	m.log = &syncBuffer{}
 	all := append([]string{"mount", "--data", m.Data}, args...)
 	m.cmd = exec.Command(binary, append(all, m.Dir)...)
@@ -188,6 +191,15 @@ func (m *mount) start(args ...string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// restart starts a killed daemon again with the flags it had, on the same store, after lazily
+// detaching the dead mount it left (clearing it is TestLifecycleKillRestartClearsStaleMount's
+// subject, not the caller's).
+func (m *mount) restart() {
+	m.t.Helper()
+	detach(m.Dir)
+	m.start(m.args...)
 }
 
 // serving reports whether dir is a live cockpitfs mount (in mountinfo, and answering).

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,17 +16,117 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // newEtcdMount starts a daemon serving prefix of the cluster. It runs in the test's network
 // namespace, where the cluster listens; over etcd a daemon takes no machine-wide port holds.
 func newEtcdMount(t *testing.T, store string, env ...string) *mount {
 	t.Helper()
+	return newEtcdMountTimeout(t, store, etcdtest.Budget, env...)
+}
+
+// newEtcdMountTimeout is newEtcdMount whose operations wait timeout for etcd (--command-timeout).
+func newEtcdMountTimeout(t *testing.T, store string, timeout time.Duration, env ...string) *mount {
+	t.Helper()
 	base := t.TempDir()
 	m := &mount{t: t, Dir: filepath.Join(base, "mnt"), Data: filepath.Join(base, "data"), Store: store, env: env}
-	m.start("--store", store, "--command-timeout", etcdtest.Budget.String())
+	m.start("--store", store, "--command-timeout", timeout.String())
 	t.Cleanup(m.stop)
 	return m
+}
+
+// portMonitor checks, over and over while daemons serve a prefix, that no port is in two active
+// leases: each check reads every stack record and the port index in one etcd snapshot (one
+// revision), so it sees every state the store passed through that it lands on, and the index must
+// name exactly the active leases' ports, each for its stack.
+type portMonitor struct {
+	stop     chan struct{}
+	done     chan struct{}
+	checks   int
+	failures []string
+}
+
+func watchPorts(t *testing.T, cluster *etcdtest.Cluster, prefix string) *portMonitor {
+	t.Helper()
+	cli := cluster.Open(t, prefix).Client()
+	p := &portMonitor{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			failure, ok := checkPortsOnce(cli, prefix+"/")
+			if !ok {
+				continue // no quorum answered: nothing to check at this moment
+			}
+			p.checks++
+			if failure != "" && len(p.failures) < 5 {
+				p.failures = append(p.failures, failure)
+			}
+		}
+	}()
+	return p
+}
+
+// checkPortsOnce reads one snapshot; ok=false when etcd did not answer.
+func checkPortsOnce(cli *clientv3.Client, prefix string) (failure string, ok bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	records, err := cli.Get(ctx, prefix+"s/", clientv3.WithPrefix())
+	if err != nil {
+		return "", false
+	}
+	rev := records.Header.Revision
+	index, err := cli.Get(ctx, prefix+"p/", clientv3.WithPrefix(), clientv3.WithRev(rev))
+	if err != nil {
+		return "", false
+	}
+	leased := map[int]string{}
+	for _, kv := range records.Kvs {
+		var r engine.Record
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			return fmt.Sprintf("revision %d: %s: %v", rev, kv.Key, err), true
+		}
+		if !r.Value.Lease.Active() {
+			continue
+		}
+		for _, port := range r.Value.Lease.Ports {
+			if other, twice := leased[port]; twice {
+				return fmt.Sprintf("revision %d: port %d is in the active leases of %s and %s", rev, port, other, r.Stack), true
+			}
+			leased[port] = r.Cockpit + "/" + r.Stack
+		}
+	}
+	indexed := map[int]string{}
+	for _, kv := range index.Kvs {
+		var o engine.PortOwner
+		if err := json.Unmarshal(kv.Value, &o); err != nil {
+			return fmt.Sprintf("revision %d: %s: %v", rev, kv.Key, err), true
+		}
+		indexed[o.Port] = o.Cockpit + "/" + o.Stack
+	}
+	if fmt.Sprint(indexed) != fmt.Sprint(leased) {
+		return fmt.Sprintf("revision %d: the port index says %v, the active leases %v", rev, indexed, leased), true
+	}
+	return "", true
+}
+
+// finish stops the checks and fails the test on any finding, or if none could be made.
+func (p *portMonitor) finish(t *testing.T) {
+	t.Helper()
+	close(p.stop)
+	<-p.done
+	for _, f := range p.failures {
+		t.Error(f)
+	}
+	if p.checks == 0 {
+		t.Error("the port monitor made no check")
+	}
+	t.Logf("no port in two active leases: %d snapshots checked", p.checks)
 }
 
 // Two daemons mounting one prefix serve one namespace: each sees the other's changes at its next
@@ -70,9 +172,11 @@ func TestTeamTwoDaemonsOneNamespace(t *testing.T) {
 		t.Errorf("a lists holders %q, want b and me", got)
 	}
 
-	// Both machines claim at once, four stacks each: no port is leased twice. A claim that meets
-	// contention past its budget is refused STATE_LOCKED (EAGAIN) and changes nothing; the user
-	// tries again, as this loop does, so every stack ends up leased.
+	// Both machines claim at once, four stacks each: no port is leased twice, at any moment (the
+	// monitor) nor at the end. A claim that meets contention past its budget is refused
+	// STATE_LOCKED (EAGAIN) and changes nothing; the user tries again, as this loop does, so every
+	// stack ends up leased.
+	ports := watchPorts(t, cluster, "team")
 	var wg sync.WaitGroup
 	for _, m := range []*mount{a, b} {
 		wg.Go(func() {
@@ -80,16 +184,17 @@ func TestTeamTwoDaemonsOneNamespace(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	ports := strings.Fields(a.ok("cat $M/app/stacks/*/ports/HTTP"))
+	ports.finish(t)
+	leased := strings.Fields(a.ok("cat $M/app/stacks/*/ports/HTTP"))
 	seen := map[string]bool{}
-	for _, p := range ports {
+	for _, p := range leased {
 		if seen[p] {
-			t.Errorf("port %s leased twice: %v", p, ports)
+			t.Errorf("port %s leased twice: %v", p, leased)
 		}
 		seen[p] = true
 	}
-	if len(ports) != 10 {
-		t.Errorf("%d stacks hold a lease, want 10: %v", len(ports), ports)
+	if len(leased) != 10 {
+		t.Errorf("%d stacks hold a lease, want 10: %v", len(leased), leased)
 	}
 }
 
@@ -222,4 +327,100 @@ func TestTeamMigrate(t *testing.T) {
 	if r := migrate(store, laptop.Data); r.Code == 0 || !strings.Contains(r.Stderr, "nothing was changed") {
 		t.Fatalf("migrate into the laptop's own store: %+v, want refused", r)
 	}
+}
+
+// Through a mount: with any one of three members killed (the leader among them) every operation
+// works on both daemons, and after its restart too. With two killed, a daemon of
+// --command-timeout 3s refuses each operation with EAGAIN within a few budgets, its log names each
+// refusal with its cause (the events file cannot be written without a quorum), and nothing it was
+// refused applies; a daemon of --command-timeout 60s waits instead, and its operation completes
+// once a quorum is back. Then both work again.
+func TestTeamQuorumLoss(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t, 3)
+	store := cluster.URL("quorum")
+	const quickTimeout = 3 * time.Second
+	quick := newEtcdMountTimeout(t, store, quickTimeout)
+	patient := newEtcdMountTimeout(t, store, 60*time.Second)
+	quick.setupApp(5, map[string]int{"HTTP": 18380}, "s1")
+	quick.ok("touch $M/app/stacks/s1/holders/a $M/app/stacks/s1/holders/b")
+
+	for i := range 3 {
+		cluster.Stop(i)
+		for _, m := range []*mount{quick, patient} {
+			m.ok(fmt.Sprintf("touch $M/app/stacks/s1/holders/m%d && cat $M/app/stacks/s1/ports/HTTP && rm $M/app/stacks/s1/holders/m%d", i, i))
+		}
+		if got := patient.ok("mkdir $M/app/stacks/m && ls $M/app/stacks && rmdir $M/app/stacks/m"); got != "m\ns1\n" {
+			t.Errorf("with member %d killed the stacks are %q", i, got)
+		}
+		cluster.Restart(i)
+	}
+	if got := patient.ok("ls $M/app/stacks/s1/holders"); got != "a\nb\n" {
+		t.Fatalf("before the quorum loss the holders are %q", got)
+	}
+	revision := patient.read("app/stacks/s1/revision")
+
+	cluster.Stop(1)
+	cluster.Stop(2)
+	waited := make(chan result, 1)
+	go func() { waited <- patient.sh("touch $M/app/stacks/s1/holders/p") }()
+	// Each refused operation and the path it names (the log line names the file or a directory
+	// above it, whichever the kernel asked about when the store did not answer).
+	refusals := map[string]string{
+		"touch $M/app/stacks/s1/holders/q":            "app/stacks/s1/holders/q",
+		"rm $M/app/stacks/s1/holders/b":               "app/stacks/s1/holders/b",
+		"mkdir $M/app/stacks/s2":                      "app/stacks/s2",
+		"cat $M/app/stacks/s1/ports/HTTP":             "app/stacks/s1/ports/HTTP",
+		"echo sleep > $M/app/stacks/s1/drain/request": "app/stacks/s1/drain/request",
+	}
+	var wg sync.WaitGroup
+	for op := range refusals {
+		wg.Go(func() {
+			began := time.Now()
+			r := quick.sh(op)
+			took := time.Since(began)
+			t.Logf("without a quorum %q: exit %d after %v: %s", op, r.Code, took.Round(time.Millisecond), strings.TrimSpace(r.Stderr))
+			if r.Code == 0 || !strings.Contains(strings.ToLower(r.Stderr), syscall.EAGAIN.Error()) {
+				t.Errorf("%q without a quorum: exit %d, stderr %q; want EAGAIN", op, r.Code, r.Stderr)
+			}
+			// Refusing, not hanging, is the contract: the bound is generous for a loaded machine.
+			if took > 6*quickTimeout {
+				t.Errorf("%q took %v to refuse with --command-timeout %v", op, took, quickTimeout)
+			}
+		})
+	}
+	wg.Wait()
+	for op, path := range refusals {
+		found := false
+		for _, line := range strings.Split(quick.log.String(), "\n") {
+			for p := path; p != "app/stacks"; p = filepath.Dir(p) {
+				found = found || strings.Contains(line, " "+p+": EAGAIN STATE_LOCKED") && strings.Contains(line, "quorum")
+			}
+		}
+		if !found {
+			t.Errorf("no line of the daemon's log names %s refused STATE_LOCKED for the lost quorum (%q)", path, op)
+		}
+	}
+	select {
+	case r := <-waited:
+		t.Fatalf("the patient daemon's claim ended without a quorum: %+v", r)
+	default:
+	}
+
+	cluster.Restart(1)
+	if r := <-waited; r.Code != 0 {
+		t.Errorf("the patient daemon's claim, once the quorum was back: %+v", r)
+	}
+	cluster.Restart(2)
+	// Nothing the quick daemon was refused applied: only the patient claim changed the stack.
+	if got := quick.ok("ls $M/app/stacks/s1/holders; ls $M/app/stacks"); got != "a\nb\np\ns1\n" {
+		t.Errorf("after the quorum came back the holders and stacks are %q, want a, b, p and s1", got)
+	}
+	if got := quick.read("app/stacks/s1/revision"); got == revision {
+		t.Errorf("the revision is still %s after the patient claim", got)
+	}
+	if got := quick.read("app/stacks/s1/record"); !strings.Contains(got, `"drain": null`) {
+		t.Errorf("a refused drain request applied:\n%s", got)
+	}
+	quick.ok("touch $M/app/stacks/s1/holders/q && rm $M/app/stacks/s1/holders/q")
 }
