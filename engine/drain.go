@@ -385,6 +385,9 @@ func activeAttempt(r Record, c Caller, attemptID, what string) (*Drain, *Attempt
 
 // publishOutcome is a drain/outcome write (the seeds' reduceDrainOutcome).
 func publishOutcome(r Record, c Caller, o Outcome, now time.Time) (Value, error) {
+	if o.Planned != nil && r.Value.Drain != nil && c.may(r.Value.Drain.UID) && continues(r, *o.Planned, o) {
+		return r.Value, errUnchanged // published already: a write repeated after a lost answer
+	}
 	d, a, err := activeAttempt(r, c, o.AttemptID, "publish an outcome for")
 	if err != nil {
 		return r.Value, err
@@ -435,6 +438,25 @@ func plannedFrom(r Record, a *Attempt, planned int64) error {
 			"revision %d is not the record attempt %s was planned from (revision %d)", planned, a.AttemptID, p.Revision)
 	}
 	return nil
+}
+
+// continues says r is the record the outcome o of the reclaim planned from revision planned
+// published, as the seeds' matchReclaimDrainContinuation matches it: the progress that reclaim's
+// success made (not its last one, which ends the drain), or the failure it recorded. Only one
+// attempt is ever planned from a revision (it commits the next one), so planned names the step.
+func continues(r Record, planned int64, o Outcome) bool {
+	d := r.Value.Drain
+	published := planned + 2 // the attempt commits planned+1, its outcome planned+2
+	if r.Revision != published {
+		return false
+	}
+	if o.Success {
+		i := d.CompletedActionCount - 1
+		return d.Attempt == nil && d.ProgressRevision == published && i >= 0 && d.Actions[i].Stage == StageReclaim
+	}
+	a := d.Attempt
+	return a != nil && a.Status == AttemptFailed && a.CurrentStage == StageReclaim && a.FailedRevision != nil &&
+		*a.FailedRevision == published && a.CommittedRevision == planned+1 && (o.AttemptID == "" || o.AttemptID == a.AttemptID)
 }
 
 // PlanningRecord is the record the stack's active reclaim attempt was planned from, as the seeds'

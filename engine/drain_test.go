@@ -670,7 +670,7 @@ func TestFailedReclaimRecovery(t *testing.T) {
 // before a retry; and Check refuses a planning that does not directly precede its attempt.
 func TestDrainReclaimPlanningRecord(t *testing.T) {
 	e, clock := newDrainEngine(t)
-	mustStep(t, e, reserveText(t, e, "down volume:db"))
+	mustStep(t, e, reserveText(t, e, "down volume:db volume:web"))
 	mustStep(t, e, startExecutor(e, 0))
 	if _, ok := stackOf(t, e).PlanningRecord(); ok {
 		t.Fatal("a runtime-stop has a planning record")
@@ -701,6 +701,21 @@ func TestDrainReclaimPlanningRecord(t *testing.T) {
 		})
 		clock.advance(time.Second)
 		mustStep(t, e, e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: &planning.Revision}))
+		// The same outcome again finds its publication (the seeds' matchReclaimDrainContinuation)
+		// and changes nothing; the other outcome, or another planning record, does not match.
+		published := mustJSON(t, stackOf(t, e))
+		if err := e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: &planning.Revision}); err != nil {
+			t.Fatalf("the outcome repeated: %v", err)
+		}
+		if again := mustJSON(t, stackOf(t, e)); string(again) != string(published) {
+			t.Fatalf("the repeated outcome changed the record:\n%s\n%s", published, again)
+		}
+		mustRefuse(t, e, ExecutionPreconditionChanged, func() error {
+			return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: !success, Planned: &planning.Revision})
+		})
+		mustRefuse(t, e, ExecutionPreconditionChanged, func() error {
+			return e.PublishOutcome(drainCtx, drainCaller("outcome"), "app", "s", Outcome{Success: success, Planned: ptr(planning.Revision - 1)})
+		})
 	}
 }
 

@@ -84,7 +84,8 @@ EOF`)
 // An active reclaim is bound to the record it was planned from, as the seeds' reclaimDrainStep
 // binds it: drain/planning serves that record (exactly what record showed before the attempt
 // started: the drain's last progress for a first try, the published failure for a retry), and an
-// outcome naming another record with planned= is refused as invalid evidence, changing nothing.
+// outcome naming another record with planned= is refused as invalid evidence, changing nothing;
+// the same outcome written again once published succeeds and changes nothing.
 func TestFidelityReclaimPlanningRecord(t *testing.T) {
 	t.Parallel()
 	m := newMount(t)
@@ -110,10 +111,20 @@ func TestFidelityReclaimPlanningRecord(t *testing.T) {
 				t.Fatalf("fix %q does not name planned=%d", fix, revision)
 			}
 		}
-		m.ok(fmt.Sprintf("echo %s planned=%d > %s/drain/outcome", outcome, revision, s))
+		publish := fmt.Sprintf("echo %s planned=%d > %s/drain/outcome", outcome, revision, s)
+		m.ok(publish)
 		if got := m.read("app/stacks/s/drain/planning"); got != "" {
 			t.Fatalf("try %d: drain/planning after the outcome = %q, want empty", try, got)
 		}
+		// An executor that lost the answer writes its outcome again: the record is that
+		// outcome's publication (the seeds' matchReclaimDrainContinuation), so it succeeds and
+		// changes nothing. Another planning revision does not match, and is refused.
+		published := drainState(m, "s")
+		m.ok(publish)
+		if got := drainState(m, "s"); got != published {
+			t.Fatalf("try %d: the repeated outcome changed the stack:\n%s\n->\n%s", try, published, got)
+		}
+		drainRefused(t, m, "s", fmt.Sprintf("echo %s planned=%d > %s/drain/outcome", outcome, revision+1, s), syscall.ESTALE, "EXECUTION_PRECONDITION_CHANGED")
 	}
 	// The next reclaim plans from the progress the success published.
 	planned := m.read("app/stacks/s/record")
