@@ -7,12 +7,15 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/engine"
 )
 
 // 9. a crowded stack (issue 17 target 2, issue 18 item 10): a claim on a stack with 1,000 holders
 // beside the same claim on a stack with 1, through the mount and in-process, and the disk a data
 // directory takes over claim/release cycles on a stack with 1,024 holders. The crowd is untracked
-// (pid=none): the figure is the commit's, not liveness probes of a thousand processes.
+// (pid=none): the figure is the commit's, not liveness probes of a thousand processes; beside it, in
+// process, a stack whose 1,000 holders one live process holds (one probe).
 
 const crowd = 1000
 
@@ -70,9 +73,15 @@ func crowdEngine(b *testing.B) *engineFixture {
 		f.cockpit(b, "app", 21000, 10, 20)
 		f.heldStack(b, "app", "one")
 		f.heldStack(b, "app", "many")
+		f.heldStack(b, "app", "session")
 		for i := 1; i < crowd; i++ {
 			name := fmt.Sprintf("h%04d", i)
 			if err := f.eng.Claim(ctx, caller("create"), "app", "many", name, untracked(name)); err != nil {
+				b.Fatal(err)
+			}
+			// Held by one live process, which each claim probes for the dead holders it releases.
+			live := &engine.HolderAttrs{Checkout: "/src/" + name, SetPID: true, PID: os.Getpid()}
+			if err := f.eng.Claim(ctx, caller("create"), "app", "session", name, live); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -100,7 +109,7 @@ func BenchmarkCrowd(b *testing.B) {
 	}
 	paired(b, map[string]op{
 		"holders-1": touch("one"), "holders-1000": touch("many"),
-		"engine-holders-1": claim("one"), "engine-holders-1000": claim("many"),
+		"engine-holders-1": claim("one"), "engine-holders-1000": claim("many"), "engine-session-1000": claim("session"),
 	})
 }
 

@@ -83,6 +83,24 @@ func TestDeadHolderReleasedByAnotherClaim(t *testing.T) {
 	}
 }
 
+// Holders of one process share one probe, and all of them go when it dies; those of another,
+// live process stay.
+func TestDeadHoldersOfOneProcessReleasedTogether(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	worker, other := sessionSleeper(t), sessionSleeper(t)
+	for _, name := range []string{"w1", "w2", "w3"} {
+		claimWithPID(t, e, "app", "main", name, worker.Process.Pid)
+	}
+	claimWithPID(t, e, "app", "main", "o1", other.Process.Pid)
+	kill(t, worker)
+	claim(t, e, "app", "main", "bob")
+	if names := holderNames(stackRecord(t, e, "app", "main").Value); !reflect.DeepEqual(names, []string{"alice", "bob", "o1"}) {
+		t.Fatalf("holders %v, want [alice bob o1]", names)
+	}
+}
+
 func TestDeadOnlyHolderTakenOver(t *testing.T) {
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")

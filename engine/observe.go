@@ -96,11 +96,19 @@ func callerProcesses(c Caller) map[int]bool {
 const maxHolderProbes = 4
 
 // deadHolders observes every holder with a pid except the one named and returns those proven gone.
+// Holders of one process (same pid and start) share one probe: a session often holds many.
 func (e *Engine) deadHolders(holders []Holder, except string) []Holder {
-	var candidates []Holder
+	type process struct {
+		pid   int
+		start string
+	}
+	var candidates []process
+	seen := map[process]bool{}
 	for _, h := range holders {
-		if h.PID != 0 && h.HolderID != except {
-			candidates = append(candidates, h)
+		p := process{h.PID, h.ProcessStart}
+		if h.PID != 0 && h.HolderID != except && !seen[p] {
+			seen[p] = true
+			candidates = append(candidates, p)
 		}
 	}
 	gone := make([]bool, len(candidates))
@@ -111,7 +119,7 @@ func (e *Engine) deadHolders(holders []Holder, except string) []Holder {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				gone[i] = e.gone(candidates[i].ProcessStart, candidates[i].PID)
+				gone[i] = e.gone(candidates[i].start, candidates[i].pid)
 			}
 		}()
 	}
@@ -120,13 +128,17 @@ func (e *Engine) deadHolders(holders []Holder, except string) []Holder {
 	}
 	close(next)
 	wg.Wait()
-	var dead []Holder
-	for i, h := range candidates {
-		if gone[i] {
-			dead = append(dead, h)
+	dead := map[process]bool{}
+	for i, p := range candidates {
+		dead[p] = gone[i]
+	}
+	var out []Holder
+	for _, h := range holders {
+		if h.HolderID != except && dead[process{h.PID, h.ProcessStart}] {
+			out = append(out, h)
 		}
 	}
-	return dead
+	return out
 }
 
 // observeExecutor is what Repair needs to know of the attempt recorded in r: which it is and

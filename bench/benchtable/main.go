@@ -217,6 +217,8 @@ func main() {
 	r, _ = t.ratio("Crowd", "ns/engine-holders-1000", "Crowd", "ns/engine-holders-1", atMost(2))
 	t.row("  engine claim in-process, 1,000 holders", "Crowd", "ns/engine-holders-1000", us, "µs", r+" of 1 holder", "", "")
 	t.row("  engine claim in-process, 1 holder", "Crowd", "ns/engine-holders-1", us, "µs", "", "", "")
+	r, _ = t.ratio("Crowd", "ns/engine-session-1000", "Crowd", "ns/engine-holders-1", atMost(2))
+	t.row("  engine claim in-process, 1,000 holders held by one live process", "Crowd", "ns/engine-session-1000", us, "µs", r+" of 1 holder", "", "")
 	t.row("crowded stack: data directory before claim/release cycles on 1,024 holders (du)", "CrowdDisk", "MiB-before", 1, "MiB", "", "", "")
 	r, _ = t.ratio("CrowdDisk", "MiB-after", "CrowdDisk", "MiB-before", atLeast(0))
 	t.row("  after 600 cycles", "CrowdDisk", "MiB-after", 1, "MiB", r+" of before", "", "")
