@@ -142,3 +142,22 @@ func TestFidelityReclaimPlanningRecord(t *testing.T) {
 		t.Fatalf("cockpitfs verify with a reclaim active: %v\n%s", err, out)
 	}
 }
+
+// declared-values is written by the cockpit's owner or a holder of the stack: another uid is
+// refused (EACCES) at open, with its events line and nothing changed, until it holds the stack.
+func TestFidelityDeclaredValuesOwnership(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	m.setupApp(2, map[string]int{"HTTP": 34700}, "s")
+	m.ok("touch $M/app/stacks/s/holders/root && echo web=http://localhost:1/ > $M/app/stacks/s/declared-values")
+	before := m.read("app/stacks/s/declared-values")
+	ownershipNobodyRefused(m, "echo web=http://localhost:2/ > $M/app/stacks/s/declared-values", syscall.EACCES)
+	ownershipDenied(m, "app/stacks/s/events")
+	if got := m.read("app/stacks/s/declared-values"); got != before {
+		t.Fatalf("declared-values after nobody's refused write = %q, want %q", got, before)
+	}
+	ownershipNobodyOK(m, "touch $M/app/stacks/s/holders/nob && echo web=http://localhost:2/ > $M/app/stacks/s/declared-values")
+	if got := m.read("app/stacks/s/declared-values"); got != "web=http://localhost:2/\n" {
+		t.Fatalf("declared-values written by a holder = %q", got)
+	}
+}
