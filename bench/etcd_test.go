@@ -16,7 +16,7 @@ import (
 // unchanged; and beside the same claim through an engine over badger on the data disk. Issue 16's
 // target: claim ≤ 1.5× bare. The release after each claim is not counted. roundtrips/claim is how
 // many requests the etcd claim sent (the linearizable read that proves the cache current, and the
-// commit).
+// commit). Also side by side: a read of the record through the engine and a bare linearizable Get.
 var etcdClaimRuns int
 
 func BenchmarkEtcdClaim(b *testing.B) {
@@ -52,6 +52,13 @@ func BenchmarkEtcdClaim(b *testing.B) {
 			undo: etcdClaim.undo,
 		},
 		"badger-claim": claim(badger.eng),
+		// A read of the stack's record, as every open and stat does: one linearizable round trip
+		// proves the daemon's copy current, beside the bare linearizable Get of the same key.
+		"read": {run: func() error { _, err := eng.Stack("app", "s"); return err }},
+		"bare-read": {run: func() error {
+			_, err := cli.Get(ctx, key)
+			return err
+		}},
 		"bare": {run: func() error {
 			got, err := cli.Get(ctx, key)
 			if err != nil {

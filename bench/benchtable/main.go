@@ -196,6 +196,9 @@ func main() {
 	t.row("etcd: bare linearizable Get + Txn compare-and-swap, same cluster", "EtcdClaim", "ns/bare", us, "µs", "", "", "")
 	t.row("  the same claim in an engine over badger, same run", "EtcdClaim", "ns/badger-claim", us, "µs", "", "", "")
 	t.row("  etcd round trips per claim", "EtcdClaim", "roundtrips/claim", 1, "", "", "", "")
+	r, _ = t.ratio("EtcdClaim", "ns/read", "EtcdClaim", "ns/bare-read", atLeast(0))
+	t.row("etcd: read of a stack's record in the engine (each open, stat)", "EtcdClaim", "ns/read", us, "µs", r+" of bare Get", "", "")
+	t.row("etcd: bare linearizable Get of the same key", "EtcdClaim", "ns/bare-read", us, "µs", "", "", "")
 
 	r, v = t.ratio("NewLease", "ns/new-lease", "NewLease", "ns/co-tenant", atMost(1.3))
 	t.row("new lease: claim on an idle stack through the mount, 10,000 sockets open", "NewLease", "ns/new-lease", us, "µs", r+" of co-tenant", "≤ 1.3× co-tenant", v)
