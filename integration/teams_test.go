@@ -238,51 +238,111 @@ func TestTeamChangeSeenAtNextRead(t *testing.T) {
 }
 
 // A holder is judged by its own machine: another machine's daemon neither probes it (its pid means
-// nothing here) nor releases it while that machine's daemon keeps its etcd lease; once the lease
-// expires (the daemon killed) it reads dead and the next claim anywhere releases it. The two
-// machines are two daemons whose boot ids are faked (liveness.TestBootIDEnv).
+// nothing there) nor releases it while a daemon of that machine's boot keeps its etcd lease. Three
+// machines (daemons whose boot ids are faked, liveness.TestBootIDEnv) each hold the stack through
+// one holder, and a fourth, b, claims it:
+//   - a1's daemon is killed and restarted at once on the same boot: the new daemon's lease
+//     overlaps the old one's, so w1 never reads dead on b and b's claims keep it, also once the
+//     old lease has expired;
+//   - a2's daemon is killed for good: w2 reads unknown on b and b's claims keep it until the lease
+//     expires, then it reads dead and b's next claim releases it, while its process still runs;
+//   - a3's daemon is killed and comes back on the same boot once its lease has expired, before
+//     any claim: its holder is proved again (unknown on b, live on a3) and b's claim keeps it.
 func TestTeamMachineLeaseReleasesHolders(t *testing.T) {
 	t.Parallel()
 	cluster := etcdtest.Start(t, 3)
 	store := cluster.URL("machines")
-	a := newEtcdMount(t, store, liveness.TestBootIDEnv+"=aaaaaaaa-0000-4000-8000-000000000001")
-	b := newEtcdMount(t, store, liveness.TestBootIDEnv+"=bbbbbbbb-0000-4000-8000-000000000002")
-	a.setupApp(5, map[string]int{"HTTP": 18180}, "s1")
-
+	boots := []string{
+		"a1a1a1a1-0000-4000-8000-000000000001",
+		"a2a2a2a2-0000-4000-8000-000000000002",
+		"a3a3a3a3-0000-4000-8000-000000000003",
+	}
+	b := newEtcdMount(t, store, liveness.TestBootIDEnv+"=bbbbbbbb-0000-4000-8000-00000000000b")
+	b.setupApp(5, map[string]int{"HTTP": 18180}, "s1")
 	sleeper := exec.Command("sleep", "600")
 	sleeper.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := sleeper.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
-	a.ok(fmt.Sprintf("touch $M/app/stacks/s1/holders/w && echo pid=%d > $M/app/stacks/s1/holders/w", sleeper.Process.Pid))
-	if got := a.read("app/stacks/s1/holders/w"); !strings.Contains(got, "process_start=proc:aaaaaaaa-") || !strings.Contains(got, "state=live\n") {
-		t.Fatalf("on its own machine the holder reads\n%s\nwant machine a's boot, live", got)
+	var machines []*mount
+	for i, boot := range boots {
+		m := newEtcdMount(t, store, liveness.TestBootIDEnv+"="+boot)
+		machines = append(machines, m)
+		w := fmt.Sprintf("w%d", i+1)
+		m.ok(fmt.Sprintf("touch $M/app/stacks/s1/holders/%s && echo pid=%d > $M/app/stacks/s1/holders/%s", w, sleeper.Process.Pid, w))
+		if got := m.read("app/stacks/s1/holders", w); !strings.Contains(got, "process_start=proc:"+boot[:8]) || !strings.Contains(got, "state=live\n") {
+			t.Fatalf("on its own machine %s reads\n%s\nwant its machine's boot, live", w, got)
+		}
 	}
-	// On b the pid belongs to another boot: unknown, and a claim through b keeps it.
-	if got := b.read("app/stacks/s1/holders/w"); !strings.Contains(got, "state=unknown\n") {
-		t.Fatalf("on the other machine the holder reads\n%s\nwant state=unknown", got)
+	a1, a3 := machines[0], machines[2]
+	state := func(w string) string {
+		t.Helper()
+		for _, line := range strings.Split(b.read("app/stacks/s1/holders", w), "\n") {
+			if v, ok := strings.CutPrefix(line, "state="); ok {
+				return v
+			}
+		}
+		return ""
 	}
-	b.ok("touch $M/app/stacks/s1/holders/x")
-	if got := b.ok("ls $M/app/stacks/s1/holders"); got != "w\nx\n" {
-		t.Fatalf("after b's claim the holders are %q, want w kept beside x", got)
+	holders := func() string {
+		t.Helper()
+		return strings.Join(strings.Fields(b.ok("ls $M/app/stacks/s1/holders")), " ")
+	}
+	for _, w := range []string{"w1", "w2", "w3"} {
+		if got := state(w); got != "unknown" {
+			t.Fatalf("on b %s reads state=%s, want unknown: b cannot probe another boot's process", w, got)
+		}
 	}
 
-	a.Kill()
-	deadline := time.Now().Add(engine.MachineTTL + 30*time.Second)
-	for !strings.Contains(b.read("app/stacks/s1/holders/w"), "state=dead\n") {
-		if time.Now().After(deadline) {
-			t.Fatalf("w never read dead after its daemon was killed:\n%s", b.read("app/stacks/s1/holders/w"))
+	killed := time.Now()
+	for _, m := range machines {
+		m.Kill()
+	}
+	a1.restart()
+	b.ok("touch $M/app/stacks/s1/holders/x1")
+	if time.Since(killed) < engine.MachineTTL {
+		if got := holders(); got != "w1 w2 w3 x1" {
+			t.Fatalf("a claim before the killed daemons' leases expired left holders %q, want every w kept", got)
 		}
-		time.Sleep(500 * time.Millisecond)
+	}
+
+	// Until w2 reads dead its lease has expired; a1's old lease expires too, and w1 stays
+	// unknown throughout: a daemon of its boot is announced all along.
+	cli := cluster.Open(t, "machines").Client()
+	announced := func(boot string) int64 {
+		resp, err := cli.Get(context.Background(), "machines/m/"+boot+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Count
+	}
+	deadline := killed.Add(engine.MachineTTL + 30*time.Second)
+	for state("w2") != "dead" || state("w3") != "dead" || announced(boots[0]) != 1 {
+		if got := state("w1"); got != "unknown" {
+			t.Fatalf("w1 reads %s on b while its machine's daemon was restarted", got)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v w2 reads %s, w3 %s, and %d daemons of a1's boot are announced", time.Since(killed), state("w2"), state("w3"), announced(boots[0]))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	a3.restart()
+	if got := state("w3"); got != "unknown" {
+		t.Fatalf("w3 reads %s on b once its machine is back, want unknown", got)
 	}
 	// Its process still runs on this (test) machine: only its machine's lease decided.
 	if err := sleeper.Process.Signal(syscall.Signal(0)); err != nil {
-		t.Fatalf("the holder's process is gone: %v", err)
+		t.Fatalf("the holders' process is gone: %v", err)
 	}
-	b.ok("touch $M/app/stacks/s1/holders/y")
-	if got := b.ok("ls $M/app/stacks/s1/holders"); strings.Contains(got, "w\n") {
-		t.Fatalf("after the lease expired a claim left holders %q, want w released", got)
+	b.ok("touch $M/app/stacks/s1/holders/x2")
+	if got := holders(); got != "w1 w3 x1 x2" {
+		t.Fatalf("after a2's lease expired a claim left holders %q, want w2 alone released", got)
+	}
+	for w, m := range map[string]*mount{"w1": a1, "w3": a3} {
+		if got := m.ok("grep state= $M/app/stacks/s1/holders/" + w); got != "state=live\n" {
+			t.Errorf("on its own restarted machine %s reads %q, want live", w, got)
+		}
 	}
 }
 
