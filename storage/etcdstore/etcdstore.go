@@ -352,7 +352,13 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	if len(t.writes) == 0 {
 		return false, nil // nothing to commit: the reads were one linearizable snapshot
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.budget)
+	// Once sent, the Txn is etcd's to decide: its answer is awaited for the store's budget even if
+	// the caller's context ends meanwhile (an interrupt, the engine's budget), so that only a
+	// cluster that does not answer leaves an outcome unknown. A caller already gone sends nothing.
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("%w: gave up before committing (nothing applied): %w", storage.ErrLocked, err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.budget)
 	defer cancel()
 	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
 	s.roundTrips.Add(1)
