@@ -672,10 +672,14 @@ func TestToolsConfigBashBuiltins(t *testing.T) {
 			"echo: write error: Invalid argument", "entrypoints.web.scheme"},
 		{"echo >>, an unknown key appended", `echo 'bad = 1' >> $M/app/config`,
 			"echo: write error: Invalid argument", "ports.bases.bad"},
-		// Missing: only the close knows, and these idioms report the close's errno.
-		{"/usr/bin/printf, count missing", `/usr/bin/printf '[ports]\nstep = 10\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`,
+		{"printf, count missing when [ports.bases] begins", `printf '[ports]\nstep = 10\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`,
 			"printf: write error: Invalid argument", "ports.count: required"},
-		{"printf | cat, count missing", `printf '[ports]\nstep = 10\n[ports.bases]\nHTTP = 26770\n' | cat > $M/app/config`,
+		{"printf, an entrypoint's port the bases lack", `printf '[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 26770\n[entrypoints.web]\nport = "HTPP"\npath = "/"\n' > $M/app/config`,
+			"printf: write error: Invalid argument", `\"HTPP\" is not a key of [ports.bases]`},
+		// Missing: only the close knows, and these idioms report the close's errno.
+		{"/usr/bin/printf, count missing at the end", `/usr/bin/printf '[ports.bases]\nHTTP = 26770\n[ports]\nstep = 10\n' > $M/app/config`,
+			"printf: write error: Invalid argument", "ports.count: required"},
+		{"printf | cat, count missing at the end", `printf '[ports.bases]\nHTTP = 26770\n[ports]\nstep = 10\n' | cat > $M/app/config`,
 			"cat: write error: Invalid argument", "ports.count: required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -693,10 +697,11 @@ func TestToolsConfigBashBuiltins(t *testing.T) {
 			}
 		})
 	}
-	// A document whose last line completes it: bash's builtin cannot report the close, so it
-	// exits 0 with nothing applied, and events says why (docs/tools.md: use cat or /usr/bin/printf).
+	// A document missing what its last section could still have had: bash's builtin cannot report
+	// the close, so it exits 0 with nothing applied, and events says why (docs/tools.md: use cat
+	// or /usr/bin/printf).
 	n := claimsEventCount(m, "app/events")
-	if r := m.sh(`printf '[ports]\nstep = 10\n[ports.bases]\nHTTP = 26770\n' > $M/app/config`); r.Code != 0 || r.Stderr != "" {
+	if r := m.sh(`printf '[ports.bases]\nHTTP = 26770\n[ports]\nstep = 10\n' > $M/app/config`); r.Code != 0 || r.Stderr != "" {
 		t.Fatalf("bash's printf of a document missing count: exit %d, stderr %q", r.Code, r.Stderr)
 	}
 	if got := m.read("app/config"); got != good {

@@ -62,9 +62,10 @@ func Parse(text []byte) (Config, error) { return parse(text, false) }
 // ParsePrefix judges the beginning of a document still being written, up to the end of a line
 // (bash's printf writes a line per write(2)): it refuses only what no further line can fix — a
 // syntax error in a complete line, an unknown key, a value out of range, a duplicate — with the
-// message Parse would give. What may still follow is not judged: a missing [ports], step, count,
-// base, entrypoint port or path, an entrypoint's port key not declared yet, a multi-line string
-// or array still open.
+// message Parse would give, and something missing once TOML lets no later line add it (count
+// missing from a [ports] another header followed). What may still follow is not judged: a
+// missing [ports], or a step, count, base, entrypoint port or path a later line may still add,
+// a multi-line string or array still open.
 func ParsePrefix(text []byte) error {
 	_, err := parse(text, true)
 	return err
@@ -72,6 +73,10 @@ func ParsePrefix(text []byte) error {
 
 // parse is Parse, or ParsePrefix when partial is set.
 func parse(text []byte, partial bool) (Config, error) {
+	var later addable // nil: a whole document gains nothing
+	if partial {
+		later = func(key string, table ...string) bool { return stillAddable(text, key, table...) }
+	}
 	if len(text) > MaxDocumentBytes {
 		return Config{}, fmt.Errorf("config: the document is %d bytes, more than %d", len(text), MaxDocumentBytes)
 	}
@@ -92,7 +97,7 @@ func parse(text []byte, partial bool) (Config, error) {
 	if rawPorts, ok := document["ports"]; ok {
 		var given known
 		var err error
-		if declaration, given, err = parsePorts(rawPorts, partial); err != nil {
+		if declaration, given, err = parsePorts(rawPorts, later); err != nil {
 			return Config{}, err
 		}
 		if err := declaration.validate(given); err != nil {
@@ -105,7 +110,7 @@ func parse(text []byte, partial bool) (Config, error) {
 	if !ok {
 		rawEntrypoints = map[string]any{}
 	}
-	entrypoints, err := parseEntrypoints(rawEntrypoints, declaration.Bases, partial)
+	entrypoints, err := parseEntrypoints(rawEntrypoints, declaration.Bases, later)
 	if err != nil {
 		return Config{}, err
 	}
@@ -146,10 +151,10 @@ func parseEnv(raw any) (string, error) {
 	return prefix, nil
 }
 
-// parsePorts reads the [ports] table and says which of its parts are given; only a prefix of a
-// document may lack step or count, and only a prefix's bases may grow.
-func parsePorts(raw any, partial bool) (Declaration, known, error) {
-	given := known{step: true, count: true, bases: !partial}
+// parsePorts reads the [ports] table and says which of its parts are given: a prefix of a
+// document may lack step or count, and its bases may grow, where TOML lets a later line add them.
+func parsePorts(raw any, later addable) (Declaration, known, error) {
+	given := known{step: true, count: true, bases: true}
 	ports, err := table(raw, "ports")
 	if err != nil {
 		return Declaration{}, given, err
@@ -158,14 +163,14 @@ func parsePorts(raw any, partial bool) (Declaration, known, error) {
 		return Declaration{}, given, err
 	}
 	step, err := integer(ports, "step", "ports.step")
-	if partial && isMissing(err) {
+	if later != nil && isMissing(err) && later("step", "ports") {
 		given.step, err = false, nil
 	}
 	if err != nil {
 		return Declaration{}, given, err
 	}
 	count, err := integer(ports, "count", "ports.count")
-	if partial && isMissing(err) {
+	if later != nil && isMissing(err) && later("count", "ports") {
 		given.count, err = false, nil
 	}
 	if err != nil {
@@ -185,10 +190,12 @@ func parsePorts(raw any, partial bool) (Declaration, known, error) {
 			bases[key] = base
 		}
 	}
+	// Empty bases may still gain one (probed only then: each probe parses the document again).
+	given.bases = len(bases) > 0 || later == nil || !later("A", "ports", "bases")
 	return Declaration{Step: step, Count: count, Bases: bases}, given, nil
 }
 
-func parseEntrypoints(raw any, bases map[string]int, partial bool) ([]Entrypoint, error) {
+func parseEntrypoints(raw any, bases map[string]int, later addable) ([]Entrypoint, error) {
 	tables, err := table(raw, "entrypoints")
 	if err != nil {
 		return nil, err
@@ -218,7 +225,7 @@ func parseEntrypoints(raw any, bases map[string]int, partial bool) ([]Entrypoint
 		if !validName(name) {
 			return nil, fmt.Errorf("%s: a name is 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'", where)
 		}
-		entrypoint, err := parseEntrypoint(name, tables[name], where, bases, partial)
+		entrypoint, err := parseEntrypoint(name, tables[name], where, bases, later)
 		if err != nil {
 			return nil, err
 		}
@@ -235,8 +242,8 @@ func parseEntrypoints(raw any, bases map[string]int, partial bool) ([]Entrypoint
 }
 
 // parseEntrypoint reads one entrypoint. In a partial document (a prefix), a port or path not
-// given yet may still follow, and so may the base its port names.
-func parseEntrypoint(name string, raw any, where string, bases map[string]int, partial bool) (Entrypoint, error) {
+// given yet may still follow, and so may the base its port names, if TOML lets them.
+func parseEntrypoint(name string, raw any, where string, bases map[string]int, later addable) (Entrypoint, error) {
 	fields, err := table(raw, where)
 	if err != nil {
 		return Entrypoint{}, err
@@ -256,14 +263,17 @@ func parseEntrypoint(name string, raw any, where string, bases map[string]int, p
 		entrypoint.Kind = kind
 	}
 	entrypoint.Port, err = text(fields, "port", where+".port")
-	if _, declared := bases[entrypoint.Port]; err == nil && !declared && !partial {
+	// A base may still be declared later in a partial document, but never under a name that is
+	// no port key (a lower-case "http", say).
+	if _, declared := bases[entrypoint.Port]; err == nil && !declared &&
+		(later == nil || !ValidKey(entrypoint.Port) || !later(entrypoint.Port, "ports", "bases")) {
 		err = fmt.Errorf("%s.port: %q is not a key of [ports.bases]", where, entrypoint.Port)
 	}
-	if err != nil && !(partial && isMissing(err)) {
+	if err != nil && !(later != nil && isMissing(err) && later("port", "entrypoints", name)) {
 		return Entrypoint{}, err
 	}
 	entrypoint.Path, err = text(fields, "path", where+".path")
-	if partial && isMissing(err) {
+	if later != nil && isMissing(err) && later("path", "entrypoints", name) {
 		entrypoint.Path, err = "/", nil
 	}
 	if err != nil {
@@ -444,4 +454,60 @@ func endsOpen(text []byte, err error) bool {
 		return errAgain == nil
 	}
 	return again.Position.Start != first.Position.Start
+}
+
+// addable says a later line of a partial document may still add key to the table at path
+// (see stillAddable); nil for a whole document.
+type addable func(key string, table ...string) bool
+
+// maxProbedPrefix bounds the prefixes stillAddable probes: each probe parses the prefix again.
+// A longer prefix is taken to gain anything.
+const maxProbedPrefix = 4 << 10
+
+// stillAddable says a line after text (a prefix of a document that decodes) can still give the
+// table at path the key, with a scalar value. TOML adds to a table only in the section being
+// written (a dotted key from there) or under a header not used yet: each way is tried by decoding
+// text with one more line. A table whose header was followed by another one, say, is complete.
+func stillAddable(text []byte, key string, table ...string) bool {
+	if len(text) > maxProbedPrefix {
+		return true
+	}
+	full := append(append([]string(nil), table...), key)
+	var probes []string
+	// The likeliest first: the key in the section being written.
+	for i := len(full) - 1; i >= 0; i-- {
+		probes = append(probes, dotted(full[i:])+" = 1\n")
+	}
+	for i := 1; i < len(full); i++ {
+		probes = append(probes, "["+dotted(full[:i])+"]\n"+dotted(full[i:])+" = 1\n")
+	}
+	base := string(text)
+	if !strings.HasSuffix(base, "\n") {
+		base += "\n"
+	}
+	for _, probe := range probes {
+		var document map[string]any
+		if _, err := toml.Decode(base+probe, &document); err == nil && holds(document, full) {
+			return true
+		}
+	}
+	return false
+}
+
+// dotted is a TOML dotted key of names that need no escaping (validated names and keys).
+func dotted(names []string) string {
+	return `"` + strings.Join(names, `"."`) + `"`
+}
+
+// holds says document has a value at path.
+func holds(document map[string]any, path []string) bool {
+	for _, name := range path[:len(path)-1] {
+		next, ok := document[name].(map[string]any)
+		if !ok {
+			return false
+		}
+		document = next
+	}
+	_, ok := document[path[len(path)-1]]
+	return ok
 }

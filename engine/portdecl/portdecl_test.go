@@ -242,10 +242,10 @@ func TestParseRefuses(t *testing.T) {
 		{"a default's variable is a port key", portsWith("10", "2", "HTTP = 8080", "HTTP_URL = 9000"),
 			"ports.bases.HTTP: its default entrypoint http sets HTTP_URL, which port key HTTP_URL sets too"},
 	}
-	// What only the whole document shows: something it lacks, which a further line may add.
-	judgedWhole := map[string]bool{"empty document": true, "only entrypoints": true, "step missing": true,
-		"count missing": true, "no [ports.bases]": true, "empty [ports.bases]": true, "port missing": true,
-		"port is not declared": true, "path missing": true}
+	// What only the whole document shows: something it lacks, which a further line may add (in
+	// the section the document ends in, or under a header not used yet).
+	judgedWhole := map[string]bool{"empty document": true, "only entrypoints": true, "no [ports.bases]": true,
+		"empty [ports.bases]": true, "port missing": true, "path missing": true}
 	for _, test := range tests {
 		t.Run(test.name, func(t *testing.T) {
 			got, err := Parse([]byte(test.doc))
@@ -278,7 +278,8 @@ func TestParsePrefix(t *testing.T) {
 		{"an entrypoint without a path yet", ports + "[entrypoints.web]\nport = \"HTTP\"\n", ""},
 		{"a section begun", "[ports]\n", ""},
 		{"a step given, no count yet", "[ports]\nstep = 10\n", ""},
-		{"a count given, no step yet", "[ports]\ncount = 4\n[ports.bases]\nA = 1\n", ""},
+		{"a count given, no step yet", "[ports]\ncount = 4\n", ""},
+		{"bases, then a [ports] that may still get step", "[ports.bases]\nA = 1\n[ports]\ncount = 4\n", ""},
 		{"bases before step and count", "[ports.bases]\nHTTP = 8080\n", ""},
 		// Complete lines no further line can repair.
 		{"a line without a value", "[ports]\nstep =\n", "config: toml:"},
@@ -295,8 +296,16 @@ func TestParsePrefix(t *testing.T) {
 		{"a scheme before the port", "[entrypoints.web]\nscheme = \"HTTP\"\n", "entrypoints.web.scheme"},
 		{"an entrypoint named as a default", ports + "[entrypoints.http]\n", "taken by the default entrypoint"},
 		{"overlapping families so far", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nA = 8080\nB = 8090\n", "in two candidate families"},
-		{"too many candidates so far", "[ports]\ncount = 600\n[ports.bases]\nA = 1000\nB = 2000\n", "more than 1024 candidate ports"},
+		{"too many candidates so far", "[ports.bases]\nA = 1000\nB = 2000\n[ports]\ncount = 600\n", "more than 1024 candidate ports"},
+		// Missing from a section that can no longer gain it: another header followed it.
+		{"count missing, [ports] ended", "[ports]\nstep = 10\n[ports.bases]\n", "ports.count: required"},
+		{"a port key the ended bases lack", ports + "[entrypoints.web]\nport = \"HTTPS\"\n", `"HTTPS" is not a key of [ports.bases]`},
+		{"a path missing, the entrypoint ended", ports + "[entrypoints]\n[entrypoints.web]\nport = \"HTTP\"\n[entrypoints.api]\n", "entrypoints.web.path: required"},
+		// The decoder lets a header [entrypoints] not used yet add web.path by a dotted key.
+		{"a path missing, [entrypoints] still unused", ports + "[entrypoints.web]\nport = \"HTTP\"\n[entrypoints.api]\n", ""},
+		{"bases empty, their section ended", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\n[entrypoints.web]\n", "ports.bases: at least one base is required"},
 		{"a bad prefix", "[env]\nprefix = \"app\"\n", "env.prefix"},
+		{"an entrypoint's port that no base can be", "[entrypoints.web]\nport = \"http\"\n", `"http" is not a key of [ports.bases]`},
 	} {
 		t.Run(test.name, func(t *testing.T) {
 			err := ParsePrefix([]byte(test.doc))
@@ -479,5 +488,35 @@ func TestSHA256(t *testing.T) {
 	}
 	if !base.Equal(reordered) || !reordered.Equal(base) {
 		t.Errorf("Equal is false for equal declarations")
+	}
+}
+
+// BenchmarkParsePrefixEveryLine is what the daemon spends judging a document bash's printf
+// writes a line per write(2): ParsePrefix of every line's prefix, beside one Parse of the whole.
+func BenchmarkParsePrefixEveryLine(b *testing.B) {
+	for _, entrypoints := range []int{0, 20, 80} {
+		doc := specExample
+		for i := range entrypoints {
+			doc += entrypoint(fmt.Sprintf("e%04d", i), `port = "HTTP"`, `path = "/"`)
+		}
+		lines := strings.SplitAfter(doc, "\n")
+		b.Run(fmt.Sprintf("every line/%d lines", len(lines)), func(b *testing.B) {
+			for b.Loop() {
+				end := 0
+				for _, line := range lines {
+					end += len(line)
+					if err := ParsePrefix([]byte(doc[:end])); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("whole/%d lines", len(lines)), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := Parse([]byte(doc)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
