@@ -4,6 +4,7 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,6 +46,19 @@ type Cluster struct {
 // Start starts n members and waits until they serve; they stop when the test ends.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
+	for attempt := 1; ; attempt++ {
+		c, err := start(t, n)
+		if err == nil {
+			return c
+		}
+		// A port found free was taken by another test before its member bound it: pick again.
+		if attempt == 3 || !(errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
+			t.Fatal(err)
+		}
+	}
+}
+
+func start(t testing.TB, n int) (*Cluster, error) {
 	c := &Cluster{t: t, members: make([]*embed.Etcd, n), closing: make([]chan struct{}, n)}
 	root := t.TempDir()
 	var initial []string
@@ -67,7 +82,6 @@ func Start(t testing.TB, n int) *Cluster {
 	for _, cfg := range c.configs {
 		cfg.InitialCluster = strings.Join(initial, ",")
 	}
-	t.Cleanup(c.stopAll)
 	// Members of a new cluster wait for each other, so they start together.
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -75,12 +89,12 @@ func Start(t testing.TB, n int) *Cluster {
 		wg.Go(func() { errs[i] = c.start(i) })
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
+	if err := errors.Join(errs...); err != nil {
+		c.stopAll()
+		return nil, err
 	}
-	return c
+	t.Cleanup(c.stopAll)
+	return c, nil
 }
 
 // freeURL is a loopback address no one listened on a moment ago.
