@@ -26,8 +26,8 @@ func caller(op string) engine.Caller {
 	return engine.Caller{PID: os.Getpid(), UID: uint32(os.Getuid()), Op: op, Path: "bench"}
 }
 
-func untracked(name string) *engine.HolderAttrs {
-	return &engine.HolderAttrs{Checkout: "/src/" + name}
+func untracked(name string) *engine.Holder {
+	return &engine.Holder{CheckoutPath: "/src/" + name}
 }
 
 func newEngine(b *testing.B, name string) *engineFixture {

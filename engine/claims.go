@@ -124,39 +124,29 @@ func declarationChanged(target string) error {
 		"the stack's lease was taken under another port declaration")
 }
 
-// holderWrite is a write to an existing holder file, its pid observed before the transaction.
-type holderWrite struct {
-	name  string
-	attrs HolderAttrs
-	start string // the process start of attrs.PID
-	// createdHere: the write comes through the open that created the holder, the only one that
-	// may still choose its checkout.
-	createdHere bool
-}
-
 // setHolder applies a holder write: only the holder's owner may, never while a drain is reserved,
 // and a checkout, part of a holder's identity, only through the open that created it.
 func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
-	h, ok := r.Value.Holder(w.name)
+	h, ok := r.Value.Holder(w.Name)
 	if !ok {
-		return r.Value, refuse(NotFound, HolderID(w.name), "", "holder %s does not claim this stack", w.name)
+		return r.Value, refuse(NotFound, HolderID(w.Name), "", "holder %s does not claim this stack", w.Name)
 	}
 	if !c.may(h.UID) {
-		return r.Value, c.denied("holder "+w.name, h.UID)
+		return r.Value, c.denied("holder "+w.Name, h.UID)
 	}
 	if r.Value.Drain != nil {
 		return r.Value, refuse(ClaimCoTenant, h.HolderID, drainReservedFix, "holders cannot change while a drain is reserved")
 	}
 	changed := h
-	if w.attrs.Checkout != "" && CheckoutID(w.attrs.Checkout) != h.CheckoutID {
+	if w.CheckoutPath != "" && CheckoutID(w.CheckoutPath) != h.CheckoutID {
 		if !w.createdHere {
 			return r.Value, refuse(StateRecordMalformed, h.HolderID, "claim under another holder name for another checkout",
-				"holder %s is bound to checkout %s; a checkout is part of a holder's identity", w.name, h.CheckoutPath)
+				"holder %s is bound to checkout %s; a checkout is part of a holder's identity", w.Name, h.CheckoutPath)
 		}
-		changed.CheckoutPath, changed.CheckoutID = w.attrs.Checkout, CheckoutID(w.attrs.Checkout)
+		changed.CheckoutPath, changed.CheckoutID = w.CheckoutPath, CheckoutID(w.CheckoutPath)
 	}
-	if w.attrs.SetPID {
-		changed.PID, changed.ProcessStart = w.attrs.PID, w.start
+	if w.setsPID {
+		changed.PID, changed.ProcessStart = w.PID, w.ProcessStart
 	}
 	if changed == h {
 		return r.Value, errUnchanged

@@ -631,7 +631,7 @@ func TestClaimRefusesOtherCheckout(t *testing.T) {
 	newCockpit(t, e, "app", exampleConfig, "main")
 	claim(t, e, "app", "main", "alice")
 	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
-		return e.Claim(context.Background(), me("create", "x"), "app", "main", "alice", &HolderAttrs{Checkout: "/src/elsewhere"})
+		return e.Claim(context.Background(), me("create", "x"), "app", "main", "alice", &Holder{CheckoutPath: "/src/elsewhere"})
 	})
 }
 

@@ -144,14 +144,14 @@ func TestOwnershipOfCockpitsAndHolders(t *testing.T) {
 	if r := stackRecord(t, e, "app", "main"); func() bool { h, _ := r.Value.Holder("eve"); return h.UID != stranger }() {
 		t.Fatalf("eve does not record uid %d", stranger)
 	}
-	pidNone := HolderAttrs{SetPID: true}
-	mine := HolderAttrs{SetPID: true, PID: processOfUID(t, owner)}
+	pidNone := "pid=none"
+	mine := "pid=" + strconv.Itoa(processOfUID(t, owner))
 	// Naming a process one may not signal (here root's own) would pin the holder beyond reach.
 	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
-		return e.SetHolder(ctx, callerAs(owner, "write", "h"), "app", "main", "bob", HolderAttrs{SetPID: true, PID: os.Getpid()}, false)
+		return e.SetHolder(ctx, callerAs(owner, "write", "h"), "app", "main", "bob", "pid="+strconv.Itoa(os.Getpid()), false)
 	})
 	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
-		return e.SetHolder(ctx, callerAs(stranger, "write", "h"), "app", "main", "eve", HolderAttrs{SetPID: true, PID: 1}, false)
+		return e.SetHolder(ctx, callerAs(stranger, "write", "h"), "app", "main", "eve", "pid=1", false)
 	})
 	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
 		return e.Release(ctx, callerAs(stranger, "unlink", "h"), "app", "main", "bob")
@@ -215,8 +215,8 @@ func TestSetHolder(t *testing.T) {
 	newCockpit(t, e, "app", exampleConfig, "main")
 	claim(t, e, "app", "main", "alice")
 	c := me("write", "app/stacks/main/holders/alice")
-	set := func(attrs HolderAttrs, createdHere bool) error {
-		return e.SetHolder(ctx, c, "app", "main", "alice", attrs, createdHere)
+	set := func(text string, createdHere bool) error {
+		return e.SetHolder(ctx, c, "app", "main", "alice", text, createdHere)
 	}
 	alice := func() Holder {
 		h, ok := stackRecord(t, e, "app", "main").Value.Holder("alice")
@@ -226,39 +226,39 @@ func TestSetHolder(t *testing.T) {
 		return h
 	}
 
-	if err := set(HolderAttrs{SetPID: true, PID: os.Getpid()}, false); err != nil {
+	if err := set("pid="+strconv.Itoa(os.Getpid()), false); err != nil {
 		t.Fatal(err)
 	}
 	if h := alice(); h.PID != os.Getpid() || h.ProcessStart == "" || e.HolderState(h) != "live" {
 		t.Fatalf("after pid=%d: %+v state %s", os.Getpid(), h, e.HolderState(h))
 	}
-	if err := set(HolderAttrs{SetPID: true}, false); err != nil {
+	if err := set("pid=none", false); err != nil {
 		t.Fatal(err)
 	}
 	if h := alice(); h.PID != 0 || h.ProcessStart != "" || e.HolderState(h) != "untracked" {
 		t.Fatalf("after pid=none: %+v", h)
 	}
 	revision := stackRecord(t, e, "app", "main").Revision
-	if err := set(HolderAttrs{SetPID: true}, false); err != nil {
+	if err := set("pid=none", false); err != nil {
 		t.Fatal(err)
 	}
 	if r := stackRecord(t, e, "app", "main"); r.Revision != revision {
 		t.Fatalf("a write that changes nothing moved the revision to %d", r.Revision)
 	}
 	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
-		return set(HolderAttrs{SetPID: true, PID: deadPID(t)}, false)
+		return set("pid="+strconv.Itoa(deadPID(t)), false)
 	})
 	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
-		return set(HolderAttrs{Checkout: "/src/other"}, false)
+		return set("checkout=/src/other", false)
 	})
 	refusedUnchanged(t, e, "app", "main", NotFound, func() error {
-		return e.SetHolder(ctx, c, "app", "main", "nobody", HolderAttrs{SetPID: true}, false)
+		return e.SetHolder(ctx, c, "app", "main", "nobody", "pid=none", false)
 	})
 	// The same checkout is no change, whoever writes it.
-	if err := set(HolderAttrs{Checkout: "/src/alice"}, false); err != nil {
+	if err := set("checkout=/src/alice", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := set(HolderAttrs{Checkout: "/src/other"}, true); err != nil {
+	if err := set("checkout=/src/other", true); err != nil {
 		t.Fatal(err)
 	}
 	if h := alice(); h.CheckoutPath != "/src/other" || h.CheckoutID != CheckoutID("/src/other") {
@@ -266,27 +266,30 @@ func TestSetHolder(t *testing.T) {
 	}
 }
 
-func TestParseHolderAttrs(t *testing.T) {
+func TestParseHolderWrite(t *testing.T) {
+	w := func(pid int, setsPID bool, checkout string) holderWrite {
+		return holderWrite{Holder: Holder{Name: "h", PID: pid, CheckoutPath: checkout}, setsPID: setsPID}
+	}
 	cases := []struct {
 		text string
-		want HolderAttrs
+		want holderWrite
 		ok   bool
 	}{
-		{"", HolderAttrs{}, true},
-		{"pid=none", HolderAttrs{SetPID: true}, true},
-		{"pid=42 checkout=/a/b/../c", HolderAttrs{SetPID: true, PID: 42, Checkout: "/a/c"}, true},
-		{"checkout=/x\npid=7", HolderAttrs{SetPID: true, PID: 7, Checkout: "/x"}, true},
-		{"pid=0", HolderAttrs{}, false},
-		{"pid=-1", HolderAttrs{}, false},
-		{"pid=007", HolderAttrs{}, false},
-		{"pid=2147483648", HolderAttrs{}, false},
-		{"pid=1 pid=2", HolderAttrs{}, false},
-		{"checkout=relative", HolderAttrs{}, false},
-		{"color=red", HolderAttrs{}, false},
-		{"pid", HolderAttrs{}, false},
+		{"", w(0, false, ""), true},
+		{"pid=none", w(0, true, ""), true},
+		{"pid=42 checkout=/a/b/../c", w(42, true, "/a/c"), true},
+		{"checkout=/x\npid=7", w(7, true, "/x"), true},
+		{"pid=0", holderWrite{}, false},
+		{"pid=-1", holderWrite{}, false},
+		{"pid=007", holderWrite{}, false},
+		{"pid=2147483648", holderWrite{}, false},
+		{"pid=1 pid=2", holderWrite{}, false},
+		{"checkout=relative", holderWrite{}, false},
+		{"color=red", holderWrite{}, false},
+		{"pid", holderWrite{}, false},
 	}
 	for _, tc := range cases {
-		got, err := ParseHolderAttrs(tc.text)
+		got, err := parseHolderWrite("h", tc.text)
 		if !tc.ok {
 			if AsRefusal(err).Code != StateRecordMalformed || err == nil {
 				t.Errorf("%q: got %v, want STATE_RECORD_MALFORMED", tc.text, err)
@@ -321,11 +324,11 @@ func TestEventsKeepTheLast256(t *testing.T) {
 	claim(t, e, "app", "main", "alice")
 	c := me("write", "app/stacks/main/holders/alice")
 	for i := range 300 {
-		attrs := HolderAttrs{SetPID: true}
+		text := "pid=none"
 		if i%2 == 0 {
-			attrs.PID = os.Getpid()
+			text = "pid=" + strconv.Itoa(os.Getpid())
 		}
-		if err := e.SetHolder(ctx, c, "app", "main", "alice", attrs, false); err != nil {
+		if err := e.SetHolder(ctx, c, "app", "main", "alice", text, false); err != nil {
 			t.Fatal(err)
 		}
 	}

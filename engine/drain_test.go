@@ -41,9 +41,9 @@ func newDrainEngine(t *testing.T) (*Engine, *testClock) {
 	return e, clock
 }
 
-func claimStack(t *testing.T, e *Engine, stack, holder string, attrs *HolderAttrs) {
+func claimStack(t *testing.T, e *Engine, stack, holder string, proposed *Holder) {
 	t.Helper()
-	if err := e.Claim(context.Background(), me("create", "app/stacks/"+stack+"/holders/"+holder), "app", stack, holder, attrs); err != nil {
+	if err := e.Claim(context.Background(), me("create", "app/stacks/"+stack+"/holders/"+holder), "app", stack, holder, proposed); err != nil {
 		t.Fatalf("claim %s/%s: %v", stack, holder, err)
 	}
 }
@@ -344,7 +344,7 @@ func TestDrainResume(t *testing.T) {
 func TestDrainReleasesDeadHolderAtReservation(t *testing.T) {
 	e, _ := newDrainEngine(t)
 	gone := spawnSleeper(t)
-	claimStack(t, e, "s", "other", &HolderAttrs{SetPID: true, PID: gone.Process.Pid, Checkout: "/src/other"})
+	claimStack(t, e, "s", "other", &Holder{PID: gone.Process.Pid, CheckoutPath: "/src/other"})
 	killProcess(t, gone)
 	before := stackOf(t, e)
 	r := mustStep(t, e, reserveText(t, e, "sleep holder=me"))
@@ -496,7 +496,7 @@ func TestDrainCoTenantNamesLiveHolder(t *testing.T) {
 	e, _ := newDrainEngine(t)
 	live := spawnSleeper(t)
 	pid := live.Process.Pid
-	claimStack(t, e, "s", "other", &HolderAttrs{SetPID: true, PID: pid, Checkout: "/src/other"})
+	claimStack(t, e, "s", "other", &Holder{PID: pid, CheckoutPath: "/src/other"})
 	r := mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, "sleep holder=me") })
 	if !strings.Contains(r.Message, fmt.Sprintf("other (process %d)", pid)) || !strings.Contains(r.Message, fmt.Sprintf("kill %d", pid)) {
 		t.Fatalf("co-tenant refusal %q does not name process %d", r.Message, pid)
@@ -610,8 +610,8 @@ func TestDrainCoTenantRefusalNamesOnlyTheOthers(t *testing.T) {
 	e, _ := newDrainEngine(t)
 	live := spawnSleeper(t)
 	pid, mine := live.Process.Pid, os.Getpid()
-	claimStack(t, e, "s", "mine", &HolderAttrs{SetPID: true, PID: mine, Checkout: "/src/mine"})
-	claimStack(t, e, "s", "other", &HolderAttrs{SetPID: true, PID: pid, Checkout: "/src/other"})
+	claimStack(t, e, "s", "mine", &Holder{PID: mine, CheckoutPath: "/src/mine"})
+	claimStack(t, e, "s", "other", &Holder{PID: pid, CheckoutPath: "/src/other"})
 	for _, text := range []string{"sleep", "sleep holder=mine"} {
 		r := mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, text) })
 		if !strings.Contains(r.Message, fmt.Sprintf("kill %d`", pid)) || strings.Contains(r.Message, fmt.Sprint(mine)) {

@@ -17,46 +17,46 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// renderHolderAttrs writes a as the holder write that sets exactly it.
-func renderHolderAttrs(a HolderAttrs) string {
+// renderHolderWrite writes w as the holder write that sets exactly it.
+func renderHolderWrite(w holderWrite) string {
 	var parts []string
-	if a.SetPID {
-		if a.PID == 0 {
+	if w.setsPID {
+		if w.PID == 0 {
 			parts = append(parts, "pid=none")
 		} else {
-			parts = append(parts, "pid="+strconv.Itoa(a.PID))
+			parts = append(parts, "pid="+strconv.Itoa(w.PID))
 		}
 	}
-	if a.Checkout != "" {
-		parts = append(parts, "checkout="+a.Checkout)
+	if w.CheckoutPath != "" {
+		parts = append(parts, "checkout="+w.CheckoutPath)
 	}
 	return strings.Join(parts, " ")
 }
 
-// FuzzParseHolderAttrs: any write parses or is refused as malformed, and what parses renders back
-// to a write that parses to the same attributes.
-func FuzzParseHolderAttrs(f *testing.F) {
+// FuzzParseHolderWrite: any write parses or is refused as malformed, and what parses renders back
+// to a write that parses to the same fields.
+func FuzzParseHolderWrite(f *testing.F) {
 	for _, seed := range []string{"", "pid=none", "pid=4242 checkout=/src/app", "checkout=/a/../b//c/", "pid=01", "checkout=/a=b pid=2147483647"} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, text string) {
-		a, err := ParseHolderAttrs(text)
+		w, err := parseHolderWrite("h", text)
 		if err != nil {
 			if AsRefusal(err).Code != StateRecordMalformed {
 				t.Fatalf("refusal %v is not STATE_RECORD_MALFORMED", err)
 			}
 			return
 		}
-		if a.PID < 0 || a.PID > 2147483647 || a.PID != 0 && !a.SetPID {
-			t.Fatalf("ParseHolderAttrs(%q) accepted pid %+v", text, a)
+		if w.PID < 0 || w.PID > 2147483647 || w.PID != 0 && !w.setsPID {
+			t.Fatalf("parseHolderWrite(%q) accepted pid %+v", text, w)
 		}
-		if a.Checkout != "" && (a.Checkout[0] != '/' || strings.ContainsRune(a.Checkout, 0)) {
-			t.Fatalf("ParseHolderAttrs(%q) accepted checkout %q", text, a.Checkout)
+		if w.CheckoutPath != "" && (w.CheckoutPath[0] != '/' || strings.ContainsRune(w.CheckoutPath, 0)) {
+			t.Fatalf("parseHolderWrite(%q) accepted checkout %q", text, w.CheckoutPath)
 		}
-		rendered := renderHolderAttrs(a)
-		again, err := ParseHolderAttrs(rendered)
-		if err != nil || again != a {
-			t.Fatalf("ParseHolderAttrs(%q) = %+v renders to %q, which parses to %+v, %v", text, a, rendered, again, err)
+		rendered := renderHolderWrite(w)
+		again, err := parseHolderWrite("h", rendered)
+		if err != nil || again != w {
+			t.Fatalf("parseHolderWrite(%q) = %+v renders to %q, which parses to %+v, %v", text, w, rendered, again, err)
 		}
 	})
 }
@@ -262,22 +262,22 @@ func (rig *sequenceRig) step(in *sequenceInput) (string, string, error) {
 		holder, checkout := sequenceHolders[in.pick(len(sequenceHolders))], sequenceCheckouts[in.pick(len(sequenceCheckouts))]
 		c := rig.caller(in, "create", path+"/holders/"+holder)
 		return fmt.Sprintf("claim %s by %s at %s as uid %d", stack, holder, checkout, c.UID), stack,
-			e.Claim(ctx, c, "app", stack, holder, &HolderAttrs{Checkout: checkout})
+			e.Claim(ctx, c, "app", stack, holder, &Holder{CheckoutPath: checkout})
 	case 3:
 		holder := sequenceHolders[in.pick(len(sequenceHolders))]
-		var attrs HolderAttrs
+		var text string
 		switch in.pick(3) {
 		case 0:
-			attrs.SetPID = true
+			text = "pid=none"
 		case 1:
-			attrs.Checkout = sequenceCheckouts[in.pick(len(sequenceCheckouts))]
+			text = "checkout=" + sequenceCheckouts[in.pick(len(sequenceCheckouts))]
 		default:
-			attrs.SetPID, attrs.Checkout = true, sequenceCheckouts[in.pick(len(sequenceCheckouts))]
+			text = "pid=none checkout=" + sequenceCheckouts[in.pick(len(sequenceCheckouts))]
 		}
 		createdHere := in.pick(2) == 0
 		c := rig.caller(in, "write", path+"/holders/"+holder)
-		return fmt.Sprintf("set holder %s/%s %q createdHere=%v as uid %d", stack, holder, renderHolderAttrs(attrs), createdHere, c.UID), stack,
-			e.SetHolder(ctx, c, "app", stack, holder, attrs, createdHere)
+		return fmt.Sprintf("set holder %s/%s %q createdHere=%v as uid %d", stack, holder, text, createdHere, c.UID), stack,
+			e.SetHolder(ctx, c, "app", stack, holder, text, createdHere)
 	case 4:
 		holder := sequenceHolders[in.pick(len(sequenceHolders))]
 		c := rig.caller(in, "unlink", path+"/holders/"+holder)

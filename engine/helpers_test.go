@@ -52,6 +52,6 @@ func newCockpit(t *testing.T, e *Engine, name, config string, stacks ...string) 
 }
 
 // untracked claims for holder without a pid, checked out at /src/<holder>.
-func untracked(holder string) *HolderAttrs {
-	return &HolderAttrs{Checkout: "/src/" + holder}
+func untracked(holder string) *Holder {
+	return &Holder{CheckoutPath: "/src/" + holder}
 }

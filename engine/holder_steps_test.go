@@ -198,20 +198,20 @@ func TestSetHolderStep(t *testing.T) {
 		wantErr  error
 		want     func(Holder) Holder // the holder after
 	}{
-		{name: "a pid is recorded", v: base, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true, PID: 42}, start: s42},
+		{name: "a pid is recorded", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice", PID: 42, ProcessStart: s42}, setsPID: true},
 			want: func(h Holder) Holder { h.PID, h.ProcessStart = 42, s42; return h }},
-		{name: "root may write", v: base, c: Caller{UID: 0}, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true, PID: 42}, start: s42},
+		{name: "root may write", v: base, c: Caller{UID: 0}, w: holderWrite{Holder: Holder{Name: "alice", PID: 42, ProcessStart: s42}, setsPID: true},
 			want: func(h Holder) Holder { h.PID, h.ProcessStart = 42, s42; return h }},
 		{name: "pid=none untracks", v: Value{Holders: holders(func() Holder { h := alice; h.PID, h.ProcessStart = 7, s42; return h }()), Lease: base.Lease},
-			c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true}}, want: func(h Holder) Holder { h.PID, h.ProcessStart = 0, ""; return h }},
-		{name: "the creating open chooses the checkout", v: base, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{Checkout: "/src/other"}, createdHere: true},
+			c: owner, w: holderWrite{Holder: Holder{Name: "alice"}, setsPID: true}, want: func(h Holder) Holder { h.PID, h.ProcessStart = 0, ""; return h }},
+		{name: "the creating open chooses the checkout", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice", CheckoutPath: "/src/other"}, createdHere: true},
 			want: func(h Holder) Holder { h.CheckoutPath, h.CheckoutID = "/src/other", CheckoutID("/src/other"); return h }},
-		{name: "a later open may not", v: base, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{Checkout: "/src/other"}}, wantCode: StateRecordMalformed},
-		{name: "the same checkout changes nothing", v: base, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{Checkout: "/src/alice"}}, wantErr: errUnchanged},
-		{name: "an empty write changes nothing", v: base, c: owner, w: holderWrite{name: "alice"}, wantErr: errUnchanged},
-		{name: "another uid", v: base, c: Caller{UID: 1001}, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true}}, wantCode: PermissionDenied},
-		{name: "an unknown holder", v: base, c: owner, w: holderWrite{name: "bob", attrs: HolderAttrs{SetPID: true}}, wantCode: NotFound},
-		{name: "a drain is reserved", v: drained, c: owner, w: holderWrite{name: "alice", attrs: HolderAttrs{SetPID: true}}, wantCode: ClaimCoTenant},
+		{name: "a later open may not", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice", CheckoutPath: "/src/other"}}, wantCode: StateRecordMalformed},
+		{name: "the same checkout changes nothing", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice", CheckoutPath: "/src/alice"}}, wantErr: errUnchanged},
+		{name: "an empty write changes nothing", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice"}}, wantErr: errUnchanged},
+		{name: "another uid", v: base, c: Caller{UID: 1001}, w: holderWrite{Holder: Holder{Name: "alice"}, setsPID: true}, wantCode: PermissionDenied},
+		{name: "an unknown holder", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "bob"}, setsPID: true}, wantCode: NotFound},
+		{name: "a drain is reserved", v: drained, c: owner, w: holderWrite{Holder: Holder{Name: "alice"}, setsPID: true}, wantCode: ClaimCoTenant},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -37,8 +37,8 @@ func kill(t *testing.T, cmd *exec.Cmd) {
 
 func claimWithPID(t *testing.T, e *Engine, cockpit, stack, holder string, pid int) {
 	t.Helper()
-	attrs := &HolderAttrs{SetPID: true, PID: pid, Checkout: "/src/" + holder}
-	if err := e.Claim(context.Background(), me("create", holder), cockpit, stack, holder, attrs); err != nil {
+	proposed := &Holder{PID: pid, CheckoutPath: "/src/" + holder}
+	if err := e.Claim(context.Background(), me("create", holder), cockpit, stack, holder, proposed); err != nil {
 		t.Fatalf("claim %s with pid %d: %v", holder, pid, err)
 	}
 }
@@ -147,8 +147,8 @@ func TestClaimRefusesDeadPID(t *testing.T) {
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
-		attrs := &HolderAttrs{SetPID: true, PID: deadPID(t), Checkout: "/src/ghost"}
-		return e.Claim(context.Background(), me("create", "ghost"), "app", "main", "ghost", attrs)
+		proposed := &Holder{PID: deadPID(t), CheckoutPath: "/src/ghost"}
+		return e.Claim(context.Background(), me("create", "ghost"), "app", "main", "ghost", proposed)
 	})
 }
 

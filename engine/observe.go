@@ -27,25 +27,25 @@ func processOf(pid int) (string, error) {
 	}
 }
 
-// observeClaimant is the holder a claim proposes: the one attrs describe, or, without attrs, the
-// one the caller's process implies.
-func observeClaimant(c Caller, name string, attrs *HolderAttrs) (Holder, error) {
-	if attrs == nil {
+// observeClaimant is the holder a claim proposes: the one proposed (its checkout path and pid, 0
+// for none), or, without one, the one the caller's process implies.
+func observeClaimant(c Caller, name string, proposed *Holder) (Holder, error) {
+	if proposed == nil {
 		return defaultHolder(c, name)
 	}
-	nh := Holder{Name: name, UID: c.UID, CheckoutPath: attrs.Checkout}
+	nh := Holder{Name: name, UID: c.UID, CheckoutPath: proposed.CheckoutPath}
 	if nh.CheckoutPath == "" {
 		return nh, refuse(StateRecordMalformed, HolderID(name), "write checkout=<absolute path>", "a holder needs a checkout")
 	}
-	if attrs.PID > 0 {
-		if err := mayName(c, name, attrs.PID); err != nil {
+	if proposed.PID != 0 {
+		if err := mayName(c, name, proposed.PID); err != nil {
 			return nh, err
 		}
-		start, err := processOf(attrs.PID)
+		start, err := processOf(proposed.PID)
 		if err != nil {
 			return nh, err
 		}
-		nh.PID, nh.ProcessStart = attrs.PID, start
+		nh.PID, nh.ProcessStart = proposed.PID, start
 	}
 	return nh, nil
 }

@@ -11,13 +11,14 @@ import (
 // (observe.go), then applyStep runs the operation's pure step (claims.go, drain.go) over the
 // stack's record in one transaction and commits what it returns (commit.go).
 
-// Claim adds a holder to the stack and leases it a port family (§4). attrs, when given, replace the
-// caller-derived pid and checkout.
-func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name string, attrs *HolderAttrs) error {
+// Claim adds a holder to the stack and leases it a port family (§4). proposed, when given, chooses
+// the holder's checkout path and pid (0: none) instead of the caller's working directory and
+// session; its other fields are derived.
+func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name string, proposed *Holder) error {
 	if err := checkName("holder", name); err != nil {
 		return err
 	}
-	nh, err := observeClaimant(c, name, attrs)
+	nh, err := observeClaimant(c, name, proposed)
 	if err != nil {
 		return err
 	}
@@ -44,16 +45,20 @@ func (e *Engine) MayWriteHolder(c Caller, cockpit, stack, name string) error {
 	return nil
 }
 
-// SetHolder applies a holder write. createdHere says the write comes through the open that
-// created the holder, the only one that may still choose its checkout.
-func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name string, attrs HolderAttrs, createdHere bool) error {
-	w := holderWrite{name: name, attrs: attrs, createdHere: createdHere}
-	if attrs.SetPID && attrs.PID > 0 {
-		if err := mayName(c, name, attrs.PID); err != nil {
+// SetHolder applies a write of text (`pid=<n>|none checkout=<absolute path>`) to a holder file.
+// createdHere says the write comes through the open that created the holder, the only one that
+// may still choose its checkout.
+func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name, text string, createdHere bool) error {
+	w, err := parseHolderWrite(name, text)
+	if err != nil {
+		return err
+	}
+	w.createdHere = createdHere
+	if w.setsPID && w.PID != 0 {
+		if err := mayName(c, name, w.PID); err != nil {
 			return err
 		}
-		var err error
-		if w.start, err = processOf(attrs.PID); err != nil {
+		if w.ProcessStart, err = processOf(w.PID); err != nil {
 			return err
 		}
 	}

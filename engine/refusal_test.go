@@ -70,7 +70,7 @@ func TestRecordByteLimit(t *testing.T) {
 	n := 0
 	for ; n < maxHolders && refused == nil; n++ {
 		name := fmt.Sprintf("h%04d", n)
-		refused = e.Claim(context.Background(), me("create", "app/stacks/s/holders/"+name), "app", "s", name, &HolderAttrs{Checkout: long + "/" + name})
+		refused = e.Claim(context.Background(), me("create", "app/stacks/s/holders/"+name), "app", "s", name, &Holder{CheckoutPath: long + "/" + name})
 	}
 	if r := AsRefusal(refused); refused == nil || r.Code != StateRecordTooLarge {
 		t.Fatalf("after %d claims: %v, want %s", n, refused, StateRecordTooLarge)

@@ -39,7 +39,7 @@ func verifyStore(t *testing.T) *Engine {
 		}
 	}
 	must(e.Release(ctx, me("unlink", "app/stacks/a/holders/you"), "app", "a", "you"))
-	must(e.SetHolder(ctx, me("write", "app/stacks/a/holders/me"), "app", "a", "me", HolderAttrs{SetPID: true}, false))
+	must(e.SetHolder(ctx, me("write", "app/stacks/a/holders/me"), "app", "a", "me", "pid=none", false))
 	b, err := e.Stack("app", "b")
 	must(err)
 	drain := me("write", "app/stacks/b/drain")

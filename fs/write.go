@@ -19,11 +19,7 @@ func (w holderWriter) write(ctx context.Context, f *file, h *handle, data []byte
 	if err := f.fsys.eng.MayWriteHolder(c, f.cockpit, f.stack, w.name); err != nil {
 		return err
 	}
-	attrs, err := engine.ParseHolderAttrs(string(data))
-	if err != nil {
-		return err
-	}
-	return f.fsys.eng.SetHolder(ctx, c, f.cockpit, f.stack, w.name, attrs, h.created)
+	return f.fsys.eng.SetHolder(ctx, c, f.cockpit, f.stack, w.name, string(data), h.created)
 }
 
 // touch re-binds the holder to the toucher's session (see engine.Rebind).
