@@ -27,7 +27,7 @@ type cachedRecord struct {
 	Record
 	raw    []byte
 	stored storedHolders
-	// checked: the record passed Check when this engine saved it, so a commit that follows it
+	// checked: the record passed checkRecord when this engine saved it, so a commit that follows it
 	// checks only the holders it changes.
 	checked bool
 }

@@ -129,7 +129,7 @@ func declarationChanged(target string) error {
 func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
 	h, ok := r.Value.Holder(w.Name)
 	if !ok {
-		return r.Value, refuse(NotFound, HolderID(w.Name), "", "holder %s does not claim this stack", w.Name)
+		return r.Value, refuse(NotFound, holderID(w.Name), "", "holder %s does not claim this stack", w.Name)
 	}
 	if !c.may(h.UID) {
 		return r.Value, c.denied("holder "+w.Name, h.UID)
@@ -138,12 +138,12 @@ func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
 		return r.Value, refuse(ClaimCoTenant, h.HolderID, drainReservedFix, "holders cannot change while a drain is reserved")
 	}
 	changed := h
-	if w.CheckoutPath != "" && CheckoutID(w.CheckoutPath) != h.CheckoutID {
+	if w.CheckoutPath != "" && checkoutID(w.CheckoutPath) != h.CheckoutID {
 		if !w.createdHere {
 			return r.Value, refuse(StateRecordMalformed, h.HolderID, "claim under another holder name for another checkout",
 				"holder %s is bound to checkout %s; a checkout is part of a holder's identity", w.Name, h.CheckoutPath)
 		}
-		changed.CheckoutPath, changed.CheckoutID = w.CheckoutPath, CheckoutID(w.CheckoutPath)
+		changed.CheckoutPath, changed.CheckoutID = w.CheckoutPath, checkoutID(w.CheckoutPath)
 	}
 	if w.setsPID {
 		changed.PID, changed.ProcessStart = w.PID, w.ProcessStart
@@ -168,7 +168,7 @@ func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
 func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
 	h, ok := r.Value.Holder(nh.Name)
 	if !ok {
-		return r.Value, refuse(NotFound, HolderID(nh.Name), "", "holder %s does not claim this stack", nh.Name)
+		return r.Value, refuse(NotFound, holderID(nh.Name), "", "holder %s does not claim this stack", nh.Name)
 	}
 	if !c.may(h.UID) {
 		return r.Value, c.denied("holder "+nh.Name, h.UID)
@@ -179,7 +179,7 @@ func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
 	if r.Value.Drain != nil {
 		return r.Value, refuse(ClaimCoTenant, h.HolderID, drainReservedFix, "holders cannot change while a drain is reserved")
 	}
-	if CheckoutID(nh.CheckoutPath) != h.CheckoutID {
+	if checkoutID(nh.CheckoutPath) != h.CheckoutID {
 		return r.Value, refuse(StateRecordMalformed, h.HolderID, fmt.Sprintf("touch it from %s, or give this checkout a stack of its own", h.CheckoutPath),
 			"holder %s is bound to checkout %s, not %s", nh.Name, h.CheckoutPath, nh.CheckoutPath)
 	}
@@ -207,7 +207,7 @@ func releaseOwn(r Record, c Caller, name string) (Value, error) {
 // claimed is h as a claim records it at now: its identities derived from its name and checkout.
 // A claim proposes a Holder with only its name, checkout path, uid and process set.
 func (h Holder) claimed(now time.Time) Holder {
-	h.HolderID, h.CheckoutID, h.ClaimedAt = HolderID(h.Name), CheckoutID(h.CheckoutPath), Stamp(now)
+	h.HolderID, h.CheckoutID, h.ClaimedAt = holderID(h.Name), checkoutID(h.CheckoutPath), stamp(now)
 	return h
 }
 
@@ -215,20 +215,20 @@ func (h Holder) claimed(now time.Time) Holder {
 // that name from another checkout is refused, since a checkout is part of a holder's identity.
 func addHolder(v Value, h Holder, now time.Time) (Value, bool, error) {
 	if existing, ok := v.Holder(h.Name); ok {
-		if existing.CheckoutID != CheckoutID(h.CheckoutPath) {
-			return v, false, refuse(StateRecordMalformed, HolderID(h.Name), "use another holder name for another checkout",
+		if existing.CheckoutID != checkoutID(h.CheckoutPath) {
+			return v, false, refuse(StateRecordMalformed, holderID(h.Name), "use another holder name for another checkout",
 				"holder %s already claims this stack from %s", h.Name, existing.CheckoutPath)
 		}
 		return v, false, nil
 	}
 	if len(v.Holders) >= maxHolders {
-		return v, false, refuse(ClaimHolderLimit, HolderID(h.Name), "release a holder first",
+		return v, false, refuse(ClaimHolderLimit, holderID(h.Name), "release a holder first",
 			"the stack already has %d holders", maxHolders)
 	}
 	holders := append(append(make([]Holder, 0, len(v.Holders)+1), v.Holders...), h.claimed(now))
 	sortHolders(holders)
 	v.Holders = holders
-	if v.LastReleasedHolder != nil && *v.LastReleasedHolder == HolderID(h.Name) {
+	if v.LastReleasedHolder != nil && *v.LastReleasedHolder == holderID(h.Name) {
 		v.LastReleasedHolder = nil
 	}
 	return v, true, nil
@@ -237,7 +237,7 @@ func addHolder(v Value, h Holder, now time.Time) (Value, bool, error) {
 // releaseHolder is a holder's own release (the seeds' releaseClaim): never while a drain is
 // reserved, never the last holder.
 func releaseHolder(v Value, name string) (Value, error) {
-	id := HolderID(name)
+	id := holderID(name)
 	if v.Drain != nil {
 		return v, refuse(ClaimCoTenant, id, "wait for the drain to finish or cancel it (rm drain/request)",
 			"claim release is blocked while the stack has a reserved drain")

@@ -40,7 +40,7 @@ func recordSnapshot(t *testing.T, e *Engine, cockpit, stack string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events, err := e.Events(cockpit, stack)
+	events, err := e.events(cockpit, stack)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func stackRecord(t *testing.T, e *Engine, cockpit, stack string) Record {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Check(r); err != nil {
+	if err := checkRecord(r); err != nil {
 		t.Fatalf("record of %s/%s breaks its invariants: %v", cockpit, stack, err)
 	}
 	return r
@@ -144,10 +144,10 @@ func TestAddHolder(t *testing.T) {
 			add: Holder{Name: "alice", CheckoutPath: "/elsewhere"}, wantCode: StateRecordMalformed, wantHolders: 1},
 		{name: "limit", v: many, add: newHolder("late"), wantCode: ClaimHolderLimit, wantHolders: maxHolders},
 		{name: "existing at the limit", v: many, add: newHolder("h0007"), wantHolders: maxHolders},
-		{name: "re-claim clears lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(HolderID("alice"))},
+		{name: "re-claim clears lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(holderID("alice"))},
 			add: newHolder("alice"), wantChanged: true, wantHolders: 1},
-		{name: "another keeps lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(HolderID("bob"))},
-			add: newHolder("alice"), wantChanged: true, wantHolders: 1, wantLast: strPtr(HolderID("bob"))},
+		{name: "another keeps lastReleasedHolder", v: Value{LastReleasedHolder: strPtr(holderID("bob"))},
+			add: newHolder("alice"), wantChanged: true, wantHolders: 1, wantLast: strPtr(holderID("bob"))},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -166,7 +166,7 @@ func TestAddHolder(t *testing.T) {
 				t.Fatalf("lastReleasedHolder %v, want %v", got.LastReleasedHolder, tc.wantLast)
 			}
 			h, ok := got.Holder(tc.add.Name)
-			if !ok || h.CheckoutID != CheckoutID(tc.add.CheckoutPath) {
+			if !ok || h.CheckoutID != checkoutID(tc.add.CheckoutPath) {
 				t.Fatalf("holder %s missing or on another checkout: %+v", tc.add.Name, h)
 			}
 			if !changed && !reflect.DeepEqual(got, tc.v) {
@@ -224,7 +224,7 @@ func TestReleaseHolder(t *testing.T) {
 		if names := holderNames(got); !reflect.DeepEqual(names, []string{"alice"}) {
 			t.Fatalf("holders %v, want [alice]", names)
 		}
-		if got.LastReleasedHolder == nil || *got.LastReleasedHolder != HolderID("bob") {
+		if got.LastReleasedHolder == nil || *got.LastReleasedHolder != holderID("bob") {
 			t.Fatalf("lastReleasedHolder %v, want bob's id", got.LastReleasedHolder)
 		}
 		if len(two.Holders) != 2 {
@@ -261,7 +261,7 @@ func TestReleaseDead(t *testing.T) {
 		{name: "pid changed since observed", v: v, dead: []Holder{changed(alice, func(h *Holder) { h.PID = 101 })},
 			wantHolders: holderNames(v)},
 		{name: "claimedAt changed since observed", v: v,
-			dead:        []Holder{changed(alice, func(h *Holder) { h.ClaimedAt = Stamp(claimNow.Add(time.Second)) })},
+			dead:        []Holder{changed(alice, func(h *Holder) { h.ClaimedAt = stamp(claimNow.Add(time.Second)) })},
 			wantHolders: holderNames(v)},
 		{name: "process start changed since observed", v: v,
 			dead:        []Holder{changed(alice, func(h *Holder) { h.ProcessStart = "proc:00000000-0000-0000-0000-000000000000:1" })},
@@ -296,7 +296,7 @@ func TestReleaseDead(t *testing.T) {
 				}
 				return
 			}
-			if got.LastReleasedHolder == nil || *got.LastReleasedHolder != HolderID(tc.wantLast) {
+			if got.LastReleasedHolder == nil || *got.LastReleasedHolder != holderID(tc.wantLast) {
 				t.Fatalf("lastReleasedHolder %v, want %s's id", got.LastReleasedHolder, tc.wantLast)
 			}
 			if !reflect.DeepEqual(got.Lease, tc.v.Lease) {
@@ -649,7 +649,7 @@ func TestRelease(t *testing.T) {
 	}
 	r := stackRecord(t, e, "app", "main")
 	if r.Revision != 3 || !reflect.DeepEqual(holderNames(r.Value), []string{"alice"}) ||
-		r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != HolderID("bob") {
+		r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != holderID("bob") {
 		t.Fatalf("after releasing bob: revision %d holders %v last %v", r.Revision, holderNames(r.Value), r.Value.LastReleasedHolder)
 	}
 	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})

@@ -21,7 +21,7 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 		} else if !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
-		m := cockpitMeta{Name: name, ID: cockpitID(name), UID: c.UID, CreatedAt: Stamp(now), UpdatedAt: Stamp(now)}
+		m := cockpitMeta{Name: name, ID: cockpitID(name), UID: c.UID, CreatedAt: stamp(now), UpdatedAt: stamp(now)}
 		if err := setJSON(tx, cockpitKey(name), m); err != nil {
 			return err
 		}
@@ -105,7 +105,7 @@ func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text [
 		}
 		m.Config, m.Declared = string(text), &cfg
 		m.Revision++
-		m.UpdatedAt = Stamp(now)
+		m.UpdatedAt = stamp(now)
 		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {
 			return err
 		}

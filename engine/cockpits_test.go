@@ -19,18 +19,18 @@ func callerAs(uid uint32, op, path string) Caller {
 	return Caller{PID: os.Getpid(), UID: uid, Op: op, Path: path}
 }
 
-func eventLines(t *testing.T, e *Engine, cockpit, stack string) []Event {
+func eventLines(t *testing.T, e *Engine, cockpit, stack string) []event {
 	t.Helper()
-	data, err := e.Events(cockpit, stack)
+	data, err := e.events(cockpit, stack)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []Event
+	var out []event
 	for _, line := range bytes.Split(bytes.TrimSuffix(data, []byte("\n")), []byte("\n")) {
 		if len(line) == 0 {
 			continue
 		}
-		var ev Event
+		var ev event
 		if err := json.Unmarshal(line, &ev); err != nil {
 			t.Fatalf("events line %q: %v", line, err)
 		}
@@ -261,7 +261,7 @@ func TestSetHolder(t *testing.T) {
 	if err := set("checkout=/src/other", true); err != nil {
 		t.Fatal(err)
 	}
-	if h := alice(); h.CheckoutPath != "/src/other" || h.CheckoutID != CheckoutID("/src/other") {
+	if h := alice(); h.CheckoutPath != "/src/other" || h.CheckoutID != checkoutID("/src/other") {
 		t.Fatalf("checkout not moved on the creating open: %+v", h)
 	}
 }
@@ -337,11 +337,11 @@ func TestEventsKeepTheLast256(t *testing.T) {
 		t.Fatalf("revision %d, want 301", r.Revision)
 	}
 	evs := eventLines(t, e, "app", "main")
-	if len(evs) != EventsKept {
-		t.Fatalf("%d events lines, want %d", len(evs), EventsKept)
+	if len(evs) != eventsKept {
+		t.Fatalf("%d events lines, want %d", len(evs), eventsKept)
 	}
 	for i, ev := range evs {
-		if want := r.Revision - int64(EventsKept-1-i); ev.Revision == nil || *ev.Revision != want {
+		if want := r.Revision - int64(eventsKept-1-i); ev.Revision == nil || *ev.Revision != want {
 			t.Fatalf("line %d has revision %v, want %d", i, ev.Revision, want)
 		}
 	}

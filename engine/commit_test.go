@@ -11,7 +11,7 @@ import (
 
 // deadlines is a store that records the deadline of every commit's context.
 type deadlines struct {
-	Store
+	storage.Store
 	seen []time.Time // zero: none
 }
 
@@ -63,7 +63,7 @@ func TestStateLockedWhileTheStackIsLocked(t *testing.T) {
 	if err := e.LogRefusal(c, "app", "s", refuse(StateLocked, "", "retry", "contention"), "EAGAIN"); err != nil {
 		t.Fatalf("logging the refusal: %v", err)
 	}
-	events, err := e.Events("app", "s")
+	events, err := e.events("app", "s")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,7 +93,7 @@ func resumeDrain(r Record, d *Drain, in reserveInput) error {
 		return refuse(DrainAttemptRepairRequired, d.StackID, finishDrainFix,
 			"a %s drain by holder %s is already reserved (%d of %d actions done)", d.Purpose, d.HolderName, d.CompletedActionCount, len(d.Actions))
 	}
-	if a := d.Attempt; a != nil && a.Status == AttemptActive {
+	if a := d.Attempt; a != nil && a.Status == attemptActive {
 		return refuse(DrainAttemptRepairRequired, d.StackID, "publish its outcome (drain/outcome), or "+repairFix,
 			"attempt %s of the reserved drain is active%s; a resume cannot take it over", a.AttemptID, executorText(a))
 	}
@@ -170,7 +170,7 @@ func planDrain(r Record, lease *Lease, holder Holder, in reserveInput, now time.
 	q := in.request
 	stackID := r.SubjectID
 	var targets []string
-	var actions []DrainAction
+	var actions []drainAction
 	if g := q.given; g != nil {
 		if err := checkTargets(g.TargetIDs); err != nil {
 			return nil, malformedRequest("targetIds: %v", err)
@@ -182,17 +182,17 @@ func planDrain(r Record, lease *Lease, holder Holder, in reserveInput, now time.
 	} else {
 		reclaim := sortedCopy(q.Targets)
 		validFor := q.validForMs()
-		actions = []DrainAction{{Stage: StageRuntimeStop, TargetID: stackID, ValidForMs: validFor}}
+		actions = []drainAction{{Stage: stageRuntimeStop, TargetID: stackID, ValidForMs: validFor}}
 		for _, t := range reclaim {
 			if t == stackID {
 				return nil, malformedRequest("target %s is the stack itself, which every drain stops first", t)
 			}
-			actions = append(actions, DrainAction{Stage: StageReclaim, TargetID: t, ValidForMs: validFor, TargetCommitment: commitTo(stackID, t)})
+			actions = append(actions, drainAction{Stage: stageReclaim, TargetID: t, ValidForMs: validFor, TargetCommitment: commitTo(stackID, t)})
 		}
 		targets = sortedCopy(append([]string{stackID}, reclaim...))
 	}
 	d := &Drain{
-		DrainPlan: DrainPlan{
+		drainPlan: drainPlan{
 			Purpose:                      q.Purpose,
 			StackID:                      stackID,
 			HolderID:                     holder.HolderID,
@@ -223,9 +223,9 @@ func orDerived(given string, derive func() string) string {
 }
 
 // commitTo binds a reclaim to its target: the canonical JSON body naming it and its sha256.
-func commitTo(stackID, target string) *Commitment {
+func commitTo(stackID, target string) *reclaimCommitment {
 	body := canonicalJSON(map[string]string{"stackId": stackID, "target": target})
-	return &Commitment{Format: commitmentFormat, Sha256: digest(body), Body: body}
+	return &reclaimCommitment{Format: commitmentFormat, Sha256: digest(body), Body: body}
 }
 
 // canonicalJSON renders v with every object's keys sorted: encoding/json sorts map keys, so a
@@ -312,7 +312,7 @@ func startAttempt(r Record, c Caller, ex executor, attemptID string, now time.Ti
 	if err != nil {
 		return r.Value, err
 	}
-	if a := d.Attempt; a != nil && a.Status == AttemptActive {
+	if a := d.Attempt; a != nil && a.Status == attemptActive {
 		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "publish its outcome (drain/outcome) or repair it ("+repairCommand+")",
 			"attempt %s is already active%s", a.AttemptID, executorText(a))
 	}
@@ -334,13 +334,13 @@ func startAttempt(r Record, c Caller, ex executor, attemptID string, now time.Ti
 		// With no attempt or a failed one, the record is at the drain's last step (progress or
 		// failure), so this is the revision the commit produces.
 		CommittedRevision: d.boundaryRevision() + 1,
-		CommittedAt:       Stamp(committed),
-		ValidThrough:      Stamp(committed.Add(time.Duration(action.ValidForMs) * time.Millisecond)),
-		Status:            AttemptActive,
+		CommittedAt:       stamp(committed),
+		ValidThrough:      stamp(committed.Add(time.Duration(action.ValidForMs) * time.Millisecond)),
+		Status:            attemptActive,
 		ExecutorPID:       ex.pid,
 		ExecutorStart:     ex.start,
 	}
-	if action.Stage == StageReclaim {
+	if action.Stage == stageReclaim {
 		next.Attempt.Planning = &AttemptPlanning{UpdatedAt: r.UpdatedAt, Attempt: d.Attempt}
 	}
 	v := r.Value
@@ -359,7 +359,7 @@ func executorText(a *Attempt) string {
 // do: a retry before the failure it retries, an outcome before its attempt started. Clamping the
 // stamp instead would record a step at a time it did not happen.
 func inOrder(r Record, now time.Time) error {
-	if at := Stamp(now); at < r.UpdatedAt {
+	if at := stamp(now); at < r.UpdatedAt {
 		return refuse(ExecutionPreconditionChanged, r.SubjectID, "correct the system clock, or wait until it passes "+r.UpdatedAt+", then retry",
 			"the clock reads %s, before the stack's last step at %s: a drain step never precedes the step it follows", at, r.UpdatedAt)
 	}
@@ -373,7 +373,7 @@ func activeAttempt(r Record, c Caller, attemptID, what string) (*Drain, *Attempt
 		return nil, nil, err
 	}
 	a := d.Attempt
-	if a == nil || a.Status != AttemptActive {
+	if a == nil || a.Status != attemptActive {
 		return nil, nil, noActiveAttempt(r, what)
 	}
 	if attemptID != "" && attemptID != a.AttemptID {
@@ -406,7 +406,7 @@ func publishOutcome(r Record, c Caller, o Outcome, now time.Time) (Value, error)
 	validThrough, _ := ParseStamp(a.ValidThrough)
 	if now.Truncate(time.Millisecond).After(validThrough) {
 		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, repairFix,
-			"attempt %s was valid through %s; its success arrived at %s, too late to trust", a.AttemptID, a.ValidThrough, Stamp(now))
+			"attempt %s was valid through %s; its success arrived at %s, too late to trust", a.AttemptID, a.ValidThrough, stamp(now))
 	}
 	if a.ActionIndex < len(d.Actions)-1 {
 		next := *d
@@ -468,8 +468,8 @@ func (r Record) PlanningRecord() (planning Record, ok bool) {
 		return Record{}, false
 	}
 	a := d.Attempt
-	if a.Status != AttemptActive || a.CurrentStage != StageReclaim || a.ActionIndex >= len(d.Actions) ||
-		d.Actions[a.ActionIndex].Stage != StageReclaim || d.Actions[a.ActionIndex].TargetID != a.CurrentTarget ||
+	if a.Status != attemptActive || a.CurrentStage != stageReclaim || a.ActionIndex >= len(d.Actions) ||
+		d.Actions[a.ActionIndex].Stage != stageReclaim || d.Actions[a.ActionIndex].TargetID != a.CurrentTarget ||
 		r.Revision != a.CommittedRevision {
 		return Record{}, false
 	}
@@ -497,7 +497,7 @@ func planningPrecedes(d *Drain, a *Attempt, revision int64) error {
 		return nil
 	}
 	switch {
-	case f.Status != AttemptFailed || f.FailedRevision == nil || *f.FailedRevision != revision || f.Planning != nil:
+	case f.Status != attemptFailed || f.FailedRevision == nil || *f.FailedRevision != revision || f.Planning != nil:
 		return errors.New("a retry's planning record does not hold the published failure it retries")
 	case f.ActionIndex != a.ActionIndex || f.CurrentStage != a.CurrentStage || f.CurrentTarget != a.CurrentTarget ||
 		f.ReservationID != a.ReservationID || f.Purpose != a.Purpose || f.Generation != a.Generation || !equalStrings(f.TargetIDs, a.TargetIDs):
@@ -512,8 +512,8 @@ func failAttempt(v Value, d *Drain, now time.Time) Value {
 	failed := *d.Attempt
 	failed.Planning = nil
 	failedRevision := failed.CommittedRevision + 1
-	failedAt := Stamp(now)
-	failed.Status, failed.FailedRevision, failed.FailedAt = AttemptFailed, &failedRevision, &failedAt
+	failedAt := stamp(now)
+	failed.Status, failed.FailedRevision, failed.FailedAt = attemptFailed, &failedRevision, &failedAt
 	next := *d
 	next.Attempt = &failed
 	v.Drain = &next
@@ -561,29 +561,29 @@ type ReclaimRecovery struct {
 	ConfigSha256 string           `json:"configSha256"`
 	PlanDigest   string           `json:"planDigest"`
 	FreshAfter   string           `json:"freshAfter"`
-	Completed    []RecoveryTarget `json:"completed"`
-	Current      RecoveryTarget   `json:"current"`
-	Pending      []RecoveryTarget `json:"pending"`
+	Completed    []recoveryTarget `json:"completed"`
+	Current      recoveryTarget   `json:"current"`
+	Pending      []recoveryTarget `json:"pending"`
 }
 
-// RecoveryTarget is a reclaim's target and its commitment.
-type RecoveryTarget struct {
-	TargetID         string      `json:"targetId"`
-	TargetCommitment *Commitment `json:"targetCommitment"`
+// recoveryTarget is a reclaim's target and its commitment.
+type recoveryTarget struct {
+	TargetID         string             `json:"targetId"`
+	TargetCommitment *reclaimCommitment `json:"targetCommitment"`
 }
 
 // FailedReclaimRecovery is d's recovery when its attempt is a failed reclaim, nil otherwise.
 func FailedReclaimRecovery(d *Drain) *ReclaimRecovery {
-	if d == nil || d.Attempt == nil || d.Attempt.Status != AttemptFailed || d.Attempt.CurrentStage != StageReclaim ||
+	if d == nil || d.Attempt == nil || d.Attempt.Status != attemptFailed || d.Attempt.CurrentStage != stageReclaim ||
 		d.Attempt.FailedAt == nil || d.Attempt.ActionIndex < 1 || d.Attempt.ActionIndex >= len(d.Actions) {
 		return nil
 	}
-	target := func(a DrainAction) RecoveryTarget {
-		return RecoveryTarget{TargetID: a.TargetID, TargetCommitment: a.TargetCommitment}
+	target := func(a drainAction) recoveryTarget {
+		return recoveryTarget{TargetID: a.TargetID, TargetCommitment: a.TargetCommitment}
 	}
 	rec := &ReclaimRecovery{
 		Purpose: d.Purpose, StackID: d.StackID, ConfigSha256: d.ConfigSha256, PlanDigest: d.PlanDigest,
-		FreshAfter: *d.Attempt.FailedAt, Completed: []RecoveryTarget{}, Pending: []RecoveryTarget{},
+		FreshAfter: *d.Attempt.FailedAt, Completed: []recoveryTarget{}, Pending: []recoveryTarget{},
 		Current: target(d.Actions[d.Attempt.ActionIndex]),
 	}
 	for i, a := range d.Actions[1:] {

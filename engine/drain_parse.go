@@ -30,7 +30,7 @@ type givenPlan struct {
 	StackID   string
 	HolderID  string
 	TargetIDs []string
-	Actions   []DrainAction
+	Actions   []drainAction
 }
 
 // requesterID is the identity of the holder the request names, "" when it names none.
@@ -39,7 +39,7 @@ func (q DrainRequest) requesterID() string {
 	case q.given != nil:
 		return q.given.HolderID
 	case q.Holder != "":
-		return HolderID(q.Holder)
+		return holderID(q.Holder)
 	default:
 		return ""
 	}
@@ -187,7 +187,7 @@ func parseDrainRequestJSON(data []byte) (DrainRequest, error) {
 	if len(fields) != len(requestJSONKeys) {
 		return DrainRequest{}, malformedRequest("the JSON request has fields besides %s", strings.Join(requestJSONKeys, ", "))
 	}
-	var j DrainPlan
+	var j drainPlan
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&j); err != nil {

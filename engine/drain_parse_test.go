@@ -57,12 +57,12 @@ func TestParseDrainRequestRefusals(t *testing.T) {
 func seedRequest() map[string]any {
 	stack := StackID("app", "s")
 	return map[string]any{
-		"purpose": "down", "stackId": stack, "holderId": HolderID("me"), "requesterId": HolderID("me"),
+		"purpose": "down", "stackId": stack, "holderId": holderID("me"), "requesterId": holderID("me"),
 		"configSha256": digest("c"), "planDigest": digest("p"), "operationBasis": digest("o"), "generation": digest("g"),
 		"targetIds": []string{stack, "volume:db"},
-		"actions": []DrainAction{
-			{Stage: StageRuntimeStop, TargetID: stack, ValidForMs: 5000},
-			{Stage: StageReclaim, TargetID: "volume:db", ValidForMs: 5000, TargetCommitment: commitTo(stack, "volume:db")},
+		"actions": []drainAction{
+			{Stage: stageRuntimeStop, TargetID: stack, ValidForMs: 5000},
+			{Stage: stageReclaim, TargetID: "volume:db", ValidForMs: 5000, TargetCommitment: commitTo(stack, "volume:db")},
 		},
 		"expectedCoordinationRevision": 7,
 	}
@@ -85,7 +85,7 @@ func TestParseDrainRequestJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.Purpose != "down" || !equalStrings(got.Targets, []string{"volume:db"}) || *got.Revision != 7 || got.ValidFor != 5000 ||
-		got.Holder != "" || got.requesterID() != HolderID("me") || got.PlanDigest != digest("p") || got.given.StackID != StackID("app", "s") {
+		got.Holder != "" || got.requesterID() != holderID("me") || got.PlanDigest != digest("p") || got.given.StackID != StackID("app", "s") {
 		t.Fatalf("JSON request: %+v", got)
 	}
 	for name, change := range map[string]func(map[string]any){
@@ -93,18 +93,18 @@ func TestParseDrainRequestJSON(t *testing.T) {
 		"extra key":         func(m map[string]any) { m["holder"] = "me" },
 		"bad purpose":       func(m map[string]any) { m["purpose"] = "stop" },
 		"bad stackId":       func(m map[string]any) { m["stackId"] = "app/s" },
-		"requester differs": func(m map[string]any) { m["requesterId"] = HolderID("you") },
+		"requester differs": func(m map[string]any) { m["requesterId"] = holderID("you") },
 		"bad holderId":      func(m map[string]any) { m["holderId"], m["requesterId"] = "me", "me" },
 		"bad digest":        func(m map[string]any) { m["planDigest"] = "ABC" },
 		"negative revision": func(m map[string]any) { m["expectedCoordinationRevision"] = -1 },
 		"fractional":        func(m map[string]any) { m["expectedCoordinationRevision"] = 1.5 },
-		"no actions":        func(m map[string]any) { m["actions"] = []DrainAction{} },
-		"zero validForMs":   func(m map[string]any) { m["actions"] = []DrainAction{{Stage: StageRuntimeStop, ValidForMs: 0}} },
+		"no actions":        func(m map[string]any) { m["actions"] = []drainAction{} },
+		"zero validForMs":   func(m map[string]any) { m["actions"] = []drainAction{{Stage: stageRuntimeStop, ValidForMs: 0}} },
 		"sleep with target": func(m map[string]any) { m["purpose"] = "sleep" },
 		"duplicate target":  func(m map[string]any) { m["targetIds"] = []string{"volume:db", "volume:db"} },
 		"wrong type":        func(m map[string]any) { m["targetIds"] = "volume:db" },
 		"unknown action key": func(m map[string]any) {
-			m["actions"] = []map[string]any{{"stage": StageRuntimeStop, "validForMs": 1, "x": 1}}
+			m["actions"] = []map[string]any{{"stage": stageRuntimeStop, "validForMs": 1, "x": 1}}
 		},
 	} {
 		text := requestJSONText(t, change)

@@ -1,8 +1,8 @@
 package engine
 
-// DrainPlan is what a drain request fixes: the seeds' request fields, also the JSON form of a
+// drainPlan is what a drain request fixes: the seeds' request fields, also the JSON form of a
 // drain/request write.
-type DrainPlan struct {
+type drainPlan struct {
 	Purpose                      string        `json:"purpose"`
 	StackID                      string        `json:"stackId"`
 	HolderID                     string        `json:"holderId"`
@@ -12,14 +12,14 @@ type DrainPlan struct {
 	OperationBasis               string        `json:"operationBasis"`
 	Generation                   string        `json:"generation"`
 	TargetIDs                    []string      `json:"targetIds"`
-	Actions                      []DrainAction `json:"actions"`
+	Actions                      []drainAction `json:"actions"`
 	ExpectedCoordinationRevision int64         `json:"expectedCoordinationRevision"`
 }
 
 // Drain is a reserved drain (the seeds' DrainReservation), persisted in the record: its plan and
 // its progress. HolderName and UID extend it so the tree can name and authorise the drain's holder.
 type Drain struct {
-	DrainPlan
+	drainPlan
 	CoordinationRevision int64    `json:"coordinationRevision"`
 	CompletedActionCount int      `json:"completedActionCount"`
 	ProgressRevision     int64    `json:"progressRevision"`
@@ -30,16 +30,16 @@ type Drain struct {
 	UID                  uint32   `json:"uid"`
 }
 
-// DrainAction is one step of a drain: runtime-stop of the stack, then one reclaim per target.
-type DrainAction struct {
-	Stage            string      `json:"stage"`
-	TargetID         string      `json:"targetId"`
-	ValidForMs       int64       `json:"validForMs"`
-	TargetCommitment *Commitment `json:"targetCommitment,omitempty"`
+// drainAction is one step of a drain: runtime-stop of the stack, then one reclaim per target.
+type drainAction struct {
+	Stage            string             `json:"stage"`
+	TargetID         string             `json:"targetId"`
+	ValidForMs       int64              `json:"validForMs"`
+	TargetCommitment *reclaimCommitment `json:"targetCommitment,omitempty"`
 }
 
-// Commitment binds a reclaim action to the target it names: sha256 over a canonical JSON body.
-type Commitment struct {
+// reclaimCommitment binds a reclaim action to the target it names: sha256 over a canonical JSON body.
+type reclaimCommitment struct {
 	Format string `json:"format"`
 	Sha256 string `json:"sha256"`
 	Body   string `json:"body"`
@@ -79,10 +79,10 @@ type AttemptPlanning struct {
 }
 
 const (
-	StageRuntimeStop = "runtime-stop"
-	StageReclaim     = "reclaim"
-	AttemptActive    = "active"
-	AttemptFailed    = "failed"
+	stageRuntimeStop = "runtime-stop"
+	stageReclaim     = "reclaim"
+	attemptActive    = "active"
+	attemptFailed    = "failed"
 	commitmentFormat = "cockpit-reclaim-target/v1"
 	maxTargetBytes   = 512
 	maxValidForMs    = 300000
@@ -93,7 +93,7 @@ func (d *Drain) boundaryRevision() int64 {
 	switch {
 	case d.Attempt == nil:
 		return d.ProgressRevision
-	case d.Attempt.Status == AttemptFailed && d.Attempt.FailedRevision != nil:
+	case d.Attempt.Status == attemptFailed && d.Attempt.FailedRevision != nil:
 		return *d.Attempt.FailedRevision
 	default:
 		return d.Attempt.CommittedRevision

@@ -55,7 +55,7 @@ func stackOf(t *testing.T, e *Engine) Record {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Check(r); err != nil {
+	if err := checkRecord(r); err != nil {
 		t.Fatalf("record breaks invariants: %v", err)
 	}
 	return r
@@ -137,7 +137,7 @@ func assertReleased(t *testing.T, e *Engine, r Record) {
 	t.Helper()
 	v := r.Value
 	if len(v.Holders) != 0 || v.Lease == nil || !v.Lease.Released || v.Drain != nil ||
-		v.LastReleasedHolder == nil || *v.LastReleasedHolder != HolderID("me") {
+		v.LastReleasedHolder == nil || *v.LastReleasedHolder != holderID("me") {
 		t.Fatalf("drain did not release the stack: %+v", v)
 	}
 	ports, err := e.Ports()
@@ -156,20 +156,20 @@ func TestDrainSleepCompletes(t *testing.T) {
 		t.Fatalf("revisions: record %d, drain %+v", r.Revision, d)
 	}
 	if d.Purpose != "sleep" || !equalStrings(d.TargetIDs, []string{r.SubjectID}) || len(d.Actions) != 1 ||
-		d.Actions[0] != (DrainAction{Stage: StageRuntimeStop, TargetID: r.SubjectID, ValidForMs: 120000}) {
+		d.Actions[0] != (drainAction{Stage: stageRuntimeStop, TargetID: r.SubjectID, ValidForMs: 120000}) {
 		t.Fatalf("plan: %+v", d)
 	}
 	if d.ConfigSha256 != before.Value.Lease.Declaration.SHA256() || d.PlanDigest != digest(canonicalJSON(d.Actions)) ||
 		d.OperationBasis != digest(canonicalJSON(before)) || d.Generation == d.ReservationID {
 		t.Fatalf("derived digests: %+v", d)
 	}
-	if d.HolderName != "me" || d.HolderID != HolderID("me") || d.UID != uint32(os.Getuid()) || d.ReservedAt != r.UpdatedAt {
+	if d.HolderName != "me" || d.HolderID != holderID("me") || d.UID != uint32(os.Getuid()) || d.ReservedAt != r.UpdatedAt {
 		t.Fatalf("holder: %+v", d)
 	}
 
 	r = mustStep(t, e, startExecutor(e, -1))
 	a := r.Value.Drain.Attempt
-	if a.ExecutorPID != os.Getpid() || a.ExecutorStart == "" || a.CommittedRevision != r.Revision || a.Status != AttemptActive {
+	if a.ExecutorPID != os.Getpid() || a.ExecutorStart == "" || a.CommittedRevision != r.Revision || a.Status != attemptActive {
 		t.Fatalf("attempt: %+v", a)
 	}
 	committed, _ := ParseStamp(a.CommittedAt)
@@ -181,7 +181,7 @@ func TestDrainSleepCompletes(t *testing.T) {
 	}
 	r = mustStep(t, e, publish(e, true, ""))
 	assertReleased(t, e, r)
-	events, _ := e.Events("app", "s")
+	events, _ := e.events("app", "s")
 	if !strings.Contains(string(events), fmt.Sprintf(`"result":"ok","revision":%d`, r.Revision)) {
 		t.Fatalf("no events line for the final step:\n%s", events)
 	}
@@ -211,7 +211,7 @@ func TestDrainDownWithFailureAndRetry(t *testing.T) {
 
 	r = mustStep(t, e, startExecutor(e, 0))
 	first := r.Value.Drain.Attempt
-	if first.ExecutorPID != 0 || first.CurrentStage != StageRuntimeStop {
+	if first.ExecutorPID != 0 || first.CurrentStage != stageRuntimeStop {
 		t.Fatalf("first attempt: %+v", first)
 	}
 	r = mustStep(t, e, publish(e, true, first.AttemptID))
@@ -223,7 +223,7 @@ func TestDrainDownWithFailureAndRetry(t *testing.T) {
 	second := r.Value.Drain.Attempt
 	r = mustStep(t, e, publish(e, false, ""))
 	failed := r.Value.Drain.Attempt
-	if failed.Status != AttemptFailed || *failed.FailedRevision != second.CommittedRevision+1 || *failed.FailedAt != r.UpdatedAt {
+	if failed.Status != attemptFailed || *failed.FailedRevision != second.CommittedRevision+1 || *failed.FailedAt != r.UpdatedAt {
 		t.Fatalf("failed attempt: %+v", failed)
 	}
 	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return publish(e, true, "") })
@@ -262,7 +262,7 @@ func TestDrainLateSuccessThenRepairOfKilledExecutor(t *testing.T) {
 	}
 	killProcess(t, executor)
 	r = mustStep(t, e, repairStack(e))
-	if a := r.Value.Drain.Attempt; a.Status != AttemptFailed {
+	if a := r.Value.Drain.Attempt; a.Status != attemptFailed {
 		t.Fatalf("repair did not fail the attempt: %+v", a)
 	}
 	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return repairStack(e) })
@@ -278,7 +278,7 @@ func TestDrainRepairWithoutExecutorWaitsForValidity(t *testing.T) {
 	clock.advance(1000 * time.Millisecond)
 	mustRefuse(t, e, ClaimCoTenant, func() error { return repairStack(e) }) // validThrough itself is still valid
 	clock.advance(time.Millisecond)
-	if a := mustStep(t, e, repairStack(e)).Value.Drain.Attempt; a.Status != AttemptFailed {
+	if a := mustStep(t, e, repairStack(e)).Value.Drain.Attempt; a.Status != attemptFailed {
 		t.Fatalf("attempt not failed: %+v", a)
 	}
 }
@@ -349,7 +349,7 @@ func TestDrainReleasesDeadHolderAtReservation(t *testing.T) {
 	before := stackOf(t, e)
 	r := mustStep(t, e, reserveText(t, e, "sleep holder=me"))
 	if len(r.Value.Holders) != 1 || r.Value.Holders[0].Name != "me" || r.Revision != before.Revision+1 ||
-		r.Value.Drain.ExpectedCoordinationRevision != before.Revision || *r.Value.LastReleasedHolder != HolderID("other") {
+		r.Value.Drain.ExpectedCoordinationRevision != before.Revision || *r.Value.LastReleasedHolder != holderID("other") {
 		t.Fatalf("dead holder not released in the reservation: %+v", r)
 	}
 }
@@ -376,21 +376,21 @@ func TestDrainJSONRequest(t *testing.T) {
 		"another stack": func(m map[string]any) { m["stackId"] = StackID("app", "t") },
 		"fewer actions": func(m map[string]any) { m["actions"] = planned.Actions[:1] },
 		"valid for 0": func(m map[string]any) {
-			a := append([]DrainAction{}, planned.Actions...)
+			a := append([]drainAction{}, planned.Actions...)
 			a[1].ValidForMs = 0
 			m["actions"] = a
 		},
 		"commitment sha256 of another body": func(m map[string]any) {
-			a := append([]DrainAction{}, planned.Actions...)
+			a := append([]drainAction{}, planned.Actions...)
 			c := *a[1].TargetCommitment
 			c.Sha256 = digest(`{"other":1}`)
 			a[1].TargetCommitment = &c
 			m["actions"] = a
 		},
 		"commitment body not canonical": func(m map[string]any) {
-			a := append([]DrainAction{}, planned.Actions...)
+			a := append([]drainAction{}, planned.Actions...)
 			body := `{ "target": "volume:db" }`
-			a[1].TargetCommitment = &Commitment{Format: commitmentFormat, Sha256: digest(body), Body: body}
+			a[1].TargetCommitment = &reclaimCommitment{Format: commitmentFormat, Sha256: digest(body), Body: body}
 			m["actions"] = a
 		},
 		"targets unsorted": func(m map[string]any) {
@@ -406,7 +406,7 @@ func TestDrainJSONRequest(t *testing.T) {
 		})
 	}
 	mustRefuse(t, e, NotFound, func() error {
-		return reserveText(t, e, text(func(m map[string]any) { m["holderId"], m["requesterId"] = HolderID("ghost"), HolderID("ghost") }))
+		return reserveText(t, e, text(func(m map[string]any) { m["holderId"], m["requesterId"] = holderID("ghost"), holderID("ghost") }))
 	})
 	d := mustStep(t, e, reserveText(t, e, text(func(map[string]any) {}))).Value.Drain
 	if d.ConfigSha256 != digest("config") || d.PlanDigest != digest("plan") || d.OperationBasis != digest("basis") ||
@@ -515,7 +515,7 @@ func TestRepairOfReplacedAttempt(t *testing.T) {
 		t.Fatalf("repair of a replaced attempt: %v", err)
 	}
 	v, err := repairAttempt(r, c, executorCheck{attemptID: r.Value.Drain.Attempt.AttemptID}, clock.now())
-	if err != nil || v.Drain.Attempt.Status != AttemptFailed || Check(r.next(v, clock.now())) != nil {
+	if err != nil || v.Drain.Attempt.Status != attemptFailed || checkRecord(r.next(v, clock.now())) != nil {
 		t.Fatalf("repair of the observed attempt: %+v %v", v.Drain, err)
 	}
 }
@@ -526,13 +526,13 @@ func TestRepairOfReplacedAttempt(t *testing.T) {
 func TestDrainJSONRequestOwnValidityAndCommitment(t *testing.T) {
 	e, clock := newDrainEngine(t)
 	r := stackOf(t, e)
-	stackID, holderID := r.SubjectID, HolderID("me")
+	stackID, holderID := r.SubjectID, holderID("me")
 	// Canonical as JSON.stringify writes it: keys sorted, "<" and "\u2028" written raw.
 	body := "{\"kind\":\"volume\",\"n\":1.5,\"name\":\"db <main>\u2028\"}"
-	actions := []DrainAction{
-		{Stage: StageRuntimeStop, TargetID: stackID, ValidForMs: 5000},
-		{Stage: StageReclaim, TargetID: "volume:db", ValidForMs: 250000,
-			TargetCommitment: &Commitment{Format: commitmentFormat, Sha256: digest(body), Body: body}},
+	actions := []drainAction{
+		{Stage: stageRuntimeStop, TargetID: stackID, ValidForMs: 5000},
+		{Stage: stageReclaim, TargetID: "volume:db", ValidForMs: 250000,
+			TargetCommitment: &reclaimCommitment{Format: commitmentFormat, Sha256: digest(body), Body: body}},
 	}
 	request := map[string]any{
 		"purpose": "down", "stackId": stackID, "holderId": holderID, "requesterId": holderID,
@@ -651,7 +651,7 @@ func TestFailedReclaimRecovery(t *testing.T) {
 	if got == nil || got.FreshAfter != *d.Attempt.FailedAt || got.PlanDigest != d.PlanDigest || got.ConfigSha256 != d.ConfigSha256 {
 		t.Fatalf("recovery %+v", got)
 	}
-	targets := func(ts []RecoveryTarget) (out []string) {
+	targets := func(ts []recoveryTarget) (out []string) {
 		for _, t := range ts {
 			out = append(out, t.TargetID)
 		}
@@ -688,9 +688,9 @@ func TestDrainReclaimPlanningRecord(t *testing.T) {
 		d := *r.Value.Drain
 		a := *d.Attempt
 		p := *a.Planning
-		p.UpdatedAt = Stamp(clock.now().Add(time.Hour))
+		p.UpdatedAt = stamp(clock.now().Add(time.Hour))
 		a.Planning, d.Attempt, broken.Value.Drain = &p, &a, &d
-		if err := Check(broken); err == nil || !strings.Contains(err.Error(), "dated after the attempt") {
+		if err := checkRecord(broken); err == nil || !strings.Contains(err.Error(), "dated after the attempt") {
 			t.Fatalf("Check of a planning dated after its attempt = %v", err)
 		}
 		if _, ok := broken.PlanningRecord(); ok {

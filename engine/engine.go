@@ -16,9 +16,6 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// Store is what the engine needs of a store (the contract is storage's package comment).
-type Store = storage.Store
-
 // Engine applies operations to one store. It is safe for concurrent use.
 //
 // # SINGLE WRITER
@@ -60,7 +57,7 @@ type Store = storage.Store
 //  4. leaves, held for a map access and never while acquiring another lock: keyedLocks.mu,
 //     notifier.mu, cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, staged.
 type Engine struct {
-	db     Store
+	db     storage.Store
 	shared bool // other processes write db too: serve no read from the caches
 	// machines judges the holders and executors of other machines (nil: every process is this
 	// machine's).
@@ -85,7 +82,7 @@ type Engine struct {
 }
 
 // New returns an engine over db, which this process alone writes.
-func New(db Store) *Engine {
+func New(db storage.Store) *Engine {
 	return &Engine{db: db, now: time.Now, budget: lockTimeout}
 }
 
@@ -295,8 +292,8 @@ func (e *Engine) PortOwner(port int) (owner PortOwner, ok bool, err error) {
 	return owner, ok, err
 }
 
-// Events returns the events lines of a stack, or of the cockpit itself when stack is "".
-func (e *Engine) Events(cockpit, stack string) ([]byte, error) {
+// events returns the events lines of a stack, or of the cockpit itself when stack is "".
+func (e *Engine) events(cockpit, stack string) ([]byte, error) {
 	if stack == "" {
 		stack = cockpitLevel
 	}
@@ -412,8 +409,8 @@ func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno s
 		if !exists(tx, cockpitKey(cockpit)) {
 			return errUnchanged
 		}
-		return appendEvent(tx, cockpit, level, Event{
-			At: Stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "refused",
+		return appendEvent(tx, cockpit, level, event{
+			At: stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "refused",
 			Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix,
 		})
 	})

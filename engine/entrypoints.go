@@ -225,7 +225,7 @@ func (e *Engine) SetDeclaredValues(ctx context.Context, c Caller, cockpit, stack
 		if dv.Text == string(text) {
 			return errUnchanged
 		}
-		dv = DeclaredValues{Text: string(text), Values: values, UpdatedAt: Stamp(now)}
+		dv = DeclaredValues{Text: string(text), Values: values, UpdatedAt: stamp(now)}
 		if err := setJSON(tx, declaredValuesKey(cockpit, stack), dv); err != nil {
 			return err
 		}

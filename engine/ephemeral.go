@@ -51,8 +51,8 @@ func parseEphemeralRange(text string) (ephemeralRange, error) {
 
 func (r ephemeralRange) String() string { return fmt.Sprintf("%d-%d", r.Low, r.High) }
 
-// Inside returns the ports that lie in r, sorted.
-func (r ephemeralRange) Inside(ports []int) []int {
+// inside returns the ports that lie in r, sorted.
+func (r ephemeralRange) inside(ports []int) []int {
 	var in []int
 	for _, p := range ports {
 		if p >= r.Low && p <= r.High {
@@ -65,7 +65,7 @@ func (r ephemeralRange) Inside(ports []int) []int {
 
 // ephemeralOverlap returns the candidate ports of decl that lie in r, sorted.
 func (r ephemeralRange) ephemeralOverlap(decl portdecl.Declaration) []int {
-	return r.Inside(candidatePorts(decl))
+	return r.inside(candidatePorts(decl))
 }
 
 func candidatePorts(decl portdecl.Declaration) []int {

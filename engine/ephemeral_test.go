@@ -103,14 +103,14 @@ func hostEphemeralRange(t *testing.T) ephemeralRange {
 	return r
 }
 
-func lastEventOf(t *testing.T, e *Engine, cockpit, stack string) Event {
+func lastEventOf(t *testing.T, e *Engine, cockpit, stack string) event {
 	t.Helper()
-	data, err := e.Events(cockpit, stack)
+	data, err := e.events(cockpit, stack)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	var ev Event
+	var ev event
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &ev); err != nil {
 		t.Fatalf("events line %q: %v", lines[len(lines)-1], err)
 	}

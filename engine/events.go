@@ -10,11 +10,11 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// EventsKept is how many lines each events file keeps.
-const EventsKept = 256
+// eventsKept is how many lines each events file keeps.
+const eventsKept = 256
 
-// Event is one line of an events file.
-type Event struct {
+// event is one line of an events file.
+type event struct {
 	At       string `json:"at"`
 	Op       string `json:"op"`
 	Path     string `json:"path"`
@@ -47,13 +47,13 @@ func clip(s string) string {
 	return fmt.Sprintf("%s…(%d bytes more)", s[:cut], len(s)-cut)
 }
 
-func okEvent(c Caller, now time.Time, revision int64) Event {
-	return Event{At: Stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "ok", Revision: &revision}
+func okEvent(c Caller, now time.Time, revision int64) event {
+	return event{At: stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "ok", Revision: &revision}
 }
 
 // appendEvent adds e to the log of (cockpit, stack) inside tx, so a change and its line commit
 // together; stack is cockpitLevel for the cockpit's own log.
-func appendEvent(tx storage.Txn, cockpit, stack string, e Event) error {
+func appendEvent(tx storage.Txn, cockpit, stack string, e event) error {
 	var seq uint64
 	if _, err := getJSON(tx, eventsSeqKey(cockpit, stack), &seq); err != nil {
 		return err
@@ -75,8 +75,8 @@ func appendEvent(tx storage.Txn, cockpit, stack string, e Event) error {
 	if err := setJSON(tx, eventsEndKey(cockpit, stack), end+int64(line.Len())); err != nil {
 		return err
 	}
-	if seq >= EventsKept {
-		if err := tx.Delete(eventKey(cockpit, stack, seq-EventsKept)); err != nil {
+	if seq >= eventsKept {
+		if err := tx.Delete(eventKey(cockpit, stack, seq-eventsKept)); err != nil {
 			return err
 		}
 	}

@@ -16,7 +16,7 @@ func TestEventQuotingHugeInputIsClipped(t *testing.T) {
 	if err := e.LogRefusal(me("write", "app/stacks/one/holders/me"), "app", "one", r, "EINVAL"); err != nil {
 		t.Fatal(err)
 	}
-	events, err := e.Events("app", "one")
+	events, err := e.events("app", "one")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -382,7 +382,7 @@ func (rig *sequenceRig) check(history []string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := Check(r); err != nil {
+		if err := checkRecord(r); err != nil {
 			t.Fatalf("after\n  %s\nstack %s: %v", strings.Join(history, "\n  "), s, err)
 		}
 		if !r.Value.Lease.Active() {

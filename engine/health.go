@@ -26,11 +26,11 @@ const (
 	portsOwner  = "environment-port-coordination"
 )
 
-// Observed states.
+// observed states.
 const (
-	ObservedAvailable   = "available"
-	ObservedUnavailable = "unavailable"
-	ObservedFailed      = "failed"
+	observedAvailable   = "available"
+	observedUnavailable = "unavailable"
+	observedFailed      = "failed"
 )
 
 // Observation is one line of a stack's health. A healthy observation is available with value true.
@@ -43,35 +43,35 @@ type Observation struct {
 	StackID       string        `json:"stackId"`
 	Source        string        `json:"source"`
 	Target        string        `json:"target,omitempty"`
-	Observed      Observed      `json:"observed"`
-	Expectation   Expectation   `json:"expectation"`
-	Applicability Applicability `json:"applicability"`
-	Freshness     Freshness     `json:"freshness"`
+	Observed      observed      `json:"observed"`
+	Expectation   expectation   `json:"expectation"`
+	Applicability applicability `json:"applicability"`
+	Freshness     freshness     `json:"freshness"`
 	Remedy        string        `json:"remedy"`
 }
 
-// Observed is what was seen: a value when available, a reason when not (or when the value is false).
-type Observed struct {
+// observed is what was seen: a value when available, a reason when not (or when the value is false).
+type observed struct {
 	State      string `json:"state"`
 	Value      *bool  `json:"value,omitempty"`
 	Reason     string `json:"reason,omitempty"`
 	ObservedAt string `json:"observedAt"`
 }
 
-// Expectation is the value a healthy stack shows.
-type Expectation struct {
+// expectation is the value a healthy stack shows.
+type expectation struct {
 	Kind  string `json:"kind"`
 	Value bool   `json:"value"`
 }
 
-// Applicability says when the observation counts.
-type Applicability struct {
+// applicability says when the observation counts.
+type applicability struct {
 	State   string `json:"state"`
 	Posture string `json:"posture"`
 }
 
-// Freshness says how old the evidence is; health is always observed on read.
-type Freshness struct {
+// freshness says how old the evidence is; health is always observed on read.
+type freshness struct {
 	State string `json:"state"`
 }
 
@@ -103,7 +103,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		case err != nil:
 			return err
 		default:
-			r, readErr = read.Record, Check(read.Record)
+			r, readErr = read.Record, checkRecord(read.Record)
 		}
 		if m, err := e.loadCockpit(tx, cockpit); err == nil {
 			if cfg, ok := m.config(); ok {
@@ -130,24 +130,24 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		}
 		inventory.collision = strings.Join(problems, "; ")
 	}
-	at := Stamp(e.now())
+	at := stamp(e.now())
 	base := Observation{
 		StackID:       StackID(cockpit, stack),
 		Source:        cockpit + "/stacks/" + stack + "/record",
-		Expectation:   Expectation{Kind: "equal", Value: true},
-		Applicability: Applicability{State: "required", Posture: "environment"},
-		Freshness:     Freshness{State: "current"},
+		Expectation:   expectation{Kind: "equal", Value: true},
+		Applicability: applicability{State: "required", Posture: "environment"},
+		Freshness:     freshness{State: "current"},
 	}
 	claim := base
 	claim.Code, claim.Owner, claim.Remedy = codeClaimState, claimsOwner, "repair or release malformed coordination state (stop the daemon, run cockpitfs verify)"
 	if readErr != nil {
 		reason := strings.ReplaceAll(readErr.Error(), "\n", "; ")
-		claim.Observed = Observed{State: ObservedFailed, Reason: reason, ObservedAt: at}
+		claim.Observed = observed{State: observedFailed, Reason: reason, ObservedAt: at}
 		family := portFamilyObservation(base, nil, healthInventory{unsound: "the stack's record is unreadable: " + reason}, listenerEvidence{}, at)
 		return judged([]Observation{claim, family}), nil
 	}
 	if inventory.unsound != "" {
-		claim.Observed = Observed{State: ObservedFailed, Reason: inventory.unsound, ObservedAt: at}
+		claim.Observed = observed{State: observedFailed, Reason: inventory.unsound, ObservedAt: at}
 	} else {
 		claim.Observed = available(true, "", at)
 	}
@@ -165,7 +165,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		obs = append(obs, ephemeralObservation(base, candidates, "candidate", at))
 	} else {
 		o := ephemeralBase(base)
-		o.Observed = Observed{State: ObservedUnavailable, Reason: "the cockpit has no port declaration", ObservedAt: at}
+		o.Observed = observed{State: observedUnavailable, Reason: "the cockpit has no port declaration", ObservedAt: at}
 		obs = append(obs, o)
 	}
 	return judged(obs), nil
@@ -173,24 +173,24 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 
 // Results of an observation.
 const (
-	ResultPass = "pass"
-	ResultFail = "fail"
+	resultPass = "pass"
+	resultFail = "fail"
 )
 
 // judged sets each observation's result: pass only when the value was observed and is the one
 // expected; an observation that could not be made fails, with its reason.
 func judged(obs []Observation) []Observation {
 	for i, o := range obs {
-		obs[i].Result = ResultFail
-		if o.Observed.State == ObservedAvailable && o.Observed.Value != nil && *o.Observed.Value == o.Expectation.Value {
-			obs[i].Result = ResultPass
+		obs[i].Result = resultFail
+		if o.Observed.State == observedAvailable && o.Observed.Value != nil && *o.Observed.Value == o.Expectation.Value {
+			obs[i].Result = resultPass
 		}
 	}
 	return obs
 }
 
-func available(value bool, reason, at string) Observed {
-	return Observed{State: ObservedAvailable, Value: &value, Reason: reason, ObservedAt: at}
+func available(value bool, reason, at string) observed {
+	return observed{State: observedAvailable, Value: &value, Reason: reason, ObservedAt: at}
 }
 
 // healthInventory is what health reads of the records around a stack, as the seeds' observations
@@ -235,13 +235,13 @@ func portFamilyObservation(base Observation, lease *Lease, inv healthInventory, 
 	o.Source = "ports"
 	switch {
 	case inv.unsound != "":
-		o.Observed = Observed{State: ObservedFailed, Reason: "the coordination records cannot be trusted: " + inv.unsound, ObservedAt: at}
+		o.Observed = observed{State: observedFailed, Reason: "the coordination records cannot be trusted: " + inv.unsound, ObservedAt: at}
 	case inv.collision != "":
 		o.Observed = available(false, inv.collision, at)
 	case !lease.Active():
-		o.Observed = Observed{State: ObservedUnavailable, Reason: "the stack has no active port-family lease", ObservedAt: at}
+		o.Observed = observed{State: observedUnavailable, Reason: "the stack has no active port-family lease", ObservedAt: at}
 	case evidence.err != nil:
-		o.Observed = Observed{State: ObservedUnavailable, Reason: "current host-listener evidence is unavailable: " + evidence.err.Error(), ObservedAt: at}
+		o.Observed = observed{State: observedUnavailable, Reason: "current host-listener evidence is unavailable: " + evidence.err.Error(), ObservedAt: at}
 	default:
 		o.Observed = available(true, "", at)
 	}
@@ -271,7 +271,7 @@ func listenerObservations(base Observation, lease *Lease, evidence listenerEvide
 		o.Remedy = fmt.Sprintf("start the stack's service for %s on port %d (see env)", key, port)
 		switch {
 		case err != nil:
-			o.Observed = Observed{State: ObservedUnavailable, Reason: err.Error(), ObservedAt: at}
+			o.Observed = observed{State: observedUnavailable, Reason: err.Error(), ObservedAt: at}
 		case listening[port]:
 			o.Observed = available(true, "", at)
 		default:
@@ -296,10 +296,10 @@ func ephemeralObservation(base Observation, ports []int, what, at string) Observ
 	o := ephemeralBase(base)
 	r, err := readEphemeralRange()
 	if err != nil {
-		o.Observed = Observed{State: ObservedUnavailable, Reason: err.Error(), ObservedAt: at}
+		o.Observed = observed{State: observedUnavailable, Reason: err.Error(), ObservedAt: at}
 		return o
 	}
-	inside := r.Inside(ports)
+	inside := r.inside(ports)
 	if len(inside) == 0 {
 		o.Observed = available(true, "", at)
 		return o
@@ -329,7 +329,7 @@ func declarationObservation(base Observation, lease *Lease, configured bool, dec
 	o.Remedy = "drain the stack (echo down > drain/request, then its attempts) and claim again to lease the family the config declares now"
 	switch {
 	case !configured:
-		o.Observed = Observed{State: ObservedUnavailable, Reason: "the cockpit has no port declaration", ObservedAt: at}
+		o.Observed = observed{State: observedUnavailable, Reason: "the cockpit has no port declaration", ObservedAt: at}
 	case lease.Declaration.Equal(declared):
 		o.Observed = available(true, "", at)
 	default:

@@ -35,10 +35,10 @@ func observationOf(t *testing.T, obs []Observation, code, target string) Observa
 
 func wantValue(t *testing.T, o Observation, want bool) {
 	t.Helper()
-	if o.Observed.State != ObservedAvailable || o.Observed.Value == nil || *o.Observed.Value != want {
+	if o.Observed.State != observedAvailable || o.Observed.Value == nil || *o.Observed.Value != want {
 		t.Fatalf("%s %s observed %+v, want available %t", o.Code, o.Target, o.Observed, want)
 	}
-	if result := map[bool]string{true: ResultPass, false: ResultFail}[want]; o.Result != result {
+	if result := map[bool]string{true: resultPass, false: resultFail}[want]; o.Result != result {
 		t.Fatalf("%s %s observed %t reads result %q, want %q", o.Code, o.Target, want, o.Result, result)
 	}
 }
@@ -50,11 +50,11 @@ func health(t *testing.T, e *Engine, stack string) []Observation {
 		t.Fatal(err)
 	}
 	for _, o := range obs {
-		if o.StackID != StackID("app", stack) || o.Expectation != (Expectation{"equal", true}) ||
-			o.Applicability != (Applicability{"required", "environment"}) || o.Freshness.State != "current" || o.Remedy == "" {
+		if o.StackID != StackID("app", stack) || o.Expectation != (expectation{"equal", true}) ||
+			o.Applicability != (applicability{"required", "environment"}) || o.Freshness.State != "current" || o.Remedy == "" {
 			t.Fatalf("observation out of the seeds' shape: %+v", o)
 		}
-		if o.Observed.State != ObservedAvailable && o.Result != ResultFail {
+		if o.Observed.State != observedAvailable && o.Result != resultFail {
 			t.Fatalf("an observation that could not be made reads result %q: %+v", o.Result, o)
 		}
 		if _, ok := ParseStamp(o.Observed.ObservedAt); !ok {
@@ -104,7 +104,7 @@ func TestHealthOfAStackWithoutALease(t *testing.T) {
 	}
 	wantValue(t, observationOf(t, obs, codeClaimState, ""), true)
 	family := observationOf(t, obs, codePortFamily, "")
-	if family.Observed.State != ObservedUnavailable || family.Observed.Reason != "the stack has no active port-family lease" {
+	if family.Observed.State != observedUnavailable || family.Observed.Reason != "the stack has no active port-family lease" {
 		t.Fatalf("port-family %+v", family.Observed)
 	}
 	wantValue(t, observationOf(t, obs, codeEphemeralRange, ""), true)
@@ -114,7 +114,7 @@ func TestHealthWithoutAConfigCannotJudgeTheEphemeralRange(t *testing.T) {
 	e := newEngine(t)
 	newCockpit(t, e, "app", "", "a")
 	o := observationOf(t, health(t, e, "a"), codeEphemeralRange, "")
-	if o.Observed.State != ObservedUnavailable || o.Observed.Reason != "the cockpit has no port declaration" {
+	if o.Observed.State != observedUnavailable || o.Observed.Reason != "the cockpit has no port declaration" {
 		t.Fatalf("ephemeral %+v", o.Observed)
 	}
 }
@@ -143,7 +143,7 @@ func TestHealthSeesACollidingLease(t *testing.T) {
 	a, _ := e.Stack("app", "a")
 	writeRecord(t, e.db, "b", func(r *Record) {
 		lease := *a.Value.Lease
-		last := HolderID("gone")
+		last := holderID("gone")
 		r.Value.Lease, r.Value.LastReleasedHolder = &lease, &last
 	})
 	fromA := observationOf(t, health(t, e, "a"), codePortFamily, "")
@@ -171,10 +171,10 @@ func TestHealthOfABrokenRecordFails(t *testing.T) {
 	for stack, reason := range map[string]string{"a": "the stack has holders but no active lease", "b": "decode record"} {
 		obs := health(t, e, stack)
 		claim := observationOf(t, obs, codeClaimState, "")
-		if claim.Observed.State != ObservedFailed || !strings.Contains(claim.Observed.Reason, reason) || claim.Observed.Value != nil {
+		if claim.Observed.State != observedFailed || !strings.Contains(claim.Observed.Reason, reason) || claim.Observed.Value != nil {
 			t.Fatalf("%s: claim-state %+v, want failed naming %q", stack, claim.Observed, reason)
 		}
-		if family := observationOf(t, obs, codePortFamily, ""); family.Observed.State != ObservedFailed {
+		if family := observationOf(t, obs, codePortFamily, ""); family.Observed.State != observedFailed {
 			t.Fatalf("%s: port-family %+v, want failed", stack, family.Observed)
 		}
 	}
@@ -192,7 +192,7 @@ func TestHealthOfAMissingStackIsNotFound(t *testing.T) {
 
 // writeRecord changes a stack's stored record behind the engine's back, skipping every check: the
 // corruption verify and health exist to find.
-func writeRecord(t *testing.T, db Store, stack string, change func(*Record)) {
+func writeRecord(t *testing.T, db storage.Store, stack string, change func(*Record)) {
 	t.Helper()
 	err := db.Update(context.Background(), func(tx storage.Txn) error {
 		r, err := new(Engine).loadRecord(tx, "app", stack) // no cache: always decoded
@@ -228,11 +228,11 @@ func TestHealthClaimStateObservesTheCockpit(t *testing.T) {
 	e = New(e.db) // the store changed behind the engine: only a daemon restart can find it so
 	obs := health(t, e, "a")
 	claim := observationOf(t, obs, codeClaimState, "")
-	if claim.Observed.State != ObservedFailed || !strings.Contains(claim.Observed.Reason, "app/b") ||
+	if claim.Observed.State != observedFailed || !strings.Contains(claim.Observed.Reason, "app/b") ||
 		!strings.Contains(claim.Observed.Reason, "the stack has holders but no active lease") {
 		t.Fatalf("claim-state of a beside a broken b: %+v", claim.Observed)
 	}
-	if family := observationOf(t, obs, codePortFamily, ""); family.Observed.State != ObservedFailed {
+	if family := observationOf(t, obs, codePortFamily, ""); family.Observed.State != observedFailed {
 		t.Fatalf("port-family of a beside a broken b: %+v, want failed as the seeds' inventory refusal", family.Observed)
 	}
 }
@@ -257,7 +257,7 @@ func TestHealthPortFamilySeesCollisionsBetweenOthers(t *testing.T) {
 			return err
 		}
 		lease := *b.Value.Lease
-		last := HolderID("gone")
+		last := holderID("gone")
 		r.Value.Lease, r.Value.LastReleasedHolder = &lease, &last
 		return setJSON(tx, stackKey("other", "c"), r)
 	})
@@ -276,10 +276,10 @@ func TestHealthPortFamilySeesCollisionsBetweenOthers(t *testing.T) {
 // listenerEvidenceCurrent); without it the observation is unavailable, never true.
 func TestHealthPortFamilyNeedsListenerEvidence(t *testing.T) {
 	lease := &Lease{Offset: 0, Ports: map[string]int{"HTTP": 21080}}
-	base := Observation{StackID: StackID("app", "a"), Expectation: Expectation{Kind: "equal", Value: true}}
-	at := Stamp(time.Now())
+	base := Observation{StackID: StackID("app", "a"), Expectation: expectation{Kind: "equal", Value: true}}
+	at := stamp(time.Now())
 	undecided := portFamilyObservation(base, lease, healthInventory{}, listenerEvidence{err: errors.New("no socket table")}, at)
-	if o := undecided.Observed; o.State != ObservedUnavailable || o.Value != nil ||
+	if o := undecided.Observed; o.State != observedUnavailable || o.Value != nil ||
 		!strings.Contains(o.Reason, "current host-listener evidence is unavailable") || !strings.Contains(o.Reason, "no socket table") {
 		t.Fatalf("port-family without listener evidence: %+v", o)
 	}
@@ -287,7 +287,7 @@ func TestHealthPortFamilyNeedsListenerEvidence(t *testing.T) {
 	collided := portFamilyObservation(base, lease, healthInventory{collision: "port 1 is leased twice"}, listenerEvidence{err: errors.New("x")}, at)
 	wantValue(t, judged([]Observation{collided})[0], false)
 	failed := portFamilyObservation(base, lease, healthInventory{unsound: "app/b: decode record"}, listenerEvidence{}, at)
-	if failed.Observed.State != ObservedFailed {
+	if failed.Observed.State != observedFailed {
 		t.Fatalf("port-family over an unsound inventory: %+v", failed.Observed)
 	}
 }

@@ -174,7 +174,7 @@ func TestClaimHolderStep(t *testing.T) {
 			if !v.Lease.Active() || v.Lease.Offset != tc.wantOffset {
 				t.Fatalf("lease %+v, want offset %d", v.Lease, tc.wantOffset)
 			}
-			if err := Check(r.next(v, claimNow.Add(time.Minute))); err != nil {
+			if err := checkRecord(r.next(v, claimNow.Add(time.Minute))); err != nil {
 				t.Fatalf("the step broke an invariant: %v", err)
 			}
 		})
@@ -205,7 +205,7 @@ func TestSetHolderStep(t *testing.T) {
 		{name: "pid=none untracks", v: Value{Holders: holders(func() Holder { h := alice; h.PID, h.ProcessStart = 7, s42; return h }()), Lease: base.Lease},
 			c: owner, w: holderWrite{Holder: Holder{Name: "alice"}, setsPID: true}, want: func(h Holder) Holder { h.PID, h.ProcessStart = 0, ""; return h }},
 		{name: "the creating open chooses the checkout", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice", CheckoutPath: "/src/other"}, createdHere: true},
-			want: func(h Holder) Holder { h.CheckoutPath, h.CheckoutID = "/src/other", CheckoutID("/src/other"); return h }},
+			want: func(h Holder) Holder { h.CheckoutPath, h.CheckoutID = "/src/other", checkoutID("/src/other"); return h }},
 		{name: "a later open may not", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice", CheckoutPath: "/src/other"}}, wantCode: StateRecordMalformed},
 		{name: "the same checkout changes nothing", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice", CheckoutPath: "/src/alice"}}, wantErr: errUnchanged},
 		{name: "an empty write changes nothing", v: base, c: owner, w: holderWrite{Holder: Holder{Name: "alice"}}, wantErr: errUnchanged},
@@ -237,7 +237,7 @@ func TestSetHolderStep(t *testing.T) {
 			if got, _ := v.Holder("alice"); got != tc.want(was) {
 				t.Fatalf("holder %+v, want %+v", got, tc.want(was))
 			}
-			if err := Check(r.next(v, claimNow)); err != nil {
+			if err := checkRecord(r.next(v, claimNow)); err != nil {
 				t.Fatalf("the step broke an invariant: %v", err)
 			}
 		})
@@ -282,7 +282,7 @@ func TestReleaseOwnStep(t *testing.T) {
 			if names := holderNames(got); !reflect.DeepEqual(names, []string{"alice"}) {
 				t.Fatalf("holders %v, want [alice]", names)
 			}
-			if err := Check(r.next(got, claimNow)); err != nil {
+			if err := checkRecord(r.next(got, claimNow)); err != nil {
 				t.Fatalf("the step broke an invariant: %v", err)
 			}
 		})
@@ -323,21 +323,21 @@ func TestStackOwner(t *testing.T) {
 func TestEnv(t *testing.T) {
 	lease := leaseAt(t, pureDecl, 10)
 	declared := []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/app"}}
-	got := stepRecord(Value{Lease: lease}).Env(declared)
+	got := stepRecord(Value{Lease: lease}).env(declared)
 	// The default entrypoints (db, http) are not exported: only declared ones are.
 	want := []EnvVar{{"DB", "21010"}, {"HTTP", "20010"}, {"WEB_URL", "http://127.0.0.1:20010/app"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("env %v, want %v", got, want)
 	}
 	edited := []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/v2"}, {Name: "api", Port: "DB", Path: "/"}, {Name: "gone", Port: "ADMIN", Path: "/"}}
-	got = stepRecord(Value{Lease: lease}).Env(edited)
+	got = stepRecord(Value{Lease: lease}).env(edited)
 	want = []EnvVar{{"DB", "21010"}, {"HTTP", "20010"}, {"API_URL", "http://127.0.0.1:21010/"}, {"WEB_URL", "http://127.0.0.1:20010/v2"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("env after the edit %v, want %v", got, want)
 	}
 	released := *lease
 	released.Released = true
-	if env := stepRecord(Value{Lease: &released}).Env(declared); env != nil {
+	if env := stepRecord(Value{Lease: &released}).env(declared); env != nil {
 		t.Fatalf("a released lease has env %v", env)
 	}
 }

@@ -117,8 +117,8 @@ func (e *Engine) reportLost(cockpit, stack string, lost []LostPort) error {
 		msgs[i] = l.String()
 	}
 	return e.update(context.Background(), stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
-		return appendEvent(tx, cockpit, stack, Event{
-			At: Stamp(now), Op: "restart", Path: cockpit + "/stacks/" + stack, PID: e.holds.self.PID, UID: e.holds.self.UID,
+		return appendEvent(tx, cockpit, stack, event{
+			At: stamp(now), Op: "restart", Path: cockpit + "/stacks/" + stack, PID: e.holds.self.PID, UID: e.holds.self.UID,
 			Result: "conflict", Code: PortFamilyCollision,
 			Message: strings.Join(msgs, "; ") + ": another daemon leased it while this one was down; this lease does not hold it and never shares it",
 			Fix:     lostFix,

@@ -59,7 +59,7 @@ func TestHoldsKeepTwoEnginesApart(t *testing.T) {
 	}
 	claim(t, b, "app", "s", "bob")
 	requirePorts(t, stackRecord(t, b, "app", "s"), map[string]int{"HTTP": 41090, "DB": 41442})
-	events, err := b.Events("app", "s")
+	events, err := b.events("app", "s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestHoldsLostWhileDownAreReported(t *testing.T) {
 	if err != nil || len(lost) != 2 || lost[0].Key != "DB" || lost[0].Holder.Identity == nil || lost[0].Holder.Identity.Data != "/before" {
 		t.Fatalf("HoldPorts lost %+v, %v", lost, err)
 	}
-	events, _ := restarted.Events("app", "s")
+	events, _ := restarted.events("app", "s")
 	if !strings.Contains(string(events), `"result":"conflict","code":"PORT_FAMILY_COLLISION"`) || !strings.Contains(string(events), "port 41432 (DB) of this stack's lease is held by") {
 		t.Fatalf("events:\n%s", events)
 	}

@@ -16,11 +16,11 @@ func cockpitID(cockpit string) string { return "cockpit:" + digest(cockpit) }
 // StackID is the identity of a stack; it is also the runtime-stop target of its drains.
 func StackID(cockpit, stack string) string { return "stack:" + digest(cockpit+"/"+stack) }
 
-// HolderID is the identity of a holder name; the same name is the same holder in every stack.
-func HolderID(holder string) string { return "holder:" + digest(holder) + ":session" }
+// holderID is the identity of a holder name; the same name is the same holder in every stack.
+func holderID(holder string) string { return "holder:" + digest(holder) + ":session" }
 
-// CheckoutID is the identity of an absolute checkout path.
-func CheckoutID(path string) string { return "checkout:" + digest(path) }
+// checkoutID is the identity of an absolute checkout path.
+func checkoutID(path string) string { return "checkout:" + digest(path) }
 
 const maxNameBytes = 128
 

@@ -20,11 +20,11 @@ var (
 	sha256Pattern   = regexp.MustCompile(`^[a-f0-9]{64}$`)
 )
 
-// Check reports every invariant r breaks (the seeds' coordination and drain schemas plus the
+// checkRecord reports every invariant r breaks (the seeds' coordination and drain schemas plus the
 // identities of the names it carries); nil means r is a record the engine may hold.
-func Check(r Record) error { return check(r, nil) }
+func checkRecord(r Record) error { return check(r, nil) }
 
-// check is Check trusting each holder of checked, the sorted holders of a record that passed it,
+// check is checkRecord trusting each holder of checked, the sorted holders of a record that passed it,
 // that r keeps unchanged: a commit checks what it changes, not every holder of the stack again.
 func check(r Record, checked []Holder) error {
 	var errs []error
@@ -93,9 +93,9 @@ func checkHolders(hs, checked []Holder) []error {
 			continue
 		}
 		switch {
-		case !ValidName(h.Name) || h.HolderID != HolderID(h.Name):
+		case !ValidName(h.Name) || h.HolderID != holderID(h.Name):
 			errs = append(errs, fmt.Errorf("holder %q: identity does not match its name", h.Name))
-		case h.CheckoutPath != "" && !filepath.IsAbs(h.CheckoutPath) || h.CheckoutID != CheckoutID(h.CheckoutPath):
+		case h.CheckoutPath != "" && !filepath.IsAbs(h.CheckoutPath) || h.CheckoutID != checkoutID(h.CheckoutPath):
 			errs = append(errs, fmt.Errorf("holder %s: checkout %q is not absolute or its identity differs", h.Name, h.CheckoutPath))
 		case !isStamp(h.ClaimedAt):
 			errs = append(errs, fmt.Errorf("holder %s: claimedAt %q is not canonical", h.Name, h.ClaimedAt))
@@ -174,8 +174,8 @@ func checkTargets(targets []string) error {
 
 // checkActions is the seeds' validDrainActions: the order is persisted so no executor chooses
 // destructive work.
-func checkActions(purpose, stackID string, targets []string, actions []DrainAction) error {
-	if len(actions) != len(targets) || actions[0].Stage != StageRuntimeStop || actions[0].TargetID != stackID ||
+func checkActions(purpose, stackID string, targets []string, actions []drainAction) error {
+	if len(actions) != len(targets) || actions[0].Stage != stageRuntimeStop || actions[0].TargetID != stackID ||
 		actions[0].TargetCommitment != nil {
 		return errors.New("actions must be runtime-stop of the stack, then one reclaim per other target")
 	}
@@ -195,7 +195,7 @@ func checkActions(purpose, stackID string, targets []string, actions []DrainActi
 		if i == 0 {
 			continue
 		}
-		if a.Stage != StageReclaim || a.TargetID != reclaim[i-1] {
+		if a.Stage != stageReclaim || a.TargetID != reclaim[i-1] {
 			return fmt.Errorf("action %d is not the reclaim of %q", i, reclaim[i-1])
 		}
 		if err := checkCommitment(a.TargetCommitment); err != nil {
@@ -208,7 +208,7 @@ func checkActions(purpose, stackID string, targets []string, actions []DrainActi
 	return nil
 }
 
-func checkCommitment(c *Commitment) error {
+func checkCommitment(c *reclaimCommitment) error {
 	if c == nil || c.Format != commitmentFormat || len(c.Body) < 2 || len(c.Body) > 32768 {
 		return errors.New("target commitment is missing or malformed")
 	}
@@ -250,7 +250,7 @@ func checkAttempt(d *Drain, a *Attempt) error {
 		return errors.New("executor start without a pid or malformed")
 	}
 	if a.Planning != nil {
-		if a.Status != AttemptActive || a.CurrentStage != StageReclaim {
+		if a.Status != attemptActive || a.CurrentStage != stageReclaim {
 			return errors.New("planning on an attempt that is not an active reclaim")
 		}
 		planned := *d
@@ -260,11 +260,11 @@ func checkAttempt(d *Drain, a *Attempt) error {
 		}
 	}
 	switch a.Status {
-	case AttemptActive:
+	case attemptActive:
 		if a.FailedRevision != nil || a.FailedAt != nil {
 			return errors.New("an active attempt has failure fields")
 		}
-	case AttemptFailed:
+	case attemptFailed:
 		if a.FailedRevision == nil || *a.FailedRevision != a.CommittedRevision+1 || a.FailedAt == nil {
 			return errors.New("failedRevision is not committedRevision + 1")
 		}

@@ -46,7 +46,7 @@ func validRecord() Record {
 	sortHolders(holders)
 	decl := invariantDecl()
 	family, _ := decl.FamilyAt(10)
-	last := HolderID("carol")
+	last := holderID("carol")
 	r.Value = Value{
 		Holders:            holders,
 		Lease:              &Lease{Offset: 10, Ports: family.Ports, Declaration: decl},
@@ -55,8 +55,8 @@ func validRecord() Record {
 	return r
 }
 
-func commitment(body string) *Commitment {
-	return &Commitment{Format: commitmentFormat, Sha256: hexOf(body), Body: body}
+func commitment(body string) *reclaimCommitment {
+	return &reclaimCommitment{Format: commitmentFormat, Sha256: hexOf(body), Body: body}
 }
 
 // drainedRecord is a record with a reserved down drain (runtime-stop, then one reclaim) whose
@@ -70,26 +70,26 @@ func drainedRecord() Record {
 	reserved := invariantsNow.Add(time.Minute)
 	committed := reserved.Add(time.Second)
 	d := &Drain{
-		DrainPlan: DrainPlan{
-			Purpose: "down", StackID: stack, HolderID: HolderID("alice"), RequesterID: HolderID("alice"),
+		drainPlan: drainPlan{
+			Purpose: "down", StackID: stack, HolderID: holderID("alice"), RequesterID: holderID("alice"),
 			ConfigSha256: invariantDecl().SHA256(), PlanDigest: hexOf("plan"), OperationBasis: hexOf("basis"),
 			Generation: hexOf("generation"),
 			TargetIDs:  targets,
-			Actions: []DrainAction{
-				{Stage: StageRuntimeStop, TargetID: stack, ValidForMs: 60000},
-				{Stage: StageReclaim, TargetID: reclaimID, ValidForMs: 60000, TargetCommitment: commitment(`{"target":"volume:db"}`)},
+			Actions: []drainAction{
+				{Stage: stageRuntimeStop, TargetID: stack, ValidForMs: 60000},
+				{Stage: stageReclaim, TargetID: reclaimID, ValidForMs: 60000, TargetCommitment: commitment(`{"target":"volume:db"}`)},
 			},
 			ExpectedCoordinationRevision: 5,
 		},
 		ReservationID: hexOf("reservation"), CoordinationRevision: 6, ProgressRevision: 6,
-		ReservedAt: Stamp(reserved), HolderName: "alice", UID: 1000,
+		ReservedAt: stamp(reserved), HolderName: "alice", UID: 1000,
 	}
 	d.Attempt = &Attempt{
 		AttemptID: hexOf("attempt"), ReservationID: d.ReservationID, Purpose: d.Purpose,
 		TargetIDs: append([]string(nil), targets...), Generation: d.Generation,
-		ActionIndex: 0, CurrentTarget: stack, CurrentStage: StageRuntimeStop,
-		CommittedRevision: 7, CommittedAt: Stamp(committed), ValidThrough: Stamp(committed.Add(time.Minute)),
-		Status: AttemptActive, ExecutorPID: 4343, ExecutorStart: validStart,
+		ActionIndex: 0, CurrentTarget: stack, CurrentStage: stageRuntimeStop,
+		CommittedRevision: 7, CommittedAt: stamp(committed), ValidThrough: stamp(committed.Add(time.Minute)),
+		Status: attemptActive, ExecutorPID: 4343, ExecutorStart: validStart,
 	}
 	r.Value.Drain = d
 	r.Revision = 7
@@ -101,8 +101,8 @@ func markAttemptFailed(r *Record) {
 	a := r.Value.Drain.Attempt
 	failedRevision := a.CommittedRevision + 1
 	committed, _ := ParseStamp(a.CommittedAt)
-	failedAt := Stamp(committed.Add(time.Second))
-	a.Status, a.FailedRevision, a.FailedAt = AttemptFailed, &failedRevision, &failedAt
+	failedAt := stamp(committed.Add(time.Second))
+	a.Status, a.FailedRevision, a.FailedAt = attemptFailed, &failedRevision, &failedAt
 	r.Revision = failedRevision
 }
 
@@ -134,7 +134,7 @@ func TestCheckAcceptsValidRecords(t *testing.T) {
 		"shared": validRecord(), "fresh": fresh, "active attempt": drainedRecord(), "failed attempt": failed,
 		"no attempt": noAttempt, "sleep": sleep, "lease kept after its holders died": orphanLease,
 	} {
-		if err := Check(r); err != nil {
+		if err := checkRecord(r); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 		// What the store holds reads back the same.
@@ -143,7 +143,7 @@ func TestCheckAcceptsValidRecords(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := Check(back); err != nil {
+		if err := checkRecord(back); err != nil {
 			t.Errorf("%s after a JSON round trip: %v", name, err)
 		}
 	}
@@ -171,7 +171,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 	moveCommitted := func(rev int64) mutation {
 		return func(r *Record) { r.Value.Drain.Attempt.CommittedRevision, r.Revision = rev, rev }
 	}
-	stamp := func(d time.Duration) string { return Stamp(invariantsNow.Add(d)) }
+	stamp := func(d time.Duration) string { return stamp(invariantsNow.Add(d)) }
 	str := func(s string) *string { return &s }
 	i64 := func(n int64) *int64 { return &n }
 
@@ -179,7 +179,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		name   string
 		base   func() Record
 		mutate mutation
-		want   []string // one fragment per error Check must report
+		want   []string // one fragment per error checkRecord must report
 	}{
 		// Record.
 		{"format", plain, func(r *Record) { r.Format = "cockpit-state/v2" }, []string{"format/kind"}},
@@ -200,14 +200,14 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		}, []string{"exceed"}},
 		{"holder name", plain, func(r *Record) {
 			h := holder(r, "bob")
-			h.Name, h.HolderID = ".bob", HolderID(".bob")
+			h.Name, h.HolderID = ".bob", holderID(".bob")
 		}, []string{"identity does not match its name"}},
-		{"holderId", plain, func(r *Record) { holder(r, "bob").HolderID = HolderID("robert") }, []string{"identity does not match its name"}},
+		{"holderId", plain, func(r *Record) { holder(r, "bob").HolderID = holderID("robert") }, []string{"identity does not match its name"}},
 		{"relative checkout", plain, func(r *Record) {
 			h := holder(r, "bob")
-			h.CheckoutPath, h.CheckoutID = "src/bob", CheckoutID("src/bob")
+			h.CheckoutPath, h.CheckoutID = "src/bob", checkoutID("src/bob")
 		}, []string{"not absolute"}},
-		{"checkoutId", plain, func(r *Record) { holder(r, "bob").CheckoutID = CheckoutID("/elsewhere") }, []string{"identity differs"}},
+		{"checkoutId", plain, func(r *Record) { holder(r, "bob").CheckoutID = checkoutID("/elsewhere") }, []string{"identity differs"}},
 		{"claimedAt", plain, func(r *Record) { holder(r, "bob").ClaimedAt = "yesterday" }, []string{"claimedAt"}},
 		{"negative pid", plain, func(r *Record) { holder(r, "bob").PID = -1 }, []string{"out of range"}},
 		{"process start without pid", plain, func(r *Record) { holder(r, "bob").ProcessStart = validStart }, []string{"process start"}},
@@ -233,7 +233,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		}, []string{"WEB=15442"}},
 		// lastReleasedHolder and the holders' lease.
 		{"lastReleasedHolder malformed", plain, func(r *Record) { r.Value.LastReleasedHolder = str("carol") }, []string{"lastReleasedHolder"}},
-		{"lastReleasedHolder still holds", plain, func(r *Record) { r.Value.LastReleasedHolder = str(HolderID("bob")) }, []string{"still a holder"}},
+		{"lastReleasedHolder still holds", plain, func(r *Record) { r.Value.LastReleasedHolder = str(holderID("bob")) }, []string{"still a holder"}},
 		{"holders without a lease", plain, func(r *Record) { r.Value.Lease = nil }, []string{"no active lease"}},
 		{"holders with a released lease", plain, func(r *Record) { r.Value.Lease.Released = true }, []string{"no active lease"}},
 		{"orphan lease names nobody", plain, func(r *Record) {
@@ -245,11 +245,11 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 			sortHolders(r.Value.Holders)
 		}, []string{"exactly its own holder"}},
 		{"drain without holders", drained, func(r *Record) {
-			r.Value.Holders, r.Value.LastReleasedHolder = []Holder{}, str(HolderID("alice"))
+			r.Value.Holders, r.Value.LastReleasedHolder = []Holder{}, str(holderID("alice"))
 		}, []string{"exactly its own holder"}},
 		{"drain of a released lease", drained, func(r *Record) { r.Value.Lease.Released = true },
 			[]string{"no active lease", "exactly its own holder"}},
-		{"drain requested by another", drained, drain(func(d *Drain) { d.RequesterID = HolderID("bob") }), []string{"exactly its own holder"}},
+		{"drain requested by another", drained, drain(func(d *Drain) { d.RequesterID = holderID("bob") }), []string{"exactly its own holder"}},
 		{"drain of another holder", drained, func(r *Record) {
 			r.Value.Holders = []Holder{invariantHolder("bob", 0)}
 		}, []string{"exactly its own holder"}},
@@ -294,7 +294,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		{"duplicate targets", drained, drain(func(d *Drain) { d.TargetIDs = append(d.TargetIDs, reclaimID) }), []string{"targets are not distinct"}},
 		// checkActions.
 		{"fewer actions than targets", drained, drain(func(d *Drain) { d.Actions = d.Actions[:1] }), []string{"actions must be runtime-stop"}},
-		{"first action reclaims", drained, drain(func(d *Drain) { d.Actions[0].Stage = StageReclaim }), []string{"actions must be runtime-stop"}},
+		{"first action reclaims", drained, drain(func(d *Drain) { d.Actions[0].Stage = stageReclaim }), []string{"actions must be runtime-stop"}},
 		{"first action stops another", drained, drain(func(d *Drain) { d.Actions[0].TargetID = reclaimID }), []string{"actions must be runtime-stop"}},
 		{"runtime-stop with a commitment", drained, drain(func(d *Drain) { d.Actions[0].TargetCommitment = commitment(`{}`) }), []string{"actions must be runtime-stop"}},
 		{"targets without the stack", drained, drain(func(d *Drain) {
@@ -303,7 +303,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		}), []string{"include the stack once"}},
 		{"validForMs zero", drained, drain(func(d *Drain) { d.Actions[1].ValidForMs = 0 }), []string{"action 1: validForMs 0"}},
 		{"validForMs too long", drained, drain(func(d *Drain) { d.Actions[0].ValidForMs = maxValidForMs + 1 }), []string{"action 0: validForMs"}},
-		{"second action stops", drained, drain(func(d *Drain) { d.Actions[1].Stage = StageRuntimeStop }), []string{"not the reclaim"}},
+		{"second action stops", drained, drain(func(d *Drain) { d.Actions[1].Stage = stageRuntimeStop }), []string{"not the reclaim"}},
 		{"reclaim of another target", drained, drain(func(d *Drain) { d.Actions[1].TargetID = "volume:cache" }), []string{"not the reclaim"}},
 		{"missing commitment", drained, drain(func(d *Drain) { d.Actions[1].TargetCommitment = nil }), []string{"commitment is missing"}},
 		{"commitment format", drained, drain(func(d *Drain) { d.Actions[1].TargetCommitment.Format = "v2" }), []string{"commitment is missing"}},
@@ -321,7 +321,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		{"attempt generation", drained, attempt(func(a *Attempt) { a.Generation = hexOf("x") }), []string{"does not belong"}},
 		{"attempt targets", drained, attempt(func(a *Attempt) { a.TargetIDs = a.TargetIDs[:1] }), []string{"does not belong"}},
 		{"attempt action index", drained, attempt(func(a *Attempt) { a.ActionIndex = 1 }), []string{"not for the current action"}},
-		{"attempt stage", drained, attempt(func(a *Attempt) { a.CurrentStage = StageReclaim }), []string{"not for the current action"}},
+		{"attempt stage", drained, attempt(func(a *Attempt) { a.CurrentStage = stageReclaim }), []string{"not for the current action"}},
 		{"attempt target", drained, attempt(func(a *Attempt) { a.CurrentTarget = reclaimID }), []string{"not for the current action"}},
 		{"validThrough", drained, attempt(func(a *Attempt) { a.ValidThrough = stamp(time.Hour) }), []string{"validThrough"}},
 		{"validThrough malformed", drained, attempt(func(a *Attempt) { a.ValidThrough = "later" }), []string{"validThrough"}},
@@ -364,13 +364,13 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.base()
-			if err := Check(r); err != nil {
+			if err := checkRecord(r); err != nil {
 				t.Fatalf("the base record is invalid: %v", err)
 			}
 			tc.mutate(&r)
-			errs := joinedErrors(Check(r))
+			errs := joinedErrors(checkRecord(r))
 			if len(errs) != len(tc.want) {
-				t.Fatalf("Check reported %d errors %v, want %d naming %q", len(errs), errs, len(tc.want), tc.want)
+				t.Fatalf("checkRecord reported %d errors %v, want %d naming %q", len(errs), errs, len(tc.want), tc.want)
 			}
 			for i, want := range tc.want {
 				if !strings.Contains(errs[i].Error(), want) {

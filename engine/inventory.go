@@ -137,7 +137,7 @@ func (e *Engine) inventoryEntry(tx storage.Txn, key string, raw []byte) (invento
 		return inventoryEntry{}, err
 	}
 	if err == nil {
-		err = Check(r.Record)
+		err = checkRecord(r.Record)
 	}
 	entry := inventoryEntry{cockpit: cockpit}
 	switch {

@@ -21,7 +21,7 @@ func TestHealthInventoryFollowsCommits(t *testing.T) {
 			return err
 		}
 		lease := *s.Value.Lease
-		last := HolderID("gone")
+		last := holderID("gone")
 		r.Value.Lease, r.Value.LastReleasedHolder = &lease, &last
 		return setJSON(tx, stackKey("app", "t"), r)
 	})

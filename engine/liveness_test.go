@@ -75,7 +75,7 @@ func TestDeadHolderReleasedByAnotherClaim(t *testing.T) {
 	if names := holderNames(r.Value); !reflect.DeepEqual(names, []string{"alice", "bob"}) {
 		t.Fatalf("holders %v, want [alice bob]", names)
 	}
-	if r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != HolderID("worker") {
+	if r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != holderID("worker") {
 		t.Fatalf("lastReleasedHolder %v, want worker's id", r.Value.LastReleasedHolder)
 	}
 	if !reflect.DeepEqual(r.Value.Lease, before.Value.Lease) || r.Revision != before.Revision+1 {
@@ -113,7 +113,7 @@ func TestDeadOnlyHolderTakenOver(t *testing.T) {
 	if names := holderNames(r.Value); !reflect.DeepEqual(names, []string{"alice"}) {
 		t.Fatalf("holders %v, want [alice]", names)
 	}
-	if r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != HolderID("worker") {
+	if r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != holderID("worker") {
 		t.Fatalf("lastReleasedHolder %v, want worker's id", r.Value.LastReleasedHolder)
 	}
 	if !reflect.DeepEqual(r.Value.Lease, before.Value.Lease) {

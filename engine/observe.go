@@ -35,7 +35,7 @@ func observeClaimant(c Caller, name string, proposed *Holder) (Holder, error) {
 	}
 	nh := Holder{Name: name, UID: c.UID, CheckoutPath: proposed.CheckoutPath}
 	if nh.CheckoutPath == "" {
-		return nh, refuse(StateRecordMalformed, HolderID(name), "write checkout=<absolute path>", "a holder needs a checkout")
+		return nh, refuse(StateRecordMalformed, holderID(name), "write checkout=<absolute path>", "a holder needs a checkout")
 	}
 	if proposed.PID != 0 {
 		if err := mayName(c, name, proposed.PID); err != nil {
@@ -58,7 +58,7 @@ func observeClaimant(c Caller, name string, proposed *Holder) (Holder, error) {
 func defaultHolder(c Caller, name string) (Holder, error) {
 	h := Holder{Name: name, UID: c.UID}
 	if c.PID <= 0 {
-		return h, refuse(StateRecordMalformed, HolderID(name), "claim from a process cockpitfs can see", "the calling process could not be resolved")
+		return h, refuse(StateRecordMalformed, holderID(name), "claim from a process cockpitfs can see", "the calling process could not be resolved")
 	}
 	if cwd, err := liveness.Cwd(c.PID); err == nil && filepath.IsAbs(cwd) && !strings.HasSuffix(cwd, " (deleted)") {
 		h.CheckoutPath = filepath.Clean(cwd)
@@ -185,6 +185,6 @@ func mayName(c Caller, holder string, pid int) error {
 	if liveness.Signalable(c.UID, pid) {
 		return nil
 	}
-	return refuse(PermissionDenied, HolderID(holder), "name one of your own processes (pid=<n>), or pid=none",
+	return refuse(PermissionDenied, holderID(holder), "name one of your own processes (pid=<n>), or pid=none",
 		"process %d is not one uid %d may signal", pid, c.UID)
 }

@@ -26,7 +26,7 @@ func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name strin
 	if err != nil {
 		return err
 	}
-	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, HolderID(name)), listening: listeners.Listening,
+	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, holderID(name)), listening: listeners.Listening,
 		uidLeaseLimit: e.leaseBound.of(nh.UID)}
 	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
 		return claimHolder(r, in, reads, now)

@@ -77,13 +77,13 @@ const (
 	maxRecordBytes = 1 << 20
 )
 
-// Stamp renders t as the records' canonical timestamp.
-func Stamp(t time.Time) string { return t.UTC().Format(stampLayout) }
+// stamp renders t as the records' canonical timestamp.
+func stamp(t time.Time) string { return t.UTC().Format(stampLayout) }
 
 // ParseStamp reads a canonical timestamp; ok is false for anything else.
 func ParseStamp(s string) (time.Time, bool) {
 	t, err := time.Parse(stampLayout, s)
-	if err != nil || Stamp(t) != s {
+	if err != nil || stamp(t) != s {
 		return time.Time{}, false
 	}
 	return t, true
@@ -96,7 +96,7 @@ func newRecord(cockpit, stack string, creator uint32, now time.Time) Record {
 		Kind:      recordKind,
 		CockpitID: cockpitID(cockpit),
 		SubjectID: StackID(cockpit, stack),
-		UpdatedAt: Stamp(now),
+		UpdatedAt: stamp(now),
 		Value:     Value{Holders: []Holder{}},
 		Cockpit:   cockpit,
 		Stack:     stack,
@@ -116,7 +116,7 @@ func (r Record) next(v Value, now time.Time) Record {
 
 // stampAfter is now as a record stamp, never before r's updatedAt.
 func (r Record) stampAfter(now time.Time) string {
-	if at := Stamp(now); at > r.UpdatedAt || !isStamp(r.UpdatedAt) {
+	if at := stamp(now); at > r.UpdatedAt || !isStamp(r.UpdatedAt) {
 		return at
 	}
 	return r.UpdatedAt
@@ -124,7 +124,7 @@ func (r Record) stampAfter(now time.Time) string {
 
 // Holder returns the holder with the given name.
 func (v Value) Holder(name string) (Holder, bool) {
-	id := HolderID(name)
+	id := holderID(name)
 	for _, h := range v.Holders {
 		if h.HolderID == id {
 			return h, true
@@ -178,16 +178,16 @@ type EnvVar struct{ Name, Value string }
 // EnvFor is the env the stack exports under its cockpit's current config: Env of its declared
 // entrypoints, every name starting with the config's [env] prefix.
 func (r Record) EnvFor(info CockpitInfo) []EnvVar {
-	env := r.Env(info.Entrypoints)
+	env := r.env(info.Entrypoints)
 	for i := range env {
 		env[i].Name = info.EnvPrefix + env[i].Name
 	}
 	return env
 }
 
-// Env is the stack's environment while it holds a lease: each port by key in key order, then
+// env is the stack's environment while it holds a lease: each port by key in key order, then
 // each declared entrypoint's URL as <NAME>_URL. Nil without an active lease.
-func (r Record) Env(declared []portdecl.Entrypoint) []EnvVar {
+func (r Record) env(declared []portdecl.Entrypoint) []EnvVar {
 	l := r.Value.Lease
 	if !l.Active() {
 		return nil

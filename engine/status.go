@@ -16,29 +16,29 @@ import (
 // drains, read in one snapshot, with each holder's liveness and command observed after it. It is
 // what the root files status and status.json show.
 type Status struct {
-	Cockpits []CockpitStatus `json:"cockpits"`
+	Cockpits []cockpitStatus `json:"cockpits"`
 	// UpdatedAt is the latest change among them: the files' mtime.
 	UpdatedAt string `json:"updatedAt"`
 }
 
-// CockpitStatus is one cockpit and its stacks, by name.
-type CockpitStatus struct {
+// cockpitStatus is one cockpit and its stacks, by name.
+type cockpitStatus struct {
 	Name   string        `json:"name"`
 	UID    uint32        `json:"uid"`
-	Stacks []StackStatus `json:"stacks"`
+	Stacks []stackStatus `json:"stacks"`
 }
 
-// StackStatus is one stack: its revision, active lease, holders and drain.
-type StackStatus struct {
+// stackStatus is one stack: its revision, active lease, holders and drain.
+type stackStatus struct {
 	Name     string         `json:"name"`
 	Revision int64          `json:"revision"`
 	Ports    map[string]int `json:"ports"` // the active lease's; null without one
-	Holders  []HolderStatus `json:"holders"`
-	Drain    *DrainStatus   `json:"drain"` // null without a reservation
+	Holders  []holderStatus `json:"holders"`
+	Drain    *drainStatus   `json:"drain"` // null without a reservation
 }
 
-// HolderStatus is one holder as its file reads, plus the command its process runs.
-type HolderStatus struct {
+// holderStatus is one holder as its file reads, plus the command its process runs.
+type holderStatus struct {
 	Name     string `json:"name"`
 	State    string `json:"state"` // live, dead, unknown, untracked
 	PID      int    `json:"pid,omitempty"`
@@ -47,8 +47,8 @@ type HolderStatus struct {
 	UID      uint32 `json:"uid"`
 }
 
-// DrainStatus is a reserved drain: its purpose, how far it got and what runs now.
-type DrainStatus struct {
+// drainStatus is a reserved drain: its purpose, how far it got and what runs now.
+type drainStatus struct {
 	Purpose   string `json:"purpose"`
 	Completed int    `json:"completedActions"`
 	Actions   int    `json:"actions"`
@@ -76,7 +76,7 @@ func (e *Engine) Status() (Status, error) {
 		}
 		for _, m := range metas {
 			st.UpdatedAt = later(st.UpdatedAt, m.UpdatedAt)
-			c := CockpitStatus{Name: m.Name, UID: m.UID, Stacks: []StackStatus{}}
+			c := cockpitStatus{Name: m.Name, UID: m.UID, Stacks: []stackStatus{}}
 			var keys []string
 			heads := map[string][]byte{}
 			if err := tx.Scan(stacksPrefix(m.Name), func(k string, v []byte) error {
@@ -101,7 +101,7 @@ func (e *Engine) Status() (Status, error) {
 		return Status{}, err
 	}
 	if st.Cockpits == nil {
-		st.Cockpits = []CockpitStatus{}
+		st.Cockpits = []cockpitStatus{}
 	}
 	// Observed after the snapshot, outside the transaction, as every probe is.
 	for _, c := range st.Cockpits {
@@ -124,17 +124,17 @@ func later(a, b string) string {
 	return a
 }
 
-func (e *Engine) stackStatus(r Record) StackStatus {
-	s := StackStatus{Name: r.Stack, Revision: r.Revision, Holders: []HolderStatus{}}
+func (e *Engine) stackStatus(r Record) stackStatus {
+	s := stackStatus{Name: r.Stack, Revision: r.Revision, Holders: []holderStatus{}}
 	if l := r.Value.Lease; l.Active() {
 		s.Ports = l.Ports
 	}
 	for _, h := range r.Value.Holders {
-		s.Holders = append(s.Holders, HolderStatus{Name: h.Name, State: e.HolderState(h), PID: h.PID, Checkout: h.CheckoutPath, UID: h.UID})
+		s.Holders = append(s.Holders, holderStatus{Name: h.Name, State: e.HolderState(h), PID: h.PID, Checkout: h.CheckoutPath, UID: h.UID})
 	}
 	sort.Slice(s.Holders, func(i, j int) bool { return s.Holders[i].Name < s.Holders[j].Name })
 	if d := r.Value.Drain; d != nil {
-		ds := &DrainStatus{Purpose: d.Purpose, Completed: d.CompletedActionCount, Actions: len(d.Actions)}
+		ds := &drainStatus{Purpose: d.Purpose, Completed: d.CompletedActionCount, Actions: len(d.Actions)}
 		if d.CompletedActionCount < len(d.Actions) {
 			a := d.Actions[d.CompletedActionCount]
 			ds.Stage, ds.Target = a.Stage, a.TargetID
@@ -229,7 +229,7 @@ func portsText(ports map[string]int) string {
 }
 
 // drainText is e.g. "down 1/3 reclaim volume:cache (active)".
-func drainText(d *DrainStatus) string {
+func drainText(d *drainStatus) string {
 	if d == nil {
 		return "-"
 	}

@@ -243,7 +243,7 @@ func saveRecord(tx storage.Txn, prev cachedRecord, next Record) (cachedRecord, e
 	if prev.checked {
 		err = check(next, prev.Value.Holders) // prev's holders passed when it was saved
 	} else {
-		err = Check(next)
+		err = checkRecord(next)
 	}
 	if err != nil {
 		return cachedRecord{}, refuse(StateRecordMalformed, next.SubjectID, "report this as a cockpitfs bug", "transition would break the record's invariants: %v", err)

@@ -13,7 +13,7 @@ import (
 
 // storedLayout reads what the store holds for a stack: how many holders its head keeps inline, how
 // many keys of their own, and the largest value of the two.
-func storedLayout(t *testing.T, db Store, cockpit, stack string) (inline, keyed, largest int) {
+func storedLayout(t *testing.T, db storage.Store, cockpit, stack string) (inline, keyed, largest int) {
 	t.Helper()
 	err := db.View(func(tx storage.Txn) error {
 		head, err := tx.Get(stackKey(cockpit, stack))
@@ -41,7 +41,7 @@ func storedLayout(t *testing.T, db Store, cockpit, stack string) (inline, keyed,
 	return inline, keyed, largest
 }
 
-func requireVerified(t *testing.T, db Store) {
+func requireVerified(t *testing.T, db storage.Store) {
 	t.Helper()
 	violations, _, err := Verify(db)
 	if err != nil || len(violations) > 0 {
@@ -133,7 +133,7 @@ func TestVerifyNamesHolderKeyDamage(t *testing.T) {
 		{"a key holding another holder", "s/app/s", "holds holder", func(tx storage.Txn, h Holder) error {
 			other := h
 			other.Name = "other"
-			other.HolderID = HolderID("other")
+			other.HolderID = holderID("other")
 			return setJSON(tx, holderKey("app", "s", h.HolderID), other)
 		}},
 		{"a holder both inline and under its key", "s/app/s", "stored both in the record and under its own key", func(tx storage.Txn, h Holder) error {

@@ -10,10 +10,10 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// Verify checks the whole store offline: every record against Check, the port index against the
+// Verify checks the whole store offline: every record against checkRecord, the port index against the
 // active leases both ways, and the per-cockpit and per-uid counts. It returns one line per violation, naming
 // its key, and how many records it read.
-func Verify(db Store) ([]string, int, error) {
+func Verify(db storage.Store) ([]string, int, error) {
 	var violations []string
 	bad := func(key, format string, args ...any) {
 		violations = append(violations, key+": "+fmt.Sprintf(format, args...))
@@ -45,7 +45,7 @@ func Verify(db Store) ([]string, int, error) {
 			case err != nil:
 				return err
 			default:
-				if err := Check(r); err != nil {
+				if err := checkRecord(r); err != nil {
 					bad(key, "%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 				}
 			}
@@ -139,7 +139,7 @@ func Verify(db Store) ([]string, int, error) {
 // VerifyHolds checks, with the store's daemon stopped, that no other process holds a port of an
 // active lease in space (portlock.Machine): another daemon leased it while this store's daemon was
 // down, or a squatter took it. It sees the holds of its own network namespace only.
-func VerifyHolds(db Store, space portlock.Space) ([]string, error) {
+func VerifyHolds(db storage.Store, space portlock.Space) ([]string, error) {
 	var violations []string
 	err := db.View(func(tx storage.Txn) error {
 		return tx.Scan(allStacksPrefix, func(key string, value []byte) error {
