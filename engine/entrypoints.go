@@ -19,8 +19,8 @@ import (
 // declared elsewhere for an entrypoint (an .env line, a provider's registered redirect) that
 // differs from the derived URL. They refuse nothing, so they have no errno.
 const (
-	PortLocalValueCorrected     Code = "PORT_LOCAL_VALUE_CORRECTED"
-	PortExternalRegistrationGap Code = "PORT_EXTERNAL_REGISTRATION_GAP"
+	portLocalValueCorrected     Code = "PORT_LOCAL_VALUE_CORRECTED"
+	portExternalRegistrationGap Code = "PORT_EXTERNAL_REGISTRATION_GAP"
 )
 
 // EntrypointResult is the seeds' deriveEntrypoints result: kind "complete" with every rendered
@@ -28,20 +28,20 @@ const (
 // config's entrypoints cannot be derived on the lease's ports.
 type EntrypointResult struct {
 	Kind        string            `json:"kind"`
-	Values      []EntrypointValue `json:"values,omitempty"`
-	Diagnostics []Diagnostic      `json:"diagnostics"`
+	Values      []entrypointValue `json:"values,omitempty"`
+	Diagnostics []diagnostic      `json:"diagnostics"`
 }
 
-// EntrypointValue is one rendered entrypoint, as the seeds' projection carries it.
-type EntrypointValue struct {
+// entrypointValue is one rendered entrypoint, as the seeds' projection carries it.
+type entrypointValue struct {
 	Name  string `json:"name"`
 	Kind  string `json:"kind"`
 	Port  string `json:"port"`
 	Value string `json:"value"`
 }
 
-// Diagnostic is the seeds' diagnostic: severity error (a refusal), warning or info.
-type Diagnostic struct {
+// diagnostic is the seeds' diagnostic: severity error (a refusal), warning or info.
+type diagnostic struct {
 	Severity string `json:"severity"`
 	Code     Code   `json:"code"`
 	Message  string `json:"message"`
@@ -61,14 +61,14 @@ func (r Record) DeriveEntrypoints(declared []portdecl.Entrypoint, values map[str
 	}
 	defaults := portdecl.Entrypoints(nil, l.Ports)
 	slices.SortFunc(defaults, func(a, b portdecl.Resolved) int { return strings.Compare(a.Port, b.Port) })
-	result := &EntrypointResult{Kind: "complete", Diagnostics: []Diagnostic{}}
+	result := &EntrypointResult{Kind: "complete", Diagnostics: []diagnostic{}}
 	names := map[string]bool{}
 	for _, d := range defaults {
 		names[d.Name] = true
-		result.Values = append(result.Values, EntrypointValue{Name: d.Name, Kind: d.Kind, Port: d.Port, Value: d.URL})
+		result.Values = append(result.Values, entrypointValue{Name: d.Name, Kind: d.Kind, Port: d.Port, Value: d.URL})
 	}
 	refusal := func(message, target string) *EntrypointResult {
-		return &EntrypointResult{Kind: "refusal", Diagnostics: []Diagnostic{{
+		return &EntrypointResult{Kind: "refusal", Diagnostics: []diagnostic{{
 			Severity: "error", Code: PortFamilyOutOfRange, Message: message, Target: target,
 			Fix: "drain the stack and claim it again under the current [ports], or restore the entrypoint's port key",
 		}}}
@@ -83,15 +83,15 @@ func (r Record) DeriveEntrypoints(declared []portdecl.Entrypoint, values map[str
 			return refusal("entrypoint references a port absent from the accepted lease", d.Port)
 		}
 		e := d.On(port)
-		result.Values = append(result.Values, EntrypointValue{Name: e.Name, Kind: e.Kind, Port: e.Port, Value: e.URL})
+		result.Values = append(result.Values, entrypointValue{Name: e.Name, Kind: e.Kind, Port: e.Port, Value: e.URL})
 		recorded, ok := values[d.Name]
 		switch {
 		case !ok || recorded == e.URL:
 		case isLoopbackURL(recorded):
-			result.Diagnostics = append(result.Diagnostics, Diagnostic{Severity: "warning", Code: PortLocalValueCorrected,
+			result.Diagnostics = append(result.Diagnostics, diagnostic{Severity: "warning", Code: portLocalValueCorrected,
 				Message: "stale loopback value was replaced from the accepted lease", Target: d.Name, Fix: "use " + e.URL})
 		default:
-			result.Diagnostics = append(result.Diagnostics, Diagnostic{Severity: "info", Code: PortExternalRegistrationGap,
+			result.Diagnostics = append(result.Diagnostics, diagnostic{Severity: "info", Code: portExternalRegistrationGap,
 				Message: "external registration cannot be updated by cockpit", Target: d.Name, Fix: "update the external registration to " + e.URL})
 		}
 	}
@@ -124,9 +124,9 @@ type DeclaredValues struct {
 
 const maxDeclaredValues = 1024 // the seeds' structured input limit
 
-// ParseDeclaredValues reads a declared-values document: one `<entrypoint name>=<value>` per line,
+// parseDeclaredValues reads a declared-values document: one `<entrypoint name>=<value>` per line,
 // blank lines and lines starting with '#' ignored; a name at most once.
-func ParseDeclaredValues(text []byte) (map[string]string, error) {
+func parseDeclaredValues(text []byte) (map[string]string, error) {
 	const fix = "write one <entrypoint name>=<value> per line, the whole document at once"
 	if !utf8.Valid(text) {
 		return nil, refuse(StateRecordMalformed, "", fix, "declared values are not UTF-8")
@@ -210,7 +210,7 @@ func (e *Engine) SetDeclaredValues(ctx context.Context, c Caller, cockpit, stack
 		if err := mayDeclareValues(c, r, m.UID); err != nil {
 			return err
 		}
-		values, err := ParseDeclaredValues(text)
+		values, err := parseDeclaredValues(text)
 		if err != nil {
 			var rf *Refusal
 			if errors.As(err, &rf) {

@@ -6,14 +6,14 @@ import (
 )
 
 func TestParseDeclaredValues(t *testing.T) {
-	got, err := ParseDeclaredValues([]byte("# recorded\n\n web=http://localhost:1/a \ncb=https://x.example/cb\n"))
+	got, err := parseDeclaredValues([]byte("# recorded\n\n web=http://localhost:1/a \ncb=https://x.example/cb\n"))
 	if err != nil || len(got) != 2 || got["web"] != "http://localhost:1/a" || got["cb"] != "https://x.example/cb" {
-		t.Fatalf("ParseDeclaredValues = %v, %v", got, err)
+		t.Fatalf("parseDeclaredValues = %v, %v", got, err)
 	}
 	for _, bad := range []string{"web", "=x", "web=", "web=a b", "web=1\nweb=2", ".x=1", "w\xffb=1"} {
 		var r *Refusal
-		if _, err := ParseDeclaredValues([]byte(bad)); !errors.As(err, &r) || r.Code != StateRecordMalformed {
-			t.Errorf("ParseDeclaredValues(%q) = %v, want STATE_RECORD_MALFORMED", bad, err)
+		if _, err := parseDeclaredValues([]byte(bad)); !errors.As(err, &r) || r.Code != StateRecordMalformed {
+			t.Errorf("parseDeclaredValues(%q) = %v, want STATE_RECORD_MALFORMED", bad, err)
 		}
 	}
 }
