@@ -341,7 +341,7 @@ func startAttempt(r Record, c Caller, ex executor, attemptID string, now time.Ti
 		ExecutorStart:     ex.start,
 	}
 	if action.Stage == stageReclaim {
-		next.Attempt.Planning = &AttemptPlanning{UpdatedAt: r.UpdatedAt, Attempt: d.Attempt}
+		next.Attempt.Planning = &attemptPlanning{UpdatedAt: r.UpdatedAt, Attempt: d.Attempt}
 	}
 	v := r.Value
 	v.Drain = &next

@@ -66,14 +66,14 @@ type Attempt struct {
 	ExecutorStart     string   `json:"executorStart,omitempty"`
 	// Planning extends an active reclaim's attempt with what its start replaced, so the record
 	// the reclaim was planned from can be served (see Record.PlanningRecord).
-	Planning *AttemptPlanning `json:"planning,omitempty"`
+	Planning *attemptPlanning `json:"planning,omitempty"`
 }
 
-// AttemptPlanning is what a reclaim attempt's start replaced of the record: its updatedAt and
+// attemptPlanning is what a reclaim attempt's start replaced of the record: its updatedAt and
 // its drain's attempt (none before a first try, the failed one before a retry). With them the
 // planning record (the seeds' reclaimDrainStep planningRecord) is the attempt's own record one
 // revision back.
-type AttemptPlanning struct {
+type attemptPlanning struct {
 	UpdatedAt string   `json:"updatedAt"`
 	Attempt   *Attempt `json:"attempt"`
 }

@@ -333,7 +333,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 		{"committedRevision at even distance", drained, moveCommitted(8), []string{"odd distance"}},
 		{"executor start without pid", drained, attempt(func(a *Attempt) { a.ExecutorPID = 0 }), []string{"executor start"}},
 		{"executor start malformed", drained, attempt(func(a *Attempt) { a.ExecutorStart = "lstart:2026-02-30T00:00:00.000Z" }), []string{"executor start"}},
-		{"planning on a runtime-stop", drained, attempt(func(a *Attempt) { a.Planning = &AttemptPlanning{UpdatedAt: a.CommittedAt} }),
+		{"planning on a runtime-stop", drained, attempt(func(a *Attempt) { a.Planning = &attemptPlanning{UpdatedAt: a.CommittedAt} }),
 			[]string{"planning on an attempt that is not an active reclaim"}},
 		{"active with failedRevision", drained, attempt(func(a *Attempt) { a.FailedRevision = i64(8) }), []string{"failure fields"}},
 		{"active with failedAt", drained, attempt(func(a *Attempt) { a.FailedAt = str(stamp(2 * time.Hour)) }), []string{"failure fields"}},
