@@ -452,10 +452,10 @@ func continues(r Record, planned int64, o Outcome) bool {
 	}
 	if o.Success {
 		i := d.CompletedActionCount - 1
-		return d.Attempt == nil && d.ProgressRevision == published && i >= 0 && d.Actions[i].Stage == StageReclaim
+		return d.Attempt == nil && d.ProgressRevision == published && i >= 0 && d.Actions[i].Stage == stageReclaim
 	}
 	a := d.Attempt
-	return a != nil && a.Status == AttemptFailed && a.CurrentStage == StageReclaim && a.FailedRevision != nil &&
+	return a != nil && a.Status == attemptFailed && a.CurrentStage == stageReclaim && a.FailedRevision != nil &&
 		*a.FailedRevision == published && a.CommittedRevision == planned+1 && (o.AttemptID == "" || o.AttemptID == a.AttemptID)
 }
 
