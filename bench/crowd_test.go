@@ -80,7 +80,7 @@ func crowdEngine(b *testing.B) *engineFixture {
 				b.Fatal(err)
 			}
 			// Held by one live process, which each claim probes for the dead holders it releases.
-			live := &engine.HolderAttrs{Checkout: "/src/" + name, SetPID: true, PID: os.Getpid()}
+			live := &engine.Holder{CheckoutPath: "/src/" + name, PID: os.Getpid()}
 			if err := f.eng.Claim(ctx, caller("create"), "app", "session", name, live); err != nil {
 				b.Fatal(err)
 			}
