@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
 // Crash safety: clients drive their own stacks through the mount while the daemon is killed with
@@ -26,8 +28,12 @@ import (
 // chooses its next operation from the state its acknowledged operations produced, so the expected
 // state is always known; the one operation a crash interrupts may or may not have applied.
 
-// crashCyclesDefault keeps the CI run short; COCKPITFS_CRASH_CYCLES asks for a long run.
-const crashCyclesDefault = 20
+// crashCyclesDefault and crashCyclesEtcd keep the CI run short (a cycle over etcd also restarts a
+// daemon that reconnects to the cluster); COCKPITFS_CRASH_CYCLES asks for a long run of either.
+const (
+	crashCyclesDefault = 20
+	crashCyclesEtcd    = 3
+)
 
 // crashState is what a client's operations decide about its stack. Holders lists "name=pid" with
 // pid "none" or "set", sorted; Drain is "", "reserved" or "attempt".
@@ -197,6 +203,7 @@ type crashOutcome int
 const (
 	crashAcked   crashOutcome = iota // the syscall returned success
 	crashUnknown                     // interrupted by the crash: it may or may not have applied
+	crashLocked                      // STATE_LOCKED (EAGAIN): contention outlasted the budget, nothing applied
 	crashRefused                     // refused while the daemon served: the round is wrong or the daemon is
 )
 
@@ -215,6 +222,7 @@ type crashClient struct {
 	pending  *crashOp   // interrupted by the last crash
 	acked    int
 	unknown  int
+	locked   int
 	failure  string // a refusal while serving, reported by the test
 }
 
@@ -233,6 +241,11 @@ func (c *crashClient) run(stop *atomic.Bool) {
 			c.pending = &op
 			c.unknown++
 			return
+		case crashLocked:
+			// Over etcd two daemons' claims meet on the cockpit's keys; a user tries again, as
+			// this does (the same step: nothing changed).
+			c.locked++
+			time.Sleep(20 * time.Millisecond)
 		default:
 			// Every step of the round is valid in the state it is chosen from.
 			c.failure = fmt.Sprintf("%s refused in state %+v: %s", op, c.state, detail)
@@ -269,6 +282,8 @@ func (c *crashClient) do(op crashOp) (crashOutcome, string) {
 		return crashAcked, ""
 	case crashInterrupted(err):
 		return crashUnknown, err.Error()
+	case errors.Is(err, syscall.EAGAIN):
+		return crashLocked, err.Error()
 	default:
 		return crashRefused, err.Error()
 	}
@@ -306,6 +321,9 @@ func (c *crashClient) doShell(op crashOp) (crashOutcome, string) {
 		if strings.Contains(text, m) {
 			return crashUnknown, text
 		}
+	}
+	if strings.Contains(text, "Resource temporarily unavailable") {
+		return crashLocked, text
 	}
 	return crashRefused, fmt.Sprintf("%v: %s", err, text)
 }
@@ -359,7 +377,7 @@ func crashPortsOnce(m *mount, stacks []string) error {
 	return nil
 }
 
-func crashCycles(t *testing.T) int {
+func crashCycles(t *testing.T, cycles int) int {
 	if v := os.Getenv("COCKPITFS_CRASH_CYCLES"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -367,12 +385,32 @@ func crashCycles(t *testing.T) int {
 		}
 		return n
 	}
-	return crashCyclesDefault
+	return cycles
 }
 
 func TestCrashSafety(t *testing.T) {
 	t.Parallel()
-	cycles := crashCycles(t)
+	crashSuite(t, []*mount{newMount(t)}, crashCycles(t, crashCyclesDefault), 20*time.Millisecond)
+}
+
+// Over etcd: two daemons serve one prefix, the clients split between them, and each cycle kills
+// one of them in turn. Right after the kill, and before the killed daemon is back, the other
+// daemon must show every operation acknowledged through either; then the restarted daemon must
+// too.
+func TestCrashSafetyEtcd(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t, 3)
+	store := cluster.URL("crash")
+	// An operation over etcd takes a few round trips to a cluster in the test process: the
+	// clients run longer before each kill.
+	crashSuite(t, []*mount{newEtcdMount(t, store), newEtcdMount(t, store)}, crashCycles(t, crashCyclesEtcd), 500*time.Millisecond)
+}
+
+// crashSuite runs cycles of the clients on six stacks, client i on mounts[i%len(mounts)], killing
+// mounts[cycle%len(mounts)] in each at least minRun after the clients start, and checks what the
+// store shows after each kill: on every other mount at once, then on the killed one restarted.
+func crashSuite(t *testing.T, mounts []*mount, cycles int, minRun time.Duration) {
+	t.Helper()
 	seed := time.Now().UnixNano()
 	if v := os.Getenv("COCKPITFS_CRASH_SEED"); v != "" {
 		seed, _ = strconv.ParseInt(v, 10, 64)
@@ -380,29 +418,55 @@ func TestCrashSafety(t *testing.T) {
 	t.Logf("seed %d (COCKPITFS_CRASH_SEED reproduces the kill timings)", seed)
 	rng := rand.New(rand.NewSource(seed))
 
-	m := newMount(t)
 	// Six stacks in a cockpit of count 6: every stack can hold a lease at once, and a port
 	// leased twice would show up as two stacks on one family.
-	m.setupApp(6, map[string]int{"HTTP": 36080, "DB": 36432})
+	mounts[0].setupApp(6, map[string]int{"HTTP": 36080, "DB": 36432})
 	var clients []*crashClient
 	var stacks []string
 	for i := 0; i < 6; i++ {
 		s := fmt.Sprintf("s%d", i)
-		m.ok("mkdir $M/app/stacks/" + s)
+		mounts[0].ok("mkdir $M/app/stacks/" + s)
 		stacks = append(stacks, s)
-		clients = append(clients, &crashClient{stackDir: m.Path("app", "stacks", s), shell: i >= 4})
+		clients = append(clients, &crashClient{stackDir: mounts[i%len(mounts)].Path("app", "stacks", s), shell: i >= 4})
 	}
 
-	var acked, unknown, lost int
+	var acked, unknown, locked, lost int
+	// check reads every stack through m and compares it with what its client was acknowledged;
+	// the interrupted operation stays pending (it may still apply) unless m shows it applied.
+	check := func(cycle int, m *mount, who string) {
+		t.Helper()
+		for i, c := range clients {
+			r, err := crashReadRecord(m.Path("app", "stacks", stacks[i], "record"))
+			if err != nil {
+				t.Fatalf("cycle %d: %s: stack %s: %v", cycle, who, stacks[i], err)
+			}
+			got := r.state()
+			switch {
+			case got == c.state:
+			case c.pending != nil && got == c.state.apply(*c.pending):
+				c.state, c.pending = got, nil
+			default:
+				lost++
+				pending := "none"
+				if c.pending != nil {
+					pending = c.pending.String()
+				}
+				t.Errorf("cycle %d: %s: stack %s lost an acknowledged operation: acknowledged state %+v, interrupted %s, record says %+v",
+					cycle, who, stacks[i], c.state, pending, got)
+				c.state, c.pending = got, nil
+			}
+		}
+	}
 	for cycle := 1; cycle <= cycles; cycle++ {
+		victim := mounts[cycle%len(mounts)]
 		var stop atomic.Bool
 		var wg sync.WaitGroup
 		for _, c := range clients {
 			wg.Add(1)
 			go func() { defer wg.Done(); c.run(&stop) }()
 		}
-		time.Sleep(time.Duration(20+rng.Intn(280)) * time.Millisecond)
-		m.Kill()
+		time.Sleep(minRun + time.Duration(rng.Intn(280))*time.Millisecond)
+		victim.Kill()
 		stop.Store(true)
 		wg.Wait()
 		for i, c := range clients {
@@ -410,48 +474,37 @@ func TestCrashSafety(t *testing.T) {
 				t.Fatalf("cycle %d: client %d: %s", cycle, i, c.failure)
 			}
 		}
-		if err := crashVerify(m); err != nil {
+		if err := crashVerify(victim); err != nil {
 			t.Fatalf("cycle %d: the store after SIGKILL: %v", cycle, err)
 		}
-		// The dead mount is detached here so this test depends on durability alone; clearing it
-		// is the daemon's job, TestLifecycleKillRestartClearsStaleMount's subject.
-		detach(m.Dir)
-		m.start()
-		for i, c := range clients {
-			r, err := crashReadRecord(filepath.Join(c.stackDir, "record"))
-			if err != nil {
-				t.Fatalf("cycle %d: client %d: %v", cycle, i, err)
+		for _, m := range mounts {
+			if m != victim {
+				check(cycle, m, "the other daemon")
 			}
-			got := r.state()
-			allowed := got == c.state
-			if c.pending != nil {
-				allowed = allowed || got == c.state.apply(*c.pending)
-			}
-			if !allowed {
-				lost++
-				pending := "none"
-				if c.pending != nil {
-					pending = c.pending.String()
-				}
-				t.Errorf("cycle %d: stack %s lost an acknowledged operation: acknowledged state %+v, interrupted %s, record says %+v",
-					cycle, stacks[i], c.state, pending, got)
-			}
-			// Go on from what the store says: the interrupted operation's outcome is now known.
-			c.state, c.pending = got, nil
 		}
-		if err := crashPortsOnce(m, stacks); err != nil {
+		victim.restart()
+		check(cycle, victim, "the restarted daemon")
+		// Go on from what the store says: an interrupted operation not applied by now never will
+		// be (its daemon is gone, and etcd decided its commit long since).
+		for _, c := range clients {
+			c.pending = nil
+		}
+		if err := crashPortsOnce(victim, stacks); err != nil {
 			t.Errorf("cycle %d: %v", cycle, err)
 		}
 	}
 	for _, c := range clients {
 		acked += c.acked
 		unknown += c.unknown
+		locked += c.locked
 	}
-	m.Stop()
-	if err := crashVerify(m); err != nil {
+	for _, m := range mounts {
+		m.Stop()
+	}
+	if err := crashVerify(mounts[0]); err != nil {
 		t.Errorf("the store after the last clean stop: %v", err)
 	}
-	t.Logf("crash figures: cycles=%d acknowledged=%d lost=%d unknown-outcome=%d", cycles, acked, lost, unknown)
+	t.Logf("crash figures: cycles=%d acknowledged=%d lost=%d unknown-outcome=%d locked-and-retried=%d", cycles, acked, lost, unknown, locked)
 	if acked < cycles {
 		t.Errorf("only %d operations were acknowledged in %d cycles: the clients hardly ran", acked, cycles)
 	}
