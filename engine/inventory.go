@@ -118,12 +118,12 @@ func (e *Engine) loadInventory(tx storage.Txn) error {
 	}); err != nil {
 		return err
 	}
-	for key, raw := range heads {
-		entry, err := e.inventoryEntry(tx, key, raw)
-		if err != nil {
-			return err
-		}
-		inv.set(key, entry)
+	records, failed, err := assembleRecords(tx, allHoldersPrefix, heads)
+	if err != nil {
+		return err
+	}
+	for key := range heads {
+		inv.set(key, inventoryEntryOf(key, records[key], failed[key]))
 	}
 	inv.loaded = true
 	return nil
@@ -131,11 +131,16 @@ func (e *Engine) loadInventory(tx storage.Txn) error {
 
 // inventoryEntry observes the record whose head is raw; an error is the store's, not the record's.
 func (e *Engine) inventoryEntry(tx storage.Txn, key string, raw []byte) (inventoryEntry, error) {
-	cockpit, _ := splitStackKey(key)
 	r, err := e.recordOf(tx, key, raw)
 	if err != nil && !isMalformed(err) {
 		return inventoryEntry{}, err
 	}
+	return inventoryEntryOf(key, r, err), nil
+}
+
+// inventoryEntryOf observes r, key's record, or why it could not be read (err).
+func inventoryEntryOf(key string, r cachedRecord, err error) inventoryEntry {
+	cockpit, _ := splitStackKey(key)
 	if err == nil {
 		err = checkRecord(r.Record)
 	}
@@ -146,7 +151,7 @@ func (e *Engine) inventoryEntry(tx storage.Txn, key string, raw []byte) (invento
 	case r.Value.Lease.Active():
 		entry.ports = r.Value.Lease.Ports
 	}
-	return entry, nil
+	return entry
 }
 
 func (inv *inventory) set(key string, entry inventoryEntry) {

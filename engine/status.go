@@ -85,9 +85,13 @@ func (e *Engine) Status() (Status, error) {
 			}); err != nil {
 				return err
 			}
+			records, failed, err := assembleRecords(tx, cockpitHoldersPrefix(m.Name), heads)
+			if err != nil {
+				return err
+			}
 			for _, k := range keys {
-				r, err := e.recordOf(tx, k, heads[k])
-				if err != nil {
+				r := records[k]
+				if err := failed[k]; err != nil {
 					return err
 				}
 				st.UpdatedAt = later(st.UpdatedAt, r.UpdatedAt)

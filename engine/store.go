@@ -42,12 +42,20 @@ func holdersPrefix(cockpit, stack string) string {
 	return allHoldersPrefix + cockpit + "/" + stack + "/"
 }
 func holderKey(cockpit, stack, id string) string { return holdersPrefix(cockpit, stack) + id }
-func portKey(port int) string                    { return fmt.Sprintf("%s%05d", portsPrefix, port) }
-func leaseCountKey(cockpit string) string        { return "n/" + cockpit }
-func uidLeasesKey(uid uint32) string             { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
-func eventsPrefix(cockpit, stack string) string  { return allEventsPrefix + cockpit + "/" + stack + "/" }
-func eventsSeqKey(cockpit, stack string) string  { return "q/" + cockpit + "/" + stack }
-func eventsEndKey(cockpit, stack string) string  { return "o/" + cockpit + "/" + stack }
+func cockpitHoldersPrefix(cockpit string) string { return allHoldersPrefix + cockpit + "/" }
+
+// holderStackKey is the key of the stack whose holder's key is key.
+func holderStackKey(key string) string {
+	cockpit, rest, _ := strings.Cut(strings.TrimPrefix(key, allHoldersPrefix), "/")
+	stack, _, _ := strings.Cut(rest, "/")
+	return stackKey(cockpit, stack)
+}
+func portKey(port int) string                   { return fmt.Sprintf("%s%05d", portsPrefix, port) }
+func leaseCountKey(cockpit string) string       { return "n/" + cockpit }
+func uidLeasesKey(uid uint32) string            { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
+func eventsPrefix(cockpit, stack string) string { return allEventsPrefix + cockpit + "/" + stack + "/" }
+func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
+func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + stack }
 func eventKey(cockpit, stack string, seq uint64) string {
 	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
 }
@@ -179,33 +187,91 @@ func (e *Engine) recordOf(tx storage.Txn, key string, head []byte) (cachedRecord
 
 // assembleRecord decodes head, key's value, and adds the holders stored under their own keys.
 func assembleRecord(tx storage.Txn, key string, head []byte) (cachedRecord, error) {
+	cockpit, stack := splitStackKey(key)
+	var found keyedHolders
+	if err := tx.Scan(holdersPrefix(cockpit, stack), func(k string, v []byte) error {
+		found.add(k, v, cockpit, stack)
+		return nil
+	}); err != nil {
+		return cachedRecord{}, err
+	}
+	return withHolders(key, head, found)
+}
+
+// assembleRecords is assembleRecord for each of heads (stack key → head), with one scan of the
+// holders' keys under prefix (allHoldersPrefix, or cockpitHoldersPrefix): a shared store answers
+// one range read, not one per stack. A record that does not assemble gets its error in failed.
+func assembleRecords(tx storage.Txn, prefix string, heads map[string][]byte) (records map[string]cachedRecord, failed map[string]error, err error) {
+	found := map[string]*keyedHolders{}
+	err = tx.Scan(prefix, func(k string, v []byte) error {
+		key := holderStackKey(k)
+		if _, ok := heads[key]; !ok {
+			return nil // a holder of no stack: verify names it
+		}
+		if found[key] == nil {
+			found[key] = &keyedHolders{}
+		}
+		cockpit, stack := splitStackKey(key)
+		found[key].add(k, v, cockpit, stack)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	records, failed = map[string]cachedRecord{}, map[string]error{}
+	for key, head := range heads {
+		var holders keyedHolders
+		if f := found[key]; f != nil {
+			holders = *f
+		}
+		if r, err := withHolders(key, head, holders); err != nil {
+			failed[key] = err
+		} else {
+			records[key] = r
+		}
+	}
+	return records, failed, nil
+}
+
+// keyedHolders is what the keys of one stack's holders hold, in key order.
+type keyedHolders struct {
+	holders []Holder
+	bytes   int
+	err     error // the first key that is not its holder
+}
+
+func (f *keyedHolders) add(k string, v []byte, cockpit, stack string) {
+	if f.err != nil {
+		return
+	}
+	var h Holder
+	if err := json.Unmarshal(v, &h); err != nil {
+		f.err = fmt.Errorf("decode %s: %w", k, malformedValue{err})
+		return
+	}
+	if k != holderKey(cockpit, stack, h.HolderID) {
+		f.err = fmt.Errorf("decode %s: %w", k, malformedValue{fmt.Errorf("it holds holder %s", h.HolderID)})
+		return
+	}
+	f.holders = append(f.holders, h)
+	f.bytes += len(v)
+}
+
+// withHolders is the record whose head, key's value, is head, with the holders of its keys.
+func withHolders(key string, head []byte, keyed keyedHolders) (cachedRecord, error) {
 	r, err := decodeHead(head)
 	if err != nil {
 		return cachedRecord{}, err
 	}
-	cockpit, stack := splitStackKey(key)
+	if keyed.err != nil {
+		return cachedRecord{}, keyed.err
+	}
 	inline := r.Value.Holders
-	stored := storedHolders{inline: inline}
+	stored := storedHolders{inline: inline, bytes: keyed.bytes}
 	for _, h := range inline {
 		stored.bytes += encodedLen(h)
 	}
-	var keyed []Holder
-	err = tx.Scan(holdersPrefix(cockpit, stack), func(k string, v []byte) error {
-		var h Holder
-		if err := json.Unmarshal(v, &h); err != nil {
-			return fmt.Errorf("decode %s: %w", k, malformedValue{err})
-		}
-		if k != holderKey(cockpit, stack, h.HolderID) {
-			return fmt.Errorf("decode %s: %w", k, malformedValue{fmt.Errorf("it holds holder %s", h.HolderID)})
-		}
-		keyed = append(keyed, h)
-		stored.bytes += len(v)
-		return nil
-	})
-	if err != nil {
-		return cachedRecord{}, err
-	}
-	if r.Value.Holders, err = mergeHolders(inline, keyed); err != nil {
+	if r.Value.Holders, err = mergeHolders(inline, keyed.holders); err != nil {
 		return cachedRecord{}, fmt.Errorf("decode %s: %w", key, malformedValue{err})
 	}
 	return cachedRecord{Record: r, raw: head, stored: stored}, nil

@@ -31,19 +31,20 @@ func Verify(db storage.Store) ([]string, int, error) {
 		}); err != nil {
 			return err
 		}
+		assembled, failed, err := assembleRecords(tx, allHoldersPrefix, heads)
+		if err != nil {
+			return err
+		}
 		for _, key := range keys {
 			cockpit, stack := splitStackKey(key)
-			read, err := assembleRecord(tx, key, heads[key])
-			r := read.Record
-			switch {
-			case isMalformed(err):
+			r := assembled[key].Record
+			switch err := failed[key]; {
+			case err != nil:
 				bad(key, "%v", err)
 				// A head that decodes still counts, with its lease: only its holders are unknown.
 				if r, err = decodeHead(heads[key]); err != nil {
 					continue
 				}
-			case err != nil:
-				return err
 			default:
 				if err := checkRecord(r); err != nil {
 					bad(key, "%s", strings.ReplaceAll(err.Error(), "\n", "; "))
@@ -70,10 +71,9 @@ func Verify(db storage.Store) ([]string, int, error) {
 		}
 		// A holder's key outlives its stack only by damage or a bug.
 		if err := tx.Scan(allHoldersPrefix, func(key string, _ []byte) error {
-			cockpit, rest, _ := strings.Cut(strings.TrimPrefix(key, allHoldersPrefix), "/")
-			stack, _, _ := strings.Cut(rest, "/")
-			if _, ok := heads[stackKey(cockpit, stack)]; !ok {
-				bad(key, "a holder of stack %s/%s, which does not exist", cockpit, stack)
+			if stack := holderStackKey(key); !hasKey(heads, stack) {
+				cockpit, name := splitStackKey(stack)
+				bad(key, "a holder of stack %s/%s, which does not exist", cockpit, name)
 			}
 			return nil
 		}); err != nil {
@@ -161,4 +161,9 @@ func VerifyHolds(db storage.Store, space portlock.Space) ([]string, error) {
 		})
 	})
 	return violations, err
+}
+
+func hasKey(m map[string][]byte, key string) bool {
+	_, ok := m[key]
+	return ok
 }
