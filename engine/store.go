@@ -146,10 +146,6 @@ func (m cockpitMeta) config() (portdecl.Config, bool) {
 // transaction's writes: etcd's --max-txn-ops defaults to 128).
 const migrateBatch = 64
 
-// maxHeadBytes bounds a head's JSON well below kv's value threshold (256 KiB), from which badger
-// keeps values in its value log, which is never garbage-collected. Only a drain grows a head.
-const maxHeadBytes = 192 << 10
-
 // storedHolders is where a record's holders lie in the store.
 type storedHolders struct {
 	inline []Holder // still in the head, sorted
@@ -330,13 +326,9 @@ func saveRecord(tx storage.Txn, prev cachedRecord, next Record) (cachedRecord, e
 		inline, _ := json.Marshal(stored.inline)
 		size = len(data) - len(inline) + len(`[]`) + stored.bytes + max(len(next.Value.Holders)-1, 0)
 	}
-	switch {
-	case size > maxRecordBytes:
+	if size > maxRecordBytes {
 		return cachedRecord{}, refuse(StateRecordTooLarge, next.SubjectID, "release holders, or claim with shorter checkout paths",
 			"the stack's record would be %d bytes, more than %d", size, maxRecordBytes)
-	case len(stored.inline) == 0 && len(data) > maxHeadBytes:
-		return cachedRecord{}, refuse(StateRecordTooLarge, next.SubjectID, "reserve the drain with fewer targets",
-			"the stack's record would be %d bytes without its holders, more than %d", len(data), maxHeadBytes)
 	}
 	return cachedRecord{Record: next, raw: data, stored: stored, checked: true}, tx.Set(stackKey(next.Cockpit, next.Stack), data)
 }
