@@ -8,7 +8,8 @@ import (
 )
 
 // Create, configure with a large document, and remove cockpits and stacks: nothing of them stays
-// in memory — neither the decoded cockpit nor a lock per key.
+// in memory — neither the decoded cockpit, nor a lock per key, nor a record's cache entry or
+// generation, nor a stale mark for a health read nobody makes.
 func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
 	e := newEngine(t)
 	ctx := context.Background()
@@ -31,5 +32,14 @@ func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
 	e.locks.mu.Unlock()
 	if cached != 0 || locks != 0 {
 		t.Fatalf("after removing every cockpit: %d cockpits cached, %d key locks kept", cached, locks)
+	}
+	e.records.mu.Lock()
+	records := len(e.records.gen) + len(e.records.m) + len(e.records.latest)
+	e.records.mu.Unlock()
+	e.inventory.staleMu.Lock()
+	stale := len(e.inventory.stale)
+	e.inventory.staleMu.Unlock()
+	if records != 0 || stale != 0 {
+		t.Fatalf("after removing every stack: %d record cache entries, %d stale marks kept", records, stale)
 	}
 }

@@ -13,10 +13,16 @@ import (
 // commit on the stack can begin, and puts back the record it wrote once that is durable; a
 // generation per key keeps a read that raced a commit, or a commit overtaken by the next one on
 // its way to disk, from storing an older record.
+//
+// Generations come from one counter, so a removed stack's key can be forgotten altogether (a
+// thousand stacks made and removed leave nothing behind): a key without a generation has the
+// counter's value at the last removal, which no read begun before that removal holds.
 type recordCache struct {
-	mu  sync.Mutex
-	gen map[string]uint64
-	m   map[string]cachedRecord
+	mu      sync.Mutex
+	counter uint64
+	floor   uint64 // the generation of every key not in gen
+	gen     map[string]uint64
+	m       map[string]cachedRecord
 	// latest holds each key's last committed record, durable or not: only transactions, which
 	// compare its bytes with what they read, use it.
 	latest map[string]cachedRecord
@@ -36,7 +42,15 @@ func (c *recordCache) get(key string) (Record, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[key]
-	return e.Record, c.gen[key], ok
+	return e.Record, c.generation(key), ok
+}
+
+// generation is key's generation; mu is held.
+func (c *recordCache) generation(key string) uint64 {
+	if g, ok := c.gen[key]; ok {
+		return g
+	}
+	return c.floor
 }
 
 // decoded returns the record of key cached as read with exactly raw as its head.
@@ -55,7 +69,7 @@ func (c *recordCache) decoded(key string, raw []byte) (cachedRecord, bool) {
 func (c *recordCache) put(key string, r cachedRecord, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.gen[key] != gen {
+	if c.generation(key) != gen {
 		return
 	}
 	if c.m == nil {
@@ -77,13 +91,25 @@ func (c *recordCache) invalidate(key string, written *cachedRecord) uint64 {
 		c.gen = map[string]uint64{}
 		c.latest = map[string]cachedRecord{}
 	}
-	c.gen[key]++
+	c.counter++
+	c.gen[key] = c.counter
 	delete(c.m, key)
 	delete(c.latest, key)
 	if written != nil {
 		c.latest[key] = *written
 	}
-	return c.gen[key]
+	return c.counter
+}
+
+// forget drops every trace of key, a stack that was removed; a read begun before is not stored.
+func (c *recordCache) forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.counter++
+	c.floor = c.counter
+	delete(c.gen, key)
+	delete(c.m, key)
+	delete(c.latest, key)
 }
 
 // cockpitCache keeps each cockpit's metadata decoded, with the bytes it came from: every file

@@ -53,6 +53,7 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 		// Nothing reads a removed cockpit again to drop it from the cache (its config may be
 		// 60 KiB): a thousand mkdir, config, rmdir cycles would keep a thousand of them.
 		e.cockpits.forget(cockpitKey(name))
+		e.records.forget(cockpitKey(name)) // update keeps a generation of every key it commits
 	}
 	return err
 }
@@ -157,6 +158,15 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 // RemoveStack removes a stack with no holders, no active lease and no drain; only its creator
 // (or root) may: removing it deletes its history.
 func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack string) error {
+	err := e.removeStack(ctx, c, cockpit, stack)
+	if err == nil {
+		// Nothing reads a removed stack's record again to drop it from the cache.
+		e.records.forget(stackKey(cockpit, stack))
+	}
+	return err
+}
+
+func (e *Engine) removeStack(ctx context.Context, c Caller, cockpit, stack string) error {
 	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -30,6 +31,10 @@ type inventory struct {
 
 	staleMu sync.Mutex      // guards stale alone, so commits never wait for a health read
 	stale   map[string]bool // stack keys committed since the last health read took them
+	// tracking: a health read has begun, so commits must be marked stale. Before the first one
+	// nothing is kept (it reads every record), so a daemon nobody asks for health keeps no
+	// key of every stack ever committed.
+	tracking atomic.Bool
 }
 
 type inventoryEntry struct {
@@ -40,7 +45,7 @@ type inventoryEntry struct {
 
 // changed marks a stack stale; update calls it after each commit, before acknowledging it.
 func (inv *inventory) changed(key string) {
-	if !strings.HasPrefix(key, allStacksPrefix) {
+	if !strings.HasPrefix(key, allStacksPrefix) || !inv.tracking.Load() {
 		return
 	}
 	inv.staleMu.Lock()
@@ -58,6 +63,8 @@ func (e *Engine) observeInventory(cockpit string, fn func(tx storage.Txn, inv he
 	inv := &e.inventory
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
+	// Before the View: a commit its snapshot misses is marked stale for the next read.
+	inv.tracking.Store(true)
 	inv.staleMu.Lock()
 	stale := inv.stale
 	inv.stale = nil
