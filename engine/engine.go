@@ -305,22 +305,23 @@ func (e *Engine) events(cockpit, stack string) ([]byte, error) {
 	return out, err
 }
 
-// EventsWindow returns the lines an events file keeps, as Events does, and the offset of their
-// first byte in everything ever appended to the file: lines trimmed from the window keep their
-// place, so a follower's offsets stay valid as the window slides.
-func (e *Engine) EventsWindow(cockpit, stack string) (window []byte, start int64, err error) {
+// EventsWindow returns the lines an events file keeps, as Events does, the offset of their first
+// byte in everything ever appended to the file, and each line's seq in order: lines are numbered
+// as they are appended, so a follower tells the lines it has not read by their seq, wherever a
+// window dropped lines (see appendEvent).
+func (e *Engine) EventsWindow(cockpit, stack string) (window []byte, start int64, seqs []uint64, err error) {
 	if stack == "" {
 		stack = cockpitLevel
 	}
 	err = e.db.View(func(tx storage.Txn) error {
-		if window, err = readEvents(tx, cockpit, stack); err != nil {
+		if window, seqs, err = readEventLines(tx, cockpit, stack); err != nil {
 			return err
 		}
 		end, err := eventsEnd(tx, cockpit, stack)
 		start = end - int64(len(window))
 		return err
 	})
-	return window, start, err
+	return window, start, seqs, err
 }
 
 // CockpitChange is where a cockpit's latest commit happened: the events file, relative to the

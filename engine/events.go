@@ -4,14 +4,45 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// eventsKept is how many lines each events file keeps.
+// eventsKept is how many lines of changes each events file keeps: every line but refusals.
 const eventsKept = 256
+
+// refusalsKept is how many refusal lines each events file keeps of each uid. Refusals have
+// windows of their own, one per uid, so that no user's refused operations (anyone may try to
+// change anything) can scroll another's history, or another's refusals, out of the file.
+const refusalsKept = 32
+
+// The windows of an events file: its changes, and each uid's refusals. A line belongs to the
+// window of what it records; appending past a window's bound removes that window's oldest line,
+// wherever it is in the file.
+const historyWindow = "h"
+
+// windowOf names the window of e: the history's, or its uid's refusals'.
+func windowOf(e event) string {
+	if e.Result == "refused" {
+		return fmt.Sprint(e.UID)
+	}
+	return historyWindow
+}
+
+// keptIn is how many lines window keeps.
+func keptIn(window string) uint64 {
+	if window == historyWindow {
+		return eventsKept
+	}
+	return refusalsKept
+}
+
+// windows counts, for each window of an events file, the lines ever appended to it: the number
+// of its next line, under which the line's seq is indexed (see eventsIndexKey).
+type windows map[string]uint64
 
 // event is one line of an events file.
 type event struct {
@@ -69,18 +100,87 @@ func appendEvent(tx storage.Txn, cockpit, stack string, e event) error {
 	if err != nil {
 		return err
 	}
+	counts, err := loadWindows(tx, cockpit, stack, seq)
+	if err != nil {
+		return err
+	}
 	if err := tx.Set(eventKey(cockpit, stack, seq), bytes.TrimSuffix(line.Bytes(), []byte("\n"))); err != nil {
 		return err
 	}
 	if err := setJSON(tx, eventsEndKey(cockpit, stack), end+int64(line.Len())); err != nil {
 		return err
 	}
-	if seq >= eventsKept {
-		if err := tx.Delete(eventKey(cockpit, stack, seq-eventsKept)); err != nil {
+	window := windowOf(e)
+	kept := keptIn(window)
+	n := counts[window]
+	if err := setJSON(tx, eventsIndexKey(cockpit, stack, window, n), seq); err != nil {
+		return err
+	}
+	if n >= kept {
+		if err := dropIndexed(tx, cockpit, stack, window, n-kept); err != nil {
 			return err
 		}
 	}
+	counts[window] = n + 1
+	if err := setJSON(tx, eventsWindowsKey(cockpit, stack), counts); err != nil {
+		return err
+	}
 	return setJSON(tx, eventsSeqKey(cockpit, stack), seq+1)
+}
+
+// dropIndexed removes the line indexed n in window, and its index entry.
+func dropIndexed(tx storage.Txn, cockpit, stack, window string, n uint64) error {
+	var seq uint64
+	indexed, err := getJSON(tx, eventsIndexKey(cockpit, stack, window, n), &seq)
+	if err != nil || !indexed {
+		return err
+	}
+	if err := tx.Delete(eventKey(cockpit, stack, seq)); err != nil {
+		return err
+	}
+	return tx.Delete(eventsIndexKey(cockpit, stack, window, n))
+}
+
+// loadWindows reads the window counts of an events file whose next line is seq. A file written
+// before lines had windows has lines but no counts: its lines are indexed now, by what each
+// records, and each window cut to its bound.
+func loadWindows(tx storage.Txn, cockpit, stack string, seq uint64) (windows, error) {
+	counts := windows{}
+	found, err := getJSON(tx, eventsWindowsKey(cockpit, stack), &counts)
+	if err != nil || found || seq == 0 {
+		return counts, err
+	}
+	byWindow := map[string][]uint64{}
+	if err := tx.Scan(eventsPrefix(cockpit, stack), func(k string, v []byte) error {
+		var e event
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("decode %s: %w", k, malformedValue{err})
+		}
+		lineSeq, err := strconv.ParseUint(k[len(eventsPrefix(cockpit, stack)):], 16, 64)
+		if err != nil {
+			return fmt.Errorf("decode %s: %w", k, malformedValue{err})
+		}
+		window := windowOf(e)
+		byWindow[window] = append(byWindow[window], lineSeq)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for window, seqs := range byWindow {
+		for len(seqs) > int(keptIn(window)) {
+			if err := tx.Delete(eventKey(cockpit, stack, seqs[0])); err != nil {
+				return nil, err
+			}
+			seqs = seqs[1:]
+		}
+		for i, s := range seqs {
+			if err := setJSON(tx, eventsIndexKey(cockpit, stack, window, uint64(i)), s); err != nil {
+				return nil, err
+			}
+		}
+		counts[window] = uint64(len(seqs))
+	}
+	return counts, nil
 }
 
 func deleteEvents(tx storage.Txn, cockpit, stack string) error {
@@ -91,7 +191,13 @@ func deleteEvents(tx storage.Txn, cockpit, stack string) error {
 	}); err != nil {
 		return err
 	}
-	keys = append(keys, eventsSeqKey(cockpit, stack), eventsEndKey(cockpit, stack))
+	if err := tx.Scan(eventsIndexPrefix(cockpit, stack), func(k string, _ []byte) error {
+		keys = append(keys, k)
+		return nil
+	}); err != nil {
+		return err
+	}
+	keys = append(keys, eventsSeqKey(cockpit, stack), eventsEndKey(cockpit, stack), eventsWindowsKey(cockpit, stack))
 	for _, k := range keys {
 		if err := tx.Delete(k); err != nil {
 			return err
@@ -110,6 +216,23 @@ func eventsEnd(tx storage.Txn, cockpit, stack string) (int64, error) {
 	}
 	window, err := readEvents(tx, cockpit, stack)
 	return int64(len(window)), err
+}
+
+// readEventLines is readEvents with each line's seq.
+func readEventLines(tx storage.Txn, cockpit, stack string) ([]byte, []uint64, error) {
+	var out []byte
+	var seqs []uint64
+	prefix := eventsPrefix(cockpit, stack)
+	err := tx.Scan(prefix, func(k string, v []byte) error {
+		seq, err := strconv.ParseUint(k[len(prefix):], 16, 64)
+		if err != nil {
+			return fmt.Errorf("decode %s: %w", k, malformedValue{err})
+		}
+		out = append(append(out, v...), '\n')
+		seqs = append(seqs, seq)
+		return nil
+	})
+	return out, seqs, err
 }
 
 func readEvents(tx storage.Txn, cockpit, stack string) ([]byte, error) {

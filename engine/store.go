@@ -22,6 +22,8 @@ import (
 //	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log
 //	q/<cockpit>/<stack|->    the next events seq
 //	o/<cockpit>/<stack|->    the events file's end: bytes ever appended to it (see EventsWindow)
+//	w/<cockpit>/<stack|->    how many lines were ever appended to each window of the events file
+//	x/<cockpit>/<stack|->/<window>/<n, 16 hex>   the seq of the window's line n (see appendEvent)
 //	m/<boot id>/<daemon>     a daemon of that boot is alive (shared stores only; see machines)
 const cockpitLevel = "-"
 
@@ -50,12 +52,17 @@ func holderStackKey(key string) string {
 	stack, _, _ := strings.Cut(rest, "/")
 	return stackKey(cockpit, stack)
 }
-func portKey(port int) string                   { return fmt.Sprintf("%s%05d", portsPrefix, port) }
-func leaseCountKey(cockpit string) string       { return "n/" + cockpit }
-func uidLeasesKey(uid uint32) string            { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
-func eventsPrefix(cockpit, stack string) string { return allEventsPrefix + cockpit + "/" + stack + "/" }
-func eventsSeqKey(cockpit, stack string) string { return "q/" + cockpit + "/" + stack }
-func eventsEndKey(cockpit, stack string) string { return "o/" + cockpit + "/" + stack }
+func portKey(port int) string                        { return fmt.Sprintf("%s%05d", portsPrefix, port) }
+func leaseCountKey(cockpit string) string            { return "n/" + cockpit }
+func uidLeasesKey(uid uint32) string                 { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
+func eventsPrefix(cockpit, stack string) string      { return allEventsPrefix + cockpit + "/" + stack + "/" }
+func eventsSeqKey(cockpit, stack string) string      { return "q/" + cockpit + "/" + stack }
+func eventsEndKey(cockpit, stack string) string      { return "o/" + cockpit + "/" + stack }
+func eventsWindowsKey(cockpit, stack string) string  { return "w/" + cockpit + "/" + stack }
+func eventsIndexPrefix(cockpit, stack string) string { return "x/" + cockpit + "/" + stack + "/" }
+func eventsIndexKey(cockpit, stack, window string, n uint64) string {
+	return fmt.Sprintf("%s%s/%016x", eventsIndexPrefix(cockpit, stack), window, n)
+}
 func eventKey(cockpit, stack string, seq uint64) string {
 	return fmt.Sprintf("%s%016x", eventsPrefix(cockpit, stack), seq)
 }

@@ -1,10 +1,12 @@
 package fs
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"sort"
 	"sync"
 	"syscall"
 	"time"
@@ -24,6 +26,8 @@ type view struct {
 	// start is where data begins in the file's history: the bytes ever appended before the
 	// window an events file keeps (0 for every other file).
 	start int64
+	// seqs are an events file's lines' numbers, one a line in order (see handle.follow).
+	seqs []uint64
 }
 
 // render produces a file's current view; a NotFound refusal means the file does not exist now.
@@ -70,6 +74,47 @@ type handle struct {
 	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
 	// read each new line once; a fresh open (`cat`) starts at the window it sees.
 	base int64
+}
+
+// follow takes v, a later rendering of the events file h reads, as h's view: the lines appended
+// since (by their seq) are added to it, and what h saw stays as h saw it, at the same offsets. A
+// window of an events file may drop a line from its middle (a uid's oldest refusal), which moves
+// every line before it in a fresh open; an open that keeps reading must still read each line
+// once, in order. Lines the file no longer keeps leave the view from its front, so it stays
+// about the file's size.
+func (h *handle) follow(v view) {
+	seen := len(h.view.seqs)
+	if seen == 0 || len(v.seqs) == 0 || v.seqs[len(v.seqs)-1] < h.view.seqs[seen-1] {
+		// Nothing to keep, or a file made anew (its seqs start again): v is all there is. Its
+		// offsets continue after what the open has, as a follower expects of a file that grew.
+		if seen > 0 && v.start < h.view.start+int64(len(h.view.data)) {
+			v.start = h.view.start + int64(len(h.view.data))
+		}
+		h.view = v
+		return
+	}
+	last := h.view.seqs[seen-1]
+	from := sort.Search(len(v.seqs), func(i int) bool { return v.seqs[i] > last })
+	drop := sort.Search(seen, func(i int) bool { return h.view.seqs[i] >= v.seqs[0] })
+	dropBytes := lineOffset(h.view.data, drop)
+	appended := v.data[lineOffset(v.data, from):]
+	data := append(append(make([]byte, 0, len(h.view.data)-dropBytes+len(appended)), h.view.data[dropBytes:]...), appended...)
+	seqs := append(append(make([]uint64, 0, seen-drop+len(v.seqs)-from), h.view.seqs[drop:]...), v.seqs[from:]...)
+	v.start, v.data, v.seqs = h.view.start+int64(dropBytes), data, seqs
+	h.view = v
+}
+
+// lineOffset is where line i (from 0) of data starts.
+func lineOffset(data []byte, i int) int {
+	off := 0
+	for ; i > 0 && off < len(data); i-- {
+		nl := bytes.IndexByte(data[off:], '\n')
+		if nl < 0 {
+			return len(data)
+		}
+		off += nl + 1
+	}
+	return off
 }
 
 var (
@@ -119,16 +164,18 @@ func (o *followers) remove(path string, h *handle) {
 	}
 }
 
-// oldest is the least offset 0 of path's opens, at most from.
-func (o *followers) oldest(path string, from int64) int64 {
+// size brings every open of path up to v and returns the largest size one of them has.
+func (o *followers) size(path string, v view) uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	var largest int64
 	for h := range o.opens[path] {
 		h.mu.Lock()
-		from = min(from, h.base)
+		h.follow(v)
+		largest = max(largest, h.view.start+int64(len(h.view.data))-h.base)
 		h.mu.Unlock()
 	}
-	return from
+	return uint64(largest)
 }
 
 // openFlags are every open's but a frozen file's: direct I/O, so every read reaches the handle's
@@ -213,7 +260,7 @@ func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int6
 	if f.follows && at >= h.view.start+int64(len(h.view.data)) {
 		// At the end of what this open saw: whatever was appended since is read now.
 		if v, err := f.render(); err == nil {
-			h.view = v
+			h.follow(v)
 		}
 	}
 	if at < h.view.start {
@@ -265,7 +312,7 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		if f.follows {
 			// fstat of a followed open: its size grows with what is appended (tail -f polls it).
 			if latest, err := f.render(); err == nil {
-				h.view = latest
+				h.follow(latest)
 			}
 		}
 		v = h.view
@@ -282,17 +329,17 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		out.Mode = syscall.S_IFREG | 0o644
 	}
 	out.Nlink = 1
+	// An open's size runs from its own offset 0; a stat's is the window a new open would read.
 	if origin < 0 {
 		origin = v.start
-		if f.follows {
-			// FUSE sends fstat as a stat by path. A follower (tail -f) takes a size below its
-			// own offset for a truncation and reads again from 0; counted from the oldest open's
-			// offset 0, the size is never below any open's, and grows with every line.
-			origin = f.fsys.followers.oldest(f.path, v.start)
-		}
 	}
-	// An open's size runs from its own offset 0; a stat's is the window a new open would read.
 	out.Size = uint64(max(0, v.start+int64(len(v.data))-origin))
+	if origin == v.start && f.follows {
+		// FUSE sends fstat as a stat by path. A follower (tail -f) takes a size below its own
+		// offset for a truncation and reads again from 0: the size is the largest of any open's,
+		// each brought up to date, so it is never below one, and grows with every line.
+		out.Size = max(out.Size, f.fsys.followers.size(f.path, v))
+	}
 	out.Uid = v.uid
 	setTimes(&out.Attr, v.mtime)
 	return 0

@@ -120,7 +120,7 @@ func (f *FS) eventsView(cockpit, stack string) render {
 			}
 			mtime, revision = stamp(r.UpdatedAt), r.Revision
 		}
-		data, start, err := f.eng.EventsWindow(cockpit, stack)
+		data, start, seqs, err := f.eng.EventsWindow(cockpit, stack)
 		if err != nil {
 			return view{}, err
 		}
@@ -128,7 +128,7 @@ func (f *FS) eventsView(cockpit, stack string) render {
 		if t := lastEventTime(data); t.After(mtime) {
 			mtime = t
 		}
-		return view{data: data, mtime: mtime, uid: info.UID, revision: revision, start: start}, nil
+		return view{data: data, mtime: mtime, uid: info.UID, revision: revision, start: start, seqs: seqs}, nil
 	}
 }
 

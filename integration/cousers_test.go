@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -177,4 +178,76 @@ func TestCoUserLeaseBound(t *testing.T) {
 	if got := m.read("app/stacks/n3/ports/HTTP"); got != "33900\n" {
 		t.Fatalf("n3's HTTP once n1 was drained = %q", got)
 	}
+}
+
+// Another uid's refusals keep a window of their own (its last RefusalsKept lines): 300 of them
+// leave the owner's history and the owner's own refusal in the stack's events, and a tail -f
+// that followed throughout read every line it was shown once, in order, ending with the
+// owner's next change.
+func TestCoUserRefusalsKeepOwnersHistory(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	m.setupApp(20, map[string]int{"HTTP": 34300}, "s")
+	const events = "app/stacks/s/events"
+	m.ok("touch $M/app/stacks/s/holders/a && touch $M/app/stacks/s/holders/b && echo pid=none > $M/app/stacks/s/holders/a && rm $M/app/stacks/s/holders/b")
+	m.refused("rm $M/app/stacks/s/holders/a", syscall.EBUSY) // root's own refusal: the final holder
+	before := strings.Split(strings.TrimSuffix(m.read(events), "\n"), "\n")
+	if len(before) != 5 {
+		t.Fatalf("the owner's events: %d lines, want 5:\n%s", len(before), strings.Join(before, "\n"))
+	}
+	follower := startReader(t, m, "tail -n +1 -f $M/"+events)
+	waitFor(t, func() string { return "tail to show the history: " + follower.output() }, func() bool { return strings.Count(follower.output(), "\n") == 5 })
+
+	r := ownershipAsNobody(m, `for i in {1..300}; do : > $M/app/stacks/s/x$i; done 2>/dev/null; true`)
+	if r.Code != 0 {
+		t.Fatalf("nobody's refused writes: exit %d: %s", r.Code, r.Stderr)
+	}
+	ownershipNobodyRefused(m, ": > $M/app/stacks/s/x301", syscall.EPERM)
+	m.ok("touch $M/app/stacks/s/holders/c") // the owner's next change
+
+	after := strings.Split(strings.TrimSuffix(m.read(events), "\n"), "\n")
+	if got := strings.Join(after[:5], "\n"); got != strings.Join(before, "\n") {
+		t.Fatalf("the owner's history changed:\nbefore\n%s\nafter\n%s", strings.Join(before, "\n"), got)
+	}
+	var want []string
+	for i := 301 - refusalsKept + 1; i <= 301; i++ {
+		want = append(want, fmt.Sprintf("x%d", i))
+	}
+	if got := followedNames(strings.Join(after, "\n"), "x"); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("nobody's refusals kept: %v, want its last %d", got, refusalsKept)
+	}
+	last := after[len(after)-1]
+	if len(after) != 5+refusalsKept+1 || !strings.Contains(last, `"result":"ok"`) || !strings.Contains(last, "holders/c") {
+		t.Fatalf("events: %d lines ending %s", len(after), last)
+	}
+	refusal := after[len(after)-2]
+	for _, w := range []string{`"result":"refused"`, `"errno":"EPERM"`, `"uid":65534`, "x301"} {
+		if !strings.Contains(refusal, w) {
+			t.Errorf("nobody's last refusal: want %s in %s", w, refusal)
+		}
+	}
+
+	waitFor(t, func() string { return "tail to show the owner's next change: " + follower.output() }, func() bool { return strings.Contains(follower.output(), "holders/c") })
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSuffix(follower.output(), "\n"), "\n") {
+		var ev struct{ At, Path string }
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("tail -f read a broken line %q: %v", line, err)
+		}
+		if seen[ev.At+ev.Path] {
+			t.Fatalf("tail -f read %s twice", line)
+		}
+		seen[ev.At+ev.Path] = true
+	}
+	if x := followedNames(follower.output(), "x"); !sort.SliceIsSorted(x, func(i, j int) bool { return xNumber(x[i]) < xNumber(x[j]) }) || len(x) == 0 || x[len(x)-1] != "x301" {
+		t.Fatalf("tail -f showed nobody's refusals out of order or without the last: %v", x)
+	}
+}
+
+// refusalsKept is how many refusals of one uid an events file keeps (engine's refusalsKept).
+const refusalsKept = 32
+
+func xNumber(name string) int {
+	n, _ := strconv.Atoi(strings.TrimPrefix(name, "x"))
+	return n
 }
