@@ -70,6 +70,8 @@ type handle struct {
 	// wrote: this open wrote a document, so attributes set through it (a copy restoring the
 	// source's times and mode: mv, cp -p) are accepted and change nothing.
 	wrote bool
+	// read is how far this open has read, in the same terms as base (see follow).
+	read int64
 	// base is where this open's offset 0 lies in the file's history: the start of the window it
 	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
 	// read each new line once; a fresh open (`cat`) starts at the window it sees.
@@ -80,19 +82,24 @@ type handle struct {
 // since (by their seq) are added to it, and what h saw stays as h saw it, at the same offsets. A
 // window of an events file may drop a line from its middle (a uid's oldest refusal), which moves
 // every line before it in a fresh open; an open that keeps reading must still read each line
-// once, in order. Lines the file no longer keeps leave the view from its front, so it stays
-// about the file's size.
+// once, in order. Lines the file no longer keeps leave the view from its front, and so do lines
+// the open has read once the view holds more than twice the file: it stays about its size.
+//
+// A rendering older than the view (renderings race each other to the handle) adds nothing. So
+// does a file made anew, its lines numbered from 0 again, until its numbers pass the view's: a
+// stack removed and made again under the same name while someone follows its events.
 func (h *handle) follow(v view) {
 	seen := len(h.view.seqs)
-	if seen == 0 || len(v.seqs) == 0 || v.seqs[len(v.seqs)-1] < h.view.seqs[seen-1] {
-		// Nothing to keep, or a file made anew (its seqs start again): v is all there is. Its
-		// offsets continue after what the open has, as a follower expects of a file that grew.
-		if seen > 0 && v.start < h.view.start+int64(len(h.view.data)) {
-			v.start = h.view.start + int64(len(h.view.data))
-		}
+	if len(v.seqs) == 0 || seen > 0 && v.seqs[len(v.seqs)-1] <= h.view.seqs[seen-1] {
+		return
+	}
+	if seen == 0 {
+		// Its offsets continue after what the open has, as a follower expects of a file that grew.
+		v.start = max(v.start, h.view.start+int64(len(h.view.data)))
 		h.view = v
 		return
 	}
+	window := len(v.data)
 	last := h.view.seqs[seen-1]
 	from := sort.Search(len(v.seqs), func(i int) bool { return v.seqs[i] > last })
 	drop := sort.Search(seen, func(i int) bool { return h.view.seqs[i] >= v.seqs[0] })
@@ -101,6 +108,12 @@ func (h *handle) follow(v view) {
 	data := append(append(make([]byte, 0, len(h.view.data)-dropBytes+len(appended)), h.view.data[dropBytes:]...), appended...)
 	seqs := append(append(make([]uint64, 0, seen-drop+len(v.seqs)-from), h.view.seqs[drop:]...), v.seqs[from:]...)
 	v.start, v.data, v.seqs = h.view.start+int64(dropBytes), data, seqs
+	if read := int(h.read - v.start); len(v.data) > 2*window+64<<10 && read > 0 {
+		// Bounded: what the open has read goes, whole lines of it.
+		lines := bytes.Count(v.data[:min(read, len(v.data))], []byte("\n"))
+		cut := lineOffset(v.data, lines)
+		v.start, v.data, v.seqs = v.start+int64(cut), v.data[cut:], v.seqs[lines:]
+	}
 	h.view = v
 }
 
@@ -274,7 +287,9 @@ func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int6
 	if from >= int64(len(data)) {
 		return fuse.ReadResultData(nil), 0
 	}
-	return fuse.ReadResultData(data[from:min(int64(len(data)), from+int64(len(dest)))]), 0
+	to := min(int64(len(data)), from+int64(len(dest)))
+	h.read = max(h.read, h.view.start+to)
+	return fuse.ReadResultData(data[from:to]), 0
 }
 
 func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (written uint32, errno syscall.Errno) {
