@@ -259,12 +259,14 @@ func (s *Store) Recent(fn func(storage.Txn) error) error {
 // of one key) learns a revision every commit acknowledged so far is at or below, and the
 // transaction reads the cache once the watch has brought it that far, or etcd at that revision.
 func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
+	late := ctx.Err() != nil
 	checkCtx, cancel := context.WithTimeout(ctx, s.budget)
+	began := time.Now()
 	resp, err := s.cli.Get(checkCtx, s.prefix, clientv3.WithCountOnly())
 	cancel()
 	s.roundTrips.Add(1)
 	if err != nil {
-		return nil, fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, s.describe(err))
+		return nil, fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, s.describeRead(late, time.Since(began), err))
 	}
 	t := s.newTxn(ctx, writable)
 	t.rev = resp.Header.Revision
@@ -434,6 +436,20 @@ func (s *Store) describe(err error) error {
 	return err
 }
 
+// describeRead is describe for a read made within its caller's context, which may end before the
+// store's budget (the engine's). A read begun after its caller's time was up (spent waiting for
+// its lock or on conflicts) asked etcd nothing and must not send the user looking for a lost
+// quorum; a read that waited names how long etcd did not answer.
+func (s *Store) describeRead(late bool, waited time.Duration, err error) error {
+	switch {
+	case late:
+		return fmt.Errorf("the operation's time ran out before this read (waiting for its stack or on conflicts): %w", err)
+	case errors.Is(err, context.DeadlineExceeded) && waited < s.budget:
+		return fmt.Errorf("no etcd quorum answered within %v: %w", waited.Round(time.Millisecond), err)
+	}
+	return s.describe(err)
+}
+
 func sleep(ctx context.Context, d time.Duration) error {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -483,15 +499,17 @@ func (t *txn) get(key string, prefix bool) ([]*mvccpb.KeyValue, error) {
 		opts = append(opts, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	}
 	opts = append(opts, clientv3.WithRev(t.rev))
+	late := t.ctx.Err() != nil
 	ctx, cancel := context.WithTimeout(t.ctx, t.s.budget)
 	defer cancel()
+	began := time.Now()
 	resp, err := t.s.cli.Get(ctx, key, opts...)
 	t.s.roundTrips.Add(1)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrCompacted) {
 			t.failure = errStale
 		} else {
-			t.failure = fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, t.s.describe(err))
+			t.failure = fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, t.s.describeRead(late, time.Since(began), err))
 		}
 		return nil, t.failure
 	}

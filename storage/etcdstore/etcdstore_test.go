@@ -259,3 +259,26 @@ func TestCommitOutlivesCallerContext(t *testing.T) {
 	}
 	t.Logf("%d of 20 rounds committed, the others sent nothing", committed)
 }
+
+// A read cut short by its caller's own deadline (the engine's budget, spent waiting for its lock
+// or on conflicts) is not blamed on the cluster: only a read that had the store's whole budget
+// says no quorum answered.
+func TestReadOutOfCallersTimeIsNotAQuorumLoss(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	s := c.Open(t, "caller-time")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
+	defer cancel()
+	<-ctx.Done()
+	err := s.Update(ctx, func(tx storage.Txn) error {
+		if _, err := tx.Get("k"); err != nil && !errors.Is(err, storage.ErrNotFound) {
+			return err
+		}
+		return tx.Set("k", []byte("v"))
+	})
+	if !errors.Is(err, storage.ErrLocked) || strings.Contains(err.Error(), "quorum") {
+		t.Errorf("Update whose caller's deadline had passed: %v; want ErrLocked not blaming the quorum", err)
+	}
+	if got := get(t, s, "k"); got != "<missing>" {
+		t.Errorf("k = %s after the refused Update", got)
+	}
+}
