@@ -198,7 +198,8 @@ func (e *Engine) MayWriteDeclaredValues(c Caller, cockpit, stack string) error {
 
 // SetDeclaredValues replaces the stack's declared values with the document text.
 func (e *Engine) SetDeclaredValues(ctx context.Context, c Caller, cockpit, stack string, text []byte) error {
-	return e.update(ctx, declaredValuesKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+	// Under the stack's lock: its events file gets the line, and the cockpit's wait wakes for it.
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
 			return err

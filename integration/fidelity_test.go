@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Entrypoint kinds and declared values, as the seeds' deriveEntrypoints has them: config takes a
@@ -36,12 +37,25 @@ func TestFidelityEntrypointKindsAndDeclaredValues(t *testing.T) {
 	}
 
 	// Values recorded elsewhere: web's .env line from another family, callback's registration
-	// at a provider. Matching values say nothing.
+	// at a provider. Matching values say nothing. The cockpit's wait, opened before, wakes
+	// naming the stack's events, where the write is recorded.
+	cockpitWait := startReader(t, m, "exec 3<$M/app/wait && echo opened && exec cat <&3")
+	for deadline := time.Now().Add(20 * time.Second); cockpitWait.output() != "opened\n"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) || cockpitWait.done() {
+			t.Fatalf("the cockpit's wait did not open: %q", cockpitWait.output())
+		}
+	}
 	m.ok(`cat > $M/app/stacks/s/declared-values <<'EOF'
 # from .env and the provider's console
 web=http://localhost:34090/app
 callback=https://auth.example.com/oauth/callback
 EOF`)
+	if got := cockpitWait.wait(t); got != "opened\nstacks/s/events\n" {
+		t.Fatalf("the cockpit's wait printed %q after a declared-values write", got)
+	}
+	if ev := m.lastEvent("app/stacks/s/events"); !strings.Contains(ev, `"result":"ok"`) || !strings.Contains(ev, `"path":"app/stacks/s/declared-values"`) {
+		t.Fatalf("the declared-values write's events line: %s", ev)
+	}
 	want := derived + `"diagnostics":[` +
 		`{"severity":"info","code":"PORT_EXTERNAL_REGISTRATION_GAP","message":"external registration cannot be updated by cockpit","target":"callback","fix":"update the external registration to http://127.0.0.1:34080/oauth/callback"},` +
 		`{"severity":"warning","code":"PORT_LOCAL_VALUE_CORRECTED","message":"stale loopback value was replaced from the accepted lease","target":"web","fix":"use http://127.0.0.1:34080/app"}]}` + "\n"
