@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -14,7 +15,7 @@ import (
 // crowdedStacks is how many stacks the crowded daemon holds besides app/s.
 const crowdedStacks = 1000
 
-// 8. health: `cat health` of one stack on a daemon with 1,000 other stacks and on the shared one
+// 8. health: `cat health` (as cat does it: catOnce) of one stack on a daemon with 1,000 other stacks and on the shared one
 // (a few stacks), against `cat ports/HTTP` on the crowded daemon and the listener check health
 // makes of the stack's two ports, side by side.
 func BenchmarkHealth(b *testing.B) {
@@ -22,7 +23,7 @@ func BenchmarkHealth(b *testing.B) {
 	buf := make([]byte, 64<<10)
 	cat := func(path string) op {
 		return op{run: func() error {
-			n, err := readOnce(path, buf)
+			n, err := catOnce(path, buf)
 			if err == nil && n == 0 {
 				err = fmt.Errorf("%s read empty", path)
 			}
@@ -35,6 +36,30 @@ func BenchmarkHealth(b *testing.B) {
 		"ports":          cat(d.path("app", "stacks", "s", "ports", "HTTP")),
 		"listener-check": {run: func() error { _, err := listeners.Listening([]int{20000, 20700}); return err }},
 	})
+}
+
+// catOnce does what cat does to path: open, fstat (for its buffer size, and to refuse copying a
+// file onto itself), read to the end, close. FUSE sends the fstat as a stat by path.
+// Its calls stay on one thread, as cat's do.
+func catOnce(path string, buf []byte) (total int, err error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var fd int
+	if err := retry(func() (err error) { fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); return err }); err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := retry(func() error { return unix.Fstat(fd, &st) }); err != nil {
+		return 0, err
+	}
+	for {
+		var n int
+		if err := retry(func() (err error) { n, err = unix.Read(fd, buf); return err }); err != nil || n == 0 {
+			return total, err
+		}
+		total += n
+	}
 }
 
 var crowded *daemon

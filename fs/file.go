@@ -51,6 +51,42 @@ type file struct {
 	fixed   *view  // a frozen file's one content (see entry.frozen)
 	// follows: an append-only file (events) an open keeps reading as it grows (see handle.base).
 	follows bool
+	// opens are this read-only file's opens by the thread that opened each (see ownOpen).
+	opens threadOpens
+}
+
+// threadOpens are a file's opens keyed by the thread that opened each. FUSE sends a process's
+// fstat as a stat by path, so a file observed at each open (health) would be observed again
+// to answer `cat`'s fstat, and the size could differ from what that open reads. A stat by path
+// from the very thread that opened the file is taken for its fstat and answered from its open;
+// any other thread's stat observes anew.
+type threadOpens struct {
+	mu sync.Mutex
+	by map[uint32]*handle
+}
+
+func (o *threadOpens) add(tid uint32, h *handle) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.by == nil {
+		o.by = map[uint32]*handle{}
+	}
+	o.by[tid] = h
+}
+
+func (o *threadOpens) remove(h *handle) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.by[h.tid] == h {
+		delete(o.by, h.tid)
+	}
+}
+
+func (o *threadOpens) of(tid uint32) (*handle, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	h, ok := o.by[tid]
+	return h, ok
 }
 
 // handle is one open of a file.
@@ -72,6 +108,7 @@ type handle struct {
 	wrote bool
 	// read is how far this open has read, in the same terms as base (see follow).
 	read int64
+	tid  uint32 // the thread that opened it (see threadOpens)
 	// base is where this open's offset 0 lies in the file's history: the start of the window it
 	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
 	// read each new line once; a fresh open (`cat`) starts at the window it sees.
@@ -141,10 +178,15 @@ var (
 	_ = (fs.NodeFlusher)((*file)(nil))
 )
 
-// Release forgets a followed open.
+// Release forgets a followed open, and the open its thread's stats were answered from.
 func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {
-	if h, ok := fh.(*handle); ok && f.follows {
-		f.fsys.followers.remove(f.path, h)
+	if h, ok := fh.(*handle); ok {
+		if f.follows {
+			f.fsys.followers.remove(f.path, h)
+		}
+		if h.tid != 0 {
+			f.opens.remove(h)
+		}
 	}
 	return 0
 }
@@ -251,6 +293,9 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 	h := &handle{view: v, base: v.start}
 	if f.follows {
 		f.fsys.followers.add(f.path, h)
+	} else if fc, ok := ctx.(*fuse.Context); ok && f.writer == nil && fc.Pid != 0 {
+		h.tid = fc.Pid
+		f.opens.add(h.tid, h)
 	}
 	if flags&syscall.O_APPEND != 0 {
 		// An append (>>) continues the document there. Anything else writes a whole document:
@@ -315,6 +360,18 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 	return uint32(len(data)), 0
 }
 
+// ownOpen is the open a Getattr is about: fh for an fstat, or, for a stat by path, the open of
+// the same thread (see threadOpens).
+func (f *file) ownOpen(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
+	if h, ok := f.fsys.openedHandle(ctx, fh); ok {
+		return h, true
+	}
+	if fc, ok := ctx.(*fuse.Context); ok && fc.Pid != 0 && f.writer == nil && !f.follows {
+		return f.opens.of(fc.Pid)
+	}
+	return nil, false
+}
+
 func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("getattr "+f.path, &errno)
 	var v view
@@ -322,7 +379,7 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if f.fixed != nil {
 		v = *f.fixed
 		out.SetTimeout(entryTimeout) // it never changes
-	} else if h, ok := f.fsys.openedHandle(ctx, fh); ok {
+	} else if h, ok := f.ownOpen(ctx, fh); ok {
 		h.mu.Lock()
 		if f.follows {
 			// fstat of a followed open: its size grows with what is appended (tail -f polls it).

@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -156,8 +159,30 @@ func TestHealthOfAStackUpAndDown(t *testing.T) {
 		t.Fatalf("stat size and read length differ: %q", got)
 	}
 
+	// An open's fstat (which FUSE sends as a stat by path) is the size its reads return, though
+	// the stack changed since the open; a stat by any other process observes now.
+	runtime.LockOSThread()
+	f, err := os.Open(filepath.Join(m.Dir, stack, "health"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
 	// And goes down again.
 	l.Close()
+	fresh := m.ok(`stat -c %s $M/app/stacks/a/health; wc -c < $M/app/stacks/a/health`)
+	info, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened, err := io.ReadAll(f)
+	runtime.UnlockOSThread()
+	if err != nil || info.Size() != int64(len(opened)) || !strings.Contains(string(opened), `"value":true`) {
+		t.Fatalf("fstat of an open reads size %d, the open read %d bytes (%v): %s", info.Size(), len(opened), err, opened)
+	}
+	if sizes := strings.Fields(fresh); len(sizes) != 2 || sizes[0] != sizes[1] || sizes[0] == strconv.Itoa(len(opened)) {
+		t.Fatalf("a stat by another process while an open is held: %q, the open's %d bytes", fresh, len(opened))
+	}
 	observeWant(t, m.observeHealth(stack), "PORT_LISTENER_ABSENT HTTP=24180", false)
 }
 
