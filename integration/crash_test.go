@@ -396,14 +396,17 @@ func TestCrashSafety(t *testing.T) {
 // Over etcd: two daemons serve one prefix, the clients split between them, and each cycle kills
 // one of them in turn. Right after the kill, and before the killed daemon is back, the other
 // daemon must show every operation acknowledged through either; then the restarted daemon must
-// too.
+// too. Throughout, no port is in two active leases on any etcd snapshot (watchPorts).
 func TestCrashSafetyEtcd(t *testing.T) {
 	t.Parallel()
 	cluster := etcdtest.Start(t, 3)
 	store := cluster.URL("crash")
+	a, b := newEtcdMount(t, store), newEtcdMount(t, store)
+	ports := watchPorts(t, cluster, "crash")
 	// An operation over etcd takes a few round trips to a cluster in the test process: the
 	// clients run longer before each kill.
-	crashSuite(t, []*mount{newEtcdMount(t, store), newEtcdMount(t, store)}, crashCycles(t, crashCyclesEtcd), 500*time.Millisecond)
+	crashSuite(t, []*mount{a, b}, crashCycles(t, crashCyclesEtcd), 500*time.Millisecond)
+	ports.finish(t)
 }
 
 // crashSuite runs cycles of the clients on six stacks, client i on mounts[i%len(mounts)], killing
