@@ -94,11 +94,12 @@ func checkPortsOnce(cli *clientv3.Client, prefix string) (failure string, ok boo
 		if !r.Value.Lease.Active() {
 			continue
 		}
+		stack := r.Cockpit + "/" + r.Stack
 		for _, port := range r.Value.Lease.Ports {
 			if other, twice := leased[port]; twice {
-				return fmt.Sprintf("revision %d: port %d is in the active leases of %s and %s", rev, port, other, r.Stack), true
+				return fmt.Sprintf("revision %d: port %d is in the active leases of %s and %s", rev, port, other, stack), true
 			}
-			leased[port] = r.Cockpit + "/" + r.Stack
+			leased[port] = stack
 		}
 	}
 	indexed := map[int]string{}
