@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 )
@@ -19,13 +22,41 @@ type ephemeralRange struct {
 	Low, High int
 }
 
+// ephemeralRangeFile is ephemeralRangePath kept open: a read at offset 0 of a sysctl file is its
+// value now, and opening it costs twice what reading it does (every health read reads it).
+var ephemeralRangeFile struct {
+	sync.Mutex
+	f *os.File
+}
+
 // readEphemeralRange reads this host's range.
 func readEphemeralRange() (ephemeralRange, error) {
-	data, err := os.ReadFile(ephemeralRangePath)
+	data, err := readEphemeralRangeFile()
 	if err != nil {
 		return ephemeralRange{}, fmt.Errorf("read the kernel's ephemeral port range: %w", err)
 	}
 	return parseEphemeralRange(string(data))
+}
+
+func readEphemeralRangeFile() ([]byte, error) {
+	k := &ephemeralRangeFile
+	k.Lock()
+	defer k.Unlock()
+	if k.f == nil {
+		f, err := os.Open(ephemeralRangePath)
+		if err != nil {
+			return nil, err
+		}
+		k.f = f
+	}
+	buf := make([]byte, 64) // "32768\t60999\n"
+	n, err := k.f.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		k.f.Close() // opened again at the next read
+		k.f = nil
+		return nil, err
+	}
+	return buf[:n], nil
 }
 
 // parseEphemeralRange reads the content of ip_local_port_range: two ports separated by white
