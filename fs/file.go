@@ -402,11 +402,12 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	}
 	out.Nlink = 1
 	// An open's size runs from its own offset 0; a stat's is the window a new open would read.
-	if origin < 0 {
+	byPath := origin < 0
+	if byPath {
 		origin = v.start
 	}
 	out.Size = uint64(max(0, v.start+int64(len(v.data))-origin))
-	if origin == v.start && f.follows {
+	if byPath && f.follows {
 		// FUSE sends fstat as a stat by path. A follower (tail -f) takes a size below its own
 		// offset for a truncation and reads again from 0: the size is the largest of any open's,
 		// each brought up to date, so it is never below one, and grows with every line.
