@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,28 +30,56 @@ const (
 // refuses it): the caller falls back to the socket tables.
 var errDiagUnavailable = errors.New("sock_diag unavailable")
 
+// diag is the daemon's one sock_diag socket, kept open between checks: opening and closing a
+// netlink socket (and zeroing a fresh receive buffer) was most of a check's cost. mu makes the
+// checks take turns on it, so each request's replies are read by the check that sent it; a reply
+// still queued from a check that gave up is told apart by its sequence number.
+var diag struct {
+	mu  sync.Mutex
+	fd  int // -1 until opened, and again after a failure left the socket's state unknown
+	seq uint32
+	buf []byte
+}
+
+func init() { diag.fd = -1 }
+
 // sockDiagListening sets found[port] for every port of want with a TCP socket in LISTEN state,
 // IPv4 or IPv6 (v4-mapped and dual-stack sockets are IPv6 sockets). It returns an error wrapping
 // errDiagUnavailable when the kernel cannot be asked, and one wrapping ErrUndecided when its
 // answer does not parse.
 func sockDiagListening(want map[int]bool) (map[int]bool, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errDiagUnavailable, err)
+	diag.mu.Lock()
+	defer diag.mu.Unlock()
+	if diag.fd < 0 {
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errDiagUnavailable, err)
+		}
+		diag.fd = fd
+		diag.buf = make([]byte, 32<<10)
 	}
-	defer unix.Close(fd)
+	found, err := askListeners(diag.fd, diag.buf, &diag.seq, want)
+	if err != nil {
+		// A socket that failed, or whose reply did not parse, is not asked again: the next check
+		// opens a new one.
+		unix.Close(diag.fd)
+		diag.fd = -1
+	}
+	return found, err
+}
+
+// askListeners dumps the listeners of want's ports, both families, on fd.
+func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool) (map[int]bool, error) {
 	ports := make([]int, 0, len(want))
 	for port := range want {
 		ports = append(ports, port)
 	}
 	found := make(map[int]bool, len(want))
-	buf := make([]byte, 32<<10)
-	seq := uint32(0)
 	for start := 0; start < len(ports); start += diagPortsPerRequest {
 		chunk := ports[start:min(start+diagPortsPerRequest, len(ports))]
 		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
-			seq++
-			err := dumpListeners(fd, buf, seq, family, chunk, found)
+			*seq++
+			err := dumpListeners(fd, buf, *seq, family, chunk, found)
 			// Without IPv6 in the kernel there is no AF_INET6 handler (ENOENT): no IPv6 listeners.
 			if family == unix.AF_INET6 && errors.Is(err, unix.ENOENT) {
 				continue

@@ -150,3 +150,61 @@ func TestSockDiagManySockets(t *testing.T) {
 		}
 	}
 }
+
+// One socket serves every check, and each check still sees the listeners of its moment: a port
+// that starts listening between two checks, then stops, reads so at each.
+func TestSockDiagKeepsOneSocketAndSeesEachMoment(t *testing.T) {
+	free := closedPort(t)
+	askKernel(t, free)
+	diag.mu.Lock()
+	fd := diag.fd
+	diag.mu.Unlock()
+	l, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(free))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := askKernel(t, free); !maps.Equal(got, setOf(free)) {
+		t.Fatalf("with a listener on %d: found %v", free, got)
+	}
+	l.Close()
+	if got := askKernel(t, free); len(got) != 0 {
+		t.Fatalf("after the listener closed: found %v", got)
+	}
+	diag.mu.Lock()
+	defer diag.mu.Unlock()
+	if diag.fd != fd || fd < 0 {
+		t.Fatalf("the checks used sockets %d and %d, want one kept open", fd, diag.fd)
+	}
+}
+
+// Concurrent checks share the socket and each reads its own answer, never another's.
+func TestSockDiagConcurrentChecksReadTheirOwnAnswers(t *testing.T) {
+	const checkers = 8
+	ports := make([]int, checkers)
+	for i := range ports {
+		ports[i] = listen(t, "tcp4", "127.0.0.1:0")
+	}
+	free := closedPort(t)
+	askKernel(t, free)
+	errs := make(chan error, checkers)
+	for i := range checkers {
+		go func() {
+			for range 50 {
+				found, err := sockDiagListening(setOf(ports[i], free))
+				if err == nil && !maps.Equal(found, setOf(ports[i])) {
+					err = errors.New("checker " + strconv.Itoa(i) + " read another answer")
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range checkers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
