@@ -85,7 +85,6 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		readErr    error
 		inventory  healthInventory
 		configured bool
-		candidates []int
 		declared   portdecl.Declaration
 	)
 	err := e.observeInventory(cockpit, func(tx storage.Txn, inv healthInventory) error {
@@ -102,12 +101,14 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 			readErr, err = err, nil
 		case err != nil:
 			return err
+		case read.checked:
+			r = read.Record // these very bytes passed checkRecord when this engine wrote them
 		default:
 			r, readErr = read.Record, checkRecord(read.Record)
 		}
 		if m, err := e.loadCockpit(tx, cockpit); err == nil {
 			if cfg, ok := m.config(); ok {
-				configured, candidates, declared = true, candidatePorts(cfg.Declaration), cfg.Declaration
+				configured, declared = true, cfg.Declaration
 			}
 		}
 		inventory = inv
@@ -162,7 +163,8 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		obs = append(obs, listenerObservations(base, lease, evidence, at)...)
 		obs = append(obs, ephemeralObservation(base, leasePorts(lease), "leased", at))
 	} else if configured {
-		obs = append(obs, ephemeralObservation(base, candidates, "candidate", at))
+		// The candidates only when no lease names the ports: listing them walks every family.
+		obs = append(obs, ephemeralObservation(base, candidatePorts(declared), "candidate", at))
 	} else {
 		o := ephemeralBase(base)
 		o.Observed = observed{State: observedUnavailable, Reason: "the cockpit has no port declaration", ObservedAt: at}

@@ -148,7 +148,7 @@ func (e *Engine) inventoryEntry(tx storage.Txn, key string, raw []byte) (invento
 // inventoryEntryOf observes r, key's record, or why it could not be read (err).
 func inventoryEntryOf(key string, r cachedRecord, err error) inventoryEntry {
 	cockpit, _ := splitStackKey(key)
-	if err == nil {
+	if err == nil && !r.checked { // checked: these bytes passed checkRecord when this engine wrote them
 		err = checkRecord(r.Record)
 	}
 	entry := inventoryEntry{cockpit: cockpit}
