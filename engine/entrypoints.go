@@ -155,10 +155,6 @@ func parseDeclaredValues(text []byte) (map[string]string, error) {
 	return values, nil
 }
 
-// declaredValuesKey holds a stack's DeclaredValues beside its record, so recording them neither
-// moves the stack's revision nor waits for its drain.
-func declaredValuesKey(cockpit, stack string) string { return "d/" + cockpit + "/" + stack }
-
 // DeclaredValues returns what the stack's declared-values holds (empty before any write).
 func (e *Engine) DeclaredValues(cockpit, stack string) (DeclaredValues, error) {
 	var dv DeclaredValues

@@ -35,6 +35,7 @@ const (
 	portsPrefix      = "p/"
 	allEventsPrefix  = "e/"
 	uidLeasesPrefix  = "u/"
+	declaredPrefix   = "d/"
 )
 
 func cockpitKey(cockpit string) string      { return cockpitsPrefix + cockpit }
@@ -52,6 +53,10 @@ func holderStackKey(key string) string {
 	stack, _, _ := strings.Cut(rest, "/")
 	return stackKey(cockpit, stack)
 }
+
+// declaredValuesKey holds a stack's DeclaredValues beside its record, so recording them neither
+// moves the stack's revision nor waits for its drain.
+func declaredValuesKey(cockpit, stack string) string { return declaredPrefix + cockpit + "/" + stack }
 func portKey(port int) string                        { return fmt.Sprintf("%s%05d", portsPrefix, port) }
 func leaseCountKey(cockpit string) string            { return "n/" + cockpit }
 func uidLeasesKey(uid uint32) string                 { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }

@@ -122,7 +122,7 @@ func TestInlineHoldersMigrate(t *testing.T) {
 
 // Verify names a holder's key that no stack has, or that holds another holder, and a holder
 // stored both inline and under its key.
-func TestVerifyNamesHolderKeyDamage(t *testing.T) {
+func TestVerifyNamesKeyDamage(t *testing.T) {
 	for _, c := range []struct {
 		name, key, says string
 		corrupt         func(tx storage.Txn, h Holder) error
@@ -135,6 +135,12 @@ func TestVerifyNamesHolderKeyDamage(t *testing.T) {
 			other.Name = "other"
 			other.HolderID = holderID("other")
 			return setJSON(tx, holderKey("app", "s", h.HolderID), other)
+		}},
+		{"declared values of no stack", "d/app/gone", "declared values of stack app/gone, which does not exist", func(tx storage.Txn, _ Holder) error {
+			return setJSON(tx, declaredValuesKey("app", "gone"), DeclaredValues{Text: "WEB=http://x/\n", Values: map[string]string{"WEB": "http://x/"}})
+		}},
+		{"declared values not their text's", "d/app/s", "do not parse from the text", func(tx storage.Txn, _ Holder) error {
+			return setJSON(tx, declaredValuesKey("app", "s"), DeclaredValues{Text: "WEB=http://x/\n", Values: map[string]string{"WEB": "http://y/"}})
 		}},
 		{"a holder both inline and under its key", "s/app/s", "stored both in the record and under its own key", func(tx storage.Txn, h Holder) error {
 			r, err := assembleRecord(tx, stackKey("app", "s"), mustGet(tx, stackKey("app", "s")))

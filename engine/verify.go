@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -74,6 +75,24 @@ func Verify(db storage.Store) ([]string, int, error) {
 			if stack := holderStackKey(key); !hasKey(heads, stack) {
 				cockpit, name := splitStackKey(stack)
 				bad(key, "a holder of stack %s/%s, which does not exist", cockpit, name)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		// Declared values belong to a stack and hold what their text parses to.
+		if err := tx.Scan(declaredPrefix, func(key string, value []byte) error {
+			cockpit, stack := splitStackKey(allStacksPrefix + strings.TrimPrefix(key, declaredPrefix))
+			if !hasKey(heads, stackKey(cockpit, stack)) {
+				bad(key, "declared values of stack %s/%s, which does not exist", cockpit, stack)
+			}
+			var dv DeclaredValues
+			if err := json.Unmarshal(value, &dv); err != nil {
+				bad(key, "%v", err)
+				return nil
+			}
+			if values, err := parseDeclaredValues([]byte(dv.Text)); err != nil || !maps.Equal(values, dv.Values) {
+				bad(key, "the declared values do not parse from the text recorded with them")
 			}
 			return nil
 		}); err != nil {
