@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -309,5 +311,34 @@ func TestHealthSaysTheDeclarationChanged(t *testing.T) {
 	wantValue(t, o, false)
 	if !strings.Contains(o.Observed.Reason, "another [ports] declaration") {
 		t.Fatalf("reason %q", o.Observed.Reason)
+	}
+}
+
+// AppendJSON writes what encoding/json writes (HTML escaping off), for every observation health
+// makes of a claimed stack, one without a lease, and one whose strings need escaping.
+func TestObservationJSONIsEncodingJSONs(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a", "idle")
+	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
+		t.Fatal(err)
+	}
+	obs := append(health(t, e, "a"), health(t, e, "idle")...)
+	odd := obs[len(obs)-1]
+	no := false
+	odd.Observed.Value = &no
+	odd.Target = "x=\"<1>\" & \\ \n\t\b\f\x01 é \u2028 \xff ok"
+	odd.Observed.Reason = odd.Target
+	odd.Expectation.Value = false
+	obs = append(obs, odd, Observation{})
+	for _, o := range obs {
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(o); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(o.AppendJSON(nil)) + "\n"; got != want.String() {
+			t.Fatalf("AppendJSON:\n%s\nencoding/json:\n%s", got, want.String())
+		}
 	}
 }

@@ -1,10 +1,5 @@
 package fs
 
-import (
-	"bytes"
-	"encoding/json"
-)
-
 // healthView renders a stack's health: one JSON observation a line, observed at each open (and
 // each stat, so st_size is what a read returns). The mtime is the record's updatedAt all the same,
 // so make and editors see the file change only when the stack does.
@@ -14,15 +9,11 @@ func (f *FS) healthView(cockpit, stack string) render {
 		if err != nil {
 			return view{}, err
 		}
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false) // a remedy's "<" or ">" reads as written
+		var data []byte
 		for _, o := range obs {
-			if err := enc.Encode(o); err != nil {
-				return view{}, err
-			}
+			data = append(o.AppendJSON(data), '\n') // a remedy's "<" or ">" reads as written
 		}
-		v := view{data: b.Bytes(), uid: f.uid}
+		v := view{data: data, uid: f.uid}
 		// An unreadable record is reported in the content (claim-state failed); the file itself
 		// still opens, owned by the daemon's user.
 		if r, err := f.eng.Stack(cockpit, stack); err == nil {
