@@ -83,7 +83,7 @@ func TestRecordByteLimit(t *testing.T) {
 	if holder := len(canonicalJSON(r.Value.Holders[0])); len(canonicalJSON(r))+holder+1 <= maxRecordBytes {
 		t.Fatalf("refused at %d bytes, with room for a holder of %d", len(canonicalJSON(r)), holder)
 	}
-	// However large the record, no value stored reaches kv's value threshold (256 KiB), from
+	// However large the record, no value stored reaches kv's value threshold (512 KiB), from
 	// which badger keeps it in its value log, which is never reclaimed.
 	if _, _, largest := storedLayout(t, e.db, "app", "s"); largest > 64<<10 {
 		t.Fatalf("a value of %d bytes is stored, more than 64 KiB", largest)
