@@ -17,7 +17,8 @@ const crowdedStacks = 1000
 
 // 8. health: `cat health` (as cat does it: catOnce) of one stack on a daemon with 1,000 other stacks and on the shared one
 // (a few stacks), against `cat ports/HTTP` on the crowded daemon and the listener check health
-// makes of the stack's two ports, side by side.
+// makes of the stack's two ports, the same cat of a direct-I/O file on the FUSE floor, and the
+// observation in-process, side by side.
 func BenchmarkHealth(b *testing.B) {
 	d := crowdedDaemon(b)
 	buf := make([]byte, 64<<10)
@@ -30,11 +31,24 @@ func BenchmarkHealth(b *testing.B) {
 			return err
 		}}
 	}
+	eng := observationEngine(b)
+	var rendered []byte
 	paired(b, map[string]op{
+		"observation": {run: func() error {
+			obs, err := eng.eng.Health("app", "s")
+			rendered = rendered[:0]
+			for _, o := range obs {
+				rendered = append(o.AppendJSON(rendered), '\n')
+			}
+			return err
+		}},
 		"health-crowded": cat(d.path("app", "stacks", "s", "health")),
 		"health-alone":   cat(sharedDaemon(b).path("app", "stacks", "s", "health")),
 		"ports":          cat(d.path("app", "stacks", "s", "ports", "HTTP")),
 		"listener-check": {run: func() error { _, err := listeners.Listening([]int{20000, 20700}); return err }},
+		// The same requests as a health read (OPEN, GETATTR, two READs, RELEASE) on a direct-I/O
+		// file of the FUSE floor: what a health read costs with nothing observed.
+		"floor-direct": cat(filepath.Join(floorDirFor(b), "app", "stacks", "s", "control")),
 	})
 }
 
@@ -60,6 +74,19 @@ func catOnce(path string, buf []byte) (total int, err error) {
 		}
 		total += n
 	}
+}
+
+var observed *engineFixture
+
+// observationEngine is an engine of its own holding app/s as the daemons hold it, for the
+// observation alone, in-process.
+func observationEngine(b *testing.B) *engineFixture {
+	if observed == nil {
+		observed = newEngine(b, "health-engine")
+		observed.cockpit(b, "app", 20000, 10, 20)
+		observed.heldStack(b, "app", "s")
+	}
+	return observed
 }
 
 var crowded *daemon

@@ -161,6 +161,11 @@ func main() {
 	t.row("health: the same on a daemon with 3 stacks", "Health", "ns/health-alone", us, "µs", "crowded is "+r, "", "")
 	t.row("  part: cat ports/HTTP beside 1,000 stacks", "Health", "ns/ports", us, "µs", "", "", "")
 	t.row("  part: the listener check of its 2 ports", "Health", "ns/listener-check", us, "µs", "", "", "")
+	t.row("  part: the same cat of a direct-I/O file on the FUSE floor (open, fstat, 2 reads, close)", "Health", "ns/floor-direct", us, "µs", "", "", "")
+	t.row("  part: the observation in-process (engine Health, its listener check and JSON)", "Health", "ns/observation", us, "µs", "", "", "")
+	t.f.sum("Health/least", "ns/op", [2]string{"Health", "ns/floor-direct"}, [2]string{"Health", "ns/listener-check"})
+	r, _ = t.ratio("Health/least", "ns/op", "Health/floor", "ns/op", atLeast(0))
+	t.row("  least health can cost: that floor cat + the listener check", "Health/least", "ns/op", us, "µs", r+" of ports/HTTP + listener check", "", "")
 
 	r, v = t.ratio("Write/paired", "ns/cockpitfs", "Write/paired", "ns/floor", atMost(1.5))
 	t.row("write: cockpitfs claim+release cycle (create, unlink)", "Write/paired", "ns/cockpitfs", us, "µs", r+" of floor", "≤ 1.5× floor", v)
