@@ -292,19 +292,6 @@ func (e *Engine) PortOwner(port int) (owner PortOwner, ok bool, err error) {
 	return owner, ok, err
 }
 
-// events returns the events lines of a stack, or of the cockpit itself when stack is "".
-func (e *Engine) events(cockpit, stack string) ([]byte, error) {
-	if stack == "" {
-		stack = cockpitLevel
-	}
-	var out []byte
-	err := e.db.View(func(tx storage.Txn) (err error) {
-		out, err = readEvents(tx, cockpit, stack)
-		return err
-	})
-	return out, err
-}
-
 // EventsWindow returns the lines an events file keeps, as Events does, the offset of their first
 // byte in everything ever appended to the file, and each line's seq in order: lines are numbered
 // as they are appended, so a follower tells the lines it has not read by their seq, wherever a

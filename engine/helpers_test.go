@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // newEngine opens an engine over a real badger store in a temp dir.
@@ -54,4 +55,17 @@ func newCockpit(t *testing.T, e *Engine, name, config string, stacks ...string) 
 // untracked claims for holder without a pid, checked out at /src/<holder>.
 func untracked(holder string) *Holder {
 	return &Holder{CheckoutPath: "/src/" + holder}
+}
+
+// events returns the events lines of a stack, or of the cockpit itself when stack is "".
+func (e *Engine) events(cockpit, stack string) ([]byte, error) {
+	if stack == "" {
+		stack = cockpitLevel
+	}
+	var out []byte
+	err := e.db.View(func(tx storage.Txn) (err error) {
+		out, err = readEvents(tx, cockpit, stack)
+		return err
+	})
+	return out, err
 }
