@@ -168,11 +168,7 @@ func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack strin
 
 func (e *Engine) removeStack(ctx context.Context, c Caller, cockpit, stack string) error {
 	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
-		m, err := e.loadCockpit(tx, cockpit)
-		if err != nil {
-			return err
-		}
-		r, err := e.loadRecord(tx, cockpit, stack)
+		m, r, err := e.loadStack(tx, cockpit, stack)
 		if err != nil {
 			return err
 		}

@@ -196,11 +196,7 @@ func (e *Engine) MayWriteDeclaredValues(c Caller, cockpit, stack string) error {
 func (e *Engine) SetDeclaredValues(ctx context.Context, c Caller, cockpit, stack string, text []byte) error {
 	// Under the stack's lock: its events file gets the line, and the cockpit's wait wakes for it.
 	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
-		m, err := e.loadCockpit(tx, cockpit)
-		if err != nil {
-			return err
-		}
-		r, err := e.loadRecord(tx, cockpit, stack)
+		m, r, err := e.loadStack(tx, cockpit, stack)
 		if err != nil {
 			return err
 		}

@@ -172,6 +172,16 @@ func (e *Engine) loadRecord(tx storage.Txn, cockpit, stack string) (Record, erro
 	return r.Record, err
 }
 
+// loadStack reads a stack's cockpit and its record, for the operations that judge both.
+func (e *Engine) loadStack(tx storage.Txn, cockpit, stack string) (cockpitMeta, Record, error) {
+	m, err := e.loadCockpit(tx, cockpit)
+	if err != nil {
+		return m, Record{}, err
+	}
+	r, err := e.loadRecord(tx, cockpit, stack)
+	return m, r, err
+}
+
 func (e *Engine) readRecord(tx storage.Txn, cockpit, stack string) (cachedRecord, error) {
 	key := stackKey(cockpit, stack)
 	head, err := tx.Get(key)

@@ -205,15 +205,7 @@ func TestDamagedManifestIsRefused(t *testing.T) {
 func TestTableChecksumMismatchIsRefused(t *testing.T) {
 	t.Parallel()
 	dir := closedStore(t, 16)
-	sst := onlyFile(t, dir, "*.sst")
-	data, err := os.ReadFile(sst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := bytes.Index(data, []byte("value-007-"))
-	if at < 0 {
-		t.Fatal("value-007 is not in the table")
-	}
+	sst, at := valueInTable(t, dir)
 	flipByte(t, sst, at+7) // "value-007" → "value-037"
 	refused(t, dir, sst)
 }
@@ -275,20 +267,7 @@ func TestTableDamagedWhileOpenFailsClosed(t *testing.T) {
 	if _, _, err := db.KeepBackup(dir); err != nil {
 		t.Fatalf("a backup of a sound store: %v", err)
 	}
-	sst := onlyFile(t, dir, "*.sst")
-	data, err := os.ReadFile(sst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := bytes.Index(data, []byte("value-007-"))
-	f, err := os.OpenFile(sst, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte{'9'}, int64(at+8)); err != nil { // in place: the table is mapped
-		t.Fatal(err)
-	}
-	f.Close()
+	damageInPlace(t, dir)
 	backups, _ := filepath.Glob(filepath.Join(dir, BackupDirName, "*.backup"))
 	if _, _, err := db.KeepBackup(dir); !errors.Is(err, storage.ErrCorrupt) {
 		t.Fatalf("a backup of a damaged store: want ErrCorrupt, got %v", err)
@@ -308,15 +287,7 @@ func TestTableDamagedWhileOpenFailsClosed(t *testing.T) {
 // is mapped by the open store, which sees the change at once.
 func damageInPlace(t *testing.T, dir string) {
 	t.Helper()
-	sst := onlyFile(t, dir, "*.sst")
-	data, err := os.ReadFile(sst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := bytes.Index(data, []byte("value-007-"))
-	if at < 0 {
-		t.Fatal("value-007 is not in the table")
-	}
+	sst, at := valueInTable(t, dir)
 	f, err := os.OpenFile(sst, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -373,4 +344,18 @@ func TestTableDamagedWhileOpenReadsAsDamage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// valueInTable finds value-007 in the store's only table: the table's path and the value's offset.
+func valueInTable(t *testing.T, dir string) (sst string, at int) {
+	t.Helper()
+	sst = onlyFile(t, dir, "*.sst")
+	data, err := os.ReadFile(sst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at = bytes.Index(data, []byte("value-007-")); at < 0 {
+		t.Fatal("value-007 is not in the table")
+	}
+	return sst, at
 }
