@@ -33,8 +33,8 @@ type cachedRecord struct {
 	Record
 	raw    []byte
 	stored storedHolders
-	// checked: the record passed checkRecord when this engine saved it, so a commit that follows it
-	// checks only the holders it changes.
+	// checked: the record passed checkRecord when this engine saved it (or health read it), so a
+	// commit that follows it checks only the holders it changes.
 	checked bool
 }
 

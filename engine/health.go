@@ -90,24 +90,31 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		configured bool
 		declared   portdecl.Declaration
 	)
+	key := stackKey(cockpit, stack)
+	_, gen, _ := e.records.get(key)
 	err := e.observeInventory(cockpit, func(tx storage.Txn, inv healthInventory) error {
-		data, err := tx.Get(stackKey(cockpit, stack))
+		data, err := tx.Get(key)
 		if errors.Is(err, storage.ErrNotFound) {
 			return refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
 		}
 		if err != nil {
 			return err
 		}
-		read, err := e.recordOf(tx, stackKey(cockpit, stack), data)
+		read, err := e.recordOf(tx, key, data)
 		switch {
 		case isMalformed(err):
 			readErr, err = err, nil
 		case err != nil:
 			return err
 		case read.checked:
-			r = read.Record // these very bytes passed checkRecord when this engine wrote them
+			r = read.Record // these very bytes passed checkRecord when this engine wrote or read them
 		default:
 			r, readErr = read.Record, checkRecord(read.Record)
+			if readErr == nil {
+				// Kept checked: the next health read, or commit, of these bytes need not check them again.
+				read.checked = true
+				e.records.put(key, read, gen)
+			}
 		}
 		if m, err := e.loadCockpit(tx, cockpit); err == nil {
 			if cfg, ok := m.config(); ok {

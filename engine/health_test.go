@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
@@ -340,5 +341,46 @@ func TestObservationJSONIsEncodingJSONs(t *testing.T) {
 		if got := string(o.AppendJSON(nil)) + "\n"; got != want.String() {
 			t.Fatalf("AppendJSON:\n%s\nencoding/json:\n%s", got, want.String())
 		}
+	}
+}
+
+// A daemon restarted over an existing store checks a stack's record at its first health read and
+// keeps it checked, so later reads of the same bytes do not check every holder again.
+func TestHealthKeepsTheRecordItChecked(t *testing.T) {
+	dir := t.TempDir()
+	db, err := kv.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := New(db)
+	newCockpit(t, first, "app", healthConfig, "s")
+	if err := first.Claim(context.Background(), me("create", "app/stacks/s/holders/a"), "app", "s", "a", untracked("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err = kv.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	e := New(db)
+	checked := func() bool {
+		var head []byte
+		if err := db.View(func(tx storage.Txn) (err error) { head, err = tx.Get(stackKey("app", "s")); return err }); err != nil {
+			t.Fatal(err)
+		}
+		r, ok := e.records.decoded(stackKey("app", "s"), head)
+		return ok && r.checked
+	}
+	if checked() {
+		t.Fatal("a fresh engine holds the record as checked before reading it")
+	}
+	if _, err := e.Health("app", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if !checked() {
+		t.Fatal("after a health read the record is not kept as checked: every read checks it again")
 	}
 }

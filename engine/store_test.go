@@ -224,3 +224,27 @@ func TestFirstCommitAfterReadChecksEveryHolder(t *testing.T) {
 		t.Fatalf("the refused claim changed the stack: revision %d → %d, %d holders", before.Revision, after.Revision, len(after.Value.Holders))
 	}
 }
+
+// The index check compares an entry's bytes with appendPortOwnerJSON's instead of decoding it, so
+// for the names a cockpit can have the two must agree byte for byte; where they do not (a name
+// json.Marshal escapes), the check decodes the entry as before.
+func TestPortOwnerJSON(t *testing.T) {
+	for _, o := range []PortOwner{
+		{Port: 0, Cockpit: "a", Stack: "b", Key: "HTTP", Offset: 0},
+		{Port: 65535, Cockpit: "my-app_2.x", Stack: "feature.login-fix", Key: "DB_PORT", Offset: 190},
+		{Port: 8080, Cockpit: "c", Stack: "s", Key: "API", Offset: -1},
+	} {
+		want, err := json.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendPortOwnerJSON(nil, o); string(got) != string(want) {
+			t.Errorf("appendPortOwnerJSON(%+v) = %s, json.Marshal: %s", o, got, want)
+		}
+	}
+	for _, port := range []int{0, 7, 80, 443, 5432, 10000, 65535} {
+		if got, want := portKey(port), fmt.Sprintf("%s%05d", portsPrefix, port); got != want {
+			t.Errorf("portKey(%d) = %q, want %q", port, got, want)
+		}
+	}
+}

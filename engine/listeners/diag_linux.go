@@ -19,8 +19,15 @@ const (
 	tcpListenState      = 10
 
 	inetDiagReqV2Size = 56 // family, protocol, ext, pad, states, inet_diag_sockid (48)
-	inetDiagMsgSize   = 72 // up to inode; only family, state and the local port are read
-	bcPortSize        = 12 // per port: S_EQ, the port, JMP (see portFilter)
+	// The original request, TCPDIAG_GETSOCK with struct inet_diag_req: family, src_len, dst_len,
+	// ext, inet_diag_sockid (48), states, dbs. The kernel dumps it with no family filter, so one
+	// walk of the listening table answers for IPv4 and IPv6 both, where SOCK_DIAG_BY_FAMILY walks
+	// it once per family (16,384 buckets here: most of a check's cost).
+	tcpDiagGetSock   = 18
+	inetDiagReqSize  = 60
+	inetDiagReqState = 52 // offset of idiag_states
+	inetDiagMsgSize  = 72 // up to inode; only family, state and the local port are read
+	bcPortSize       = 12 // per port: S_EQ, the port, JMP (see portFilter)
 
 	// diagPortsPerRequest keeps a filter's jumps within its 16-bit offsets (12 bytes a port).
 	diagPortsPerRequest = 1024
@@ -39,6 +46,9 @@ var diag struct {
 	fd  int // -1 until opened, and again after a failure left the socket's state unknown
 	seq uint32
 	buf []byte
+	// perFamily: the kernel refused the one-walk request (TCPDIAG_GETSOCK), so each check asks
+	// once per family.
+	perFamily bool
 }
 
 func init() { diag.fd = -1 }
@@ -58,7 +68,11 @@ func sockDiagListening(want map[int]bool) (map[int]bool, error) {
 		diag.fd = fd
 		diag.buf = make([]byte, 32<<10)
 	}
-	found, err := askListeners(diag.fd, diag.buf, &diag.seq, want)
+	found, err := askListeners(diag.fd, diag.buf, &diag.seq, want, diag.perFamily)
+	if !diag.perFamily && oneWalkRefused(err) {
+		diag.perFamily = true
+		found, err = askListeners(diag.fd, diag.buf, &diag.seq, want, true)
+	}
 	if err != nil {
 		// A socket that failed, or whose reply did not parse, is not asked again: the next check
 		// opens a new one.
@@ -68,8 +82,15 @@ func sockDiagListening(want map[int]bool) (map[int]bool, error) {
 	return found, err
 }
 
-// askListeners dumps the listeners of want's ports, both families, on fd.
-func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool) (map[int]bool, error) {
+// oneWalkRefused: the kernel answered the one-walk request with an error saying it does not
+// know it, as a kernel without the original inet_diag interface would.
+func oneWalkRefused(err error) bool {
+	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS)
+}
+
+// askListeners dumps the listeners of want's ports, both families, on fd: in one request, or
+// perFamily, one request per family.
+func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool, perFamily bool) (map[int]bool, error) {
 	ports := make([]int, 0, len(want))
 	for port := range want {
 		ports = append(ports, port)
@@ -77,9 +98,16 @@ func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool) (map[int]b
 	found := make(map[int]bool, len(want))
 	for start := 0; start < len(ports); start += diagPortsPerRequest {
 		chunk := ports[start:min(start+diagPortsPerRequest, len(ports))]
+		if !perFamily {
+			*seq++
+			if err := dumpListeners(fd, buf, *seq, bothFamiliesRequest(*seq, chunk), found); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 			*seq++
-			err := dumpListeners(fd, buf, *seq, family, chunk, found)
+			err := dumpListeners(fd, buf, *seq, familyRequest(*seq, family, chunk), found)
 			// Without IPv6 in the kernel there is no AF_INET6 handler (ENOENT): no IPv6 listeners.
 			if family == unix.AF_INET6 && errors.Is(err, unix.ENOENT) {
 				continue
@@ -92,10 +120,10 @@ func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool) (map[int]b
 	return found, nil
 }
 
-// dumpListeners sends one SOCK_DIAG_BY_FAMILY dump of family's TCP listeners filtered to ports
-// and marks the ports of the sockets it returns.
-func dumpListeners(fd int, buf []byte, seq uint32, family uint8, ports []int, found map[int]bool) error {
-	if err := unix.Sendto(fd, diagRequest(seq, family, ports), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+// dumpListeners sends one dump request numbered seq and marks the ports of the listeners it
+// returns.
+func dumpListeners(fd int, buf []byte, seq uint32, request []byte, found map[int]bool) error {
+	if err := unix.Sendto(fd, request, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("%w: send: %v", errDiagUnavailable, err)
 	}
 	for {
@@ -113,26 +141,41 @@ func dumpListeners(fd int, buf []byte, seq uint32, family uint8, ports []int, fo
 	}
 }
 
-// diagRequest is a netlink message: header, inet_diag_req_v2 for TCP sockets in LISTEN state of
-// family, and the bytecode attribute keeping only the given local ports.
-func diagRequest(seq uint32, family uint8, ports []int) []byte {
+// familyRequest is inet_diag_req_v2 for TCP sockets of family in LISTEN state, filtered to ports.
+func familyRequest(seq uint32, family uint8, ports []int) []byte {
+	msg, req := dumpRequest(seq, unix.SOCK_DIAG_BY_FAMILY, inetDiagReqV2Size, ports)
+	req[0], req[1] = family, unix.IPPROTO_TCP
+	binary.NativeEndian.PutUint32(req[4:], 1<<tcpListenState)
+	return msg
+}
+
+// bothFamiliesRequest is the original inet_diag_req for TCP sockets in LISTEN state, filtered to
+// ports: the kernel answers it for both families in one walk.
+func bothFamiliesRequest(seq uint32, ports []int) []byte {
+	msg, req := dumpRequest(seq, tcpDiagGetSock, inetDiagReqSize, ports)
+	req[0] = unix.AF_INET // read by nothing in a dump; the kernel's own tools set it
+	binary.NativeEndian.PutUint32(req[inetDiagReqState:], 1<<tcpListenState)
+	return msg
+}
+
+// dumpRequest is a netlink dump request of kind: header, a zeroed request of reqSize bytes
+// (returned for the caller to fill), and the bytecode attribute keeping only the given local ports.
+func dumpRequest(seq uint32, kind uint16, reqSize int, ports []int) (msg, req []byte) {
 	filter := portFilter(ports)
 	attrLen := unix.SizeofNlAttr + len(filter)
-	size := unix.NLMSG_HDRLEN + inetDiagReqV2Size + attrLen
-	msg := make([]byte, size)
+	size := unix.NLMSG_HDRLEN + reqSize + attrLen
+	msg = make([]byte, size)
 	ne := binary.NativeEndian
 	ne.PutUint32(msg[0:], uint32(size))
-	ne.PutUint16(msg[4:], unix.SOCK_DIAG_BY_FAMILY)
+	ne.PutUint16(msg[4:], kind)
 	ne.PutUint16(msg[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
 	ne.PutUint32(msg[8:], seq)
-	req := msg[unix.NLMSG_HDRLEN:]
-	req[0], req[1] = family, unix.IPPROTO_TCP
-	ne.PutUint32(req[4:], 1<<tcpListenState)
-	attr := req[inetDiagReqV2Size:]
+	req = msg[unix.NLMSG_HDRLEN : unix.NLMSG_HDRLEN+reqSize]
+	attr := msg[unix.NLMSG_HDRLEN+reqSize:]
 	ne.PutUint16(attr[0:], uint16(attrLen))
 	ne.PutUint16(attr[2:], inetDiagReqBytecode)
 	copy(attr[unix.SizeofNlAttr:], filter)
-	return msg
+	return msg, req
 }
 
 // portFilter is inet_diag bytecode accepting a socket whose local port is any of ports. The
@@ -188,7 +231,7 @@ func readDiagReplies(b []byte, seq uint32, found map[int]bool) (done bool, err e
 			if errno := -int32(ne.Uint32(body)); errno != 0 {
 				return true, fmt.Errorf("%w: %w", errDiagUnavailable, unix.Errno(errno))
 			}
-		case unix.SOCK_DIAG_BY_FAMILY:
+		case unix.SOCK_DIAG_BY_FAMILY, tcpDiagGetSock: // each request's replies carry its kind
 			if len(body) < inetDiagMsgSize {
 				return true, fmt.Errorf("%w: sock_diag: short socket reply (%d bytes)", ErrUndecided, len(body))
 			}

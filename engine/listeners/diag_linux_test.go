@@ -208,3 +208,40 @@ func TestSockDiagConcurrentChecksReadTheirOwnAnswers(t *testing.T) {
 		}
 	}
 }
+
+// A check asks in one request for both families (one walk of the kernel's listening table); where
+// the kernel refuses that request it asks once per family. Both give the same answer, and this
+// kernel takes the one-walk request, so the tests above exercise it.
+func TestSockDiagOneWalkAndPerFamilyAgree(t *testing.T) {
+	ports := []int{
+		listen(t, "tcp4", "127.0.0.1:0"),
+		listen(t, "tcp4", "0.0.0.0:0"),
+		listen(t, "tcp6", "[::1]:0"),
+		listen(t, "tcp", "[::]:0"),
+		closedPort(t),
+	}
+	want := setOf(ports[:4]...)
+	askKernel(t, ports...)
+	diag.mu.Lock()
+	perFamily := diag.perFamily
+	diag.mu.Unlock()
+	if perFamily {
+		t.Fatal("this kernel refused the one-walk request (TCPDIAG_GETSOCK): every check asks twice")
+	}
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 32<<10)
+	var seq uint32
+	for _, perFamily := range []bool{false, true} {
+		got, err := askListeners(fd, buf, &seq, setOf(ports...), perFamily)
+		if err != nil {
+			t.Fatalf("perFamily=%v: %v", perFamily, err)
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("perFamily=%v: found %v, want %v", perFamily, got, want)
+		}
+	}
+}
