@@ -49,6 +49,9 @@ func BenchmarkHealth(b *testing.B) {
 		// The same requests as a health read (OPEN, GETATTR, two READs, RELEASE) on a direct-I/O
 		// file of the FUSE floor: what a health read costs with nothing observed.
 		"floor-direct": cat(filepath.Join(floorDirFor(b), "app", "stacks", "s", "control")),
+		// The same cat of the floor's kept file, as ports/HTTP is served: with floor-direct, what a
+		// file rendered at each open costs against one the kernel keeps, with no daemon work at all.
+		"floor-cached": cat(filepath.Join(floorDirFor(b), "app", "stacks", "s", "ports", "HTTP")),
 	})
 }
 
