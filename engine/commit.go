@@ -135,6 +135,9 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	if err != nil {
 		return e.locked(ctx, key, nil)
 	}
+	// Before anything the commit writes can be read, until its sync is over (see healthCache).
+	e.healthCache.begin()
+	defer e.healthCache.end()
 	durable, err := e.db.Commit(budget, func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		return fn(tx, e.now())

@@ -76,6 +76,9 @@ type Engine struct {
 	leaseBound leaseBound
 	// inventory is what health observes of every record, kept from commits.
 	inventory inventory
+	// healthCache is what the last health read of each stack read of the store, while no commit
+	// has begun since.
+	healthCache healthCache
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
 	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
 	staged sync.Map

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -83,53 +84,11 @@ type freshness struct {
 // leased port, and whether its ports lie in the kernel's ephemeral range. A stack that does not
 // exist is NotFound.
 func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
-	var (
-		r          Record
-		readErr    error
-		inventory  healthInventory
-		configured bool
-		declared   portdecl.Declaration
-	)
-	key := stackKey(cockpit, stack)
-	_, gen, _ := e.records.get(key)
-	err := e.observeInventory(cockpit, func(tx storage.Txn, inv healthInventory) error {
-		data, err := tx.Get(key)
-		if errors.Is(err, storage.ErrNotFound) {
-			return refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
-		}
-		if err != nil {
-			return err
-		}
-		read, err := e.recordOf(tx, key, data)
-		switch {
-		case isMalformed(err):
-			readErr, err = err, nil
-		case err != nil:
-			return err
-		case read.checked:
-			r = read.Record // these very bytes passed checkRecord when this engine wrote or read them
-		default:
-			r, readErr = read.Record, checkRecord(read.Record)
-			if readErr == nil {
-				// Kept checked: the next health read, or commit, of these bytes need not check them again.
-				read.checked = true
-				e.records.put(key, read, gen)
-			}
-		}
-		if m, err := e.loadCockpit(tx, cockpit); err == nil {
-			if cfg, ok := m.config(); ok {
-				configured, declared = true, cfg.Declaration
-			}
-		}
-		inventory = inv
-		if readErr == nil && r.Value.Lease.Active() {
-			err = inventory.checkIndexed(tx, r)
-		}
-		return err
-	})
+	stored, err := e.healthStoreReads(cockpit, stack)
 	if err != nil {
 		return nil, err
 	}
+	r, readErr, inventory, configured, declared := stored.r, stored.readErr, stored.inventory, stored.configured, stored.declared
 	if e.holds != nil && readErr == nil && r.Value.Lease.Active() {
 		// A port another daemon took while this one was down: taken back if it has been let go.
 		var problems []string
@@ -181,6 +140,123 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 		obs = append(obs, o)
 	}
 	return judged(obs), nil
+}
+
+// healthReads is what a health read takes from the store for one stack.
+type healthReads struct {
+	r          Record
+	readErr    error // the record does not decode or breaks its invariants
+	inventory  healthInventory
+	configured bool
+	declared   portdecl.Declaration
+}
+
+// healthStoreReads reads what health observes of the store: the stack's record, its cockpit's
+// declaration, its lease's index entries and the inventory around it. While no commit has begun
+// since the last health read of the stack, the store holds what that read found, and it is reused
+// (healthCache); the store is still asked, in an empty View, whether it has failed closed.
+func (e *Engine) healthStoreReads(cockpit, stack string) (healthReads, error) {
+	key := stackKey(cockpit, stack)
+	at, quiet := e.healthCache.now()
+	if reads, ok := e.healthCache.get(key, at); ok && !e.shared {
+		return reads, e.db.View(func(storage.Txn) error { return nil })
+	}
+	var reads healthReads
+	_, gen, _ := e.records.get(key)
+	err := e.observeInventory(cockpit, func(tx storage.Txn, inv healthInventory) error {
+		data, err := tx.Get(key)
+		if errors.Is(err, storage.ErrNotFound) {
+			return refuse(NotFound, StackID(cockpit, stack), "", "stack %s/%s does not exist", cockpit, stack)
+		}
+		if err != nil {
+			return err
+		}
+		read, err := e.recordOf(tx, key, data)
+		switch {
+		case isMalformed(err):
+			reads.readErr, err = err, nil
+		case err != nil:
+			return err
+		case read.checked:
+			reads.r = read.Record // these very bytes passed checkRecord when this engine wrote or read them
+		default:
+			reads.r, reads.readErr = read.Record, checkRecord(read.Record)
+			if reads.readErr == nil {
+				// Kept checked: the next read, or commit, of these bytes need not check them again.
+				read.checked = true
+				e.records.put(key, read, gen)
+			}
+		}
+		if m, err := e.loadCockpit(tx, cockpit); err == nil {
+			if cfg, ok := m.config(); ok {
+				reads.configured, reads.declared = true, cfg.Declaration
+			}
+		}
+		reads.inventory = inv
+		if reads.readErr == nil && reads.r.Value.Lease.Active() {
+			err = reads.inventory.checkIndexed(tx, reads.r)
+		}
+		return err
+	})
+	if err == nil && quiet && !e.shared {
+		e.healthCache.put(key, reads, at)
+	}
+	return reads, err
+}
+
+// healthCache keeps each stack's last healthReads while the store cannot have changed: every
+// commit moves gen when it begins (before anything it writes can be read) and when it ends, and
+// reads are kept only when taken with no commit under way. A removed stack's entry goes with the
+// commit that removed it (the next put replaces the map).
+type healthCache struct {
+	mu       sync.Mutex
+	gen      uint64
+	underway int
+	at       uint64
+	m        map[string]healthReads
+}
+
+// now is the generation, and whether no commit is under way.
+func (c *healthCache) now() (gen uint64, quiet bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen, c.underway == 0
+}
+
+// get returns key's reads if they were taken at generation at, which is still the current one.
+func (c *healthCache) get(key string, at uint64) (healthReads, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	reads, ok := c.m[key]
+	return reads, ok && c.at == at && c.gen == at
+}
+
+// put keeps reads taken at generation at, unless a commit began since.
+func (c *healthCache) put(key string, reads healthReads, at uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen != at {
+		return
+	}
+	if c.at != at || c.m == nil {
+		c.m, c.at = map[string]healthReads{}, at // older entries are of an older store
+	}
+	c.m[key] = reads
+}
+
+// begin and end bracket a commit.
+func (c *healthCache) begin() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	c.underway++
+}
+
+func (c *healthCache) end() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	c.underway--
 }
 
 // Results of an observation.

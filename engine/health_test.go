@@ -384,3 +384,26 @@ func TestHealthKeepsTheRecordItChecked(t *testing.T) {
 		t.Fatal("after a health read the record is not kept as checked: every read checks it again")
 	}
 }
+
+// A health read reuses what the last one read of the store only while no commit has happened
+// since: a config written in between (a commit on the cockpit, not the stack) is seen, and so is
+// a claim's new holder count in the record.
+func TestHealthSeesEveryCommitSinceTheLastRead(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", healthConfig, "a")
+	ctx := context.Background()
+	if err := e.Claim(ctx, me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second read reuses the first's
+		wantValue(t, observationOf(t, health(t, e, "a"), codeDeclarationChanged, ""), true)
+	}
+	if err := e.SetConfig(ctx, me("write", "app/config"), "app", []byte(strings.Replace(healthConfig, "step = 10", "step = 20", 1))); err != nil {
+		t.Fatal(err)
+	}
+	wantValue(t, observationOf(t, health(t, e, "a"), codeDeclarationChanged, ""), false)
+	if err := e.SetConfig(ctx, me("write", "app/config"), "app", []byte(healthConfig)); err != nil {
+		t.Fatal(err)
+	}
+	wantValue(t, observationOf(t, health(t, e, "a"), codeDeclarationChanged, ""), true)
+}
