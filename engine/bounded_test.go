@@ -43,3 +43,31 @@ func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
 		t.Fatalf("after removing every stack: %d record cache entries, %d stale marks kept", records, stale)
 	}
 }
+
+// What health keeps of the store for each stack read goes at the next commit, so the stacks it
+// was read for, once removed, leave nothing there either.
+func TestHealthKeepsNoReadsOfRemovedStacks(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "one", "two")
+	for _, s := range []string{"one", "two"} {
+		if _, err := e.Health("app", s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.healthCache.mu.Lock()
+	kept := len(e.healthCache.m)
+	e.healthCache.mu.Unlock()
+	if kept != 2 {
+		t.Fatalf("after two health reads with no commit between: %d stacks' reads kept, want 2", kept)
+	}
+	if err := e.RemoveStack(ctx, me("rmdir", "app/stacks/one"), "app", "one"); err != nil {
+		t.Fatal(err)
+	}
+	e.healthCache.mu.Lock()
+	kept = len(e.healthCache.m)
+	e.healthCache.mu.Unlock()
+	if kept != 0 {
+		t.Fatalf("after a commit: %d stacks' reads kept, want 0", kept)
+	}
+}

@@ -205,14 +205,12 @@ func (e *Engine) healthStoreReads(cockpit, stack string) (healthReads, error) {
 }
 
 // healthCache keeps each stack's last healthReads while the store cannot have changed: every
-// commit moves gen when it begins (before anything it writes can be read) and when it ends, and
-// reads are kept only when taken with no commit under way. A removed stack's entry goes with the
-// commit that removed it (the next put replaces the map).
+// commit moves gen when it begins (before anything it writes can be read), dropping every entry,
+// and again when it ends; reads are kept only when taken with no commit under way.
 type healthCache struct {
 	mu       sync.Mutex
 	gen      uint64
 	underway int
-	at       uint64
 	m        map[string]healthReads
 }
 
@@ -228,7 +226,7 @@ func (c *healthCache) get(key string, at uint64) (healthReads, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	reads, ok := c.m[key]
-	return reads, ok && c.at == at && c.gen == at
+	return reads, ok && c.gen == at
 }
 
 // put keeps reads taken at generation at, unless a commit began since.
@@ -238,8 +236,8 @@ func (c *healthCache) put(key string, reads healthReads, at uint64) {
 	if c.gen != at {
 		return
 	}
-	if c.at != at || c.m == nil {
-		c.m, c.at = map[string]healthReads{}, at // older entries are of an older store
+	if c.m == nil {
+		c.m = map[string]healthReads{}
 	}
 	c.m[key] = reads
 }
@@ -250,6 +248,7 @@ func (c *healthCache) begin() {
 	defer c.mu.Unlock()
 	c.gen++
 	c.underway++
+	c.m = nil // of a store that is about to change: removed stacks' entries go too
 }
 
 func (c *healthCache) end() {
