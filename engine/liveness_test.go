@@ -203,3 +203,37 @@ func TestTakeoverKeepsLeaseUnderOldDeclaration(t *testing.T) {
 	}
 	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})
 }
+
+// ClaimObserved returns the holder exactly as its claim recorded it, in the state HolderState
+// reports of it: a caller's session (live), a pid proposed (live), none (untracked); and nothing
+// when the name claimed the stack already.
+func TestClaimObservedIsTheRecordedHolderAndItsState(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	ctx := context.Background()
+	sleeper := sessionSleeper(t)
+	for name, proposed := range map[string]*Holder{
+		"session": nil,
+		"pid":     {PID: sleeper.Process.Pid, CheckoutPath: "/src/pid"},
+		"none":    untracked("none"),
+	} {
+		claimed, err := e.ClaimObserved(ctx, me("create", name), "app", "main", name, proposed)
+		if err != nil {
+			t.Fatalf("claim %s: %v", name, err)
+		}
+		recorded, ok := stackRecord(t, e, "app", "main").Value.Holder(name)
+		if !ok || claimed == nil || claimed.Holder != recorded {
+			t.Fatalf("claim %s returned %+v; the record holds %+v", name, claimed, recorded)
+		}
+		if probed := e.HolderState(recorded); claimed.State != probed {
+			t.Errorf("claim %s observed its holder %s; HolderState says %s", name, claimed.State, probed)
+		}
+		if name != "none" && claimed.State != "live" {
+			t.Errorf("claim %s observed %s, want live", name, claimed.State)
+		}
+		again, err := e.ClaimObserved(ctx, me("create", name), "app", "main", name, proposed)
+		if err != nil || again != nil {
+			t.Errorf("claiming %s again = %+v, %v; want nothing added", name, again, err)
+		}
+	}
+}

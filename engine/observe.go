@@ -15,8 +15,10 @@ import (
 
 // processOf observes pid for a holder or executor: its start identity, refusing a pid that does
 // not exist. A pid whose start cannot be confirmed is kept without one (unknown is never dead).
-func processOf(pid int) (string, error) {
-	obs := liveness.Observe(pid)
+func processOf(pid int) (string, error) { return startOf(pid, liveness.Observe(pid)) }
+
+// startOf is processOf for obs, an observation of pid.
+func startOf(pid int, obs liveness.Observation) (string, error) {
 	switch obs.State {
 	case liveness.Absent:
 		return "", refuse(StateRecordMalformed, "", "name a running process", "process %d does not exist", pid)
@@ -24,6 +26,20 @@ func processOf(pid int) (string, error) {
 		return obs.Start, nil
 	default:
 		return "", nil
+	}
+}
+
+// observedState is what HolderState reports of a holder recorded with the start its claim just
+// observed: live when the start was confirmed, unknown when it could not be, untracked without a
+// process.
+func observedState(h Holder) string {
+	switch {
+	case h.PID == 0:
+		return "untracked"
+	case h.ProcessStart != "":
+		return "live"
+	default:
+		return "unknown"
 	}
 }
 
@@ -63,11 +79,15 @@ func defaultHolder(c Caller, name string) (Holder, error) {
 	if cwd, err := liveness.Cwd(c.PID); err == nil && filepath.IsAbs(cwd) && !strings.HasSuffix(cwd, " (deleted)") {
 		h.CheckoutPath = filepath.Clean(cwd)
 	}
+	// The session holder is observed from what finding it read: its stat is not read again.
+	var obs liveness.Observation
 	h.PID = c.PID
-	if session, err := liveness.SessionHolder(c.PID); err == nil {
-		h.PID = session
+	if session, observed, err := liveness.ObserveSessionHolder(c.PID); err == nil {
+		h.PID, obs = session, observed
+	} else {
+		obs = liveness.Observe(c.PID)
 	}
-	start, err := processOf(h.PID)
+	start, err := startOf(h.PID, obs)
 	if err != nil {
 		// It exited since it was found: the caller itself holds.
 		h.PID = c.PID

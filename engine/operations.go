@@ -15,22 +15,49 @@ import (
 // the holder's checkout path and pid (0: none) instead of the caller's working directory and
 // session; its other fields are derived.
 func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name string, proposed *Holder) error {
+	_, err := e.ClaimObserved(ctx, c, cockpit, stack, name, proposed)
+	return err
+}
+
+// Claimed is a holder as the claim that added it recorded it, and the state (HolderState's
+// words) that claim observed its process in.
+type Claimed struct {
+	Holder Holder
+	State  string
+}
+
+// ClaimObserved is Claim, also returning the holder it added and the state it just observed it
+// in, so the create that made the holder shows it without probing its process again; nil when
+// the claim added no holder (it claimed the stack already).
+func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, name string, proposed *Holder) (*Claimed, error) {
 	if err := checkName("holder", name); err != nil {
-		return err
+		return nil, err
 	}
 	nh, err := observeClaimant(c, name, proposed)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	before, err := e.recentStack(cockpit, stack)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, holderID(name)), listening: listeners.Listening,
 		uidLeaseLimit: e.leaseBound.of(nh.UID)}
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
-		return claimHolder(r, in, reads, now)
+	var added *Claimed // of the step's last run, the one committed
+	err = e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+		added = nil
+		v, err := claimHolder(r, in, reads, now)
+		if _, held := r.Value.Holder(name); err == nil && !held {
+			if h, ok := v.Holder(name); ok {
+				added = &Claimed{Holder: h, State: observedState(h)}
+			}
+		}
+		return v, err
 	})
+	if err != nil {
+		return nil, err
+	}
+	return added, nil
 }
 
 // MayWriteHolder refuses, before its content is even parsed, a write to another uid's holder.

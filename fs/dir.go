@@ -56,7 +56,9 @@ type (
 		rmdir(ctx context.Context, d *dir, name string) syscall.Errno
 	}
 	creator interface {
-		create(ctx context.Context, d *dir, name string, mode uint32) error
+		// create makes name, and may return how the create's own open renders it (nil: as any
+		// open does).
+		create(ctx context.Context, d *dir, name string, mode uint32) (render, error)
 	}
 	unlinker interface {
 		unlink(ctx context.Context, d *dir, name string) syscall.Errno
@@ -280,7 +282,8 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	if !ok {
 		return nil, nil, 0, d.fsys.undefined(ctx, "create", d.child(name), d.cockpit, d.stack)
 	}
-	if err := c.create(ctx, d, name, mode); errors.Is(err, errUndefined) {
+	created, err := c.create(ctx, d, name, mode)
+	if errors.Is(err, errUndefined) {
 		return nil, nil, 0, d.fsys.undefined(ctx, "create", d.child(name), d.cockpit, d.stack)
 	} else if err != nil {
 		return nil, nil, 0, d.fsys.fail(caller(ctx, "create", d.child(name)), d.cockpit, d.stack, err)
@@ -289,7 +292,7 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	e, err := d.find(ctx, name)
 	var h fs.FileHandle = scratchHandle{}
 	if f, isFile := e.node.(*file); err == nil && isFile {
-		h, err = f.openCreated()
+		h, err = f.openCreated(created)
 	}
 	if err != nil { // released again before we could look it up
 		return nil, nil, 0, d.fsys.fail(caller(ctx, "create", d.child(name)), d.cockpit, d.stack, gone(err))

@@ -264,9 +264,12 @@ func frozenIno(path string, v view) uint64 {
 }
 
 // openCreated is the handle of the open that created f: the only one that may choose a new
-// holder's checkout.
-func (f *file) openCreated() (*handle, error) {
-	v, err := f.render()
+// holder's checkout. It renders f with created, when the create gave one.
+func (f *file) openCreated(created render) (*handle, error) {
+	if created == nil {
+		created = f.render
+	}
+	v, err := created()
 	return &handle{view: v, created: true}, err
 }
 

@@ -168,7 +168,9 @@ func (f *FS) stackUID(r engine.Record) uint32 {
 	return f.uid
 }
 
-func (f *FS) holderView(cockpit, stack, name string) render {
+// holderView renders holder name, probing its process for its state; claimed, when given, is the
+// claim that added it, whose observation is the state while the holder is still as it recorded it.
+func (f *FS) holderView(cockpit, stack, name string, claimed *engine.Claimed) render {
 	return func() (view, error) {
 		r, err := f.eng.Stack(cockpit, stack)
 		if err != nil {
@@ -178,7 +180,13 @@ func (f *FS) holderView(cockpit, stack, name string) render {
 		if !ok {
 			return view{}, notFound("holder %s does not exist", name)
 		}
-		return view{data: renderHolder(h, f.eng.HolderState(h)), mtime: stamp(h.ClaimedAt), uid: h.UID, revision: r.Revision}, nil
+		var state string
+		if claimed != nil && claimed.Holder == h {
+			state = claimed.State
+		} else {
+			state = f.eng.HolderState(h)
+		}
+		return view{data: renderHolder(h, state), mtime: stamp(h.ClaimedAt), uid: h.UID, revision: r.Revision}, nil
 	}
 }
 

@@ -250,15 +250,15 @@ func (cockpitListing) lookup(ctx context.Context, d *dir, name string) (entry, b
 }
 
 // create makes a scratch file; editors' own scratch names stay refused, so they save in place.
-func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint32) error {
+func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint32) (render, error) {
 	if editorScratch(name) || !engine.ValidName(name) {
-		return errUndefined
+		return nil, errUndefined
 	}
 	c := caller(ctx, "create", d.child(name))
 	if _, err := d.fsys.eng.Cockpit(d.cockpit); err != nil {
-		return err
+		return nil, err
 	}
-	return d.fsys.scratch.create(d.cockpit, name, c.UID, mode, time.Now())
+	return nil, d.fsys.scratch.create(d.cockpit, name, c.UID, mode, time.Now())
 }
 
 func (cockpitListing) unlink(ctx context.Context, d *dir, name string) syscall.Errno {

@@ -241,12 +241,17 @@ func (holdersListing) lookup(_ context.Context, d *dir, name string) (entry, boo
 }
 
 func (f *FS) holderFile(d *dir, name string) *file {
-	return f.newFile(d.child(name), d.cockpit, d.stack, f.holderView(d.cockpit, d.stack, name), holderWriter{name: name})
+	return f.newFile(d.child(name), d.cockpit, d.stack, f.holderView(d.cockpit, d.stack, name, nil), holderWriter{name: name})
 }
 
-// create claims the stack for a new holder (§4).
-func (holdersListing) create(ctx context.Context, d *dir, name string, _ uint32) error {
-	return d.fsys.eng.Claim(ctx, caller(ctx, "create", d.child(name)), d.cockpit, d.stack, name, nil)
+// create claims the stack for a new holder (§4). The create's open shows the holder in the state
+// the claim just observed its process in, rather than probing it again.
+func (holdersListing) create(ctx context.Context, d *dir, name string, _ uint32) (render, error) {
+	claimed, err := d.fsys.eng.ClaimObserved(ctx, caller(ctx, "create", d.child(name)), d.cockpit, d.stack, name, nil)
+	if err != nil || claimed == nil {
+		return nil, err
+	}
+	return d.fsys.holderView(d.cockpit, d.stack, name, claimed), nil
 }
 
 // unlink releases the holder's claim (§4).

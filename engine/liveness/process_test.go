@@ -1,6 +1,8 @@
 package liveness
 
 import (
+	"errors"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -314,5 +316,57 @@ func TestCwd(t *testing.T) {
 	}
 	if _, err := Cwd(-1); err == nil {
 		t.Error("Cwd(-1) succeeded")
+	}
+}
+
+// ObserveSessionHolder finds the holder SessionHolder finds, observed as Observe observes it,
+// for a leader, a member of this test's session, a survivor of an exited leader's session, and a
+// process gone since.
+func TestObserveSessionHolderIsSessionHolderObserved(t *testing.T) {
+	requireLinux(t)
+	leader := startSleep(t, func(cmd *exec.Cmd) { cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} })
+	member := startSleep(t, nil)
+	for _, pid := range []int{os.Getpid(), leader.Process.Pid, member.Process.Pid} {
+		want, err := SessionHolder(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, obs, err := ObserveSessionHolder(pid)
+		if err != nil || got != want {
+			t.Errorf("ObserveSessionHolder(%d) = %d, %v; want SessionHolder's %d", pid, got, err, want)
+		}
+		if observed := Observe(want); obs != observed || obs.State != Present {
+			t.Errorf("ObserveSessionHolder(%d) observed %+v; Observe(%d) = %+v", pid, obs, want, observed)
+		}
+	}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ObserveSessionHolder(gone.Process.Pid); err == nil {
+		t.Errorf("ObserveSessionHolder(exited %d) succeeded", gone.Process.Pid)
+	}
+}
+
+// readProc reads what os.ReadFile reads, a file longer than its first buffer included (a sleeping
+// process's status, which does not change while it sleeps), and a missing file is
+// fs.ErrNotExist as os.ReadFile's is.
+func TestReadProcIsReadFile(t *testing.T) {
+	requireLinux(t)
+	sleeper := startSleep(t, nil)
+	time.Sleep(50 * time.Millisecond) // past exec, asleep
+	for _, name := range []string{"status", "stat"} {
+		path := "/proc/" + strconv.Itoa(sleeper.Process.Pid) + "/" + name
+		got, err := readProc(path)
+		want, wantErr := os.ReadFile(path)
+		if err != nil || wantErr != nil || string(got) != string(want) {
+			t.Errorf("readProc(%s) = %q, %v; os.ReadFile: %q, %v", path, got, err, want, wantErr)
+		}
+		if name == "status" && len(got) <= 1024 {
+			t.Errorf("%s is %d bytes: the test wants one longer than readProc's first buffer", path, len(got))
+		}
+	}
+	if _, err := readProc("/proc/0/stat"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("readProc(/proc/0/stat) = %v, want fs.ErrNotExist", err)
 	}
 }
