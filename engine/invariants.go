@@ -22,11 +22,13 @@ var (
 
 // checkRecord reports every invariant r breaks (the seeds' coordination and drain schemas plus the
 // identities of the names it carries); nil means r is a record the engine may hold.
-func checkRecord(r Record) error { return check(r, nil) }
+func checkRecord(r Record) error { return check(r, Value{}) }
 
-// check is checkRecord trusting each holder of checked, the sorted holders of a record that passed it,
-// that r keeps unchanged: a commit checks what it changes, not every holder of the stack again.
-func check(r Record, checked []Holder) error {
+// check is checkRecord trusting what r keeps unchanged of checked, the value of a record that
+// passed it: each holder kept as it is (checked's are sorted), and the lease when r keeps the very
+// same one (a lease is never changed in place: a step makes a new one). A commit checks what it
+// changes, not every holder and the declaration of the stack again.
+func check(r Record, checked Value) error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if r.Format != recordFormat || r.Kind != recordKind {
@@ -45,8 +47,8 @@ func check(r Record, checked []Holder) error {
 		bad("updatedAt %q is not canonical", r.UpdatedAt)
 	}
 	v := r.Value
-	errs = append(errs, checkHolders(v.Holders, checked)...)
-	if v.Lease != nil {
+	errs = append(errs, checkHolders(v.Holders, checked.Holders)...)
+	if v.Lease != nil && v.Lease != checked.Lease {
 		if err := checkLease(v.Lease); err != nil {
 			bad("lease: %v", err)
 		}

@@ -41,14 +41,15 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 	if err != nil {
 		return nil, err
 	}
-	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, holderID(name)), listening: listeners.Listening,
+	id := holderID(name)
+	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, id), listening: listeners.Listening,
 		uidLeaseLimit: e.leaseBound.of(nh.UID)}
 	var added *Claimed // of the step's last run, the one committed
 	err = e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
 		added = nil
 		v, err := claimHolder(r, in, reads, now)
-		if _, held := r.Value.Holder(name); err == nil && !held {
-			if h, ok := v.Holder(name); ok {
+		if _, held := r.Value.holderByID(id); err == nil && !held {
+			if h, ok := v.holderByID(id); ok {
 				added = &Claimed{Holder: h, State: observedState(h)}
 			}
 		}

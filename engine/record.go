@@ -123,8 +123,10 @@ func (r Record) stampAfter(now time.Time) string {
 }
 
 // Holder returns the holder with the given name.
-func (v Value) Holder(name string) (Holder, bool) {
-	id := holderID(name)
+func (v Value) Holder(name string) (Holder, bool) { return v.holderByID(holderID(name)) }
+
+// holderByID returns the holder with the given id.
+func (v Value) holderByID(id string) (Holder, bool) {
 	for _, h := range v.Holders {
 		if h.HolderID == id {
 			return h, true

@@ -184,22 +184,42 @@ func TestCheckTrustsOnlyUnchangedHolders(t *testing.T) {
 	bad := r
 	bad.Value.Holders = slices.Clone(r.Value.Holders)
 	bad.Value.Holders[0].ClaimedAt = "yesterday"
-	if err := check(bad, r.Value.Holders); err == nil || !strings.Contains(err.Error(), "claimedAt") {
+	if err := check(bad, r.Value); err == nil || !strings.Contains(err.Error(), "claimedAt") {
 		t.Fatalf("a changed holder went unchecked: %v", err)
 	}
 	// The same holder, unchanged since a check passed it, is not checked again.
-	if err := check(bad, bad.Value.Holders); err != nil {
+	if err := check(bad, bad.Value); err != nil {
 		t.Fatalf("an unchanged holder was checked again: %v", err)
 	}
 	unsorted := r
 	unsorted.Value.Holders = []Holder{r.Value.Holders[1], r.Value.Holders[0]}
-	if err := check(unsorted, r.Value.Holders); err == nil || !strings.Contains(err.Error(), "not unique and sorted") {
+	if err := check(unsorted, r.Value); err == nil || !strings.Contains(err.Error(), "not unique and sorted") {
 		t.Fatalf("holders out of order went unchecked: %v", err)
 	}
 	released := r
 	released.Value.LastReleasedHolder = &r.Value.Holders[1].HolderID
-	if err := check(released, r.Value.Holders); err == nil || !strings.Contains(err.Error(), "still a holder") {
+	if err := check(released, r.Value); err == nil || !strings.Contains(err.Error(), "still a holder") {
 		t.Fatalf("a released holder still holding went unchecked: %v", err)
+	}
+}
+
+// A lease is trusted only when the next record keeps the very lease the checked one had: an equal
+// but new lease (every step that changes a lease makes a new one) is checked again.
+func TestCheckTrustsOnlyTheSameLease(t *testing.T) {
+	checked := validRecord()
+	kept := checked
+	if err := check(kept, checked.Value); err != nil {
+		t.Fatalf("the checked record itself: %v", err)
+	}
+	moved := *checked.Value.Lease
+	moved.Offset++ // no family of the declaration starts there
+	bad := checked
+	bad.Value.Lease = &moved
+	if err := check(bad, checked.Value); err == nil || !strings.Contains(err.Error(), "lease") {
+		t.Fatalf("a new lease went unchecked: %v", err)
+	}
+	if err := check(bad, bad.Value); err != nil {
+		t.Fatalf("the same lease, already checked, was checked again: %v", err)
 	}
 }
 

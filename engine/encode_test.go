@@ -1,0 +1,79 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"reflect"
+	"testing"
+)
+
+// The events line written by hand is the line encoding/json (without HTML escaping) writes, for
+// every field set or left out, and for texts that need escaping.
+func TestEventJSONIsEncodingJSONs(t *testing.T) {
+	rev := int64(42)
+	neg := int64(-1)
+	for _, e := range []event{
+		{},
+		{At: "2026-12-01T03:00:00.000Z", Op: "create", Path: "app/stacks/s/holders/c", PID: 4242, UID: 1000, Result: "ok", Revision: &rev},
+		{Op: "write", Path: "app/stacks/s/drain/request", PID: -1, UID: math.MaxUint32, Result: "refused", Code: PortLeaseExhausted, Errno: "EBUSY",
+			Message: "quote \" backslash \\ newline \n tab \t nul \x00 <html> & é 🚀 \u2028 \xff invalid", Fix: "echo sleep > drain/request", Revision: &neg},
+		{Result: "ok", Warning: "skipped candidate families: port 20000 is held by <pid 7>"},
+	} {
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(e); err != nil {
+			t.Fatal(err)
+		}
+		if got := appendEventJSON(nil, e); string(got)+"\n" != want.String() {
+			t.Errorf("event %+v:\n got %s\nwant %s", e, got, want.String())
+		}
+	}
+}
+
+// decodeInteger decodes what json.Unmarshal decodes, to the same value, and leaves anything else
+// (and the target untouched) to it.
+func TestIntegersDecodeAsJSON(t *testing.T) {
+	inputs := []string{"0", "7", "-1", "-0", "007", "+5", " 5", "5 ", "1e3", "1.0", "", "-", "0x10", "null", `"5"`,
+		"9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
+		"18446744073709551615", "18446744073709551616"}
+	for _, in := range inputs {
+		for _, target := range []func() any{func() any { return new(int) }, func() any { return new(int64) }, func() any { return new(uint64) }} {
+			fast, slow := target(), target()
+			untouched := reflect.ValueOf(fast).Elem().Interface()
+			jsonErr := json.Unmarshal([]byte(in), slow)
+			if decodeInteger([]byte(in), fast) {
+				if jsonErr != nil || !reflect.DeepEqual(fast, slow) {
+					t.Errorf("decodeInteger(%q) into %T = %v; json.Unmarshal: %v, %v", in, fast, reflect.ValueOf(fast).Elem(), reflect.ValueOf(slow).Elem(), jsonErr)
+				}
+			} else if got := reflect.ValueOf(fast).Elem().Interface(); got != untouched {
+				t.Errorf("decodeInteger(%q) into %T declined but wrote %v", in, fast, got)
+			}
+		}
+	}
+	// What the commits write, it takes.
+	for _, v := range []any{0, 7, -1, int64(math.MinInt64), uint64(math.MaxUint64)} {
+		data, _ := json.Marshal(v)
+		target := reflect.New(reflect.TypeOf(v))
+		if !decodeInteger(data, target.Interface()) || target.Elem().Interface() != v {
+			t.Errorf("decodeInteger(%s) into %T = %v, want %v taken", data, target.Interface(), target.Elem(), v)
+		}
+	}
+	if decodeInteger([]byte("5"), new(string)) {
+		t.Error("decodeInteger took a string target")
+	}
+}
+
+// The keys formatted by hand are fmt's.
+func TestEventKeysAreFmts(t *testing.T) {
+	for _, n := range []uint64{0, 1, 0xabc, math.MaxUint64} {
+		if got, want := eventKey("app", "s", n), fmt.Sprintf("%s%016x", eventsPrefix("app", "s"), n); got != want {
+			t.Errorf("eventKey(%d) = %s, want %s", n, got, want)
+		}
+		if got, want := eventsIndexKey("app", "-", "h", n), fmt.Sprintf("%s%s/%016x", eventsIndexPrefix("app", "-"), "h", n); got != want {
+			t.Errorf("eventsIndexKey(%d) = %s, want %s", n, got, want)
+		}
+	}
+}
