@@ -108,10 +108,15 @@ func readStat(pid int) (statFields, error) {
 	return fields, nil
 }
 
-// readProc reads a file of /proc with open, read and close alone. os.ReadFile also offers the
-// descriptor to the poller (four fcntl and an epoll_ctl, refused for /proc) and fstats it: ten
-// syscalls instead of four, and a claim reads several such files.
-func readProc(path string) ([]byte, error) {
+// readProc reads a process's stat or status file with open, read and close alone. os.ReadFile
+// also offers the descriptor to the poller (four fcntl and an epoll_ctl, refused for /proc),
+// fstats it and reads again for the end: ten syscalls instead of three, and a claim reads several
+// such files. The kernel renders these files whole at the first read (seq_file's single_open), so
+// a read that does not fill the buffer has read to the end.
+func readProc(path string) ([]byte, error) { return readProcFrom(path, 4096) }
+
+// readProcFrom is readProc starting with a buffer of size bytes, doubled while reads fill it.
+func readProcFrom(path string, size int) ([]byte, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	for err == unix.EINTR {
 		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -120,21 +125,20 @@ func readProc(path string) ([]byte, error) {
 		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
-	buf := make([]byte, 0, 1024) // a stat line is ≈ 300 bytes, a status ≈ 1.5 KiB
+	buf := make([]byte, 0, size)
 	for {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, cap(buf))
-		}
 		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err != nil:
 			return nil, &fs.PathError{Op: "read", Path: path, Err: err}
-		case n == 0:
-			return buf, nil
 		}
 		buf = buf[:len(buf)+n]
+		if len(buf) < cap(buf) {
+			return buf, nil
+		}
+		buf = slices.Grow(buf, cap(buf))
 	}
 }
 

@@ -348,8 +348,8 @@ func TestObserveSessionHolderIsSessionHolderObserved(t *testing.T) {
 	}
 }
 
-// readProc reads what os.ReadFile reads, a file longer than its first buffer included (a sleeping
-// process's status, which does not change while it sleeps), and a missing file is
+// readProc reads what os.ReadFile reads (a sleeping process's files, which do not change while it
+// sleeps), also when the file is longer than the first buffer, and a missing file is
 // fs.ErrNotExist as os.ReadFile's is.
 func TestReadProcIsReadFile(t *testing.T) {
 	requireLinux(t)
@@ -357,13 +357,12 @@ func TestReadProcIsReadFile(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // past exec, asleep
 	for _, name := range []string{"status", "stat"} {
 		path := "/proc/" + strconv.Itoa(sleeper.Process.Pid) + "/" + name
-		got, err := readProc(path)
 		want, wantErr := os.ReadFile(path)
-		if err != nil || wantErr != nil || string(got) != string(want) {
-			t.Errorf("readProc(%s) = %q, %v; os.ReadFile: %q, %v", path, got, err, want, wantErr)
-		}
-		if name == "status" && len(got) <= 1024 {
-			t.Errorf("%s is %d bytes: the test wants one longer than readProc's first buffer", path, len(got))
+		for _, size := range []int{4096, 64, 1} {
+			got, err := readProcFrom(path, size)
+			if err != nil || wantErr != nil || string(got) != string(want) {
+				t.Errorf("readProcFrom(%s, %d) = %q, %v; os.ReadFile: %q, %v", path, size, got, err, want, wantErr)
+			}
 		}
 	}
 	if _, err := readProc("/proc/0/stat"); !errors.Is(err, fs.ErrNotExist) {
