@@ -5,18 +5,57 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // An engine over a real store on the data disk, driven in-process: the engine and badger without
 // FUSE, with untracked holders so no liveness probe runs.
 
 type engineFixture struct {
-	db  *kv.DB
-	eng *engine.Engine
+	db      *kv.DB
+	eng     *engine.Engine
+	commits *timedCommits
+}
+
+// timedCommits is a store that adds up the time its commits take, apart from the transaction's
+// own function: badger's commit and the sync that makes it durable. An engine operation's time
+// minus that is the engine's own work.
+type timedCommits struct {
+	*kv.DB
+	spent atomic.Int64 // ns
+}
+
+func (s *timedCommits) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
+	var inFn time.Duration
+	began := time.Now()
+	durable, err := s.DB.Commit(ctx, func(tx storage.Txn) error {
+		fnBegan := time.Now()
+		defer func() { inFn += time.Since(fnBegan) }()
+		return fn(tx)
+	})
+	s.spent.Add(int64(time.Since(began) - inFn))
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		began := time.Now()
+		defer func() { s.spent.Add(int64(time.Since(began))) }()
+		return durable()
+	}, nil
+}
+
+func (s *timedCommits) Update(ctx context.Context, fn func(storage.Txn) error) error {
+	durable, err := s.Commit(ctx, fn)
+	if err != nil {
+		return err
+	}
+	return durable()
 }
 
 var ctx = context.Background()
@@ -33,7 +72,8 @@ func untracked(name string) *engine.Holder {
 func newEngine(b *testing.B, name string) *engineFixture {
 	b.Helper()
 	db := newStore(b, name)
-	return &engineFixture{db: db, eng: engine.New(db)}
+	commits := &timedCommits{DB: db}
+	return &engineFixture{db: db, eng: engine.New(commits), commits: commits}
 }
 
 // newStore opens a fresh store below workDir for the rest of the run.
