@@ -13,3 +13,18 @@ func isProcess(tid int) bool {
 	unix.Close(fd)
 	return true
 }
+
+// openProcess returns a pidfd of pid: it names that very process for as long as it is held.
+func openProcess(pid int) (int, bool) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	return fd, err == nil
+}
+
+// stillRunning says whether the process of pidfd fd has not exited. EPERM is another user's
+// process, alive; anything but success or EPERM is taken for gone, which only costs a read.
+func stillRunning(fd int) bool {
+	err := unix.PidfdSendSignal(fd, 0, nil, 0)
+	return err == nil || err == unix.EPERM
+}
+
+func closeProcess(fd int) { unix.Close(fd) }

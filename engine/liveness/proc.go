@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,23 +44,26 @@ const maxAncestry = 4096
 // A process found on the session id's pid is the leader itself: the kernel keeps that pid from
 // being reused while any process of the session lives.
 func SessionHolder(pid int) (int, error) {
-	holder, _, err := sessionHolder(pid)
+	holder, _, _, err := sessionHolder(pid)
 	return holder, err
 }
 
 // ObserveSessionHolder is SessionHolder with the holder's observation, as Observe reports it: the
 // start is the one read while finding the holder, so its stat is not read a second time; its
-// presence is probed as Observe probes it.
+// presence is probed as Observe probes it, or, for a session leader known from an earlier call,
+// by the pidfd kept of it.
 func ObserveSessionHolder(pid int) (int, Observation, error) {
-	holder, fields, err := sessionHolder(pid)
+	holder, fields, held, err := sessionHolder(pid)
 	if err != nil {
 		return 0, Observation{}, err
 	}
-	switch presence(holder) {
-	case probeGone:
-		return holder, Observation{State: Absent}, nil
-	case probeUnsure:
-		return holder, unknown("the presence of process %d could not be confirmed", holder), nil
+	if !held {
+		switch presence(holder) {
+		case probeGone:
+			return holder, Observation{State: Absent}, nil
+		case probeUnsure:
+			return holder, unknown("the presence of process %d could not be confirmed", holder), nil
+		}
 	}
 	bootID, err := currentBootID()
 	if err != nil {
@@ -68,15 +72,21 @@ func ObserveSessionHolder(pid int) (int, Observation, error) {
 	return holder, Observation{State: Present, Start: "proc:" + bootID + ":" + fields.startTicks}, nil
 }
 
-// sessionHolder is SessionHolder with the holder's stat fields, as read while finding it.
-func sessionHolder(pid int) (int, statFields, error) {
+// sessionHolder is SessionHolder with the holder's stat fields, as read while finding it; held
+// says the holder is a session leader whose pidfd just showed it running (only its start is
+// then known).
+func sessionHolder(pid int) (holder int, fields statFields, held bool, err error) {
 	own, err := readStat(pid)
 	if err != nil {
-		return 0, statFields{}, fmt.Errorf("session of process %d: %w", pid, err)
+		return 0, statFields{}, false, fmt.Errorf("session of process %d: %w", pid, err)
 	}
 	if own.session > 0 {
+		if start, ok := leaders.running(own.session); ok {
+			return own.session, statFields{session: own.session, startTicks: start}, true, nil
+		}
 		if leader, err := readStat(own.session); err == nil && leader.session == own.session {
-			return own.session, leader, nil
+			leaders.remember(own.session, leader.startTicks)
+			return own.session, leader, false, nil
 		}
 	}
 	holder, fields, parent := pid, own, own.ppid
@@ -90,7 +100,70 @@ func sessionHolder(pid int) (int, statFields, error) {
 		}
 		holder, fields, parent = parent, next, next.ppid
 	}
-	return holder, fields, nil
+	return holder, fields, false, nil
+}
+
+// leaders are session leaders found before, each with a pidfd and its start. A running process
+// keeps its pid and its start, and a session leader its session (setsid refuses it), so while the
+// pidfd's process runs, a claim from its session need not read the leader's stat: one
+// pidfd_send_signal replaces a read and Observe's two kill(0). An exited leader goes at its next
+// lookup; the set is bounded, each entry holding a descriptor.
+var leaders = leaderSet{m: map[int]heldLeader{}}
+
+const maxLeaders = 64
+
+type leaderSet struct {
+	mu sync.Mutex
+	m  map[int]heldLeader
+}
+
+type heldLeader struct {
+	fd    int
+	start string // startTicks
+}
+
+// running is the start of leader pid, held and still running.
+func (s *leaderSet) running(pid int) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.m[pid]
+	if !ok {
+		return "", false
+	}
+	if !stillRunning(l.fd) {
+		closeProcess(l.fd)
+		delete(s.m, pid)
+		return "", false
+	}
+	return l.start, true
+}
+
+// remember holds leader pid, whose stat read start as its start. The pidfd is taken after that
+// read, so the stat is read again through it being held: a pid reused in between would show
+// another start, and is not kept.
+func (s *leaderSet) remember(pid int, start string) {
+	fd, ok := openProcess(pid)
+	if !ok {
+		return
+	}
+	if again, err := readStat(pid); err != nil || again.startTicks != start || again.session != pid {
+		closeProcess(fd)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.m[pid]; ok {
+		closeProcess(old.fd)
+		delete(s.m, pid)
+	}
+	if len(s.m) >= maxLeaders {
+		for other, l := range s.m { // any one: a session that claims again is read again once
+			closeProcess(l.fd)
+			delete(s.m, other)
+			break
+		}
+	}
+	s.m[pid] = heldLeader{fd: fd, start: start}
 }
 
 func readStat(pid int) (statFields, error) {

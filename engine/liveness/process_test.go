@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -392,4 +393,47 @@ func steady(b []byte) string {
 		}
 	}
 	return strings.Join(kept, "")
+}
+
+// A session leader held from an earlier claim is forgotten once it exits: its members' holder is
+// then found as if it had never been held, never the exited leader.
+func TestObserveSessionHolderForgetsAnExitedLeader(t *testing.T) {
+	requireLinux(t)
+	leader := exec.Command("sh", "-c", "sleep 60 </dev/null >/dev/null 2>&1 & echo $!; wait")
+	leader.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := leader.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = leader.Process.Kill(); _ = leader.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	member, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(member, syscall.SIGKILL) })
+	for range 2 { // the second answer comes from the held leader
+		got, obs, err := ObserveSessionHolder(member)
+		if err != nil || got != leader.Process.Pid || obs != Observe(leader.Process.Pid) {
+			t.Fatalf("ObserveSessionHolder(member %d) = %d, %+v, %v; want the leader %d as Observe sees it", member, got, obs, err, leader.Process.Pid)
+		}
+	}
+	if _, held := leaders.running(leader.Process.Pid); !held {
+		t.Fatalf("leader %d is not held after two claims from its session", leader.Process.Pid)
+	}
+	_ = leader.Process.Kill()
+	_ = leader.Wait()
+	got, obs, err := ObserveSessionHolder(member)
+	if err != nil || got != member || obs != Observe(member) || obs.State != Present {
+		t.Fatalf("after its leader exited, ObserveSessionHolder(member %d) = %d, %+v, %v; want the member itself, present", member, got, obs, err)
+	}
+	if _, held := leaders.running(leader.Process.Pid); held {
+		t.Errorf("the exited leader %d is still held", leader.Process.Pid)
+	}
 }
