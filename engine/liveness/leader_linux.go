@@ -14,6 +14,22 @@ func isProcess(tid int) bool {
 	return true
 }
 
+// threadGroupOf is the process of thread tid, from the kernel's pidfd information (Linux 6.13 and
+// later): three syscalls, where /proc/<tid>/status has the kernel render the whole status.
+// false where the kernel cannot say so.
+func threadGroupOf(tid int) (int, bool) {
+	fd, err := unix.PidfdOpen(tid, unix.PIDFD_THREAD)
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(fd)
+	info := unix.PidfdInfo{Mask: unix.PIDFD_INFO_PID}
+	if err := unix.IoctlPidfdInfo(fd, &info); err != nil || info.Mask&unix.PIDFD_INFO_PID == 0 || info.Tgid == 0 {
+		return 0, false
+	}
+	return int(info.Tgid), true
+}
+
 // openProcess returns a pidfd of pid: it names that very process for as long as it is held.
 func openProcess(pid int) (int, bool) {
 	fd, err := unix.PidfdOpen(pid, 0)

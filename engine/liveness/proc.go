@@ -23,6 +23,9 @@ func ProcessOf(tid int) (int, error) {
 	if tid > 0 && isProcess(tid) {
 		return tid, nil
 	}
+	if pid, ok := threadGroupOf(tid); tid > 0 && ok {
+		return pid, nil
+	}
 	status, err := readProc(fmt.Sprintf("/proc/%d/status", tid))
 	if err != nil {
 		return 0, fmt.Errorf("process of thread %d: %w", tid, err)

@@ -437,3 +437,37 @@ func TestObserveSessionHolderForgetsAnExitedLeader(t *testing.T) {
 		t.Errorf("the exited leader %d is still held", leader.Process.Pid)
 	}
 }
+
+// The kernel's pidfd information names each thread's process as its status does, where the
+// kernel has it (6.13 and later; ProcessOf reads the status elsewhere).
+func TestThreadGroupOfIsStatusTgid(t *testing.T) {
+	requireLinux(t)
+	ready, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		close(ready)
+		<-done
+	}()
+	<-ready
+	defer close(done)
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		tid, _ := strconv.Atoi(task.Name())
+		status, err := readProc("/proc/self/task/" + task.Name() + "/status")
+		if err != nil {
+			continue // exited since the listing
+		}
+		want, _ := parseTgid(string(status))
+		got, ok := threadGroupOf(tid)
+		if !ok {
+			t.Skipf("this kernel gives no pidfd information (thread %d)", tid)
+		}
+		if got != want || got != os.Getpid() {
+			t.Errorf("threadGroupOf(%d) = %d; its status says %d, and this process is %d", tid, got, want, os.Getpid())
+		}
+	}
+}
