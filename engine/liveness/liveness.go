@@ -40,10 +40,16 @@ const maxPid = 2147483647
 // ValidPID reports whether pid is in the range of process ids (1 to 2^31-1), the one check of it.
 func ValidPID(pid int) bool { return pid >= 1 && pid <= maxPid }
 
-// Observe reports whether pid exists and, if it does, its start identity.
+// Observe reports whether pid exists and, if it does, its start identity. A session leader a
+// claim found is known by its pidfd while it runs (see leaders): its start is not read again.
 func Observe(pid int) Observation {
 	if !ValidPID(pid) {
 		return unknown("process id %d is invalid", pid)
+	}
+	if start, held := leaders.running(pid); held {
+		if bootID, err := currentBootID(); err == nil {
+			return Observation{State: Present, Start: "proc:" + bootID + ":" + start}
+		}
 	}
 	switch presence(pid) {
 	case probeGone:

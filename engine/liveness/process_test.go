@@ -436,6 +436,32 @@ func TestObserveSessionHolderForgetsAnExitedLeader(t *testing.T) {
 	if _, held := leaders.running(leader.Process.Pid); held {
 		t.Errorf("the exited leader %d is still held", leader.Process.Pid)
 	}
+	if obs := Observe(leader.Process.Pid); obs.State != Absent {
+		t.Errorf("Observe(exited leader %d) = %+v, want absent", leader.Process.Pid, obs)
+	}
+}
+
+// A held leader is observed as an unheld one is, and a leader that exits while held reads absent
+// at once: the probe of a holder whose session ended must not find it alive.
+func TestObserveHeldLeader(t *testing.T) {
+	requireLinux(t)
+	leader := startSleep(t, func(cmd *exec.Cmd) { cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} })
+	pid := leader.Process.Pid
+	unheld := Observe(pid)
+	if _, _, err := ObserveSessionHolder(pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, held := leaders.running(pid); !held {
+		t.Fatalf("leader %d is not held after a claim from its session", pid)
+	}
+	if held := Observe(pid); held != unheld || held.State != Present {
+		t.Fatalf("Observe(held leader %d) = %+v; unheld it was %+v", pid, held, unheld)
+	}
+	_ = leader.Process.Kill()
+	_ = leader.Wait()
+	if obs := Observe(pid); obs.State != Absent {
+		t.Errorf("Observe(leader %d, exited while held) = %+v, want absent", pid, obs)
+	}
 }
 
 // The kernel's pidfd information names each thread's process as its status does, where the
