@@ -140,6 +140,11 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	defer e.healthCache.end()
 	durable, err := e.db.Commit(budget, func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
+		if e.holds != nil {
+			// A run that conflicted may have held a family this one will not choose (another
+			// freed meanwhile): holding both would refuse another stack's claim.
+			e.holds.releasePendingOf(key)
+		}
 		return fn(tx, e.now())
 	})
 	var written *cachedRecord

@@ -194,6 +194,18 @@ func (h *holds) releasePending(key string, ports []int) {
 	}
 }
 
+// releasePendingOf lets go of every port a transaction on the stack (key) took and has not
+// committed; the stack's lock is held.
+func (h *holds) releasePendingOf(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for port := range h.byStack[key] {
+		if h.byPort[port].pending {
+			h.drop(port)
+		}
+	}
+}
+
 // settle runs after every transaction on a stack, under its lock: when lease is the stack's
 // committed lease, what it holds becomes the stack's and every other port the stack held goes
 // (a released or moved lease); when nothing was committed, what the transaction took goes.

@@ -2,13 +2,16 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Holds on real sockets, in a space of the test's own so that no other daemon on the machine meets
@@ -148,4 +151,42 @@ func TestHoldsLostWhileDownAreReported(t *testing.T) {
 func sorted(ports []int) []int {
 	slices.Sort(ports)
 	return ports
+}
+
+// A transaction run that conflicted lets go, before the next run, of the ports it held: that run
+// may choose another family (one freed meanwhile), and holding both would refuse another stack's
+// claim of the first.
+func TestHoldsOfAConflictedRunAreLetGo(t *testing.T) {
+	space := holdSpace(t)
+	e := holdingEngine(t, space, "/a")
+	key := stackKey("app", "s")
+	runs := 0
+	var heldInRetry []int
+	err := e.update(context.Background(), key, func(tx storage.Txn, _ time.Time) error {
+		runs++
+		if runs > 1 {
+			heldInRetry, _ = space.Held()
+			return errUnchanged
+		}
+		if _, err := tx.Get("x"); err != nil && !errors.Is(err, storage.ErrNotFound) {
+			return err
+		}
+		if holder, _, err := e.holds.takeFamily(key, "app", "s", map[string]int{"HTTP": 41090, "DB": 41442}); err != nil || holder != nil {
+			t.Fatalf("take: %v, held by %v", err, holder)
+		}
+		// A commit of what this run read: it conflicts and runs again.
+		if err := e.db.Update(context.Background(), func(w storage.Txn) error { return w.Set("x", []byte("1")) }); err != nil {
+			return err
+		}
+		return tx.Set("y", []byte("1"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs != 2 {
+		t.Fatalf("fn ran %d times, want 2 (one conflict)", runs)
+	}
+	if len(heldInRetry) != 0 {
+		t.Fatalf("the retry began with the conflicted run's holds: %v", heldInRetry)
+	}
 }
