@@ -126,7 +126,12 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 	if lease.Active() {
 		evidence.busy, evidence.err = listeners.Listening(leasePorts(lease))
 	}
-	obs := []Observation{claim, portFamilyObservation(base, lease, inventory, evidence, at)}
+	capacity := 4 // claim, family, declaration, ephemeral; and a listener a port
+	if lease.Active() {
+		capacity += len(lease.Ports)
+	}
+	obs := make([]Observation, 0, capacity)
+	obs = append(obs, claim, portFamilyObservation(base, lease, inventory, evidence, at))
 	if lease.Active() {
 		obs = append(obs, declarationObservation(base, lease, configured, declared, cockpit, at))
 		obs = append(obs, listenerObservations(base, lease, evidence, at)...)
@@ -353,9 +358,10 @@ func listenerObservations(base Observation, lease *Lease, evidence listenerEvide
 		port := ports[i]
 		o := base
 		o.Code, o.Owner = codePortListener, portsOwner
-		o.Source = fmt.Sprintf("tcp:%d", port)
-		o.Target = fmt.Sprintf("%s=%d", key, port)
-		o.Remedy = fmt.Sprintf("start the stack's service for %s on port %d (see env)", key, port)
+		p := strconv.Itoa(port)
+		o.Source = "tcp:" + p
+		o.Target = key + "=" + p
+		o.Remedy = "start the stack's service for " + key + " on port " + p + " (see env)"
 		switch {
 		case err != nil:
 			o.Observed = observed{State: observedUnavailable, Reason: err.Error(), ObservedAt: at}

@@ -9,7 +9,7 @@ func (f *FS) healthView(cockpit, stack string) render {
 		if err != nil {
 			return view{}, err
 		}
-		var data []byte
+		data := make([]byte, 0, 4<<10) // six observations' lines
 		for _, o := range obs {
 			data = append(o.AppendJSON(data), '\n') // a remedy's "<" or ">" reads as written
 		}
