@@ -261,21 +261,7 @@ func TestSessionHolderLeaderExited(t *testing.T) {
 
 func TestProcessOf(t *testing.T) {
 	requireLinux(t)
-	// A goroutine locked to its own thread guarantees a thread other than the main one exists.
-	ready, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		close(ready)
-		<-done
-	}()
-	<-ready
-	defer close(done)
-
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tasks := tasksWithASecondThread(t)
 	others := 0
 	for _, task := range tasks {
 		tid, err := strconv.Atoi(task.Name())
@@ -468,19 +454,7 @@ func TestObserveHeldLeader(t *testing.T) {
 // kernel has it (6.13 and later; ProcessOf reads the status elsewhere).
 func TestThreadGroupOfIsStatusTgid(t *testing.T) {
 	requireLinux(t)
-	ready, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		close(ready)
-		<-done
-	}()
-	<-ready
-	defer close(done)
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tasks := tasksWithASecondThread(t)
 	for _, task := range tasks {
 		tid, _ := strconv.Atoi(task.Name())
 		status, err := readProc("/proc/self/task/" + task.Name() + "/status")
@@ -496,4 +470,24 @@ func TestThreadGroupOfIsStatusTgid(t *testing.T) {
 			t.Errorf("threadGroupOf(%d) = %d; its status says %d, and this process is %d", tid, got, want, os.Getpid())
 		}
 	}
+}
+
+// tasksWithASecondThread lists this process's threads while a goroutine locked to a thread of its
+// own, kept until the test ends, guarantees one other than the main thread.
+func tasksWithASecondThread(t *testing.T) []os.DirEntry {
+	t.Helper()
+	ready, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		close(ready)
+		<-done
+	}()
+	<-ready
+	t.Cleanup(func() { close(done) })
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tasks
 }
