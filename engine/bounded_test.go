@@ -55,19 +55,18 @@ func TestHealthKeepsNoReadsOfRemovedStacks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.healthCache.mu.Lock()
-	kept := len(e.healthCache.m)
-	e.healthCache.mu.Unlock()
-	if kept != 2 {
+	kept := func() int {
+		e.healthCache.mu.Lock()
+		defer e.healthCache.mu.Unlock()
+		return len(e.healthCache.m)
+	}
+	if kept := kept(); kept != 2 {
 		t.Fatalf("after two health reads with no commit between: %d stacks' reads kept, want 2", kept)
 	}
 	if err := e.RemoveStack(ctx, me("rmdir", "app/stacks/one"), "app", "one"); err != nil {
 		t.Fatal(err)
 	}
-	e.healthCache.mu.Lock()
-	kept = len(e.healthCache.m)
-	e.healthCache.mu.Unlock()
-	if kept != 0 {
+	if kept := kept(); kept != 0 {
 		t.Fatalf("after a commit: %d stacks' reads kept, want 0", kept)
 	}
 }
