@@ -163,7 +163,7 @@ type healthReads struct {
 func (e *Engine) healthStoreReads(cockpit, stack string) (healthReads, error) {
 	key := stackKey(cockpit, stack)
 	at, quiet := e.healthCache.now()
-	if reads, ok := e.healthCache.get(key, at); ok && !e.shared {
+	if reads, ok := e.healthCache.get(key, at); ok { // never kept over a shared store (below)
 		return reads, e.db.View(func(storage.Txn) error { return nil })
 	}
 	var reads healthReads
