@@ -9,10 +9,11 @@ import (
 
 // recordCache keeps decoded records for reads, so the tree renders a file without decoding the
 // record again for every lookup, stat and open, and a transaction that reads the same bytes the
-// cache holds need not decode them either. Every commit drops its stack's entry before the next
-// commit on the stack can begin, and puts back the record it wrote once that is durable; a
-// generation per key keeps a read that raced a commit, or a commit overtaken by the next one on
-// its way to disk, from storing an older record.
+// cache holds need not decode them either. A commit drops its stack's entry before it writes
+// anything, serves no reader from the cache until it is durable (the store may let other readers
+// see it before its committer returns: a sync round another committer leads, a backend durable at
+// commit), and then puts back the record it wrote; a generation per key keeps a read that raced a
+// commit, or a commit overtaken by the next one on its way to disk, from storing an older record.
 //
 // Generations come from one counter, so a removed stack's key can be forgotten altogether (a
 // thousand stacks made and removed leave nothing behind): a key without a generation has the
@@ -23,6 +24,9 @@ type recordCache struct {
 	floor   uint64 // the generation of every key not in gen
 	gen     map[string]uint64
 	m       map[string]cachedRecord
+	// committing counts each key's commits between begin and done: readers are served from the
+	// store meanwhile.
+	committing map[string]int
 	// latest holds each key's last committed record, durable or not: only transactions, which
 	// compare its bytes with what they read, use it.
 	latest map[string]cachedRecord
@@ -42,7 +46,7 @@ func (c *recordCache) get(key string) (Record, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[key]
-	return e.Record, c.generation(key), ok
+	return e.Record, c.generation(key), ok && c.committing[key] == 0
 }
 
 // generation is key's generation; mu is held.
@@ -69,6 +73,13 @@ func (c *recordCache) decoded(key string, raw []byte) (cachedRecord, bool) {
 func (c *recordCache) put(key string, r cachedRecord, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.committing[key] == 0 {
+		c.store(key, r, gen)
+	}
+}
+
+// store keeps r as key's entry unless a commit invalidated key since gen; mu is held.
+func (c *recordCache) store(key string, r cachedRecord, gen uint64) {
 	if c.generation(key) != gen {
 		return
 	}
@@ -78,15 +89,47 @@ func (c *recordCache) put(key string, r cachedRecord, gen uint64) {
 	c.m[key] = r
 }
 
-// fill stores the record a commit wrote, now durable, unless a later commit invalidated key since
-// the commit's own invalidate returned gen.
-func (c *recordCache) fill(key string, r cachedRecord, gen uint64) { c.put(key, r, gen) }
+// begin marks a commit on key about to write, before anything it writes can be read.
+func (c *recordCache) begin(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.committing == nil {
+		c.committing = map[string]int{}
+	}
+	c.committing[key]++
+	c.bump(key)
+}
+
+// done ends a commit begun on key: written (nil: none, or it failed) is the record it wrote, now
+// durable, stored unless a later commit invalidated key since the commit's own invalidate
+// returned gen.
+func (c *recordCache) done(key string, written *cachedRecord, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.committing[key]--
+	if c.committing[key] <= 0 {
+		delete(c.committing, key)
+	}
+	if written != nil {
+		c.store(key, *written, gen)
+	}
+}
 
 // invalidate drops key's entry for readers, keeps written (nil: unknown) as its latest commit for
 // transactions, and returns the new generation.
 func (c *recordCache) invalidate(key string, written *cachedRecord) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.bump(key)
+	delete(c.latest, key)
+	if written != nil {
+		c.latest[key] = *written
+	}
+	return c.counter
+}
+
+// bump gives key a new generation and drops its entry for readers; mu is held.
+func (c *recordCache) bump(key string) {
 	if c.gen == nil {
 		c.gen = map[string]uint64{}
 		c.latest = map[string]cachedRecord{}
@@ -94,11 +137,6 @@ func (c *recordCache) invalidate(key string, written *cachedRecord) uint64 {
 	c.counter++
 	c.gen[key] = c.counter
 	delete(c.m, key)
-	delete(c.latest, key)
-	if written != nil {
-		c.latest[key] = *written
-	}
-	return c.counter
 }
 
 // forget drops every trace of key, a stack that was removed; a read begun before is not stored.

@@ -1,8 +1,13 @@
 package engine
 
 import (
+	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // A read that raced a commit must not cache what it read before the commit.
@@ -14,12 +19,13 @@ func TestRecordCacheGenerations(t *testing.T) {
 		t.Fatal("empty cache hit")
 	}
 	two := cachedRecord{Record: Record{Revision: 2}, raw: []byte("2")}
+	c.begin("k")
 	committed := c.invalidate("k", &two) // a commit lands between the read's get and its put
 	c.put("k", old, gen)
 	if _, _, ok := c.get("k"); ok {
 		t.Fatal("a read from before the commit was cached")
 	}
-	c.fill("k", two, committed)
+	c.done("k", &two, committed)
 	if r, _, ok := c.get("k"); !ok || r.Revision != 2 {
 		t.Fatalf("after fill: %v %v", r.Revision, ok)
 	}
@@ -37,7 +43,9 @@ func TestRecordCacheCommitsOvertaken(t *testing.T) {
 	var c recordCache
 	four := cachedRecord{Record: Record{Revision: 4}, raw: []byte("4")}
 	five := cachedRecord{Record: Record{Revision: 5}, raw: []byte("5")}
+	c.begin("k")
 	genFour := c.invalidate("k", &four)
+	c.begin("k")
 	genFive := c.invalidate("k", &five)
 	if _, _, ok := c.get("k"); ok {
 		t.Fatal("a reader was served a commit not yet durable")
@@ -45,8 +53,11 @@ func TestRecordCacheCommitsOvertaken(t *testing.T) {
 	if r, ok := c.decoded("k", []byte("5")); !ok || r.Revision != 5 {
 		t.Fatalf("a transaction reading the latest commit's bytes decodes them again: %v %v", r.Revision, ok)
 	}
-	c.fill("k", five, genFive) // the later commit is acknowledged first
-	c.fill("k", four, genFour)
+	c.done("k", &five, genFive) // the later commit is acknowledged first
+	if _, _, ok := c.get("k"); ok {
+		t.Fatal("a reader was served the cache while a commit on its key was still under way")
+	}
+	c.done("k", &four, genFour)
 	if r, _, ok := c.get("k"); !ok || r.Revision != 5 {
 		t.Fatalf("after both are durable readers see revision %d (%v), want 5", r.Revision, ok)
 	}
@@ -58,7 +69,7 @@ func TestRecordCacheDecodedOnlyFromTheSameBytes(t *testing.T) {
 	if _, ok := c.decoded("k", []byte("3")); ok {
 		t.Fatal("empty cache hit")
 	}
-	c.fill("k", cachedRecord{Record: Record{Revision: 3}, raw: []byte("3")}, 0)
+	c.put("k", cachedRecord{Record: Record{Revision: 3}, raw: []byte("3")}, 0)
 	if r, ok := c.decoded("k", []byte("3")); !ok || r.Revision != 3 {
 		t.Fatalf("same bytes: %v %v", r.Revision, ok)
 	}
@@ -173,5 +184,69 @@ func TestCockpitReadsFollowCommits(t *testing.T) {
 	}
 	if _, err := e.Cockpit("app"); AsRefusal(err).Code != NotFound {
 		t.Fatalf("after rmdir: %v, want NotFound", err)
+	}
+}
+
+// readableFirst is a real store whose armed Commit makes its commit durable, so readable by every
+// View, before it returns, as a store durable at commit does (or one whose sync round another
+// committer led), and then waits for the test: the moment between a commit becoming readable and
+// its committer getting back.
+type readableFirst struct {
+	*kv.DB
+	armed  atomic.Bool
+	paused chan struct{}
+	resume chan struct{}
+}
+
+func (s *readableFirst) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
+	durable, err := s.DB.Commit(ctx, fn)
+	if err != nil || !s.armed.Load() {
+		return durable, err
+	}
+	if err := durable(); err != nil {
+		return nil, err
+	}
+	s.paused <- struct{}{}
+	<-s.resume
+	return func() error { return nil }, nil
+}
+
+// A commit readable in the store before its committer is back is what every read shows: the
+// cache does not answer with the record it replaced.
+func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
+	db, err := kv.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	store := &readableFirst{DB: db, paused: make(chan struct{}), resume: make(chan struct{})}
+	e := New(store)
+	newCockpit(t, e, "app", exampleConfig, "s")
+	if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 1 { // now cached
+		t.Fatalf("%d holders, %v", len(r.Value.Holders), err)
+	}
+	store.armed.Store(true)
+	claimed := make(chan error, 1)
+	go func() { claimed <- e.Claim(context.Background(), me("create", "g"), "app", "s", "g", untracked("g")) }()
+	<-store.paused
+	var inStore int
+	if err := db.View(func(tx storage.Txn) error {
+		return tx.Scan(holdersPrefix("app", "s"), func(string, []byte) error { inStore++; return nil })
+	}); err != nil || inStore != 2 {
+		t.Fatalf("the store holds %d holders (%v): the commit is not readable yet", inStore, err)
+	}
+	r, err := e.Stack("app", "s")
+	store.resume <- struct{}{}
+	if err != nil || len(r.Value.Holders) != 2 {
+		t.Fatalf("with the claim of g readable in the store, a read shows %d holders (%v)", len(r.Value.Holders), err)
+	}
+	if err := <-claimed; err != nil {
+		t.Fatal(err)
+	}
+	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 2 {
+		t.Fatalf("after the claim: %d holders, %v", len(r.Value.Holders), err)
 	}
 }

@@ -135,9 +135,11 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	if err != nil {
 		return e.locked(ctx, key, nil)
 	}
-	// Before anything the commit writes can be read, until its sync is over (see healthCache).
+	// Before anything the commit writes can be read, until its sync is over (see healthCache and
+	// recordCache).
 	e.healthCache.begin()
 	defer e.healthCache.end()
+	e.records.begin(key)
 	durable, err := e.db.Commit(budget, func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		if e.holds != nil {
@@ -162,6 +164,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		e.holds.settle(key, written != nil, lease)
 	}
 	if errors.Is(err, errUnchanged) {
+		e.records.done(key, nil, 0)
 		unlock()
 		return nil
 	}
@@ -174,14 +177,15 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	}
 	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
 	e.cockpits.committed()
+	if err != nil {
+		written = nil
+	}
+	e.records.done(key, written, gen)
 	switch {
 	case errors.Is(err, storage.ErrLocked):
 		return e.locked(ctx, key, err)
 	case err != nil:
 		return err
-	}
-	if written != nil {
-		e.records.fill(key, *written, gen)
 	}
 	e.changes.publish(key)
 	e.cockpitChanges.publish(key)
