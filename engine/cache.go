@@ -154,12 +154,14 @@ func (c *recordCache) forget(key string) {
 // rendered asks for its cockpit's owner, and reading and decoding it each time cost more than the
 // rest of an open. A transaction, which must read the bytes anyway, skips only the decode when
 // they are the bytes cached. A read outside a transaction is served from the cache while no
-// commit has happened since the entry was read: any commit counts, since cockpits change rarely
-// and a stack's mkdir or rmdir changes its cockpit too.
+// commit has begun since the entry was read with none under way: any commit counts, since
+// cockpits change rarely and a stack's mkdir or rmdir changes its cockpit too, and it counts from
+// before it writes, since the store may let readers see it before its committer is back.
 type cockpitCache struct {
-	mu      sync.Mutex
-	commits uint64 // every commit bumps it
-	m       map[string]cachedCockpit
+	mu       sync.Mutex
+	commits  uint64 // every commit bumps it as it begins and as it ends
+	underway int
+	m        map[string]cachedCockpit
 }
 
 type cachedCockpit struct {
@@ -207,22 +209,30 @@ func (c *cockpitCache) since() uint64 {
 }
 
 // read marks key's entry current if it holds raw, the bytes a View begun after since returned at
-// read, and no commit happened meanwhile. (A transaction may have decoded other bytes since: ones
-// not yet acknowledged, or its own uncommitted write.)
+// read, and no commit began meanwhile or was under way. (A transaction may have decoded other
+// bytes since: ones not yet acknowledged, or its own uncommitted write.)
 func (c *cockpitCache) read(key string, raw []byte, at uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.m[key]; ok && at == c.commits && bytes.Equal(e.raw, raw) {
+	if e, ok := c.m[key]; ok && at == c.commits && c.underway == 0 && bytes.Equal(e.raw, raw) {
 		e.current, e.readAt = true, at
 		c.m[key] = e
 	}
 }
 
-// committed ends every entry's currency.
-func (c *cockpitCache) committed() {
+// begin and end bracket a commit: each ends every entry's currency.
+func (c *cockpitCache) begin() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.commits++
+	c.underway++
+}
+
+func (c *cockpitCache) end() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.commits++
+	c.underway--
 }
 
 func (c *cockpitCache) forget(key string) {

@@ -151,12 +151,18 @@ func TestCockpitCacheCurrency(t *testing.T) {
 	if m, ok := c.current("c/app"); !ok || m.UID != 1000 {
 		t.Fatalf("after a read: %+v, %v", m, ok)
 	}
-	c.committed()
+	c.begin()
 	if _, ok := c.current("c/app"); ok {
-		t.Fatal("current after a commit")
+		t.Fatal("current while a commit is under way")
 	}
+	c.read("c/app", raw, c.since()) // a View while the commit is under way may or may not see it
+	if _, ok := c.current("c/app"); ok {
+		t.Fatal("current though read while a commit was under way")
+	}
+	c.end()
 	at := c.since()
-	c.committed() // a commit while the View ran
+	c.begin() // a commit while the View ran
+	c.end()
 	c.read("c/app", raw, at)
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("current though a commit raced its read")
@@ -198,6 +204,15 @@ type readableFirst struct {
 	resume chan struct{}
 }
 
+func newReadableFirst(t *testing.T) *readableFirst {
+	db, err := kv.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return &readableFirst{DB: db, paused: make(chan struct{}), resume: make(chan struct{})}
+}
+
 func (s *readableFirst) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
 	durable, err := s.DB.Commit(ctx, fn)
 	if err != nil || !s.armed.Load() {
@@ -214,12 +229,7 @@ func (s *readableFirst) Commit(ctx context.Context, fn func(storage.Txn) error) 
 // A commit readable in the store before its committer is back is what every read shows: the
 // cache does not answer with the record it replaced.
 func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
-	db, err := kv.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	store := &readableFirst{DB: db, paused: make(chan struct{}), resume: make(chan struct{})}
+	store := newReadableFirst(t)
 	e := New(store)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
@@ -233,7 +243,7 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 	go func() { claimed <- e.Claim(context.Background(), me("create", "g"), "app", "s", "g", untracked("g")) }()
 	<-store.paused
 	var inStore int
-	if err := db.View(func(tx storage.Txn) error {
+	if err := store.View(func(tx storage.Txn) error {
 		return tx.Scan(holdersPrefix("app", "s"), func(string, []byte) error { inStore++; return nil })
 	}); err != nil || inStore != 2 {
 		t.Fatalf("the store holds %d holders (%v): the commit is not readable yet", inStore, err)
@@ -248,5 +258,24 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 	}
 	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 2 {
 		t.Fatalf("after the claim: %d holders, %v", len(r.Value.Holders), err)
+	}
+
+	store.armed.Store(false)
+	for range 2 { // the second from the cache
+		if info, err := e.Cockpit("app"); err != nil || info.Config != exampleConfig {
+			t.Fatalf("Cockpit: %q, %v", info.Config, err)
+		}
+	}
+	changed := strings.Replace(exampleConfig, "count = ", "count = 1", 1)
+	store.armed.Store(true)
+	go func() { claimed <- e.SetConfig(context.Background(), me("write", "app/config"), "app", []byte(changed)) }()
+	<-store.paused
+	info, err := e.Cockpit("app")
+	store.resume <- struct{}{}
+	if err != nil || info.Config != changed {
+		t.Fatalf("with the new config readable in the store, the cockpit shows %q (%v)", info.Config, err)
+	}
+	if err := <-claimed; err != nil {
+		t.Fatal(err)
 	}
 }

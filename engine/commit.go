@@ -139,7 +139,11 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	// recordCache).
 	e.healthCache.begin()
 	defer e.healthCache.end()
+	e.cockpits.begin()
+	defer e.cockpits.end()
 	e.records.begin(key)
+	e.inventory.begin(key)
+	defer e.inventory.end(key)
 	durable, err := e.db.Commit(budget, func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		if e.holds != nil {
@@ -173,10 +177,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	unlock()
 	if err == nil {
 		err = durable()
-		e.inventory.changed(key)
 	}
-	// Whatever the outcome, a commit may have happened (a failed sync still wrote).
-	e.cockpits.committed()
 	if err != nil {
 		written = nil
 	}

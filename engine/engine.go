@@ -391,6 +391,7 @@ func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno s
 	ctx, cancel := context.WithTimeout(context.Background(), e.budget)
 	defer cancel()
 	level := stack
+	e.cockpits.begin()
 	err := e.db.Update(ctx, func(tx storage.Txn) error {
 		now := e.now()
 		level = stack
@@ -405,7 +406,7 @@ func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno s
 			Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix,
 		})
 	})
-	e.cockpits.committed()
+	e.cockpits.end()
 	switch {
 	case errors.Is(err, errUnchanged):
 		return nil

@@ -29,8 +29,11 @@ type inventory struct {
 	unsound  map[string]map[string]string // cockpit → stack key → why its record is unsound
 	shared   map[int]bool                 // ports in more than one active lease
 
-	staleMu sync.Mutex      // guards stale alone, so commits never wait for a health read
+	staleMu sync.Mutex      // guards stale and underway alone, so commits never wait for a health read
 	stale   map[string]bool // stack keys committed since the last health read took them
+	// underway counts each stack's commits under way: every health read reads them again, since
+	// the store may show a commit before its committer is back.
+	underway map[string]int
 	// tracking: a health read has begun, so commits must be marked stale. Before the first one
 	// nothing is kept (it reads every record), so a daemon nobody asks for health keeps no
 	// key of every stack ever committed.
@@ -43,9 +46,36 @@ type inventoryEntry struct {
 	ports   map[string]int // its active lease's ports; nil without one (or when unsound)
 }
 
-// changed marks a stack stale; update calls it after each commit, before acknowledging it.
-func (inv *inventory) changed(key string) {
-	if !strings.HasPrefix(key, allStacksPrefix) || !inv.tracking.Load() {
+// begin and end bracket a commit on key (update calls end before acknowledging it), which end
+// marks stale.
+func (inv *inventory) begin(key string) {
+	if !strings.HasPrefix(key, allStacksPrefix) {
+		return
+	}
+	inv.staleMu.Lock()
+	defer inv.staleMu.Unlock()
+	if inv.underway == nil {
+		inv.underway = map[string]int{}
+	}
+	inv.underway[key]++
+}
+
+func (inv *inventory) end(key string) {
+	if !strings.HasPrefix(key, allStacksPrefix) {
+		return
+	}
+	inv.staleMu.Lock()
+	inv.underway[key]--
+	if inv.underway[key] <= 0 {
+		delete(inv.underway, key)
+	}
+	inv.staleMu.Unlock()
+	inv.markStale(key)
+}
+
+// markStale has the next health read read key again.
+func (inv *inventory) markStale(key string) {
+	if !inv.tracking.Load() {
 		return
 	}
 	inv.staleMu.Lock()
@@ -68,6 +98,12 @@ func (e *Engine) observeInventory(cockpit string, fn func(tx storage.Txn, inv he
 	inv.staleMu.Lock()
 	stale := inv.stale
 	inv.stale = nil
+	for key := range inv.underway {
+		if stale == nil {
+			stale = map[string]bool{}
+		}
+		stale[key] = true
+	}
 	inv.staleMu.Unlock()
 	refreshed := false
 	err := e.db.View(func(tx storage.Txn) error {
@@ -80,7 +116,7 @@ func (e *Engine) observeInventory(cockpit string, fn func(tx storage.Txn, inv he
 	if !refreshed {
 		// Read them again next time: this View may have applied only some.
 		for key := range stale {
-			inv.changed(key)
+			inv.markStale(key)
 		}
 	}
 	return err

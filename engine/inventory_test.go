@@ -78,3 +78,40 @@ func TestInventoryCollisionsInScanOrder(t *testing.T) {
 		t.Fatalf("one lease left, yet %+v (shared %v)", got, inv.shared)
 	}
 }
+
+// Health reads a stack again while a commit on it is under way: the store may show the commit
+// before its committer is back, and the inventory must not answer with the record it replaced.
+func TestHealthInventoryReadsCommitsUnderWay(t *testing.T) {
+	store := newReadableFirst(t)
+	e := New(store)
+	newCockpit(t, e, "app", healthConfig, "a", "b")
+	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
+		t.Fatal(err)
+	}
+	wantValue(t, observationOf(t, health(t, e, "a"), codeClaimState, ""), true) // the inventory is kept from here on
+	store.armed.Store(true)
+	committed := make(chan error, 1)
+	go func() {
+		// A commit no operation makes (holders without a lease), so that claim-state shows it.
+		committed <- e.update(context.Background(), stackKey("app", "b"), func(tx storage.Txn, now time.Time) error {
+			r, err := new(Engine).loadRecord(tx, "app", "b")
+			if err != nil {
+				return err
+			}
+			r.Value.Holders = []Holder{Holder{Name: "me", CheckoutPath: "/src/me"}.claimed(now)}
+			return setJSON(tx, stackKey("app", "b"), r)
+		})
+	}()
+	<-store.paused
+	claim := observationOf(t, health(t, e, "a"), codeClaimState, "")
+	store.resume <- struct{}{}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if claim.Observed.State != observedFailed || !strings.Contains(claim.Observed.Reason, "app/b") {
+		t.Fatalf("with b's broken record readable in the store, claim-state of a: %+v", claim.Observed)
+	}
+	if claim := observationOf(t, health(t, e, "a"), codeClaimState, ""); claim.Observed.State != observedFailed {
+		t.Fatalf("once the commit is back, claim-state of a: %+v", claim.Observed)
+	}
+}

@@ -39,6 +39,7 @@ func TestStoreFailuresHaveTheirOwnCode(t *testing.T) {
 func TestStackLimit(t *testing.T) {
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "s")
+	e.cockpits.begin()
 	err := e.db.Update(context.Background(), func(tx storage.Txn) error {
 		m, err := e.loadCockpit(tx, "app")
 		if err != nil {
@@ -50,7 +51,7 @@ func TestStackLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cockpits.committed()
+	e.cockpits.end()
 	err = e.CreateStack(context.Background(), me("mkdir", "app/stacks/late"), "app", "late")
 	if r := AsRefusal(err); r.Code != StateInventoryLimit || !strings.Contains(r.Message, "1024") {
 		t.Fatalf("the 1025th stack: %v, want %s", err, StateInventoryLimit)
