@@ -268,7 +268,9 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 	}
 	changed := strings.Replace(exampleConfig, "count = ", "count = 1", 1)
 	store.armed.Store(true)
-	go func() { claimed <- e.SetConfig(context.Background(), me("write", "app/config"), "app", []byte(changed)) }()
+	go func() {
+		claimed <- e.SetConfig(context.Background(), me("write", "app/config"), "app", []byte(changed))
+	}()
 	<-store.paused
 	info, err := e.Cockpit("app")
 	store.resume <- struct{}{}
