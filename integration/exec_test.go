@@ -53,3 +53,24 @@ func TestExecRefusedClaim(t *testing.T) {
 		t.Fatalf("a refused exec left holders: %q", got)
 	}
 }
+
+// Ctrl-C at a terminal reaches the whole foreground process group: the command gets SIGINT as it
+// would without exec (exec drops its own copy rather than pass it on twice), and exec exits 130.
+// The command starts with no signal ignored.
+func TestExecCommandStopsOnCtrlC(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 37650}, "s")
+	// set -m: the job gets a process group of its own, as a terminal's foreground job has.
+	run := `set -m
+"$B" exec --holder job "$M/app/stacks/s" -- bash -c 'grep ^SigIgn: /proc/self/status; exec sleep 30' > out &
+for i in $(seq 200); do grep -q SigIgn out && break; sleep 0.05; done
+kill -INT -$!
+wait $!
+echo "exit=$?"
+cat out`
+	r := shIn(t, t.TempDir(), run, "M="+m.Dir, "B="+binary)
+	if !strings.Contains(r.Stdout, "exit=130\n") || !strings.Contains(r.Stdout, "SigIgn:\t0000000000000000\n") {
+		t.Fatalf("exec under Ctrl-C:\nstdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	}
+}

@@ -303,7 +303,11 @@ func TestToolsFollowEvents(t *testing.T) {
 					t.Errorf("%s showed %v, want y1 … y60 once each, in order", name, got)
 				}
 			}
-			waitFor(t, func() string { return "the stopped follower to show z300: " + stopped.output() }, func() bool { return strings.Contains(stopped.output(), `/z300"`) })
+			// Its whole line: tail may have written part of it so far.
+			waitFor(t, func() string { return "the stopped follower to show z300: " + stopped.output() }, func() bool {
+				out := stopped.output()
+				return strings.Contains(out, `/z300"`) && strings.HasSuffix(out, "\n")
+			})
 			lines := strings.Split(strings.TrimSuffix(stopped.output(), "\n"), "\n")
 			seen := map[string]bool{}
 			for _, line := range lines {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -50,24 +51,25 @@ func execCommand(args []string) error {
 		return err
 	}
 	// SIGINT and SIGQUIT from a terminal reach the whole foreground process group, the command
-	// included: passing them on would deliver them twice. SIGTERM and SIGHUP are sent to this
-	// process alone.
-	signal.Ignore(syscall.SIGINT, syscall.SIGQUIT)
+	// included: passing them on would deliver them twice. They are caught and dropped, not
+	// ignored: an ignored signal stays ignored in the command, and Ctrl-C would not stop it.
+	// SIGTERM and SIGHUP are sent to this process alone.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGQUIT)
 	forward := make(chan os.Signal, 4)
 	signal.Notify(forward, syscall.SIGTERM, syscall.SIGHUP)
 
-	cmd := exec.Command(args[sep+1], args[sep+2:]...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	if err := cmd.Start(); err != nil {
+	cmd, gate, err := startGated(args[sep+1:], append(os.Environ(), env...))
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "cockpitfs: exec:", err)
 		releaseAfterExec(holderPath)
 		return &exitError{code: 127}
 	}
-	// The holder lives as long as the command itself from now on.
+	// The holder lives as long as the command itself from now on, and says so before the
+	// command runs.
 	if err := os.WriteFile(holderPath, []byte("pid="+strconv.Itoa(cmd.Process.Pid)+"\n"), 0); err != nil {
 		fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s keeps this process's pid: %v\n", holderPath, err)
 	}
+	gate.Close()
 	go func() {
 		for s := range forward {
 			cmd.Process.Signal(s)
@@ -84,6 +86,48 @@ func execCommand(args []string) error {
 		return &exitError{code: exit.ExitCode()}
 	}
 	return err
+}
+
+// gateCommand is the hidden command startGated runs: this binary again, which waits until exec
+// has written its pid to the holder and then becomes the command (execve keeps the pid).
+const gateCommand = "__exec-gate"
+
+// startGated starts argv with env as a process that runs argv only once gate is closed, so the
+// command never runs, nor reads its holder, before the holder names its pid.
+func startGated(argv, env []string) (cmd *exec.Cmd, gate *os.File, err error) {
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	wait, gate, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer wait.Close()
+	// This very binary, even if it was replaced or removed since it started.
+	cmd = exec.Command("/proc/self/exe", append([]string{gateCommand, path}, argv...)...)
+	cmd.Env = env
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{wait} // fd 3
+	if err := cmd.Start(); err != nil {
+		gate.Close()
+		return nil, nil, err
+	}
+	return cmd, gate, nil
+}
+
+// execGate is the gated process: it waits for its gate (fd 3) to close, then executes path with
+// argv in its place. The exec fails only as the command's own start would (exit 126, as a shell).
+func execGate(args []string) error {
+	if len(args) < 2 {
+		return &usageError{msg: "the exec gate is cockpitfs exec's own"}
+	}
+	wait := os.NewFile(3, "exec gate")
+	io.Copy(io.Discard, wait)
+	wait.Close()
+	err := syscall.Exec(args[0], args[1:], os.Environ())
+	fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s: %v\n", args[1], err)
+	return &exitError{code: 126}
 }
 
 // defaultHolderName is exec-<user>, with what a holder name may not hold replaced.

@@ -188,6 +188,8 @@ func dispatch(args []string, stdout io.Writer) error {
 		name = "version"
 	case "umount":
 		name = "unmount"
+	case gateCommand:
+		return execGate(args[1:])
 	}
 	c, ok := commands[name]
 	if !ok {
