@@ -126,7 +126,7 @@ func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *f
 	defer d.fsys.guard("lookup "+d.child(name), &errno)
 	e, err := d.find(ctx, name)
 	if err != nil {
-		errno := d.fsys.fail(caller(ctx, "lookup", d.child(name)), "", "", err)
+		errno := d.fsys.failNoEvent("lookup", d.child(name), err)
 		// Over a shared store another machine's daemon creates names too.
 		if _, ok := d.list.(ownNames); ok && errno == syscall.ENOENT && !d.fsys.eng.Shared() {
 			out.SetEntryTimeout(entryTimeout) // a negative entry: see rawLayer.Lookup
@@ -171,7 +171,7 @@ func (d *dir) node(ctx context.Context, e entry) (fs.InodeEmbedder, fs.StableAtt
 	}
 	v, err := f.render()
 	if err != nil {
-		return nil, fs.StableAttr{}, d.fsys.fail(caller(ctx, "lookup", path), "", "", err)
+		return nil, fs.StableAttr{}, d.fsys.failNoEvent("lookup", path, err)
 	}
 	return d.fsys.frozenFile(f, v), fs.StableAttr{Mode: syscall.S_IFREG, Ino: frozenIno(path, v)}, 0
 }
@@ -180,7 +180,7 @@ func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno)
 	defer d.fsys.guard("readdir "+d.path, &errno)
 	es, err := d.list.entries(ctx, d)
 	if err != nil {
-		return nil, d.fsys.fail(caller(ctx, "readdir", d.path), "", "", err)
+		return nil, d.fsys.failNoEvent("readdir", d.path, err)
 	}
 	out := make([]fuse.DirEntry, 0, len(es)+2)
 	// The kernel lists only what a FUSE readdir returns: `ls -a` shows . and .. from here.

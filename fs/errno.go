@@ -108,6 +108,13 @@ func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Err
 	return errno
 }
 
+// failNoEvent is fail for an operation whose refusal no events file takes (a lookup, a stat, a
+// read): what is logged names only the operation and the path, so the caller's process is not
+// resolved for it (two syscalls, at every negative lookup before a claim's create).
+func (f *FS) failNoEvent(op, path string, err error) syscall.Errno {
+	return f.fail(engine.Caller{Op: op, Path: path}, "", "", err)
+}
+
 // guard turns a panic in a handler into EIO and a log line, so bad input never takes the mount
 // down. Every handler defers it.
 func (f *FS) guard(op string, errno *syscall.Errno) {

@@ -283,7 +283,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 	}
 	v, err := f.render()
 	if err != nil { // a holder released since the kernel looked it up, say: gone
-		return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), "", "", gone(err))
+		return nil, 0, f.fsys.failNoEvent("open", f.path, gone(err))
 	}
 	openedFlags := uint32(openFlags)
 	if _, isDocument := f.writer.(documentWriter); isDocument && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
@@ -396,7 +396,7 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	} else {
 		var err error
 		if v, err = f.render(); err != nil {
-			return f.fsys.fail(caller(ctx, "getattr", f.path), "", "", err)
+			return f.fsys.failNoEvent("getattr", f.path, err)
 		}
 	}
 	out.Mode = syscall.S_IFREG | 0o444

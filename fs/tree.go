@@ -236,8 +236,10 @@ func (holdersListing) lookup(_ context.Context, d *dir, name string) (entry, boo
 	if err != nil {
 		return entry{}, false, err
 	}
-	_, ok := r.Value.Holder(name)
-	return entry{name: name, node: d.fsys.holderFile(d, name)}, ok, nil
+	if _, ok := r.Value.Holder(name); !ok {
+		return entry{}, false, nil // a claim's create looks its name up first
+	}
+	return entry{name: name, node: d.fsys.holderFile(d, name)}, true, nil
 }
 
 func (f *FS) holderFile(d *dir, name string) *file {

@@ -51,13 +51,13 @@ func (w *waitFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ u
 	if w.stack == "" {
 		seen := w.fsys.eng.CockpitSeen(w.cockpit)
 		if _, err := w.fsys.eng.Cockpit(w.cockpit); err != nil {
-			return nil, 0, w.fsys.fail(caller(ctx, "open", w.path), "", "", err)
+			return nil, 0, w.fsys.failNoEvent("open", w.path, err)
 		}
 		return &waitHandle{seenAt: seen}, openFlags, 0
 	}
 	r, err := w.fsys.eng.Stack(w.cockpit, w.stack)
 	if err != nil {
-		return nil, 0, w.fsys.fail(caller(ctx, "open", w.path), "", "", err)
+		return nil, 0, w.fsys.failNoEvent("open", w.path, err)
 	}
 	return &waitHandle{seen: r.Revision}, openFlags, 0
 }
@@ -73,7 +73,7 @@ func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	if h.result == nil {
 		line, err := w.next(ctx, h)
 		if err != nil {
-			return nil, w.fsys.fail(caller(ctx, "read", w.path), "", "", err)
+			return nil, w.fsys.failNoEvent("read", w.path, err)
 		}
 		h.result = []byte(line + "\n")
 	}
@@ -101,7 +101,7 @@ func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrO
 	if w.stack == "" {
 		info, err := w.fsys.eng.Cockpit(w.cockpit)
 		if err != nil {
-			return w.fsys.fail(caller(ctx, "getattr", w.path), "", "", err)
+			return w.fsys.failNoEvent("getattr", w.path, err)
 		}
 		out.Uid = info.UID
 		setTimes(&out.Attr, stamp(info.UpdatedAt))
@@ -109,7 +109,7 @@ func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrO
 	}
 	r, err := w.fsys.eng.Stack(w.cockpit, w.stack)
 	if err != nil {
-		return w.fsys.fail(caller(ctx, "getattr", w.path), "", "", err)
+		return w.fsys.failNoEvent("getattr", w.path, err)
 	}
 	out.Uid = w.fsys.stackUID(r)
 	setTimes(&out.Attr, stamp(r.UpdatedAt))
