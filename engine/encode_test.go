@@ -77,3 +77,54 @@ func TestEventKeysAreFmts(t *testing.T) {
 		}
 	}
 }
+
+// An events file's counts are written as json.Marshal writes them, and read as json.Unmarshal
+// reads them, whatever the store holds.
+func TestWindowsJSONIsEncodingJSONs(t *testing.T) {
+	for _, w := range []windows{{}, {"h": 0}, {"h": 256, "0": 32, "1000": 7, "4294967295": math.MaxUint64}, {"h": 1, "<b>": 2}, {"": 3}, {"é\"": 4}} {
+		want, err := json.Marshal(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := w.appendJSON(nil)
+		if err != nil || string(got) != string(want) {
+			t.Errorf("%v.appendJSON = %s, %v; json.Marshal: %s", w, got, err, want)
+		}
+	}
+	inputs := []string{`{}`, `{"h":3}`, `{"0":32,"h":256}`, `{"h":1,"h":2}`, `{"h":18446744073709551615}`, `{"h":18446744073709551616}`,
+		`{"h":-1}`, `{"h":01}`, `{"h":1.5}`, `{"h": 1}`, ` {"h":1}`, `{"h":1,}`, `{,}`, `{"h"}`, `{"h":}`, `{h:1}`, `{"x":1}`, `{"<":1}`,
+		`{"\u0068":1}`, `{"":1}`, `null`, `[]`, `{`, ``, `{"h":1}{}`, `{"h":"1"}`}
+	for _, in := range inputs {
+		var slow windows
+		jsonErr := json.Unmarshal([]byte(in), &slow)
+		if fast, ok := decodeWindows([]byte(in)); ok && (jsonErr != nil || !reflect.DeepEqual(fast, slow)) {
+			t.Errorf("decodeWindows(%s) = %v; json.Unmarshal: %v, %v", in, fast, slow, jsonErr)
+		}
+	}
+	// What the commits write, it takes.
+	for _, w := range []windows{{}, {"h": 5}, {"0": 1, "h": 2}} {
+		data, _ := w.appendJSON(nil)
+		if got, ok := decodeWindows(data); !ok || !reflect.DeepEqual(got, w) {
+			t.Errorf("decodeWindows(%s) = %v, %v; want %v taken", data, got, ok, w)
+		}
+	}
+}
+
+// A holder is written as json.Marshal writes it, HTML characters escaped as it escapes them.
+func TestHolderJSONIsEncodingJSONs(t *testing.T) {
+	for _, h := range []Holder{
+		{},
+		{HolderID: holderID("c"), CheckoutID: checkoutID("/src/c"), ClaimedAt: "2026-12-01T03:00:00.000Z", PID: 4242,
+			ProcessStart: "proc:0b6d3c4e-2f1a-4c5b-9d8e-7f6a5b4c3d2e:123456", Name: "c", CheckoutPath: "/src/c", UID: 1000},
+		{Name: "n", CheckoutPath: "/src/a <b> & \"c\" \\ é 🚀 \u2028 \x00 \n \xff", PID: -1, UID: math.MaxUint32},
+		{HolderID: "x&y", ProcessStart: "<>", CheckoutPath: "/"},
+	} {
+		want, err := json.Marshal(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendHolderJSON(nil, h); string(got) != string(want) {
+			t.Errorf("holder %+v:\n got %s\nwant %s", h, got, want)
+		}
+	}
+}

@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -42,6 +44,71 @@ func keptIn(window string) uint64 {
 // windows counts, for each window of an events file, the lines ever appended to it: the number
 // of its next line, under which the line's seq is indexed (see eventsIndexKey).
 type windows map[string]uint64
+
+// appendJSON appends w as json.Marshal encodes it (keys sorted), without reflection when every
+// key is a window's name (TestWindowsJSONIsEncodingJSONs): every commit writes the counts.
+func (w windows) appendJSON(b []byte) ([]byte, error) {
+	keys := make([]string, 0, len(w))
+	for k := range w {
+		if !plainWindowName(k) {
+			data, err := json.Marshal(w)
+			return append(b, data...), err
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	sep := byte('{')
+	for _, k := range keys {
+		b = strconv.AppendUint(appendJSONKey(b, sep, k), w[k], 10)
+		sep = ','
+	}
+	if sep == '{' {
+		b = append(b, sep)
+	}
+	return append(b, '}'), nil
+}
+
+// decodeWindows is json.Unmarshal of data into a fresh windows when data is as appendJSON writes
+// it (no space, keys of window names, counts as decodeInteger takes them); false leaves anything
+// else to json.Unmarshal.
+func decodeWindows(data []byte) (windows, bool) {
+	w := windows{}
+	if string(data) == "{}" {
+		return w, true
+	}
+	if len(data) < 2 || data[0] != '{' || data[len(data)-1] != '}' {
+		return nil, false
+	}
+	for field := range bytes.SplitSeq(data[1:len(data)-1], []byte(",")) {
+		key, count, ok := bytes.Cut(field, []byte(":"))
+		if !ok || len(key) < 2 || key[0] != '"' || key[len(key)-1] != '"' || !plainWindowName(string(key[1:len(key)-1])) {
+			return nil, false
+		}
+		var n uint64
+		if !decodeInteger(count, &n) {
+			return nil, false
+		}
+		w[string(key[1:len(key)-1])] = n
+	}
+	return w, true
+}
+
+// plainWindowName says k is a name windowOf gives (the history's, or a uid's), which JSON
+// writes as it is.
+func plainWindowName(k string) bool {
+	if k == historyWindow {
+		return true
+	}
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < '0' || k[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
 
 // event is one line of an events file.
 type event struct {

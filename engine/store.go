@@ -137,6 +137,12 @@ func getJSON(tx storage.Txn, key string, v any) (bool, error) {
 	if decodeInteger(data, v) {
 		return true, nil
 	}
+	if w, ok := v.(*windows); ok {
+		if decoded, ok := decodeWindows(data); ok {
+			*w = decoded
+			return true, nil
+		}
+	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return false, fmt.Errorf("decode %s: %w", key, malformedValue{err})
 	}
@@ -190,6 +196,12 @@ func setJSON(tx storage.Txn, key string, v any) error {
 		return tx.Set(key, strconv.AppendInt(nil, n, 10))
 	case uint64:
 		return tx.Set(key, strconv.AppendUint(nil, n, 10))
+	case windows: // an events file's counts
+		data, err := n.appendJSON(make([]byte, 0, 32))
+		if err != nil {
+			return err
+		}
+		return tx.Set(key, data)
 	}
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -392,9 +404,37 @@ func mergeHolders(a, b []Holder) ([]Holder, error) {
 	return out, nil
 }
 
-func encodedLen(h Holder) int {
-	data, _ := json.Marshal(h) // a Holder always encodes
-	return len(data)
+func encodedLen(h Holder) int { return len(appendHolderJSON(nil, h)) }
+
+// appendHolderJSON appends h as json.Marshal encodes it, without reflection
+// (TestHolderJSONIsEncodingJSONs): a claim writes its holder, a release counts the bytes of the
+// one it removes.
+func appendHolderJSON(b []byte, h Holder) []byte {
+	b = appendJSONStringHTML(appendJSONKey(b, '{', "holderId"), h.HolderID)
+	b = appendJSONStringHTML(appendJSONKey(b, ',', "checkoutId"), h.CheckoutID)
+	b = appendJSONStringHTML(appendJSONKey(b, ',', "claimedAt"), h.ClaimedAt)
+	if h.PID != 0 {
+		b = strconv.AppendInt(appendJSONKey(b, ',', "pid"), int64(h.PID), 10)
+	}
+	if h.ProcessStart != "" {
+		b = appendJSONStringHTML(appendJSONKey(b, ',', "processStart"), h.ProcessStart)
+	}
+	b = appendJSONStringHTML(appendJSONKey(b, ',', "name"), h.Name)
+	b = appendJSONStringHTML(appendJSONKey(b, ',', "checkoutPath"), h.CheckoutPath)
+	return append(strconv.AppendUint(appendJSONKey(b, ',', "uid"), uint64(h.UID), 10), '}')
+}
+
+// appendJSONStringHTML appends s quoted as json.Marshal quotes it, HTML characters escaped:
+// printable ASCII other than `"`, `\`, `<`, `>` and `&` stands as it is; a string with anything
+// else is left to json.Marshal.
+func appendJSONStringHTML(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			data, _ := json.Marshal(s) // a string always encodes
+			return append(b, data...)
+		}
+	}
+	return append(append(append(b, '"'), s...), '"')
 }
 
 // saveRecord writes next, which follows prev (zero for a new stack), after checking every
@@ -443,10 +483,7 @@ func saveHolders(tx storage.Txn, prev cachedRecord, next Record) (storedHolders,
 	}
 	moves := migrateBatch
 	write := func(h Holder) error {
-		data, err := json.Marshal(h)
-		if err != nil {
-			return err
-		}
+		data := appendHolderJSON(make([]byte, 0, 256), h)
 		stored.bytes += len(data)
 		return tx.Set(holderKey(next.Cockpit, next.Stack, h.HolderID), data)
 	}
