@@ -190,19 +190,24 @@ func (f *FS) holderView(cockpit, stack, name string, claimed *engine.Claimed) re
 	}
 }
 
+// renderHolder is a holder file's content, appended without fmt (the created holder's open renders
+// one at every claim; TestRenderHolderIsFmts).
 func renderHolder(h engine.Holder, state string) []byte {
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "name=%s\nid=%s\ncheckout=%s\ncheckout_path=%s\nclaimed_at=%s\n", h.Name, h.HolderID, h.CheckoutID, h.CheckoutPath, h.ClaimedAt)
+	b := make([]byte, 0, 256+len(h.CheckoutPath))
+	for _, f := range [...]struct{ key, value string }{{"name=", h.Name}, {"\nid=", h.HolderID}, {"\ncheckout=", h.CheckoutID},
+		{"\ncheckout_path=", h.CheckoutPath}, {"\nclaimed_at=", h.ClaimedAt}} {
+		b = append(append(b, f.key...), f.value...)
+	}
 	if h.PID == 0 {
-		b.WriteString("pid=none\n")
+		b = append(b, "\npid=none"...)
 	} else {
-		fmt.Fprintf(&b, "pid=%d\n", h.PID)
+		b = strconv.AppendInt(append(b, "\npid="...), int64(h.PID), 10)
 	}
 	if h.ProcessStart != "" {
-		fmt.Fprintf(&b, "process_start=%s\n", h.ProcessStart)
+		b = append(append(b, "\nprocess_start="...), h.ProcessStart...)
 	}
-	fmt.Fprintf(&b, "state=%s\nuid=%d\n", state, h.UID)
-	return b.Bytes()
+	b = append(append(append(b, "\nstate="...), state...), "\nuid="...)
+	return append(strconv.AppendUint(b, uint64(h.UID), 10), '\n')
 }
 
 func (f *FS) leasePortView(cockpit, stack, key string) render {
