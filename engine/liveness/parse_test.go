@@ -42,7 +42,7 @@ func TestParseStatRealSelf(t *testing.T) {
 	if fields.ppid != os.Getppid() {
 		t.Errorf("ppid = %d, want getppid() = %d", fields.ppid, os.Getppid())
 	}
-	if !decimal.MatchString(fields.startTicks) || fields.startTicks == "0" {
+	if !digits(fields.startTicks, 20) || fields.startTicks == "0" {
 		t.Errorf("start ticks = %q, want a positive decimal", fields.startTicks)
 	}
 }
@@ -287,6 +287,14 @@ func TestClassifySignal(t *testing.T) {
 	for _, c := range cases {
 		if got := classifySignal(c.err); got != c.want {
 			t.Errorf("classifySignal(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+func TestDigits(t *testing.T) {
+	for s, want := range map[string]bool{"0": true, "1234567890": true, "12345678901": false, "": false, "-1": false, "1a": false, " 1": false, "1\n": false} {
+		if got := digits(s, 10); got != want {
+			t.Errorf("digits(%q, 10) = %v, want %v", s, got, want)
 		}
 	}
 }

@@ -234,10 +234,19 @@ type statFields struct {
 	startTicks string // kept as text: up to 20 digits, compared, never computed with
 }
 
-var (
-	decimal  = regexp.MustCompile(`^[0-9]{1,20}$`)
-	smallInt = regexp.MustCompile(`^[0-9]{1,10}$`)
-)
+// digits says s is 1 to most decimal digits: a check every claim makes of several stat fields,
+// without a regexp.
+func digits(s string, most int) bool {
+	if len(s) == 0 || len(s) > most {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
 
 // parseStat reads the fields of /proc/<pid>/stat after the command name. The name, in
 // parentheses, may itself hold spaces, parentheses and newlines, so the fields start after the
@@ -248,8 +257,17 @@ func parseStat(text string) (statFields, bool) {
 	if end < 0 || !strings.HasPrefix(text[end+1:], " ") {
 		return statFields{}, false
 	}
-	fields := strings.Split(text[end+2:], " ")
-	if len(fields) < 20 || !smallInt.MatchString(fields[1]) || !smallInt.MatchString(fields[3]) || !decimal.MatchString(fields[19]) {
+	// The first 20 fields, without splitting the 30-odd after them.
+	var fields [20]string
+	rest := text[end+2:]
+	for i := range fields {
+		field, after, more := strings.Cut(rest, " ")
+		if !more && i < len(fields)-1 {
+			return statFields{}, false
+		}
+		fields[i], rest = field, after
+	}
+	if !digits(fields[1], 10) || !digits(fields[3], 10) || !digits(fields[19], 20) {
 		return statFields{}, false
 	}
 	ppid, err := strconv.Atoi(fields[1])
@@ -279,7 +297,7 @@ func parseTgid(text string) (int, bool) {
 			continue
 		}
 		value = strings.TrimSpace(value)
-		if !smallInt.MatchString(value) {
+		if !digits(value, 10) {
 			return 0, false
 		}
 		pid, err := strconv.Atoi(value)
