@@ -7,6 +7,9 @@ import (
 	"math"
 	"reflect"
 	"testing"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 )
 
 // The events line written by hand is the line encoding/json (without HTML escaping) writes, for
@@ -125,6 +128,34 @@ func TestHolderJSONIsEncodingJSONs(t *testing.T) {
 		}
 		if got := appendHolderJSON(nil, h); string(got) != string(want) {
 			t.Errorf("holder %+v:\n got %s\nwant %s", h, got, want)
+		}
+	}
+}
+
+// A record's head is written as json.Marshal writes it.
+func TestRecordJSONIsEncodingJSONs(t *testing.T) {
+	uid, creator, last := uint32(1000), uint32(0), holderID("gone")
+	now := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	fresh := newRecord("app", "s", 1000, now)
+	lease := &Lease{Offset: 20, Ports: map[string]int{"HTTP": 20020, "DB": 20520, "a<b>&": 1, "é": 2}, Declaration: portdecl.Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 20000, "DB": 20500}}, UID: &uid}
+	held := fresh
+	held.Revision, held.Value = 7, Value{Lease: lease, LastReleasedHolder: &last}
+	inline := held
+	inline.Value.Holders = []Holder{{HolderID: holderID("a"), Name: "a", CheckoutPath: "/src/<a>", PID: 42}, {HolderID: holderID("b"), Name: "b"}}
+	released := held
+	released.Creator = &creator
+	released.Value.Lease = &Lease{Released: true}
+	empty := held
+	empty.Creator, empty.Value.Holders, empty.Value.Lease = nil, []Holder{}, &Lease{Ports: map[string]int{}, Declaration: portdecl.Declaration{Bases: map[string]int{}}}
+	drained := held
+	drained.Value.Drain = &Drain{CoordinationRevision: 3, ReservedAt: "<now>"}
+	for _, r := range []Record{{}, fresh, held, inline, released, empty, drained} {
+		want, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := appendRecordJSON(nil, r); err != nil || string(got) != string(want) {
+			t.Errorf("record %+v:\n got %s, %v\nwant %s", r, got, err, want)
 		}
 	}
 }
