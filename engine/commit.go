@@ -129,7 +129,7 @@ func (e *Engine) commit(tx storage.Txn, c Caller, r cachedRecord, v Value, now t
 // Readers and watchers of key see the commit only once it is durable: the cache takes it then,
 // and watchers are woken then.
 func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn, now time.Time) error) error {
-	budget, cancel := context.WithTimeout(ctx, e.budget)
+	budget, cancel := withBudget(ctx, e.budget)
 	defer cancel()
 	unlock, err := e.locks.lock(budget, key)
 	if err != nil {
@@ -232,6 +232,13 @@ func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
 	}
 	l.users++
 	k.mu.Unlock()
+	// A free lock is taken without asking for ctx's Done, which would arm its timer (see
+	// budgetContext).
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; k.release(key, l) }, nil
+	default:
+	}
 	select {
 	case l.ch <- struct{}{}:
 		return func() { <-l.ch; k.release(key, l) }, nil
