@@ -2,16 +2,13 @@ package liveness
 
 import "golang.org/x/sys/unix"
 
-// isProcess says whether tid is a thread-group leader, whose tid is its pid: pidfd_open refuses
-// any other thread. A syscall, where /proc/<tid>/status has the kernel summarise the process's
-// memory first.
+// isProcess says whether tid is a thread-group leader, whose tid is its pid: tgkill(tid, tid, 0)
+// finds tid only in the thread group named by tid itself, and sends nothing. EPERM (another
+// user's, for a daemon that is not root) found it too. One syscall, where pidfd_open and close
+// were two and /proc/<tid>/status has the kernel summarise the process's memory first.
 func isProcess(tid int) bool {
-	fd, err := unix.PidfdOpen(tid, 0)
-	if err != nil {
-		return false
-	}
-	unix.Close(fd)
-	return true
+	err := unix.Tgkill(tid, tid, 0)
+	return err == nil || err == unix.EPERM
 }
 
 // threadGroupOf is the process of thread tid, from the kernel's pidfd information (Linux 6.13 and

@@ -56,6 +56,13 @@ func SessionHolder(pid int) (int, error) {
 // presence is probed as Observe probes it, or, for a session leader known from an earlier call,
 // by the pidfd kept of it.
 func ObserveSessionHolder(pid int) (int, Observation, error) {
+	// A session leader held and running is the holder, whatever else pid's stat says: getsid
+	// asks for the session alone, one syscall where reading the stat is three.
+	if session, err := unix.Getsid(pid); err == nil && session > 0 {
+		if start, held := leaders.running(session); held {
+			return presentWith(session, start)
+		}
+	}
 	holder, fields, held, err := sessionHolder(pid)
 	if err != nil {
 		return 0, Observation{}, err
@@ -68,11 +75,16 @@ func ObserveSessionHolder(pid int) (int, Observation, error) {
 			return holder, unknown("the presence of process %d could not be confirmed", holder), nil
 		}
 	}
+	return presentWith(holder, fields.startTicks)
+}
+
+// presentWith is the observation of holder as present, started at start (its stat's start ticks).
+func presentWith(holder int, start string) (int, Observation, error) {
 	bootID, err := currentBootID()
 	if err != nil {
 		return holder, unknown("%v", err), nil
 	}
-	return holder, Observation{State: Present, Start: "proc:" + bootID + ":" + fields.startTicks}, nil
+	return holder, Observation{State: Present, Start: "proc:" + bootID + ":" + start}, nil
 }
 
 // sessionHolder is SessionHolder with the holder's stat fields, as read while finding it; held

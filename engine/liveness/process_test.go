@@ -283,6 +283,24 @@ func TestProcessOf(t *testing.T) {
 	}
 }
 
+// Of a process's threads, only the first is a process; a pid that exited is none.
+func TestIsProcessOnlyTheThreadGroupLeader(t *testing.T) {
+	requireLinux(t)
+	for _, task := range tasksWithASecondThread(t) {
+		tid, _ := strconv.Atoi(task.Name())
+		if got := isProcess(tid); got != (tid == os.Getpid()) {
+			t.Errorf("isProcess(thread %d of process %d) = %v", tid, os.Getpid(), got)
+		}
+	}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if isProcess(gone.Process.Pid) {
+		t.Errorf("isProcess(exited %d) = true", gone.Process.Pid)
+	}
+}
+
 func TestCwd(t *testing.T) {
 	requireLinux(t)
 	dir := t.TempDir()
