@@ -2,12 +2,15 @@ package liveness
 
 import "golang.org/x/sys/unix"
 
-// isProcess says whether tid is a thread-group leader, whose tid is its pid: tgkill(tid, tid, 0)
-// finds tid only in the thread group named by tid itself, and sends nothing. EPERM (another
-// user's, for a daemon that is not root) found it too. One syscall, where pidfd_open and close
-// were two and /proc/<tid>/status has the kernel summarise the process's memory first.
-func isProcess(tid int) bool {
-	err := unix.Tgkill(tid, tid, 0)
+// isProcess says whether tid is a thread-group leader, whose tid is its pid.
+func isProcess(tid int) bool { return inThreadGroup(tid, tid) }
+
+// inThreadGroup says whether thread tid belongs to process pid: tgkill(pid, tid, 0) finds tid only
+// in that thread group, and sends nothing. EPERM (another user's, for a daemon that is not root)
+// found it too. One syscall, where pidfd_open and close were two and /proc/<tid>/status has the
+// kernel summarise the process's memory first.
+func inThreadGroup(pid, tid int) bool {
+	err := unix.Tgkill(pid, tid, 0)
 	return err == nil || err == unix.EPERM
 }
 

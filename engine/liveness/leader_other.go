@@ -2,8 +2,9 @@
 
 package liveness
 
-// isProcess cannot tell cheaply here; ProcessOf reads /proc instead.
-func isProcess(int) bool { return false }
+// isProcess and inThreadGroup cannot tell cheaply here; ProcessOf reads /proc instead.
+func isProcess(int) bool          { return false }
+func inThreadGroup(int, int) bool { return false }
 
 // threadGroupOf cannot ask the kernel here; ProcessOf reads /proc instead.
 func threadGroupOf(int) (int, bool) { return 0, false }

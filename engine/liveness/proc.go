@@ -20,11 +20,17 @@ import (
 
 // ProcessOf resolves a thread id (what FUSE reports as the caller) to its process id.
 func ProcessOf(tid int) (int, error) {
-	if tid > 0 && isProcess(tid) {
-		return tid, nil
-	}
-	if pid, ok := threadGroupOf(tid); tid > 0 && ok {
-		return pid, nil
+	if tid > 0 {
+		if pid, ok := threadGroups.get(tid); ok && inThreadGroup(pid, tid) {
+			return pid, nil
+		}
+		if isProcess(tid) {
+			return tid, nil
+		}
+		if pid, ok := threadGroupOf(tid); ok {
+			threadGroups.put(tid, pid)
+			return pid, nil
+		}
 	}
 	status, err := readProc(fmt.Sprintf("/proc/%d/status", tid))
 	if err != nil {
@@ -34,7 +40,42 @@ func ProcessOf(tid int) (int, error) {
 	if !ok {
 		return 0, fmt.Errorf("process of thread %d: /proc/%d/status has no recognisable Tgid line", tid, tid)
 	}
+	if pid != tid {
+		threadGroups.put(tid, pid)
+	}
 	return pid, nil
+}
+
+// threadGroups are the processes of threads that called before, hints only: inThreadGroup
+// confirms one in a syscall, where finding it again takes three (pidfd_open, its information,
+// close). A Go or Java client calls from many threads; a thread id reused by another process
+// fails the check and is found again. Bounded: any one hint goes when it is full.
+var threadGroups = threadGroupHints{m: map[int]int{}}
+
+const maxThreadGroupHints = 256
+
+type threadGroupHints struct {
+	mu sync.Mutex
+	m  map[int]int // thread id → process id
+}
+
+func (h *threadGroupHints) get(tid int) (int, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pid, ok := h.m[tid]
+	return pid, ok
+}
+
+func (h *threadGroupHints) put(tid, pid int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.m[tid]; !ok && len(h.m) >= maxThreadGroupHints {
+		for other := range h.m {
+			delete(h.m, other)
+			break
+		}
+	}
+	h.m[tid] = pid
 }
 
 // maxAncestry bounds the walk up the process tree; pid_max is 4 Mi but real trees are shallow.

@@ -283,6 +283,25 @@ func TestProcessOf(t *testing.T) {
 	}
 }
 
+// A thread's process remembered wrongly (its id reused by another process's thread) is not
+// trusted: the thread's own process is found, and remembered instead.
+func TestProcessOfChecksWhatItRemembers(t *testing.T) {
+	requireLinux(t)
+	for _, task := range tasksWithASecondThread(t) {
+		tid, _ := strconv.Atoi(task.Name())
+		if tid == os.Getpid() {
+			continue
+		}
+		threadGroups.put(tid, 1) // init's, which no test thread is
+		if got, err := ProcessOf(tid); err != nil || got != os.Getpid() {
+			t.Errorf("ProcessOf(thread %d) remembered as init's = %d, %v; want %d", tid, got, err, os.Getpid())
+		}
+		if pid, ok := threadGroups.get(tid); !ok || pid != os.Getpid() {
+			t.Errorf("thread %d is remembered as process %d (%v), want %d", tid, pid, ok, os.Getpid())
+		}
+	}
+}
+
 // Of a process's threads, only the first is a process; a pid that exited is none.
 func TestIsProcessOnlyTheThreadGroupLeader(t *testing.T) {
 	requireLinux(t)
