@@ -132,22 +132,29 @@ func (e *Engine) deadHolders(holders []Holder, except string) []Holder {
 		}
 	}
 	gone := make([]bool, len(candidates))
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for w := 0; w < min(maxHolderProbes, len(candidates)); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				gone[i] = e.gone(candidates[i].start, candidates[i].pid)
-			}
-		}()
+	switch len(candidates) {
+	case 0:
+		return nil
+	case 1: // the co-tenant's usual case: probed here, with no goroutine to hand it to and wait for
+		gone[0] = e.gone(candidates[0].start, candidates[0].pid)
+	default:
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for w := 0; w < min(maxHolderProbes, len(candidates)); w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					gone[i] = e.gone(candidates[i].start, candidates[i].pid)
+				}
+			}()
+		}
+		for i := range candidates {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
 	}
-	for i := range candidates {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
 	dead := map[process]bool{}
 	for i, p := range candidates {
 		dead[p] = gone[i]
