@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,6 +158,71 @@ func TestRecordJSONIsEncodingJSONs(t *testing.T) {
 		}
 		if got, err := appendRecordJSON(nil, r); err != nil || string(got) != string(want) {
 			t.Errorf("record %+v:\n got %s, %v\nwant %s", r, got, err, want)
+		}
+	}
+}
+
+// An identity is its prefix, the digest and its suffix whether it was remembered or not, for
+// strings too long to be remembered too, and past the bound.
+func TestIdentities(t *testing.T) {
+	long := "/" + strings.Repeat("d", maxRememberedIdentity)
+	for range 2 { // the second round is answered from what the first remembered
+		for _, c := range []struct{ got, want string }{
+			{cockpitID("app"), "cockpit:" + digest("app")},
+			{StackID("app", "s"), "stack:" + digest("app/s")},
+			{holderID("c"), "holder:" + digest("c") + ":session"},
+			{checkoutID("/src/c"), "checkout:" + digest("/src/c")},
+			{checkoutID(long), "checkout:" + digest(long)},
+			{cockpitID("c"), "cockpit:" + digest("c")}, // the same string under another prefix
+		} {
+			if c.got != c.want {
+				t.Errorf("identity %s, want %s", c.got, c.want)
+			}
+		}
+	}
+	for i := range maxIdentities + 10 {
+		name := strconv.Itoa(i)
+		if got, want := holderID(name), "holder:"+digest(name)+":session"; got != want {
+			t.Fatalf("holderID(%s) = %s, want %s", name, got, want)
+		}
+	}
+	identities.mu.Lock()
+	defer identities.mu.Unlock()
+	if n := len(identities.m); n > maxIdentities {
+		t.Errorf("%d identities remembered, more than %d", n, maxIdentities)
+	}
+}
+
+// ParseStamp takes exactly what time.Parse takes and formats back to the same text, and reads
+// the same time from it.
+func TestParseStampIsTimeParses(t *testing.T) {
+	reference := func(s string) (time.Time, bool) {
+		parsed, err := time.Parse(stampLayout, s)
+		if err != nil || stamp(parsed) != s {
+			return time.Time{}, false
+		}
+		return parsed, true
+	}
+	inputs := []string{"2026-12-01T03:00:00.000Z", "0000-01-01T00:00:00.000Z", "9999-12-31T23:59:59.999Z",
+		"2024-02-29T12:00:00.000Z", "2023-02-29T12:00:00.000Z", "2026-04-31T00:00:00.000Z", "2026-00-10T00:00:00.000Z",
+		"2026-13-10T00:00:00.000Z", "2026-12-00T00:00:00.000Z", "2026-12-01T24:00:00.000Z", "2026-12-01T23:60:00.000Z",
+		"2026-12-01T23:59:60.000Z", "2026-12-01t03:00:00.000Z", "2026-12-01T03:00:00.000z", "2026-12-01T03:00:00.00Z",
+		"2026-12-01T03:00:00.0000Z", "2026-12-01T3:00:00.000Z", "+026-12-01T03:00:00.000Z", "-026-12-01T03:00:00.000Z",
+		"2026-12-01 03:00:00.000Z", "2026-12-01T03:00:00,000Z", "2026-12-01T03:00:00.000+00:00", "", "2026-1a-01T03:00:00.000Z"}
+	for at := time.Date(1999, 12, 31, 23, 59, 58, 0, time.UTC); at.Year() < 2001; at = at.Add(97*time.Hour + 13*time.Minute + 7*time.Second + 3*time.Millisecond) {
+		inputs = append(inputs, stamp(at))
+	}
+	valid := "2026-12-01T03:00:00.000Z"
+	for i := range valid { // every one-byte change of a valid stamp
+		for _, c := range []byte("09-:.TZ +x\x00") {
+			inputs = append(inputs, valid[:i]+string(c)+valid[i+1:])
+		}
+	}
+	for _, s := range inputs {
+		got, ok := ParseStamp(s)
+		want, wantOK := reference(s)
+		if ok != wantOK || !got.Equal(want) || got.Location() != want.Location() {
+			t.Errorf("ParseStamp(%q) = %v, %v; time.Parse: %v, %v", s, got, ok, want, wantOK)
 		}
 	}
 }

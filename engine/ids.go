@@ -3,6 +3,7 @@ package engine
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"sync"
 )
 
 func digest(s string) string {
@@ -11,16 +12,55 @@ func digest(s string) string {
 }
 
 // cockpitID is the identity a record keeps of a cockpit (SPEC §2).
-func cockpitID(cockpit string) string { return "cockpit:" + digest(cockpit) }
+func cockpitID(cockpit string) string { return identity("cockpit:", cockpit, "") }
 
 // StackID is the identity of a stack; it is also the runtime-stop target of its drains.
-func StackID(cockpit, stack string) string { return "stack:" + digest(cockpit+"/"+stack) }
+func StackID(cockpit, stack string) string { return identity("stack:", cockpit+"/"+stack, "") }
 
 // holderID is the identity of a holder name; the same name is the same holder in every stack.
-func holderID(holder string) string { return "holder:" + digest(holder) + ":session" }
+func holderID(holder string) string { return identity("holder:", holder, ":session") }
 
 // checkoutID is the identity of an absolute checkout path.
-func checkoutID(path string) string { return "checkout:" + digest(path) }
+func checkoutID(path string) string { return identity("checkout:", path, "") }
+
+// identity is prefix, the digest of s, then suffix. The identities of the few names and paths a
+// daemon serves are remembered (a claim derives eight to eleven, of four strings; TestIdentities):
+// a lookup where a digest was a hash and three allocations. Bounded in entries and in the length
+// of what is remembered; any one entry goes when it is full.
+func identity(prefix, s, suffix string) string {
+	key := identityKey{prefix, s}
+	identities.mu.Lock()
+	id, ok := identities.m[key]
+	identities.mu.Unlock()
+	if ok {
+		return id
+	}
+	id = prefix + digest(s) + suffix
+	if len(s) <= maxRememberedIdentity {
+		identities.mu.Lock()
+		defer identities.mu.Unlock()
+		if len(identities.m) >= maxIdentities {
+			for other := range identities.m {
+				delete(identities.m, other)
+				break
+			}
+		}
+		identities.m[key] = id
+	}
+	return id
+}
+
+type identityKey struct{ prefix, s string } // each prefix has one suffix
+
+var identities = struct {
+	mu sync.Mutex
+	m  map[identityKey]string
+}{m: map[identityKey]string{}}
+
+const (
+	maxIdentities         = 1024
+	maxRememberedIdentity = 256
+)
 
 const maxNameBytes = 128
 
