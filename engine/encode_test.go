@@ -226,3 +226,15 @@ func TestParseStampIsTimeParses(t *testing.T) {
 		}
 	}
 }
+
+// A stamp is the time's UTC formatted, whether it was stamped just before or not.
+func TestStampIsFormats(t *testing.T) {
+	now := time.Now()
+	tokyo := time.FixedZone("JST", 9*3600)
+	for _, at := range []time.Time{now, now, now.In(tokyo), now.Round(0), now.Add(time.Millisecond), now.Add(time.Nanosecond),
+		now, time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 999999999, tokyo), now} {
+		if got, want := stamp(at), at.UTC().Format(stampLayout); got != want {
+			t.Errorf("stamp(%v) = %s, want %s", at, got, want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -78,7 +79,25 @@ const (
 )
 
 // stamp renders t as the records' canonical timestamp.
-func stamp(t time.Time) string { return t.UTC().Format(stampLayout) }
+func stamp(t time.Time) string {
+	sec, nsec := t.Unix(), t.Nanosecond() // the wall clock's, which is what is written
+	if last := lastStamp.Load(); last != nil && last.sec == sec && last.nsec == nsec {
+		return last.s
+	}
+	s := t.UTC().Format(stampLayout)
+	lastStamp.Store(&stamped{sec, nsec, s})
+	return s
+}
+
+// lastStamp is the last time stamped: a commit stamps its one now for the record, the holder it
+// adds and its events line (TestStampIsFormats).
+var lastStamp atomic.Pointer[stamped]
+
+type stamped struct {
+	sec  int64
+	nsec int
+	s    string
+}
 
 // ParseStamp reads a canonical timestamp; ok is false for anything else. It is time.Parse of
 // stampLayout whose result formats back to s (TestParseStampIsTimeParses), without either: a
