@@ -57,6 +57,15 @@ func (c *recordCache) generation(key string) uint64 {
 	return c.floor
 }
 
+// committed returns key's last committed record, durable or not, if this engine knows it: a hint
+// only (see recentStack), never what a reader is shown.
+func (c *recordCache) committed(key string) (Record, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.latest[key]
+	return e.Record, ok
+}
+
 // decoded returns the record of key cached as read with exactly raw as its head.
 func (c *recordCache) decoded(key string, raw []byte) (cachedRecord, bool) {
 	c.mu.Lock()

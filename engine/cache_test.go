@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage"
@@ -279,5 +280,67 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 	}
 	if err := <-claimed; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// syncHeld is a real store whose armed commit waits for the test before its sync.
+type syncHeld struct {
+	*kv.DB
+	armed  atomic.Bool
+	paused chan struct{}
+	resume chan struct{}
+}
+
+func (s *syncHeld) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
+	durable, err := s.DB.Commit(ctx, fn)
+	if err != nil || !s.armed.CompareAndSwap(true, false) {
+		return durable, err
+	}
+	return func() error {
+		s.paused <- struct{}{}
+		<-s.resume
+		return durable()
+	}, nil
+}
+
+// A claim does not wait for the sync of another commit on its stack before its own transaction:
+// what it observes first is a hint, taken from the last commit, so writers queued on one stack
+// share syncs.
+func TestClaimDoesNotWaitForAnotherCommitsSync(t *testing.T) {
+	db, err := kv.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	store := &syncHeld{DB: db, paused: make(chan struct{}), resume: make(chan struct{})}
+	e := New(store)
+	newCockpit(t, e, "app", exampleConfig, "s")
+	if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	store.armed.Store(true)
+	first := make(chan error, 1)
+	go func() { first <- e.Claim(context.Background(), me("create", "a"), "app", "s", "a", untracked("a")) }()
+	<-store.paused // a's commit is made, its sync held
+	second := make(chan error, 1)
+	go func() { second <- e.Claim(context.Background(), me("create", "b"), "app", "s", "b", untracked("b")) }()
+	select {
+	case err := <-second:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the claim of b waited for the sync of a's")
+		store.resume <- struct{}{}
+		<-second
+		<-first
+		return
+	}
+	store.resume <- struct{}{}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 3 {
+		t.Fatalf("%d holders, %v", len(r.Value.Holders), err)
 	}
 }

@@ -252,9 +252,16 @@ func (e *Engine) Stack(cockpit, stack string) (Record, error) {
 // recentStack is the stack's record as a hint of what to observe before an operation's
 // transaction, which reads the record again and decides on that: over a shared store it is what
 // this daemon already holds, with no round trip, and may miss another daemon's latest commit (a
-// holder it adds is then merely not probed by this operation). A failed read is not trusted: the
-// current record, or the refusal, comes from Stack.
+// holder it adds is then merely not probed by this operation). Over this daemon's own store it is
+// the last record committed, durable or not: reading it from the store would wait for the sync
+// of a commit under way on the stack, and writers queued on one stack would no longer share
+// syncs. A failed read is not trusted: the current record, or the refusal, comes from Stack.
 func (e *Engine) recentStack(cockpit, stack string) (Record, error) {
+	if !e.shared {
+		if r, ok := e.records.committed(stackKey(cockpit, stack)); ok {
+			return r, nil
+		}
+	}
 	if shared, ok := e.db.(storage.Shared); ok && e.shared {
 		var read cachedRecord
 		err := shared.Recent(func(tx storage.Txn) (err error) {
