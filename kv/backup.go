@@ -239,14 +239,10 @@ func Restore(dir, path string) (*RestoreReport, error) {
 		return nil, err
 	}
 	report.MovedTo = moved
-	if err := removeEmptyLogs(dir); err != nil {
-		return nil, err
-	}
-	bdb, err := openBadger(dir)
+	db, err := openLocked(dir, lock)
 	if err != nil {
 		return nil, err
 	}
-	db := &DB{bdb: bdb, sync: newGroupSync(dir), dir: dir}
 	keys := sortedKeys(backup.Records)
 	for len(keys) > 0 {
 		batch := keys[:min(len(keys), 256)]
@@ -259,12 +255,11 @@ func Restore(dir, path string) (*RestoreReport, error) {
 			}
 			return nil
 		}); err != nil {
-			bdb.Close()
+			db.closeStore()
 			return nil, fmt.Errorf("kv: restore: %w", err)
 		}
 	}
-	db.sync.close()
-	if err := bdb.Close(); err != nil {
+	if err := db.closeStore(); err != nil {
 		return nil, fmt.Errorf("kv: restore: %w", err)
 	}
 	return report, nil

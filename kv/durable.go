@@ -9,135 +9,461 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
 )
 
-// groupSync makes commits durable in groups. Badger runs with SyncWrites off, so a commit returns
-// once its entries are in the memory-mapped write-ahead log of the memtable (*.mem); one
-// fdatasync of those logs then acknowledges every commit that returned before it began.
+// commitLog makes commits durable through the write-ahead log (wal.go) and keeps badger, which
+// runs managed (kv chooses each commit's version), unsynced and conflict-blind, as the
+// materialised state.
 //
-// Badger's own SyncWrites costs two device flushes per commit (its value log, even when nothing
-// was written to it, then the WAL) and one WAL sync per transaction even when many wait
-// together. Its DB.Sync is no substitute: it syncs only the current memtable's WAL, and a rotation
-// to a new memtable (ensureRoomForWrite) leaves the previous one unsynced until it is flushed to
-// a table. So every *.mem still in the directory is synced here; one that is gone was flushed to a
-// table badger synced before deleting it.
+// A commit is sequenced under mu: kv's own conflict check (every key the transaction read, found
+// or not, and every key its scans returned, against the commits sequenced since its read
+// version), its version (next), its record encoded and pwritten, and its writes handed to
+// badger's write goroutine (CommitAt), which applies them while the commit's sync runs. It is
+// acknowledged once its record is synced and badger has applied it.
 //
-// The value log is synced too when a commit wrote a value at or above the value threshold (only
-// those go there); records are far below it, so it normally costs nothing.
+// Syncs are shared: a committer that finds no round running leads one, on its own thread,
+// fdatasyncing every segment that holds records sequenced before the round began; committers
+// arriving meanwhile wait for the next round, led by whichever of them finds none running. There
+// is no sync goroutine to hand off to and wake up from.
 //
-// Reads must not see a commit before it is durable, or a power cut could undo what a reader
-// acted on: visible waits until every commit that began before it is synced or abandoned.
-type groupSync struct {
+// Reads: an Update reads at the last sequenced version, once badger has applied it (so a writer
+// sees the commit just before it, sequenced but perhaps not yet durable, without a conflict); a
+// View at min(applied, durable), so it waits for nothing and sees only commits that a power cut
+// cannot undo. Every commit acknowledged is therefore in every later View.
+//
+// Every checkpointEvery commits a checkpoint syncs badger's own logs, logs the version up to
+// which badger holds every commit durably, and removes the segments wholly below it.
+type commitLog struct {
 	dir string
+	bdb *badger.DB
 
-	mu      sync.Mutex
-	changed *sync.Cond
-	next    uint64          // last ticket handed out
-	waiting map[uint64]bool // tickets not yet durable: true once their commit returned
-	vlog    bool            // a waiting commit wrote to the value log
-	running bool            // a round is syncing
-	err     error           // a failed sync: nothing written since can be acknowledged
-	files   map[string]*os.File
-	// allocated names the memtable logs given their blocks.
-	allocated map[string]bool
+	// mu orders commits; seg, next, buf, recent, segments and spare belong to it.
+	mu   sync.Mutex
+	next uint64
+	seg  *segment
+	buf  []byte
+	// recent maps each key written by a commit a transaction in flight may not have seen to that
+	// commit's version; pruned below the oldest read version.
+	recent     map[string]uint64
+	sincePrune int
+	segments   []*segment // older segments still on disk
+	spare      chan spareSegment
 
-	rounds atomic.Uint64
+	sequenced atomic.Uint64 // the last version sequenced
+	applied   watermark
+
+	// rmu guards readers, each transaction's read version, counted, so that neither recent nor
+	// badger's old versions are dropped under a transaction still reading at it.
+	rmu     sync.Mutex
+	readers map[uint64]int
+
+	// smu guards the sync rounds: running, and the segments a round must sync.
+	smu      sync.Mutex
+	roundEnd *sync.Cond
+	running  bool
+	syncSeg  *segment   // the segment being written
+	unsynced []*segment // segments rotated away since the last round
+	durable  atomic.Uint64
+	rounds   atomic.Uint64
+
+	failed atomic.Pointer[error]
+
+	checkpointing  atomic.Bool
+	lastCheckpoint atomic.Uint64
+	logs           badgerLogs // used by one checkpoint at a time
+	background     sync.WaitGroup
+
+	space spaceCheck
 }
 
-func newGroupSync(dir string) *groupSync {
-	g := &groupSync{dir: dir, waiting: map[uint64]bool{}, files: map[string]*os.File{}, allocated: map[string]bool{}}
-	g.changed = sync.NewCond(&g.mu)
-	return g
+// checkpointEvery is how many versions may be sequenced after a checkpoint began before the
+// next one: what Open replays at most, with what the segments hold beyond it.
+const checkpointEvery = 1024
+
+type spareSegment struct {
+	seg *segment
+	err error
 }
 
-// begin hands out the ticket of a commit about to start.
-func (g *groupSync) begin() uint64 {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.next++
-	g.waiting[g.next] = false
-	return g.next
+func newCommitLog(dir string, bdb *badger.DB) *commitLog {
+	l := &commitLog{dir: dir, bdb: bdb, recent: map[string]uint64{}, readers: map[uint64]int{},
+		spare: make(chan spareSegment, 1), logs: badgerLogs{dir: dir}}
+	l.roundEnd = sync.NewCond(&l.smu)
+	l.applied.changed = sync.NewCond(&l.applied.mu)
+	l.space.dir = dir
+	return l
 }
 
-// abandon releases the ticket of a commit that wrote nothing.
-func (g *groupSync) abandon(ticket uint64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	delete(g.waiting, ticket)
-	g.changed.Broadcast()
+// fail makes err sticky: nothing written since can be acknowledged, so every later commit and
+// read returns it.
+func (l *commitLog) fail(err error) error {
+	l.failed.CompareAndSwap(nil, &err)
+	l.smu.Lock()
+	l.roundEnd.Broadcast()
+	l.smu.Unlock()
+	l.applied.wake()
+	return *l.failed.Load()
 }
 
-// durable returns once the commit of ticket, which has returned, is on disk: synced by a round
-// that began after it, led by whichever waiting committer finds no round running.
-func (g *groupSync) durable(ticket uint64, wroteValueLog bool) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.waiting[ticket] = true
-	g.vlog = g.vlog || wroteValueLog
-	for {
-		if g.err != nil {
-			delete(g.waiting, ticket)
-			g.changed.Broadcast()
-			return g.err
+func (l *commitLog) err() error {
+	if err := l.failed.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// beginRead registers a transaction's read version: an Update's is the last sequenced, a View's
+// the last both applied and durable.
+func (l *commitLog) beginRead(update bool) uint64 {
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	rts := l.sequenced.Load()
+	if !update {
+		rts = min(l.applied.load(), l.durable.Load())
+	}
+	l.readers[rts]++
+	return rts
+}
+
+func (l *commitLog) endRead(rts uint64) {
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	if l.readers[rts]--; l.readers[rts] == 0 {
+		delete(l.readers, rts)
+	}
+}
+
+// oldestRead is the oldest read version in flight, or, with none, the last sequenced: no
+// transaction can begin below it.
+func (l *commitLog) oldestRead() uint64 {
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	oldest := l.sequenced.Load()
+	for rts := range l.readers {
+		oldest = min(oldest, rts)
+	}
+	return oldest
+}
+
+var errConflict = errors.New("kv: conflict")
+
+// sequence commits t: errConflict if a key it read was written by a commit sequenced after its
+// read version; otherwise its version, once its record is written and badger has it.
+func (l *commitLog) sequence(t *txn) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.err(); err != nil {
+		return 0, err
+	}
+	for _, key := range t.reads {
+		if l.recent[key] > t.rts {
+			return 0, errConflict
 		}
-		if _, ok := g.waiting[ticket]; !ok {
-			return nil
+	}
+	ts := l.next
+	l.buf = appendRecord(l.buf[:0], &record{ts: ts, synced: l.durable.Load(), kind: kindCommit, writes: t.writes})
+	if err := l.place(ts, l.buf); err != nil {
+		return 0, l.fail(err)
+	}
+	l.next++
+	for _, w := range t.writes {
+		l.recent[w.key] = ts
+	}
+	err := t.btx.CommitAt(ts, func(err error) {
+		if err != nil {
+			l.fail(fmt.Errorf("kv: badger did not apply commit %d, which the log holds: %w", ts, err))
 		}
-		if g.running {
-			g.changed.Wait()
-			continue
-		}
-		var round []uint64
-		for t, returned := range g.waiting {
-			if returned {
-				round = append(round, t)
+		l.applied.mark(ts)
+	})
+	if err != nil {
+		return 0, l.fail(fmt.Errorf("kv: badger refused commit %d, which the log holds: %w", ts, err))
+	}
+	l.sequenced.Store(ts)
+	if l.sincePrune++; l.sincePrune >= 256 {
+		l.sincePrune = 0
+		oldest := l.oldestRead()
+		for key, ts := range l.recent {
+			if ts <= oldest {
+				delete(l.recent, key)
 			}
 		}
-		vlog := g.vlog
-		g.vlog = false
-		g.running = true
-		g.mu.Unlock()
-		err := g.syncLogs(vlog)
-		g.mu.Lock()
-		g.running = false
+	}
+	if ts-l.lastCheckpoint.Load() >= checkpointEvery && l.checkpointing.CompareAndSwap(false, true) {
+		l.background.Add(1)
+		go l.checkpoint()
+	}
+	return ts, nil
+}
+
+// place writes the record of version ts into the current segment, or the next one if it does not
+// fit. mu is held.
+func (l *commitLog) place(ts uint64, rec []byte) error {
+	off := placeRecord(l.seg.off, len(rec))
+	if off < 0 {
+		if err := l.rotate(); err != nil {
+			return err
+		}
+		if off = placeRecord(0, len(rec)); off < 0 {
+			return fmt.Errorf("kv: a commit of %d bytes does not fit in a log segment", len(rec))
+		}
+	}
+	if err := pwriteAll(l.seg.file, rec, off); err != nil {
+		return fmt.Errorf("kv: write the log: %w", err)
+	}
+	l.seg.off, l.seg.last = off+len(rec), ts
+	return nil
+}
+
+// rotate moves on to the spare segment and has the one after it prepared. mu is held.
+func (l *commitLog) rotate() error {
+	spare := <-l.spare
+	if spare.err != nil {
+		return spare.err
+	}
+	l.smu.Lock()
+	l.unsynced = append(l.unsynced, l.seg)
+	l.syncSeg = spare.seg
+	l.smu.Unlock()
+	l.segments = append(l.segments, l.seg)
+	l.seg = spare.seg
+	l.prepareSpare(spare.seg.index + 1)
+	return nil
+}
+
+// prepareSpare writes the next segment in the background: zeroing 4 MiB and syncing it must not
+// hold up a commit.
+func (l *commitLog) prepareSpare(index uint64) {
+	l.background.Add(1)
+	go func() {
+		defer l.background.Done()
+		seg, err := createSegment(l.dir, index)
+		l.spare <- spareSegment{seg, err}
+	}()
+}
+
+// waitDurable returns once the record of version ts is synced, leading a round if none runs.
+func (l *commitLog) waitDurable(ts uint64) error {
+	if l.durable.Load() >= ts {
+		return l.err()
+	}
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	for {
+		if err := l.err(); err != nil {
+			return err
+		}
+		if l.durable.Load() >= ts {
+			return nil
+		}
+		if l.running {
+			l.roundEnd.Wait()
+			continue
+		}
+		target := l.sequenced.Load()
+		segs := append(l.unsynced, l.syncSeg)
+		l.unsynced = nil
+		l.running = true
+		l.smu.Unlock()
+		var err error
+		for _, s := range segs {
+			if err = datasync(s.file); err != nil {
+				err = fmt.Errorf("kv: sync the log: %w", err)
+				break
+			}
+		}
+		l.rounds.Add(1)
+		l.smu.Lock()
+		l.running = false
+		if err == nil {
+			l.durable.Store(target)
+		}
+		l.roundEnd.Broadcast()
 		if err != nil {
-			g.err = fmt.Errorf("kv: sync: %w", err)
-		}
-		for _, t := range round {
-			delete(g.waiting, t)
-		}
-		g.changed.Broadcast()
-		if err != nil {
-			return g.err
+			l.smu.Unlock()
+			l.fail(err)
+			l.smu.Lock()
 		}
 	}
 }
 
-// visible returns once no commit that began before it awaits its sync.
-func (g *groupSync) visible() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	last := g.next
-	for g.err == nil && g.awaits(last) {
-		g.changed.Wait()
+// acknowledge returns once the commit of version ts is durable and applied.
+func (l *commitLog) acknowledge(ts uint64) error {
+	if err := l.waitDurable(ts); err != nil {
+		return err
 	}
-	return g.err
+	return l.applied.wait(ts, l.err)
 }
 
-func (g *groupSync) awaits(last uint64) bool {
-	for t := range g.waiting {
-		if t <= last {
-			return true
+// logCheckpoint sequences a checkpoint record saying badger holds every version up to c durably,
+// and returns its version.
+func (l *commitLog) logCheckpoint(c uint64) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.err(); err != nil {
+		return 0, err
+	}
+	ts := l.next
+	l.buf = appendRecord(l.buf[:0], &record{ts: ts, synced: l.durable.Load(), kind: kindCheckpoint, checkpoint: c})
+	if err := l.place(ts, l.buf); err != nil {
+		return 0, l.fail(err)
+	}
+	l.next++
+	l.applied.mark(ts) // nothing for badger to apply
+	l.sequenced.Store(ts)
+	return ts, nil
+}
+
+// checkpoint makes badger's files durable up to what it has applied, logs that, and removes the
+// segments the log no longer needs.
+func (l *commitLog) checkpoint() {
+	defer l.background.Done()
+	defer l.checkpointing.Store(false)
+	l.lastCheckpoint.Store(l.sequenced.Load())
+	c := l.applied.load()
+	if err := l.logs.sync(); err != nil {
+		l.fail(fmt.Errorf("kv: checkpoint: sync badger's logs: %w", err))
+		return
+	}
+	ts, err := l.logCheckpoint(c)
+	if err == nil {
+		err = l.waitDurable(ts)
+	}
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	var remove []*segment
+	kept := l.segments[:0]
+	for _, s := range l.segments {
+		if s.last <= c {
+			remove = append(remove, s)
+		} else {
+			kept = append(kept, s)
 		}
 	}
-	return false
+	l.segments = kept
+	l.mu.Unlock()
+	for _, s := range remove {
+		// Synced by the round that made the checkpoint durable, which began after the segment
+		// was rotated away: no round will sync it again.
+		s.file.Close()
+		if err := os.Remove(s.file.Name()); err != nil {
+			l.fail(fmt.Errorf("kv: checkpoint: %w", err))
+			return
+		}
+	}
+	// Versions below a checkpoint are never replayed, and none a transaction still reads at.
+	l.bdb.SetDiscardTs(min(c, l.oldestRead()))
 }
 
-// syncLogs fdatasyncs every memtable log in the directory, and the value logs if asked. Only the
-// round's leader runs it, so files needs no lock of its own.
-func (g *groupSync) syncLogs(vlog bool) error {
-	g.rounds.Add(1)
-	entries, err := os.ReadDir(g.dir)
+// finalCheckpoint logs, once badger is closed, that its files hold every commit applied.
+func (l *commitLog) finalCheckpoint() error {
+	if l.err() != nil {
+		return nil // reported already; the next Open replays the log
+	}
+	ts, err := l.logCheckpoint(l.applied.load())
+	if err != nil {
+		return err
+	}
+	return l.waitDurable(ts)
+}
+
+// close releases the log's files once the background work is done.
+func (l *commitLog) close() {
+	l.background.Wait()
+	select {
+	case s := <-l.spare:
+		if s.seg != nil {
+			s.seg.file.Close()
+		}
+	default:
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seg != nil {
+		l.seg.file.Close()
+	}
+	for _, s := range l.segments {
+		s.file.Close()
+	}
+	l.logs.close()
+}
+
+// watermark is the version up to which every commit is applied; badger's callbacks may come out
+// of order.
+type watermark struct {
+	mu      sync.Mutex
+	changed *sync.Cond
+	upTo    atomic.Uint64
+	ahead   map[uint64]bool
+	waiting int
+}
+
+func (w *watermark) load() uint64 { return w.upTo.Load() }
+
+func (w *watermark) mark(ts uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	up := w.upTo.Load()
+	if ts != up+1 {
+		if w.ahead == nil {
+			w.ahead = map[uint64]bool{}
+		}
+		w.ahead[ts] = true
+		return
+	}
+	for up++; w.ahead[up+1]; up++ {
+		delete(w.ahead, up+1)
+	}
+	w.upTo.Store(up)
+	if w.waiting > 0 {
+		w.changed.Broadcast()
+	}
+}
+
+func (w *watermark) wake() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.changed.Broadcast()
+}
+
+// wait returns once ts is applied, or failed says the store failed.
+func (w *watermark) wait(ts uint64, failed func() error) error {
+	if w.upTo.Load() >= ts {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.waiting++
+	defer func() { w.waiting-- }()
+	for w.upTo.Load() < ts {
+		if err := failed(); err != nil {
+			return err
+		}
+		w.changed.Wait()
+	}
+	return nil
+}
+
+// badgerLogs syncs badger's own logs at a checkpoint: every memtable log (*.mem) and value log
+// (*.vlog) in the directory. badger's DB.Sync is no substitute: it syncs only the current
+// memtable's log, and one rotated away but not yet flushed to a table would be left unsynced. A
+// log gone since the listing was flushed to a table badger synced before removing it.
+type badgerLogs struct {
+	dir   string
+	files map[string]*os.File
+	// allocated names the memtable logs given their blocks.
+	allocated map[string]bool
+}
+
+func (b *badgerLogs) sync() error {
+	if b.files == nil {
+		b.files, b.allocated = map[string]*os.File{}, map[string]bool{}
+	}
+	entries, err := os.ReadDir(b.dir)
 	if err != nil {
 		return err
 	}
@@ -149,45 +475,67 @@ func (g *groupSync) syncLogs(vlog bool) error {
 			continue
 		}
 		present[name] = true
-		if !isMem && !vlog {
-			continue
-		}
-		f, ok := g.files[name]
+		f, ok := b.files[name]
 		if !ok {
-			f, err = os.OpenFile(filepath.Join(g.dir, name), os.O_RDWR, 0)
+			f, err = os.OpenFile(filepath.Join(b.dir, name), os.O_RDWR, 0)
 			if errors.Is(err, fs.ErrNotExist) {
-				continue // flushed to a table and deleted since the listing
+				continue
 			}
 			if err != nil {
 				return err
 			}
-			g.files[name] = f
+			b.files[name] = f
 		}
-		// A memtable log is seen here first in the commit that created it (see allocate). A
-		// failure leaves it sparse, to be tried again; checkSpace is the guard that matters.
-		if isMem && !g.allocated[name] {
-			g.allocated[name] = allocate(f) == nil
+		// badger writes a memtable log through a memory map of a sparse file: give it its blocks
+		// (see checkSpace). A failure leaves it sparse, to be tried again.
+		if isMem && !b.allocated[name] {
+			b.allocated[name] = allocate(f) == nil
 		}
 		if err := datasync(f); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
-	for name, f := range g.files {
+	for name, f := range b.files {
 		if !present[name] {
 			f.Close()
-			delete(g.files, name)
-			delete(g.allocated, name)
+			delete(b.files, name)
+			delete(b.allocated, name)
 		}
 	}
 	return nil
 }
 
-// close releases the open logs.
-func (g *groupSync) close() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for name, f := range g.files {
+func (b *badgerLogs) close() {
+	for name, f := range b.files {
 		f.Close()
-		delete(g.files, name)
+		delete(b.files, name)
 	}
+}
+
+// spaceCheck runs checkSpace once per spaceCheckBytes written or spaceCheckEvery, not per commit
+// (a statfs is ≈ 3 µs on the commit's path). That is safe because the reserve it keeps (24 MiB) is
+// far more than what the commits between two checks can make badger write: their own entries
+// (≤ 256 KiB) and, once per 4 MiB of them, a flushed table.
+type spaceCheck struct {
+	dir     string
+	written atomic.Int64
+	at      atomic.Int64 // unix nanoseconds of the last check that passed
+}
+
+const (
+	spaceCheckBytes = 256 << 10
+	spaceCheckEvery = 50 * time.Millisecond
+)
+
+func (s *spaceCheck) check(n int) error {
+	now := time.Now().UnixNano()
+	if s.written.Add(int64(n)) < spaceCheckBytes && now-s.at.Load() < int64(spaceCheckEvery) {
+		return nil
+	}
+	if err := checkSpace(s.dir); err != nil {
+		return err
+	}
+	s.written.Store(0)
+	s.at.Store(now)
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,6 +16,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
 	"github.com/dgraph-io/badger/v4/table"
+	"github.com/dgraph-io/badger/v4/y"
 	"github.com/dgraph-io/ristretto/v2/z"
 	"golang.org/x/sys/unix"
 
@@ -53,15 +55,18 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Inspect checks the store in dir without changing it: MANIFEST present and readable whenever
-// the store holds anything, every table it names present with valid checksums, and no log with
-// a valid entry after a bad one (a torn tail, a bad entry followed by nothing, is what a crash
-// leaves and is fine). It returns a *CorruptError for the first damage found.
+// the store holds anything, every table it names present with valid checksums, no write-ahead
+// log record damaged where a later record shows it was durable, and no badger log with a valid
+// entry the last checkpoint made durable after a bad one (a torn tail, a bad entry followed by
+// nothing, or by entries only the write-ahead log vouches for, is what a crash leaves and is
+// fine). It returns a *CorruptError for the first damage found.
 func Inspect(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("kv: %w", err)
 	}
 	var tables, logs []string
+	segments := 0
 	hasManifest := false
 	for _, e := range entries {
 		name := e.Name()
@@ -72,22 +77,34 @@ func Inspect(dir string) error {
 			tables = append(tables, name)
 		case strings.HasSuffix(name, ".mem") || strings.HasSuffix(name, ".vlog"):
 			logs = append(logs, name)
+		case strings.HasSuffix(name, segmentExt):
+			segments++
 		}
 	}
 	sort.Strings(logs)
 	if !hasManifest {
-		if len(tables)+len(logs) == 0 {
+		if len(tables)+len(logs)+segments == 0 {
 			return nil // a new store
 		}
 		return &CorruptError{Dir: dir, File: filepath.Join(dir, manifestName), Problem: fmt.Sprintf(
 			"missing, while the store holds %d tables and %d logs (badger would start an empty store and delete them)",
-			len(tables), len(logs))}
+			len(tables), len(logs)+segments)}
 	}
 	if err := inspectTables(dir, tables); err != nil {
 		return err
 	}
+	scan, err := scanLog(dir)
+	if err != nil {
+		return err
+	}
+	// Without a checkpoint logged, badger's logs are the only copy (a store written before the
+	// write-ahead log, which synced them at every commit): every entry counts.
+	durable := uint64(math.MaxUint64)
+	if len(scan.records) > 0 {
+		durable = scan.checkpoint
+	}
 	for _, name := range logs {
-		if err := inspectLog(dir, name); err != nil {
+		if err := inspectLog(dir, name, durable); err != nil {
 			return err
 		}
 	}
@@ -165,9 +182,12 @@ func inspectTable(path string, compression options.CompressionType) (err error) 
 	return t.Close(-1)
 }
 
-// inspectLog refuses a log in which a valid entry follows one that is not: badger would stop at
-// the bad entry and drop everything after it, acknowledged commits included.
-func inspectLog(dir, name string) error {
+// inspectLog refuses a log in which a valid entry of a version up to durable (synced by a
+// checkpoint) follows one that is not: badger would stop at the bad entry and drop everything
+// after it, acknowledged commits the write-ahead log no longer holds included. Entries of later
+// versions were never synced here, and a power cut may have kept any of them: the write-ahead log
+// has those it acknowledged.
+func inspectLog(dir, name string, durable uint64) error {
 	path := filepath.Join(dir, name)
 	log, err := loadLog(path)
 	if err != nil {
@@ -190,7 +210,7 @@ func inspectLog(dir, name string) error {
 		return nil
 	}
 	for p := log.nextCandidate(off + 1); p < len(data); p = log.nextCandidate(p + 1) {
-		if _, ok := entryAt(data, p); ok {
+		if n, ok := entryAt(data, p); ok && (!strings.HasSuffix(name, ".mem") || y.ParseTs(decodeEntry(data[p:p+n]).key) <= durable) {
 			return &CorruptError{Dir: dir, File: path, Problem: fmt.Sprintf(
 				"bad entry at byte %d followed by valid entries from byte %d (not a torn tail: badger would drop them)", off, p)}
 		}
@@ -325,9 +345,10 @@ func copyForInspection(dir string) (string, error) {
 	return tmp, nil
 }
 
-// isStoreFile reports whether name is one of badger's files (not our log or backups).
+// isStoreFile reports whether name is one of the store's files: badger's and the write-ahead
+// log's (not our lock or backups).
 func isStoreFile(name string) bool {
-	for _, suffix := range []string{".sst", ".mem", ".vlog"} {
+	for _, suffix := range []string{".sst", ".mem", ".vlog", segmentExt} {
 		if strings.HasSuffix(name, suffix) {
 			return true
 		}

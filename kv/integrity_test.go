@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -18,10 +19,17 @@ import (
 // them (the memory-mapped logs as the page cache holds them), without closing it.
 func crashImage(t *testing.T, n int) string {
 	t.Helper()
+	return crashImageAfter(t, n, func(*DB) {})
+}
+
+// crashImageAfter is crashImage running then before the copy.
+func crashImageAfter(t *testing.T, n int, then func(*DB)) string {
+	t.Helper()
 	db, dir := openTemp(t)
 	for i := range n {
 		set(t, db, fmt.Sprintf("k%03d", i), fmt.Sprintf("value-%03d-%s", i, strings.Repeat("x", 40)))
 	}
+	then(db)
 	image := filepath.Join(t.TempDir(), "image")
 	if err := os.Mkdir(image, 0o700); err != nil {
 		t.Fatal(err)
@@ -151,9 +159,25 @@ func refused(t *testing.T, dir, file string) {
 	}
 }
 
+// checkpointNow runs a checkpoint to its end, as the log does every checkpointEvery commits.
+func checkpointNow(t *testing.T, db *DB) {
+	t.Helper()
+	l := db.log
+	for !l.checkpointing.CompareAndSwap(false, true) {
+		l.background.Wait()
+	}
+	l.background.Add(1)
+	l.checkpoint()
+	if err := l.err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A bad entry in badger's log before valid ones that a checkpoint made durable (so that the
+// write-ahead log no longer holds them) is damage: badger would drop them.
 func TestBadLogEntryBeforeValidOnesIsRefused(t *testing.T) {
 	t.Parallel()
-	image := crashImage(t, 16)
+	image := crashImageAfter(t, 16, func(db *DB) { checkpointNow(t, db) })
 	mem := onlyFile(t, image, "*.mem")
 	offsets := entryOffsets(t, mem)
 	if len(offsets) < 32 {
@@ -163,24 +187,120 @@ func TestBadLogEntryBeforeValidOnesIsRefused(t *testing.T) {
 	refused(t, image, mem)
 }
 
-// A bad final entry is what a crash mid-write leaves: the store opens without it.
-func TestTornTailOpens(t *testing.T) {
+// The same damage where no checkpoint covers the entries is what a power cut can leave of
+// badger's unsynced log: the write-ahead log holds every commit, and Open replays them.
+func TestBadLogEntryAfterTheCheckpointOpens(t *testing.T) {
 	t.Parallel()
 	image := crashImage(t, 16)
 	mem := onlyFile(t, image, "*.mem")
 	offsets := entryOffsets(t, mem)
-	flipByte(t, mem, offsets[len(offsets)-1]+12) // the last commit's end marker
+	flipByte(t, mem, offsets[len(offsets)/3]+12)
+	db, err := Open(image)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer db.Close()
+	for i := range 16 {
+		if _, ok := get(t, db, fmt.Sprintf("k%03d", i)); !ok {
+			t.Errorf("k%03d is missing", i)
+		}
+	}
+}
+
+// walRecords lists where each record of the log's only non-empty segment starts, and its path.
+func walRecords(t *testing.T, dir string) (string, []int) {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join(dir, "*"+segmentExt))
+	for _, path := range paths {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var offsets []int
+		for off := 0; off < len(data); {
+			if binary.LittleEndian.Uint32(data[off:]) == 0 {
+				if off%pageSize == 0 {
+					break
+				}
+				off = (off/pageSize + 1) * pageSize
+				continue
+			}
+			_, n, ok := recordAt(data, off)
+			if !ok {
+				t.Fatalf("%s: bad record at %d", path, off)
+			}
+			offsets = append(offsets, off)
+			off += n
+		}
+		if len(offsets) > 0 {
+			return path, offsets
+		}
+	}
+	t.Fatalf("no log records in %s", dir)
+	return "", nil
+}
+
+// A bad final record is what a power cut mid-sync leaves: the store opens without its commit,
+// which was never acknowledged, and the rest of its segment is zeroed.
+func TestTornTailOpens(t *testing.T) {
+	t.Parallel()
+	image := crashImage(t, 16)
+	// badger's own log is not synced commit by commit: after a power cut it may hold none of the
+	// commits the write-ahead log has.
+	for _, mem := range globAll(t, image, "*.mem") {
+		if err := os.Remove(mem); err != nil {
+			t.Fatal(err)
+		}
+	}
+	segment, offsets := walRecords(t, image)
+	torn := offsets[len(offsets)-1]
+	flipByte(t, segment, torn+20) // the last commit's record
+	scan, err := scanLog(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := truncateLog(image, scan); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(segment)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !allZero(data[torn:]) || allZero(data[:torn]) {
+		t.Error("the torn record's segment is not zeroed from it on, and only from it")
+	}
 	db, err := Open(image)
 	if err != nil {
 		t.Fatalf("Open of a torn tail: %v", err)
 	}
 	defer db.Close()
-	if _, ok := get(t, db, "k014"); !ok {
-		t.Error("k014, before the torn commit, is gone")
+	for i := range 15 {
+		if _, ok := get(t, db, fmt.Sprintf("k%03d", i)); !ok {
+			t.Errorf("k%03d, before the torn commit, is gone", i)
+		}
 	}
 	if _, ok := get(t, db, "k015"); ok {
 		t.Error("k015, whose commit is torn, is served")
 	}
+}
+
+// A damaged record followed by one written once it was durable is damage, not a torn tail: the
+// commit it held was acknowledged.
+func TestDamagedLogRecordIsRefused(t *testing.T) {
+	t.Parallel()
+	image := crashImage(t, 16)
+	segment, offsets := walRecords(t, image)
+	flipByte(t, segment, offsets[len(offsets)/2]+20)
+	refused(t, image, segment)
+}
+
+func globAll(t *testing.T, dir, pattern string) []string {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, pattern))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return paths
 }
 
 func TestMissingManifestIsRefused(t *testing.T) {

@@ -46,50 +46,13 @@ type DB struct {
 	damaged atomic.Pointer[error]
 	// tables re-read what a read may have lost to a damaged block (see served.go).
 	tables    tables
-	sync      *groupSync
+	log       *commitLog
 	conflicts atomic.Uint64
 }
 
 // Open opens the store in dir, creating dir (mode 0700) if absent. It returns a
 // *HeldError if another process, or another Open in this process, holds dir.
 func Open(dir string) (*DB, error) {
-	return open(dir)
-}
-
-// OpenReadOnly opens the store for offline tools such as cockpitfs verify. It takes the same
-// exclusive lock as Open, so it refuses with *HeldError while a daemon runs. It never changes a
-// byte of dir: after Inspect, it opens a copy of the store in a temporary directory (badger's own
-// ReadOnly mode refuses a log a kill -9 left unreplayed, which is exactly when verify is wanted),
-// removed again by Close. Update always fails.
-func OpenReadOnly(dir string) (*DB, error) {
-	lock, err := lockDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	if err := Inspect(dir); err != nil {
-		lock.Close()
-		return nil, err
-	}
-	copyDir, err := copyForInspection(dir)
-	if err != nil {
-		lock.Close()
-		return nil, err
-	}
-	if err := removeEmptyLogs(copyDir); err != nil {
-		lock.Close()
-		os.RemoveAll(copyDir)
-		return nil, err
-	}
-	bdb, err := openBadger(copyDir)
-	if err != nil {
-		lock.Close()
-		os.RemoveAll(copyDir)
-		return nil, err
-	}
-	return &DB{bdb: bdb, lock: lock, readOnly: true, sync: newGroupSync(copyDir), scratch: copyDir, tables: tables{dir: copyDir}}, nil
-}
-
-func open(dir string) (*DB, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("kv: create data directory: %w", err)
 	}
@@ -109,27 +72,64 @@ func open(dir string) (*DB, error) {
 		lock.Close()
 		return nil, err
 	}
-	if err := removeEmptyLogs(dir); err != nil {
-		lock.Close()
-		return nil, err
-	}
-	bdb, err := openBadger(dir)
+	db, err := openLocked(dir, lock)
 	if err != nil {
 		lock.Close()
 		return nil, err
 	}
-	db := &DB{bdb: bdb, lock: lock, sync: newGroupSync(dir), dir: dir, tables: tables{dir: dir}}
-	// The memtable log badger just opened, and its mapped discard statistics, get their blocks
-	// before the first write through their maps.
-	if err := db.sync.syncLogs(false); err != nil {
-		db.Close()
+	return db, nil
+}
+
+// OpenReadOnly opens the store for offline tools such as cockpitfs verify. It takes the same
+// exclusive lock as Open, so it refuses with *HeldError while a daemon runs. It never changes a
+// byte of dir: after Inspect, it opens a copy of the store in a temporary directory (badger's own
+// ReadOnly mode refuses a log a kill -9 left unreplayed, which is exactly when verify is wanted,
+// and the write-ahead log is replayed into badger at every open), removed again by Close. Update
+// always fails.
+func OpenReadOnly(dir string) (*DB, error) {
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := Inspect(dir); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	copyDir, err := copyForInspection(dir)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	db, err := openLocked(copyDir, lock)
+	if err != nil {
+		lock.Close()
+		os.RemoveAll(copyDir)
+		return nil, err
+	}
+	db.readOnly, db.scratch = true, copyDir
+	return db, nil
+}
+
+// openLocked opens the store in dir, which lock holds and Inspect passed: badger, then the
+// write-ahead log replayed into it (see openLog).
+func openLocked(dir string, lock *os.File) (*DB, error) {
+	if err := removeEmptyLogs(dir); err != nil {
+		return nil, err
+	}
+	bdb, err := openBadger(dir)
+	if err != nil {
+		return nil, err
+	}
+	log, err := openLog(dir, bdb)
+	if err != nil {
+		bdb.Close()
 		return nil, err
 	}
 	if f, err := os.OpenFile(filepath.Join(dir, "DISCARD"), os.O_RDWR, 0); err == nil {
 		allocate(f)
 		f.Close()
 	}
-	return db, nil
+	return &DB{bdb: bdb, lock: lock, log: log, dir: dir, tables: tables{dir: dir}}, nil
 }
 
 // openBadger opens badger, turning a panic on damage Inspect cannot see into an error.
@@ -139,7 +139,7 @@ func openBadger(dir string) (bdb *badger.DB, err error) {
 			err = fmt.Errorf("kv: open badger in %s: %v: %w", dir, p, storage.ErrCorrupt)
 		}
 	}()
-	bdb, err = badger.Open(badgerOptions(dir))
+	bdb, err = badger.OpenManaged(badgerOptions(dir))
 	if err != nil {
 		return nil, fmt.Errorf("kv: open badger in %s: %w", dir, err)
 	}
@@ -151,8 +151,10 @@ func openBadger(dir string) (bdb *badger.DB, err error) {
 // value it reads against its checksum, so damage is an error instead of a wrong answer.
 func badgerOptions(dir string) badger.Options {
 	return badger.DefaultOptions(dir).
-		// Commits are made durable by groupSync, not by badger.
+		// Commits are made durable by the write-ahead log (durable.go), not by badger, and
+		// checked for conflicts by kv, which sequences them.
 		WithSyncWrites(false).
+		WithDetectConflicts(false).
 		WithMemTableSize(4 << 20).
 		WithNumMemtables(2).
 		WithNumLevelZeroTables(2).
@@ -209,28 +211,38 @@ func removeEmptyLogs(dir string) error {
 // LSM. Badger requires it ≤ 15 % of the memtable (≈614 KiB here). 512 KiB keeps every value the
 // engine writes in the LSM — holders under keys of their own, and a stack's record with the
 // largest drain a request can carry (≈300 KB, engine's TestLargestDrainStaysOutOfTheValueLog) —
-// so the value log, which nothing reclaims (its GC is unsafe beside the unsynced commits of
-// groupSync), stays empty and needs no sync.
+// so the value log, which nothing reclaims, stays empty.
 const valueThreshold = 512 << 10
 
-// Close closes badger, then releases the directory lock.
-func (db *DB) Close() error {
-	if db.scratch == "" && checkSpace(db.dir) != nil {
-		// badger's Close flushes the memtable into a table it writes through a memory map: on a
-		// full disk, SIGBUS. Every acknowledged commit is in the synced memtable log, which the
-		// next Open replays, as after a crash. badger's goroutines end with the process.
-		db.sync.close()
-		db.lock.Close()
-		return fmt.Errorf("kv: closed %s without flushing, the disk being full: the synced memtable log replays at the next open", db.dir)
-	}
+// closeStore closes the log and badger, and removes a read-only DB's copy; the lock stays.
+func (db *DB) closeStore() error {
+	db.log.background.Wait() // a checkpoint uses badger
 	db.tables.closeAll()
 	err := db.bdb.Close()
-	db.sync.close()
+	if err == nil && !db.readOnly {
+		// badger's Close flushed and synced everything it applied: the next Open replays nothing.
+		err = db.log.finalCheckpoint()
+	}
+	db.log.close()
 	if db.scratch != "" {
 		if rmErr := os.RemoveAll(db.scratch); err == nil {
 			err = rmErr
 		}
 	}
+	return err
+}
+
+// Close closes badger, then releases the directory lock.
+func (db *DB) Close() error {
+	if db.scratch == "" && checkSpace(db.dir) != nil {
+		// badger's Close flushes the memtable into a table it writes through a memory map: on a
+		// full disk, SIGBUS. Every acknowledged commit is in the write-ahead log, which the next
+		// Open replays, as after a crash. badger's goroutines end with the process.
+		db.log.close()
+		db.lock.Close()
+		return fmt.Errorf("kv: closed %s without flushing, the disk being full: the write-ahead log replays at the next open", db.dir)
+	}
+	err := db.closeStore()
 	if lockErr := db.lock.Close(); err == nil {
 		err = lockErr
 	}
@@ -240,20 +252,45 @@ func (db *DB) Close() error {
 	return nil
 }
 
+// txn is a transaction at read version rts. An Update's keeps what kv's conflict check needs (the
+// keys it read) and what its log record holds (its writes, in order).
 type txn struct {
-	db  *DB
-	btx *badger.Txn
-	// wroteValueLog is set by a Set whose value badger puts in its value log.
-	wroteValueLog *bool
+	db     *DB
+	btx    *badger.Txn
+	rts    uint64
+	update bool
+	// applied is set once badger has applied rts, which an Update's first read waits for.
+	applied bool
+	reads   []string
+	writes  []write
 }
 
-func (t txn) Get(key string) (value []byte, err error) {
+// read is called before each read: an Update's reads wait until badger has applied its read
+// version, sequenced perhaps a moment ago.
+func (t *txn) read() error {
+	if t.applied {
+		return nil
+	}
+	if err := t.db.log.applied.wait(t.rts, t.db.log.err); err != nil {
+		return err
+	}
+	t.applied = true
+	return nil
+}
+
+func (t *txn) Get(key string) (value []byte, err error) {
 	// A damaged table can make badger index past a block; that is a damaged read, not a crash.
 	defer func() {
 		if p := recover(); p != nil {
 			value, err = nil, fmt.Errorf("kv: get %q: %v: %w", key, p, storage.ErrCorrupt)
 		}
 	}()
+	if err := t.read(); err != nil {
+		return nil, err
+	}
+	if t.update {
+		t.reads = append(t.reads, key)
+	}
 	item, err := t.btx.Get([]byte(key))
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		// Missing, or in a block badger could not read and said nothing about.
@@ -281,35 +318,41 @@ func readError(what, key string, err error) error {
 }
 
 // Set and Delete wrap badger's errors; badger.ErrTxnTooBig stays visible to errors.Is.
-func (t txn) Set(key string, value []byte) error {
+func (t *txn) Set(key string, value []byte) error {
 	if err := t.btx.Set([]byte(key), value); err != nil {
 		return fmt.Errorf("kv: set %q: %w", key, err)
 	}
-	if len(value) >= valueThreshold {
-		*t.wroteValueLog = true
-	}
+	t.writes = append(t.writes, write{key: key, value: value})
 	return nil
 }
 
-func (t txn) Delete(key string) error {
+func (t *txn) Delete(key string) error {
 	if err := t.btx.Delete([]byte(key)); err != nil {
 		return fmt.Errorf("kv: delete %q: %w", key, err)
 	}
+	t.writes = append(t.writes, write{key: key, delete: true})
 	return nil
 }
 
-func (t txn) Scan(prefix string, fn func(key string, value []byte) error) error {
+func (t *txn) Scan(prefix string, fn func(key string, value []byte) error) error {
+	if err := t.read(); err != nil {
+		return err
+	}
 	opts := badger.DefaultIteratorOptions
 	opts.Prefix = []byte(prefix)
 	it := t.btx.NewIterator(opts)
 	defer it.Close()
 	for it.Rewind(); it.Valid(); it.Next() {
 		item := it.Item()
+		key := string(item.Key())
+		if t.update {
+			t.reads = append(t.reads, key)
+		}
 		value, err := item.ValueCopy(nil)
 		if err != nil {
-			return readError("read value of", string(item.Key()), err)
+			return readError("read value of", key, err)
 		}
-		if err := fn(string(item.Key()), value); err != nil {
+		if err := fn(key, value); err != nil {
 			return err
 		}
 	}
@@ -317,19 +360,21 @@ func (t txn) Scan(prefix string, fn func(key string, value []byte) error) error 
 	return t.db.checkScan(opts.Prefix)
 }
 
-// View runs fn in a read-only transaction on one consistent snapshot, which holds
-// only durable commits. fn's error is returned unchanged.
+// View runs fn in a read-only transaction on one consistent snapshot, which holds only durable
+// commits, every acknowledged one among them. It waits for nothing. fn's error is returned
+// unchanged.
 func (db *DB) View(fn func(storage.Txn) error) error {
 	if err := db.damaged.Load(); err != nil {
 		return *err
 	}
-	btx := db.bdb.NewTransaction(false)
-	defer btx.Discard()
-	// Every commit the snapshot can see took its ticket before the snapshot began.
-	if err := db.sync.visible(); err != nil {
+	if err := db.log.err(); err != nil {
 		return err
 	}
-	return fn(txn{db: db, btx: btx})
+	rts := db.log.beginRead(false)
+	defer db.log.endRead(rts)
+	btx := db.bdb.NewTransactionAt(rts, false)
+	defer btx.Discard()
+	return fn(&txn{db: db, btx: btx, rts: rts, applied: true})
 }
 
 // Update runs fn in a read-write transaction and commits it. If the commit
@@ -346,9 +391,9 @@ func (db *DB) Update(ctx context.Context, fn func(storage.Txn) error) error {
 	return durable()
 }
 
-// Commit is Update returning at the commit, before its sync: later transactions' fn see the
-// writes, View does not until they are durable. durable waits for the sync (Update's nil) and
-// must be called, and soon: until it is, no sync round covers the commit and every View waits.
+// Commit is Update returning once the commit is sequenced, before its sync: later transactions'
+// fn see the writes, View does not until they are durable. durable waits for the sync (Update's
+// nil), leading it if no other committer does, and must be called.
 func (db *DB) Commit(ctx context.Context, fn func(storage.Txn) error) (durable func() error, err error) {
 	if db.readOnly {
 		return nil, errReadOnly
@@ -359,8 +404,8 @@ func (db *DB) Commit(ctx context.Context, fn func(storage.Txn) error) (durable f
 	deadline := time.Now().Add(lockWait)
 	backoff := firstBackoff
 	for attempt := 1; ; attempt++ {
-		durable, conflicted, err := db.tryCommit(fn)
-		if !conflicted {
+		durable, err := db.tryCommit(fn)
+		if !errors.Is(err, errConflict) {
 			return durable, err
 		}
 		if time.Now().After(deadline) {
@@ -374,31 +419,39 @@ func (db *DB) Commit(ctx context.Context, fn func(storage.Txn) error) (durable f
 	}
 }
 
-// tryCommit is one attempt. It commits by hand, unlike badger's Update, so that
-// only a conflict at commit is retried, never an error of fn's.
-func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, conflicted bool, err error) {
-	btx := db.bdb.NewTransaction(true)
+// tryCommit is one attempt; errConflict means fn must run again.
+func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, err error) {
+	l := db.log
+	if err := l.err(); err != nil {
+		return nil, err
+	}
+	rts := l.beginRead(true)
+	defer l.endRead(rts)
+	btx := db.bdb.NewTransactionAt(rts, true)
 	defer btx.Discard()
-	var wroteValueLog bool
-	if err := fn(txn{db: db, btx: btx, wroteValueLog: &wroteValueLog}); err != nil {
+	t := &txn{db: db, btx: btx, rts: rts, update: true}
+	if err := fn(t); err != nil {
 		// fn decided on what it read, which must be durable before anyone acts on the decision.
-		if syncErr := db.sync.visible(); syncErr != nil {
-			return nil, false, syncErr
+		if syncErr := l.waitDurable(rts); syncErr != nil {
+			return nil, syncErr
 		}
-		return nil, false, err
+		return nil, err
 	}
-	if err := checkSpace(db.dir); err != nil {
-		return nil, false, err
+	if len(t.writes) == 0 {
+		return func() error { return l.acknowledge(rts) }, nil
 	}
-	ticket := db.sync.begin()
-	if err := btx.Commit(); err != nil {
-		db.sync.abandon(ticket)
-		if errors.Is(err, badger.ErrConflict) {
-			return nil, true, err
-		}
-		return nil, false, fmt.Errorf("kv: commit: %w", err)
+	size := 0
+	for _, w := range t.writes {
+		size += len(w.key) + len(w.value)
 	}
-	return func() error { return db.sync.durable(ticket, wroteValueLog) }, false, nil
+	if err := l.space.check(size); err != nil {
+		return nil, err
+	}
+	ts, err := l.sequence(t)
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return l.acknowledge(ts) }, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -429,9 +482,9 @@ func (db *DB) VerifyTables() (err error) {
 	return db.bdb.VerifyChecksum()
 }
 
-// Syncs returns how many fdatasync rounds made commits durable since Open.
+// Syncs returns how many fdatasync rounds of the log made commits durable since Open.
 func (db *DB) Syncs() uint64 {
-	return db.sync.rounds.Load()
+	return db.log.rounds.Load()
 }
 
 // Conflicts returns how many times Update retried because of a conflict since Open.

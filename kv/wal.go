@@ -1,0 +1,383 @@
+package kv
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The write-ahead log is the store's durable truth; badger, unsynced, is its materialised state.
+// Each commit is one record pwritten into a preallocated, zero-filled segment and made durable by
+// an fdatasync of that segment (see durable.go); badger's own files are synced only at a
+// checkpoint, and Open replays every record after the last one.
+//
+// A segment is segmentSize bytes named by its index (000001.wal …), written once with zeros and
+// synced before it takes a record, so that a record's fdatasync writes its data pages and nothing
+// else: no size change, no block to allocate, no unwritten extent to convert. (A write into a
+// page of a memory-mapped file, as badger's own log is, would have to be write-protected on every
+// CPU before its sync; write(2) needs none of that.)
+//
+// A record is
+//
+//	length uint32 | CRC-32C of body uint32 | body
+//	body: ts uint64 | synced uint64 | kind byte | payload
+//
+// little-endian, where ts is the commit's badger version (records are numbered consecutively
+// within a segment), synced the highest ts known durable when the record was written (how Open
+// tells a torn tail from damage), and the payload either a commit's writes (uvarint count, then
+// per write an op byte, uvarint key length, key and, for a set, uvarint value length and value)
+// or a checkpoint (uint64: every commit up to it is durable in badger's own files). A record
+// under a page never straddles a page boundary: it starts on the next page instead, the rest of
+// the page left zero, so its sync writes one page.
+const (
+	segmentSize  = 4 << 20
+	pageSize     = 4096
+	recordHeader = 8
+	bodyHeader   = 17
+	segmentExt   = ".wal"
+)
+
+const (
+	kindCommit     = 1
+	kindCheckpoint = 2
+	opSet          = 1
+	opDelete       = 2
+)
+
+// write is one set or delete of a commit.
+type write struct {
+	key    string
+	value  []byte
+	delete bool
+}
+
+// record is a decoded log record.
+type record struct {
+	ts, synced uint64
+	kind       byte
+	writes     []write
+	checkpoint uint64
+}
+
+// appendRecord encodes a record onto buf.
+func appendRecord(buf []byte, r *record) []byte {
+	start := len(buf)
+	buf = append(buf, make([]byte, recordHeader)...)
+	buf = binary.LittleEndian.AppendUint64(buf, r.ts)
+	buf = binary.LittleEndian.AppendUint64(buf, r.synced)
+	buf = append(buf, r.kind)
+	switch r.kind {
+	case kindCommit:
+		buf = binary.AppendUvarint(buf, uint64(len(r.writes)))
+		for _, w := range r.writes {
+			op := byte(opSet)
+			if w.delete {
+				op = opDelete
+			}
+			buf = append(buf, op)
+			buf = binary.AppendUvarint(buf, uint64(len(w.key)))
+			buf = append(buf, w.key...)
+			if !w.delete {
+				buf = binary.AppendUvarint(buf, uint64(len(w.value)))
+				buf = append(buf, w.value...)
+			}
+		}
+	case kindCheckpoint:
+		buf = binary.LittleEndian.AppendUint64(buf, r.checkpoint)
+	}
+	body := buf[start+recordHeader:]
+	binary.LittleEndian.PutUint32(buf[start:], uint32(len(body)))
+	binary.LittleEndian.PutUint32(buf[start+4:], crc32.Checksum(body, castagnoli))
+	return buf
+}
+
+// recordAt returns the valid record at off and its length, or false: a length that fits, a
+// matching CRC and a body that decodes.
+func recordAt(data []byte, off int) (*record, int, bool) {
+	if off+recordHeader+bodyHeader > len(data) {
+		return nil, 0, false
+	}
+	n := int(binary.LittleEndian.Uint32(data[off:]))
+	if n < bodyHeader || n > len(data)-off-recordHeader {
+		return nil, 0, false
+	}
+	body := data[off+recordHeader : off+recordHeader+n]
+	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(data[off+4:]) {
+		return nil, 0, false
+	}
+	r, ok := decodeBody(body)
+	return r, recordHeader + n, ok
+}
+
+func decodeBody(body []byte) (*record, bool) {
+	r := &record{ts: binary.LittleEndian.Uint64(body), synced: binary.LittleEndian.Uint64(body[8:]), kind: body[16]}
+	p := body[bodyHeader:]
+	uvarint := func() (uint64, bool) {
+		v, k := binary.Uvarint(p)
+		if k <= 0 {
+			return 0, false
+		}
+		p = p[k:]
+		return v, true
+	}
+	bytesOf := func() ([]byte, bool) {
+		n, ok := uvarint()
+		if !ok || n > uint64(len(p)) {
+			return nil, false
+		}
+		b := p[:n:n]
+		p = p[n:]
+		return b, true
+	}
+	switch r.kind {
+	case kindCommit:
+		count, ok := uvarint()
+		if !ok || count > uint64(len(p)) {
+			return nil, false
+		}
+		r.writes = make([]write, 0, count)
+		for range count {
+			if len(p) == 0 {
+				return nil, false
+			}
+			op := p[0]
+			p = p[1:]
+			key, ok := bytesOf()
+			if !ok || (op != opSet && op != opDelete) {
+				return nil, false
+			}
+			w := write{key: string(key), delete: op == opDelete}
+			if !w.delete {
+				if w.value, ok = bytesOf(); !ok {
+					return nil, false
+				}
+			}
+			r.writes = append(r.writes, w)
+		}
+	case kindCheckpoint:
+		if len(p) != 8 {
+			return nil, false
+		}
+		r.checkpoint = binary.LittleEndian.Uint64(p)
+		p = nil
+	default:
+		return nil, false
+	}
+	return r, len(p) == 0
+}
+
+// placeRecord is where a record of n bytes goes in a segment whose first free byte is off: off,
+// or the next page boundary if a record under a page would straddle one. -1: it does not fit.
+func placeRecord(off, n int) int {
+	if n <= pageSize && off/pageSize != (off+n-1)/pageSize {
+		off = (off/pageSize + 1) * pageSize
+	}
+	if off+n > segmentSize {
+		return -1
+	}
+	return off
+}
+
+// segment is one log file.
+type segment struct {
+	index uint64
+	file  *os.File
+	off   int    // first free byte
+	last  uint64 // ts of its last record, 0 while none
+}
+
+func segmentName(index uint64) string { return fmt.Sprintf("%06d%s", index, segmentExt) }
+
+// segmentIndexes lists the log's segments in dir, oldest first.
+func segmentIndexes(dir string) ([]uint64, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("kv: %w", err)
+	}
+	var out []uint64
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), segmentExt)
+		if !ok {
+			continue
+		}
+		i, err := strconv.ParseUint(name, 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, i)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// createSegment writes a new segment of zeros and syncs it and the directory, so that it, its
+// name and its blocks are durable before any record is: a record's own sync then writes only
+// the record.
+func createSegment(dir string, index uint64) (*segment, error) {
+	path := filepath.Join(dir, segmentName(index))
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("kv: create log segment: %w", err)
+	}
+	zeros := make([]byte, 1<<20)
+	for off := int64(0); off < segmentSize && err == nil; off += int64(len(zeros)) {
+		_, err = f.WriteAt(zeros, off)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, fmt.Errorf("kv: create log segment %s: %w", path, err)
+	}
+	return &segment{index: index, file: f}, nil
+}
+
+// logScan is what the log in a directory holds: every valid record up to the first torn or
+// damaged one, in order.
+type logScan struct {
+	records    []*record
+	checkpoint uint64 // the last checkpoint record's
+	end        uint64 // ts of the last valid record; 0 when there is none
+	segments   []uint64
+	// badSegment and badOffset locate the first bad record (badSegment 0: none); everything from
+	// there on holds nothing valid and is zeroed or removed at Open.
+	badSegment uint64
+	badOffset  int
+	found      bool // the directory has a log at all
+}
+
+// scanLog reads the log in dir. A bad record followed by a valid record that says the bad one was
+// already durable (its synced field) is damage, not a torn tail: *CorruptError.
+func scanLog(dir string) (*logScan, error) {
+	indexes, err := segmentIndexes(dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &logScan{segments: indexes, found: len(indexes) > 0}
+	for _, index := range indexes {
+		path := filepath.Join(dir, segmentName(index))
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("kv: %w", err)
+		}
+		if s.badSegment != 0 {
+			if err := checkAfterBad(dir, path, data, 0, s.end); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		first := true
+		off := 0
+		for off < len(data) {
+			if off+4 <= len(data) && binary.LittleEndian.Uint32(data[off:]) == 0 {
+				if off%pageSize == 0 {
+					break // nothing more in this segment
+				}
+				off = (off/pageSize + 1) * pageSize // the rest of a page a record did not fit in
+				continue
+			}
+			r, n, ok := recordAt(data, off)
+			if ok && (first && r.ts > s.end || r.ts == s.end+1) {
+				s.records = append(s.records, r)
+				s.end = r.ts
+				if r.kind == kindCheckpoint {
+					s.checkpoint = r.checkpoint
+				}
+				first = false
+				off += n
+				continue
+			}
+			s.badSegment, s.badOffset = index, off
+			if err := checkAfterBad(dir, path, data, off+1, s.end); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	return s, nil
+}
+
+// checkAfterBad looks from off on for a valid record written after the bad one's sync (its
+// synced field beyond end, the last good record): that one was acknowledged, so the bad record
+// before it is damage, not a torn write of a commit never acknowledged.
+func checkAfterBad(dir, path string, data []byte, off int, end uint64) error {
+	for p := off; p+recordHeader+bodyHeader <= len(data); p++ {
+		if data[p] == 0 && p%pageSize == 0 && allZero(data[p:min(p+pageSize, len(data))]) {
+			p += pageSize - 1
+			continue
+		}
+		if ts := binary.LittleEndian.Uint64(data[p+recordHeader:]); ts <= end || ts-end > 1<<32 {
+			continue // cannot be a later record: spare the CRC
+		}
+		if r, _, ok := recordAt(data, p); ok && r.synced > end {
+			return &CorruptError{Dir: dir, File: path, Problem: fmt.Sprintf(
+				"a damaged record after commit %d is followed at byte %d by commit %d, written once commit %d was durable",
+				end, p, r.ts, r.synced)}
+		}
+	}
+	return nil
+}
+
+// truncateLog makes the log end at its first bad record: the rest of that segment is zeroed and
+// synced, and later segments, which hold nothing valid, are removed.
+func truncateLog(dir string, s *logScan) error {
+	if s.badSegment == 0 {
+		return nil
+	}
+	kept := s.segments[:0]
+	for _, index := range s.segments {
+		path := filepath.Join(dir, segmentName(index))
+		if index <= s.badSegment {
+			kept = append(kept, index)
+		}
+		switch {
+		case index == s.badSegment:
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				return fmt.Errorf("kv: %w", err)
+			}
+			info, err := f.Stat()
+			if err == nil {
+				_, err = f.WriteAt(make([]byte, info.Size()-int64(s.badOffset)), int64(s.badOffset))
+			}
+			if err == nil {
+				err = datasync(f)
+			}
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("kv: zero the torn tail of %s: %w", path, err)
+			}
+		case index > s.badSegment:
+			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("kv: %w", err)
+			}
+		}
+	}
+	s.segments = kept
+	return syncDir(dir)
+}
+
+// pwriteAll writes b at off.
+func pwriteAll(f *os.File, b []byte, off int) error {
+	for len(b) > 0 {
+		n, err := unix.Pwrite(int(f.Fd()), b, int64(off))
+		if err != nil {
+			return err
+		}
+		b, off = b[n:], off+n
+	}
+	return nil
+}
