@@ -40,7 +40,7 @@ type commitLog struct {
 	dir string
 	bdb *badger.DB
 
-	// mu orders commits; seg, next, buf, recent, segments and spare belong to it.
+	// mu orders commits; seg, next, buf, recent, segments, unwritten and spare belong to it.
 	mu   sync.Mutex
 	next uint64
 	seg  *segment
@@ -60,14 +60,17 @@ type commitLog struct {
 	rmu     sync.Mutex
 	readers map[uint64]int
 
-	// smu guards the sync rounds: running, and the segments a round must sync.
+	// unwritten are the segments rotated away with records no round has written yet; mu.
+	unwritten []*segment
+
+	// smu guards the sync rounds: running, and roundEnd.
 	smu      sync.Mutex
 	roundEnd *sync.Cond
 	running  bool
-	syncSeg  *segment   // the segment being written
-	unsynced []*segment // segments rotated away since the last round
 	durable  atomic.Uint64
 	rounds   atomic.Uint64
+	// writes is the running round's: what it writes, where (its leader's alone).
+	writes []pageWrite
 
 	failed atomic.Pointer[error]
 
@@ -210,10 +213,8 @@ func (l *commitLog) place(ts uint64, rec []byte) error {
 			return fmt.Errorf("kv: a commit of %d bytes does not fit in a log segment", len(rec))
 		}
 	}
-	if err := pwriteAll(l.seg.file, rec, off); err != nil {
-		return fmt.Errorf("kv: write the log: %w", err)
-	}
-	l.seg.off, l.seg.last = off+len(rec), ts
+	l.seg.put(rec, off)
+	l.seg.last = ts
 	return nil
 }
 
@@ -223,10 +224,7 @@ func (l *commitLog) rotate() error {
 	if spare.err != nil {
 		return spare.err
 	}
-	l.smu.Lock()
-	l.unsynced = append(l.unsynced, l.seg)
-	l.syncSeg = spare.seg
-	l.smu.Unlock()
+	l.unwritten = append(l.unwritten, l.seg)
 	l.segments = append(l.segments, l.seg)
 	l.seg = spare.seg
 	l.prepareSpare(spare.seg.index + 1)
@@ -262,18 +260,9 @@ func (l *commitLog) waitDurable(ts uint64) error {
 			l.roundEnd.Wait()
 			continue
 		}
-		target := l.sequenced.Load()
-		segs := append(l.unsynced, l.syncSeg)
-		l.unsynced = nil
 		l.running = true
 		l.smu.Unlock()
-		var err error
-		for _, s := range segs {
-			if err = datasync(s.file); err != nil {
-				err = fmt.Errorf("kv: sync the log: %w", err)
-				break
-			}
-		}
+		target, err := l.round()
 		l.rounds.Add(1)
 		l.smu.Lock()
 		l.running = false
@@ -287,6 +276,42 @@ func (l *commitLog) waitDurable(ts uint64) error {
 			l.smu.Lock()
 		}
 	}
+}
+
+// pageWrite is part of a segment a round writes: whole pages from at.
+type pageWrite struct {
+	seg   *segment
+	at    int
+	pages []byte
+}
+
+// round makes every record sequenced so far durable and returns the last one's version: the
+// pages holding records no round wrote yet, copied under mu, are written with one pwrite a
+// segment and the segments fdatasync'd. Only the round's leader runs it.
+func (l *commitLog) round() (uint64, error) {
+	l.mu.Lock()
+	target := l.sequenced.Load()
+	writes := l.writes[:0]
+	for _, s := range append(l.unwritten, l.seg) {
+		if w, ok := s.take(); ok {
+			writes = append(writes, w)
+		}
+	}
+	clear(l.unwritten)
+	l.unwritten = l.unwritten[:0]
+	l.writes = writes
+	l.mu.Unlock()
+	for _, w := range writes {
+		if err := pwriteAll(w.seg.file, w.pages, w.at); err != nil {
+			return 0, fmt.Errorf("kv: write the log: %w", err)
+		}
+	}
+	for _, w := range writes {
+		if err := datasync(w.seg.file); err != nil {
+			return 0, fmt.Errorf("kv: sync the log: %w", err)
+		}
+	}
+	return target, nil
 }
 
 // acknowledge returns once the commit of version ts is durable and applied.
@@ -347,8 +372,8 @@ func (l *commitLog) checkpoint() {
 	l.segments = kept
 	l.mu.Unlock()
 	for _, s := range remove {
-		// Synced by the round that made the checkpoint durable, which began after the segment
-		// was rotated away: no round will sync it again.
+		// Written and synced by the round that made the checkpoint durable, which began after
+		// the segment was rotated away: no round will touch it again.
 		s.file.Close()
 		if err := os.Remove(s.file.Name()); err != nil {
 			l.fail(fmt.Errorf("kv: checkpoint: %w", err))

@@ -175,16 +175,14 @@ func TestFailedSyncIsSticky(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed.Close()
-	l.smu.Lock()
-	l.syncSeg = &segment{file: closed} // the next round's fdatasync fails (EBADF)
-	l.smu.Unlock()
+	l.seg.file = closed // the next round's write fails (EBADF)
 	l.mu.Unlock()
 	if err := db.Update(context.Background(), write); err == nil {
 		t.Fatal("Update acknowledged a commit it could not sync")
 	}
-	l.smu.Lock()
-	l.syncSeg = l.seg
-	l.smu.Unlock()
+	l.mu.Lock()
+	l.seg.file = good
+	l.mu.Unlock()
 	if err := db.Update(context.Background(), write); err == nil {
 		t.Fatal("a commit after a failed sync was acknowledged")
 	}

@@ -51,7 +51,7 @@ func openLog(dir string, bdb *badger.DB) (*commitLog, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.seg, l.syncSeg = seg, seg
+	l.seg = seg
 	l.next = last + 1
 	l.sequenced.Store(last)
 	l.durable.Store(last)
@@ -89,11 +89,7 @@ func firstSegment(dir string, scan *logScan) (*segment, error) {
 			return nil, fmt.Errorf("kv: %w", err)
 		}
 		if len(data) == segmentSize && allZero(data) {
-			f, err := os.OpenFile(path, os.O_RDWR, 0)
-			if err != nil {
-				return nil, fmt.Errorf("kv: %w", err)
-			}
-			return &segment{index: index, file: f}, nil
+			return openSegment(path, index)
 		}
 		return createSegment(dir, index+1)
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -186,12 +187,71 @@ func placeRecord(off, n int) int {
 	return off
 }
 
-// segment is one log file.
+// segment is one log file. Records are copied into win when sequenced; the next sync round
+// writes the pages they are on, whole, with O_DIRECT, and fdatasyncs the file. (A record
+// pwritten into the page cache and then fdatasync'd cost 6–17 % more than one page written
+// directly and fdatasync'd, measured side by side: writeback of a page-cache page on ext4 is the
+// slower path, and the data I/O is the same.)
 type segment struct {
 	index uint64
-	file  *os.File
-	off   int    // first free byte
-	last  uint64 // ts of its last record, 0 while none
+	file  *os.File // opened with O_DIRECT where the file system allows it
+	off   int      // first free byte
+	last  uint64   // ts of its last record, 0 while none
+	// win is the segment from winOff (a page boundary) to the end of its last record, in an
+	// aligned buffer whose bytes beyond off are zero; written is off as of the last round.
+	win     []byte
+	winOff  int
+	written int
+}
+
+// put copies a record into the window at off, where placeRecord put it.
+func (s *segment) put(rec []byte, off int) {
+	need := off + len(rec) - s.winOff
+	if need > len(s.win) {
+		grown := alignedPages(max(need, 2*len(s.win)))
+		copy(grown, s.win)
+		s.win = grown
+	}
+	copy(s.win[off-s.winOff:], rec)
+	s.off = off + len(rec)
+}
+
+// take returns the pages written to since the last round, and keeps in the window only the
+// last page, which later records may share.
+func (s *segment) take() (pageWrite, bool) {
+	if s.off == s.written {
+		return pageWrite{}, false
+	}
+	n := (s.off - s.winOff + pageSize - 1) / pageSize * pageSize
+	w := pageWrite{seg: s, at: s.winOff, pages: alignedPages(n)}
+	copy(w.pages, s.win[:n])
+	s.written = s.off
+	if last := s.off / pageSize * pageSize; last > s.winOff {
+		kept := copy(s.win, s.win[last-s.winOff:n])
+		clear(s.win[kept:n])
+		s.winOff = last
+	}
+	return w, true
+}
+
+// alignedPages is n bytes (a multiple of pageSize) aligned to a page, as O_DIRECT needs.
+func alignedPages(n int) []byte {
+	n = (n + pageSize - 1) / pageSize * pageSize
+	b := make([]byte, n+pageSize)
+	skip := (pageSize - int(uintptr(unsafe.Pointer(&b[0]))%pageSize)) % pageSize
+	return b[skip : skip+n : skip+n]
+}
+
+// openSegment opens an empty segment for writing.
+func openSegment(path string, index uint64) (*segment, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_DIRECT, 0)
+	if errors.Is(err, unix.EINVAL) { // tmpfs and others: no direct I/O
+		f, err = os.OpenFile(path, os.O_RDWR, 0)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kv: open log segment: %w", err)
+	}
+	return &segment{index: index, file: f, win: alignedPages(pageSize)}, nil
 }
 
 func segmentName(index uint64) string { return fmt.Sprintf("%06d%s", index, segmentExt) }
@@ -237,12 +297,12 @@ func createSegment(dir string, index uint64) (*segment, error) {
 	if err == nil {
 		err = syncDir(dir)
 	}
+	f.Close()
 	if err != nil {
-		f.Close()
 		os.Remove(path)
 		return nil, fmt.Errorf("kv: create log segment %s: %w", path, err)
 	}
-	return &segment{index: index, file: f}, nil
+	return openSegment(path, index)
 }
 
 // logScan is what the log in a directory holds: every valid record up to the first torn or

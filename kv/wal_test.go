@@ -1,0 +1,296 @@
+package kv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// conflictCase commits, from inside fn's first run, a write another transaction makes between
+// fn's reads and its commit.
+func conflictCase(t *testing.T, read func(tx storage.Txn) error, concurrent func(tx storage.Txn) error) (runs int, conflicts uint64) {
+	t.Helper()
+	db, _ := openTemp(t)
+	set(t, db, "p/a", "1")
+	before := db.Conflicts()
+	err := db.Update(context.Background(), func(tx storage.Txn) error {
+		runs++
+		if err := read(tx); err != nil {
+			return err
+		}
+		if runs == 1 {
+			if err := db.Update(context.Background(), concurrent); err != nil {
+				return err
+			}
+		}
+		return tx.Set("out", []byte(fmt.Sprint(runs)))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runs, db.Conflicts() - before
+}
+
+func getKey(key string) func(tx storage.Txn) error {
+	return func(tx storage.Txn) error {
+		_, err := tx.Get(key)
+		if errors.Is(err, storage.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+}
+
+func setKey(key string) func(tx storage.Txn) error {
+	return func(tx storage.Txn) error { return tx.Set(key, []byte("2")) }
+}
+
+func scanPrefix(tx storage.Txn) error {
+	return tx.Scan("p/", func(string, []byte) error { return nil })
+}
+
+// kv finds conflicts itself (badger's detection is off): a key read with Get, found or not, or
+// returned by a Scan, written by a commit sequenced after the transaction's snapshot makes it run
+// again; writes to keys it did not read do not.
+func TestConflicts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name       string
+		read       func(tx storage.Txn) error
+		concurrent func(tx storage.Txn) error
+		conflict   bool
+	}{
+		{"key read, found", getKey("p/a"), setKey("p/a"), true},
+		{"key read, missing", getKey("p/missing"), setKey("p/missing"), true},
+		{"key scanned", scanPrefix, setKey("p/a"), true},
+		{"key scanned, deleted", scanPrefix, func(tx storage.Txn) error { return tx.Delete("p/a") }, true},
+		{"another key", getKey("p/a"), setKey("q"), false},
+		// No phantom protection (storage's contract): a key inserted under a scanned prefix.
+		{"key inserted under a scanned prefix", scanPrefix, setKey("p/b"), false},
+		{"blind write", func(storage.Txn) error { return nil }, setKey("out"), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			runs, conflicts := conflictCase(t, c.read, c.concurrent)
+			want := 1
+			if c.conflict {
+				want = 2
+			}
+			if runs != want || conflicts != uint64(want-1) {
+				t.Errorf("fn ran %d times, %d conflicts; want %d runs", runs, conflicts, want)
+			}
+		})
+	}
+}
+
+// A writer's next transaction reads the commit just sequenced before it, durable or not, and so
+// does not conflict with it: writers queued on one key share syncs without retrying.
+func TestUpdateSeesTheCommitBeforeIt(t *testing.T) {
+	t.Parallel()
+	db, _ := openTemp(t)
+	durable, err := db.Commit(context.Background(), setKey("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen string
+	second, err := db.Commit(context.Background(), func(tx storage.Txn) error {
+		v, err := tx.Get("k")
+		seen = string(v)
+		if err != nil {
+			return err
+		}
+		return tx.Set("k", []byte("3"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := durable(); err != nil {
+		t.Fatal(err)
+	}
+	if err := second(); err != nil {
+		t.Fatal(err)
+	}
+	if seen != "2" || db.Conflicts() != 0 {
+		t.Errorf("the second commit read %q with %d conflicts; want 2 and none", seen, db.Conflicts())
+	}
+	if v, _ := get(t, db, "k"); v != "3" {
+		t.Errorf("k = %q, want 3", v)
+	}
+}
+
+// killEnv names the directory TestHelperCommitUntilKilled writes to in a child process.
+const killEnv = "COCKPITFS_KV_KILL_DIR"
+
+// TestHelperCommitUntilKilled is not a test: started by TestAcknowledgedCommitsSurviveSIGKILL,
+// it commits from four goroutines, each key its own, and prints "acked KEY" once each Update
+// returns, until it is killed.
+func TestHelperCommitUntilKilled(t *testing.T) {
+	db := helperStore(t, killEnv)
+	var out sync.Mutex
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				key := fmt.Sprintf("w%d/%06d", w, i)
+				value := strings.Repeat(key, 40)
+				if err := db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(key, []byte(value)) }); err != nil {
+					fmt.Println(err)
+					os.Exit(1)
+				}
+				out.Lock()
+				fmt.Println("acked", key)
+				out.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Every commit a process acknowledged before SIGKILL is in the store its next Open replays, and
+// the log keeps going after it.
+func TestAcknowledgedCommitsSurviveSIGKILL(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	for round := range 3 {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCommitUntilKilled$")
+		cmd.Env = append(os.Environ(), killEnv+"="+dir)
+		cmd.Stderr = os.Stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var acked []string
+		lines := bufio.NewScanner(stdout)
+		for len(acked) < 400+round*700 && lines.Scan() {
+			key, ok := strings.CutPrefix(lines.Text(), "acked ")
+			if !ok {
+				t.Fatalf("child: %s", lines.Text())
+			}
+			acked = append(acked, key)
+		}
+		cmd.Process.Kill()
+		for lines.Scan() { // acknowledged before the kill landed
+			if key, ok := strings.CutPrefix(lines.Text(), "acked "); ok {
+				acked = append(acked, key)
+			}
+		}
+		cmd.Wait()
+		db, err := Open(dir)
+		if err != nil {
+			t.Fatalf("round %d: Open after SIGKILL: %v", round, err)
+		}
+		for _, key := range acked {
+			if v, ok := get(t, db, key); !ok || v != strings.Repeat(key, 40) {
+				t.Errorf("round %d: acknowledged %s is missing or wrong after SIGKILL", round, key)
+			}
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// segmentsIn lists the log's segment files in dir.
+func segmentsIn(t *testing.T, dir string) []uint64 {
+	t.Helper()
+	indexes, err := segmentIndexes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return indexes
+}
+
+// A checkpoint removes the segments whose every record badger now holds durably; what they held
+// is still read, also after a reopen.
+func TestCheckpointRemovesSegments(t *testing.T) {
+	t.Parallel()
+	db, dir := openTemp(t)
+	big := strings.Repeat("v", 200<<10) // 20 a segment
+	for i := range 50 {
+		set(t, db, fmt.Sprint("k", i), big)
+	}
+	if n := len(segmentsIn(t, dir)); n < 3 {
+		t.Fatalf("%d segments after 50 commits of 200 KiB, want ≥ 3", n)
+	}
+	checkpointNow(t, db)
+	db.log.background.Wait() // the spare
+	// The segment written to, and the spare prepared after it.
+	if got := segmentsIn(t, dir); len(got) != 2 || got[1] != got[0]+1 {
+		t.Errorf("segments after a checkpoint: %v, want the current one and its spare", got)
+	}
+	for i := range 50 {
+		if v, _ := get(t, db, fmt.Sprint("k", i)); v != big {
+			t.Fatalf("k%d is lost", i)
+		}
+	}
+}
+
+// After a power cut badger's unsynced files may hold a commit whose record the log lost (the
+// apply runs during the sync): Open writes back what the log's end has for every such key.
+func TestOpenUndoesVersionsBeyondTheLog(t *testing.T) {
+	t.Parallel()
+	image := crashImageAfter(t, 0, func(db *DB) {
+		set(t, db, "k", "1")
+		set(t, db, "gone", "x")
+		if err := db.Update(context.Background(), func(tx storage.Txn) error {
+			if err := tx.Set("k", []byte("2")); err != nil {
+				return err
+			}
+			if err := tx.Set("new", []byte("3")); err != nil {
+				return err
+			}
+			return tx.Delete("gone")
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// The last commit's record never reached the disk; badger's log, as the page cache had it,
+	// holds the commit.
+	segment, offsets := walRecords(t, image)
+	f, err := os.OpenFile(segment, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(make([]byte, pageSize), int64(offsets[len(offsets)-1])); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	db, err := Open(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	check := func(when string) {
+		t.Helper()
+		if v, _ := get(t, db, "k"); v != "1" {
+			t.Errorf("%s: k = %q, want 1 (the log's end)", when, v)
+		}
+		if _, ok := get(t, db, "new"); ok {
+			t.Errorf("%s: new, beyond the log's end, is served", when)
+		}
+		if v, _ := get(t, db, "gone"); v != "x" {
+			t.Errorf("%s: gone = %q, want x (its delete is beyond the log's end)", when, v)
+		}
+	}
+	check("after Open")
+	// Later commits take versions above every one badger held.
+	set(t, db, "after", "y")
+	check("after a commit")
+	if v, _ := get(t, db, "after"); v != "y" {
+		t.Errorf("after = %q, want y", v)
+	}
+}
