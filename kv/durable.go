@@ -51,6 +51,10 @@ type commitLog struct {
 	sincePrune int
 	segments   []*segment // older segments still on disk
 	spare      chan spareSegment
+	apply      chan applyReq
+	// applierDone is closed once the applier has handed badger every commit and ended.
+	applierDone chan struct{}
+	stopOnce    sync.Once
 
 	sequenced atomic.Uint64 // the last version sequenced
 	applied   watermark
@@ -69,8 +73,9 @@ type commitLog struct {
 	running  bool
 	durable  atomic.Uint64
 	rounds   atomic.Uint64
-	// writes is the running round's: what it writes, where (its leader's alone).
+	// writes and pages are the running round's: what it writes, where (its leader's alone).
 	writes []pageWrite
+	pages  []byte
 
 	failed atomic.Pointer[error]
 
@@ -86,6 +91,30 @@ type commitLog struct {
 // next one: what Open replays at most, with what the segments hold beyond it.
 const checkpointEvery = 1024
 
+// applyReq is a sequenced commit for the applier to hand to badger.
+type applyReq struct {
+	ts  uint64
+	btx *badger.Txn
+}
+
+// applier hands each sequenced commit to badger, off the committer's path: badger's commit is
+// a few microseconds of code a committer would run cold, and a wake of badger's write goroutine.
+func (l *commitLog) applier() {
+	defer close(l.applierDone)
+	for r := range l.apply {
+		ts := r.ts
+		err := r.btx.CommitAt(ts, func(err error) {
+			if err != nil {
+				l.fail(fmt.Errorf("kv: badger did not apply commit %d, which the log holds: %w", ts, err))
+			}
+			l.applied.mark(ts)
+		})
+		if err != nil {
+			l.fail(fmt.Errorf("kv: badger refused commit %d, which the log holds: %w", ts, err))
+		}
+	}
+}
+
 type spareSegment struct {
 	seg *segment
 	err error
@@ -93,7 +122,7 @@ type spareSegment struct {
 
 func newCommitLog(dir string, bdb *badger.DB) *commitLog {
 	l := &commitLog{dir: dir, bdb: bdb, recent: map[string]uint64{}, readers: map[uint64]int{},
-		spare: make(chan spareSegment, 1), logs: badgerLogs{dir: dir}}
+		spare: make(chan spareSegment, 1), apply: make(chan applyReq, 1024), applierDone: make(chan struct{}), logs: badgerLogs{dir: dir}}
 	l.roundEnd = sync.NewCond(&l.smu)
 	l.applied.changed = sync.NewCond(&l.applied.mu)
 	l.space.dir = dir
@@ -175,15 +204,8 @@ func (l *commitLog) sequence(t *txn) (uint64, error) {
 	for _, w := range t.writes {
 		l.recent[w.key] = ts
 	}
-	err := t.btx.CommitAt(ts, func(err error) {
-		if err != nil {
-			l.fail(fmt.Errorf("kv: badger did not apply commit %d, which the log holds: %w", ts, err))
-		}
-		l.applied.mark(ts)
-	})
-	if err != nil {
-		return 0, l.fail(fmt.Errorf("kv: badger refused commit %d, which the log holds: %w", ts, err))
-	}
+	l.apply <- applyReq{ts: ts, btx: t.btx}
+	t.btx = nil // the applier's now
 	l.sequenced.Store(ts)
 	if l.sincePrune++; l.sincePrune >= 256 {
 		l.sincePrune = 0
@@ -291,12 +313,15 @@ type pageWrite struct {
 func (l *commitLog) round() (uint64, error) {
 	l.mu.Lock()
 	target := l.sequenced.Load()
-	writes := l.writes[:0]
+	writes, buf := l.writes[:0], l.pages[:0]
 	for _, s := range append(l.unwritten, l.seg) {
-		if w, ok := s.take(); ok {
+		var w pageWrite
+		var ok bool
+		if w, buf, ok = s.take(buf); ok {
 			writes = append(writes, w)
 		}
 	}
+	l.pages = buf
 	clear(l.unwritten)
 	l.unwritten = l.unwritten[:0]
 	l.writes = writes
@@ -396,9 +421,19 @@ func (l *commitLog) finalCheckpoint() error {
 	return l.waitDurable(ts)
 }
 
+// stop ends the applier and waits for the background work: badger is then the log's alone to
+// close. No commit may begin after it.
+func (l *commitLog) stop() {
+	l.stopOnce.Do(func() {
+		close(l.apply)
+		<-l.applierDone
+	})
+	l.background.Wait()
+}
+
 // close releases the log's files once the background work is done.
 func (l *commitLog) close() {
-	l.background.Wait()
+	l.stop()
 	select {
 	case s := <-l.spare:
 		if s.seg != nil {

@@ -216,7 +216,7 @@ const valueThreshold = 512 << 10
 
 // closeStore closes the log and badger, and removes a read-only DB's copy; the lock stays.
 func (db *DB) closeStore() error {
-	db.log.background.Wait() // a checkpoint uses badger
+	db.log.stop() // the applier and a checkpoint use badger
 	db.tables.closeAll()
 	err := db.bdb.Close()
 	if err == nil && !db.readOnly {
@@ -427,9 +427,12 @@ func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, err e
 	}
 	rts := l.beginRead(true)
 	defer l.endRead(rts)
-	btx := db.bdb.NewTransactionAt(rts, true)
-	defer btx.Discard()
-	t := &txn{db: db, btx: btx, rts: rts, update: true}
+	t := &txn{db: db, btx: db.bdb.NewTransactionAt(rts, true), rts: rts, update: true}
+	defer func() {
+		if t.btx != nil { // not handed to the applier
+			t.btx.Discard()
+		}
+	}()
 	if err := fn(t); err != nil {
 		// fn decided on what it read, which must be durable before anyone acts on the decision.
 		if syncErr := l.waitDurable(rts); syncErr != nil {

@@ -44,6 +44,7 @@ func openLog(dir string, bdb *badger.DB) (*commitLog, error) {
 		return nil, err
 	}
 	l := newCommitLog(dir, bdb)
+	go l.applier()
 	if err := l.logs.sync(); err != nil {
 		return nil, fmt.Errorf("kv: sync badger's logs: %w", err)
 	}

@@ -216,22 +216,28 @@ func (s *segment) put(rec []byte, off int) {
 	s.off = off + len(rec)
 }
 
-// take returns the pages written to since the last round, and keeps in the window only the
-// last page, which later records may share.
-func (s *segment) take() (pageWrite, bool) {
+// take copies the pages written to since the last round onto buf (aligned, its capacity reused
+// from round to round so that no page is newly allocated, or faulted in, on a commit's path),
+// and keeps in the window only the last page, which later records may share.
+func (s *segment) take(buf []byte) (pageWrite, []byte, bool) {
 	if s.off == s.written {
-		return pageWrite{}, false
+		return pageWrite{}, buf, false
 	}
 	n := (s.off - s.winOff + pageSize - 1) / pageSize * pageSize
-	w := pageWrite{seg: s, at: s.winOff, pages: alignedPages(n)}
-	copy(w.pages, s.win[:n])
+	if len(buf)+n > cap(buf) {
+		grown := alignedPages(max(len(buf)+n, 2*cap(buf)))[:len(buf)]
+		copy(grown, buf)
+		buf = grown
+	}
+	start, at := len(buf), s.winOff
+	buf = append(buf, s.win[:n]...)
 	s.written = s.off
 	if last := s.off / pageSize * pageSize; last > s.winOff {
 		kept := copy(s.win, s.win[last-s.winOff:n])
 		clear(s.win[kept:n])
 		s.winOff = last
 	}
-	return w, true
+	return pageWrite{seg: s, at: at, pages: buf[start:]}, buf, true
 }
 
 // alignedPages is n bytes (a multiple of pageSize) aligned to a page, as O_DIRECT needs.
