@@ -32,8 +32,9 @@ type version struct {
 }
 
 // salvage reads every record still readable in a possibly damaged store, without badger and
-// without MANIFEST: each table whose checksums hold, and each committed transaction of each log,
-// skipping bad entries instead of stopping at them; the newest version of each key wins. It
+// without MANIFEST: each table whose checksums hold, each committed transaction of each of
+// badger's logs and each commit of the write-ahead log, skipping bad entries instead of stopping
+// at them; the newest version of each key wins. It
 // returns the files it could not read in full.
 func salvage(dir string) (map[string][]byte, []string, error) {
 	entries, err := os.ReadDir(dir)
@@ -60,6 +61,8 @@ func salvage(dir string) (map[string][]byte, []string, error) {
 			err = salvageTable(path, keep)
 		case strings.HasSuffix(name, ".mem"):
 			err = salvageLog(path, keep)
+		case strings.HasSuffix(name, segmentExt):
+			err = salvageSegment(path, keep)
 		default:
 			continue
 		}
@@ -146,6 +149,34 @@ func salvageLog(path string, keep func([]byte, version)) error {
 	}
 	if skipped {
 		return errors.New("bad entries skipped")
+	}
+	return nil
+}
+
+// salvageSegment keeps every valid commit record of a write-ahead log segment; past a bad one it
+// resumes at the next offset where a valid record starts.
+func salvageSegment(path string, keep func([]byte, version)) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	skipped := false
+	for off := 0; off < len(data); {
+		r, n, ok := recordAt(data, off)
+		if !ok {
+			if data[off] != 0 {
+				skipped = true
+			}
+			off++
+			continue
+		}
+		for _, w := range r.writes {
+			keep([]byte(w.key), version{ts: r.ts, deleted: w.delete, value: w.value})
+		}
+		off += n
+	}
+	if skipped {
+		return errors.New("bad records skipped")
 	}
 	return nil
 }
