@@ -331,10 +331,8 @@ func (l *commitLog) round() (uint64, error) {
 			return 0, fmt.Errorf("kv: write the log: %w", err)
 		}
 	}
-	for _, w := range writes {
-		if err := datasync(w.seg.file); err != nil {
-			return 0, fmt.Errorf("kv: sync the log: %w", err)
-		}
+	if err := syncRound(writes); err != nil {
+		return 0, err
 	}
 	return target, nil
 }
@@ -399,7 +397,7 @@ func (l *commitLog) checkpoint() {
 	for _, s := range remove {
 		// Written and synced by the round that made the checkpoint durable, which began after
 		// the segment was rotated away: no round will touch it again.
-		s.file.Close()
+		s.close()
 		if err := os.Remove(s.file.Name()); err != nil {
 			l.fail(fmt.Errorf("kv: checkpoint: %w", err))
 			return
@@ -437,17 +435,17 @@ func (l *commitLog) close() {
 	select {
 	case s := <-l.spare:
 		if s.seg != nil {
-			s.seg.file.Close()
+			s.seg.close()
 		}
 	default:
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.seg != nil {
-		l.seg.file.Close()
+		l.seg.close()
 	}
 	for _, s := range l.segments {
-		s.file.Close()
+		s.close()
 	}
 	l.logs.close()
 }

@@ -36,8 +36,9 @@ func TestHelperCommits(t *testing.T) {
 }
 
 // TestAcknowledgedCommitIsSynced watches the system calls of a process committing: between one
-// acknowledgement and the next there must be an fdatasync of a write-ahead log segment, which is
-// where the commit's record is.
+// acknowledgement and the next there must be a write to a write-ahead log segment, which is where
+// the commit's record is, and after it an fdatasync (of the segment, or of the file a round
+// flushes the device with: flush.go).
 func TestAcknowledgedCommitIsSynced(t *testing.T) {
 	strace, err := exec.LookPath("strace")
 	if err != nil {
@@ -47,7 +48,7 @@ func TestAcknowledgedCommitIsSynced(t *testing.T) {
 		t.Skip("SKIPPED LOUDLY: strace is missing, so the syncs cannot be watched (apt-get install strace)")
 	}
 	trace := filepath.Join(t.TempDir(), "trace")
-	cmd := exec.Command(strace, "-f", "-y", "-qq", "-e", "trace=fdatasync,fsync,msync,write", "-o", trace,
+	cmd := exec.Command(strace, "-f", "-y", "-qq", "-e", "trace=fdatasync,fsync,msync,write,pwrite64", "-o", trace,
 		os.Args[0], "-test.run=^TestHelperCommits$")
 	cmd.Env = append(os.Environ(), commitsEnv+"="+filepath.Join(t.TempDir(), "data"))
 	out, err := cmd.CombinedOutput()
@@ -69,7 +70,7 @@ func TestAcknowledgedCommitIsSynced(t *testing.T) {
 	}
 	acks, unsynced := checkAcksSynced(lines)
 	if unsynced >= 0 {
-		t.Fatalf("commit acknowledged with no memtable log synced since the last one: %s\ntrace:\n%s",
+		t.Fatalf("commit acknowledged with no log write synced since the last one: %s\ntrace:\n%s",
 			lines[unsynced], strings.Join(lines[max(0, unsynced-19):unsynced+1], "\n"))
 	}
 	if acks != helperCommits {
@@ -78,35 +79,50 @@ func TestAcknowledgedCommitIsSynced(t *testing.T) {
 }
 
 var (
-	memSync = regexp.MustCompile(`fdatasync\(\d+<[^>]*\.wal>\) += 0`)
-	// With -f, a call another thread's line interrupts is split: "PID  fdatasync(15</….wal>
+	walWrite        = regexp.MustCompile(`pwrite64\(\d+<[^>]*\.wal>, .*\) += \d+`)
+	walWriteBegun   = regexp.MustCompile(`^(\d+) +pwrite64\(\d+<[^>]*\.wal>, .* <unfinished \.\.\.>`)
+	walWriteResumed = regexp.MustCompile(`^(\d+) +<\.\.\. pwrite64 resumed>\) += \d+`)
+	syncCall        = regexp.MustCompile(`fdatasync\(\d+<[^>]*>\) += 0`)
+	// With -f, a call another thread's line interrupts is split: "PID  fdatasync(15</…>
 	// <unfinished ...>", then "PID  <... fdatasync resumed>) = 0"; it counts when it returns.
-	memSyncBegun = regexp.MustCompile(`^(\d+) +fdatasync\(\d+<[^>]*\.wal> <unfinished \.\.\.>`)
-	syncResumed  = regexp.MustCompile(`^(\d+) +<\.\.\. fdatasync resumed>\) += 0`)
-	ack          = regexp.MustCompile(`write\(1<[^>]*>, "acked (\d+)\\n"`)
+	syncBegun   = regexp.MustCompile(`^(\d+) +fdatasync\(\d+<[^>]*> <unfinished \.\.\.>`)
+	syncResumed = regexp.MustCompile(`^(\d+) +<\.\.\. fdatasync resumed>\) += 0`)
+	ack         = regexp.MustCompile(`write\(1<[^>]*>, "acked (\d+)\\n"`)
 )
 
 // checkAcksSynced reads an strace -f -y trace: how many acknowledgements it holds, and the index of
-// the first one with no memtable log synced since the one before (-1 if none).
+// the first one with no log write followed by an fdatasync since the one before (-1 if none).
 func checkAcksSynced(lines []string) (acks, unsynced int) {
-	synced := false
-	memSyncsBegun := map[string]bool{} // by pid
+	written, synced := false, false
+	syncsBegun := map[string]bool{}  // by pid: begun after a log write
+	writesBegun := map[string]bool{} // by pid
 	for i, line := range lines {
-		if m := memSyncBegun.FindStringSubmatch(line); m != nil {
-			memSyncsBegun[m[1]] = true
+		if m := syncBegun.FindStringSubmatch(line); m != nil {
+			syncsBegun[m[1]] = written
+			continue
+		}
+		if m := walWriteBegun.FindStringSubmatch(line); m != nil {
+			writesBegun[m[1]] = true
+			continue
+		}
+		if m := walWriteResumed.FindStringSubmatch(line); m != nil && writesBegun[m[1]] {
+			delete(writesBegun, m[1])
+			written = true
 			continue
 		}
 		switch m := syncResumed.FindStringSubmatch(line); {
+		case walWrite.MatchString(line):
+			written = true
 		case m != nil:
-			synced = synced || memSyncsBegun[m[1]]
-			delete(memSyncsBegun, m[1])
-		case memSync.MatchString(line):
-			synced = true
+			synced = synced || syncsBegun[m[1]]
+			delete(syncsBegun, m[1])
+		case syncCall.MatchString(line):
+			synced = synced || written
 		case ack.MatchString(line):
 			if !synced {
 				return acks, i
 			}
-			synced = false
+			written, synced = false, false
 			acks++
 		}
 	}
@@ -116,15 +132,17 @@ func checkAcksSynced(lines []string) (acks, unsynced int) {
 // A trace as a loaded machine writes it (from a failed run): the last sync is split around
 // another thread's line, and still precedes its acknowledgement.
 func TestCheckAcksSyncedReadsSplitCalls(t *testing.T) {
-	trace := strings.Split(`7201  fdatasync(15</d/000001.wal>) = 0
+	trace := strings.Split(`7201  pwrite64(15</d/000001.wal>, "\1\2"..., 4096, 8192) = 4096
+7201  fdatasync(16</d/walflush>) = 0
 7201  write(1<pipe:[4091151]>, "acked 13\n", 9) = 9
-7201  fdatasync(15</d/000001.wal> <unfinished ...>
+7201  pwrite64(15</d/000001.wal>, "\1\2"..., 4096, 8192) = 4096
+7201  fdatasync(16</d/walflush> <unfinished ...>
 7204  --- SIGURG {si_signo=SIGURG, si_code=SI_TKILL, si_pid=7178, si_uid=0} ---
 7201  <... fdatasync resumed>)          = 0
 7201  write(1<pipe:[4091151]>, "acked 14\n", 9) = 9
 7201  write(1<pipe:[4091151]>, "acked 15\n", 9) = 9`, "\n")
-	if acks, unsynced := checkAcksSynced(trace); acks != 2 || unsynced != 6 {
-		t.Fatalf("checkAcksSynced: %d acknowledgements, first unsynced at %d; want 2 and line 6", acks, unsynced)
+	if acks, unsynced := checkAcksSynced(trace); acks != 2 || unsynced != 8 {
+		t.Fatalf("checkAcksSynced: %d acknowledgements, first unsynced at %d; want 2 and line 8", acks, unsynced)
 	}
 }
 

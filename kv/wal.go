@@ -195,7 +195,10 @@ func placeRecord(off, n int) int {
 type segment struct {
 	index uint64
 	file  *os.File // opened with O_DIRECT where the file system allows it
-	off   int      // first free byte
+	// direct says file is; flush is what a round fdatasyncs for it (flush.go), nil for file.
+	direct bool
+	flush  *os.File
+	off    int // first free byte
 	last  uint64   // ts of its last record, 0 while none
 	// win is the segment from winOff (a page boundary) to the end of its last record, in an
 	// aligned buffer whose bytes beyond off are zero; written is off as of the last round.
@@ -250,14 +253,25 @@ func alignedPages(n int) []byte {
 
 // openSegment opens an empty segment for writing.
 func openSegment(path string, index uint64) (*segment, error) {
+	direct := true
 	f, err := os.OpenFile(path, os.O_RDWR|unix.O_DIRECT, 0)
 	if errors.Is(err, unix.EINVAL) { // tmpfs and others: no direct I/O
+		direct = false
 		f, err = os.OpenFile(path, os.O_RDWR, 0)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kv: open log segment: %w", err)
 	}
-	return &segment{index: index, file: f, win: alignedPages(pageSize)}, nil
+	s := &segment{index: index, file: f, direct: direct, win: alignedPages(pageSize)}
+	s.flush = flushTarget(filepath.Dir(path), s)
+	return s, nil
+}
+
+func (s *segment) close() {
+	s.file.Close()
+	if s.flush != nil {
+		s.flush.Close()
+	}
 }
 
 func segmentName(index uint64) string { return fmt.Sprintf("%06d%s", index, segmentExt) }
