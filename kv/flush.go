@@ -4,27 +4,31 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
 // A round makes its records durable with two device requests where the file system allows it:
 // the pages written with O_DIRECT, which returns once the device has them, then a cache flush.
-// An fdatasync of the segment itself costs a third on ext4 without a journal: that file system
-// writes a file's inode at every fsync, and every write changes the segment's mtime. The flush
-// needs no inode of the segment: any fsync on the same file system flushes the device's whole
-// cache, and the segment's blocks and size were made durable when it was created.
+// On ext4 without a journal (this project's benchmark disk) an fdatasync of the segment itself
+// costs a third: there, every fsync writes the file's inode when it is dirty, and every write
+// changes the segment's mtime. (With a journal, an fdatasync commits nothing for a changed mtime:
+// it already is the data and a flush.) The flush needs no inode of the segment: any fsync on the
+// file system flushes the device's whole cache, and the segment's blocks and size were made
+// durable when it was created.
 //
-// So on ext4, when the segment is written with direct I/O, the round fdatasyncs a clean regular
-// file of the same file system instead, one whose inode lies in another block of the inode
-// table than the segment's (a shared block, dirtied by the segment's mtime, would be written
-// again). flushTarget picks it, or returns nil: the round then fdatasyncs the segment.
+// So there, when the segment is written with direct I/O, the round fdatasyncs a directory of the
+// same file system instead, one whose inode lies in another block of the inode table than the
+// segment's (a shared block, dirtied by the segment's mtime, would be written again): an
+// ancestor of the data directory, or the data directory. flushTarget picks it, or returns nil:
+// the round then fdatasyncs the segment. A directory written to since its last fsync (an entry added or removed)
+// costs that round its blocks: never wrong, rarely slower.
 //
-// Why this is durable: on ext4 a direct write into written extents inside the file's size goes
-// to the device before pwrite returns (where ext4 cannot write directly, as under data=journal,
+// Why this is durable: on ext4 a direct write into written extents inside the file's size goes to
+// the device before pwrite returns (where ext4 cannot write directly, as under data=journal,
 // statx reports no direct-I/O alignment and flushTarget declines), and a cache flush makes every
 // write the device completed before it durable. Nothing else is needed to read the record back.
-const flushFileName = "walflush"
 
 // flushTarget returns the file whose fdatasync flushes the device for seg's rounds, or nil.
 func flushTarget(dir string, seg *segment) *os.File {
@@ -38,19 +42,20 @@ func flushTarget(dir string, seg *segment) *os.File {
 	var sx unix.Statx_t
 	if err := unix.Statx(int(seg.file.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN|unix.STATX_INO, &sx); err != nil ||
 		sx.Mask&unix.STATX_DIOALIGN == 0 || sx.Dio_offset_align == 0 || sx.Dio_offset_align > pageSize ||
-		sx.Dio_mem_align == 0 || sx.Dio_mem_align > pageSize {
+		sx.Dio_mem_align == 0 || sx.Dio_mem_align > pageSize || hasJournal(sx.Dev_major, sx.Dev_minor) {
 		return nil
 	}
-	// The most inodes a block of the table can hold (the smallest inode is 128 bytes).
-	perBlock := uint64(fs.Bsize) / 128
+	// Inodes a block of the table holds at ext4's default inode size, 256 bytes. (Should they be
+	// 128, two inodes told apart here may share a block: one more write, never a wrong one.)
+	perBlock := uint64(fs.Bsize) / 256
 	for _, candidate := range flushCandidates(dir) {
 		f, err := os.Open(candidate)
 		if err != nil {
 			continue
 		}
 		var st unix.Stat_t
-		if err := unix.Fstat(int(f.Fd()), &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG &&
-			st.Dev == unix.Mkdev(sx.Dev_major, sx.Dev_minor) && (st.Ino-1)/perBlock != (sx.Ino-1)/perBlock {
+		if err := unix.Fstat(int(f.Fd()), &st); err == nil && st.Dev == unix.Mkdev(sx.Dev_major, sx.Dev_minor) &&
+			(st.Ino-1)/perBlock != (sx.Ino-1)/perBlock {
 			return f
 		}
 		f.Close()
@@ -58,18 +63,28 @@ func flushTarget(dir string, seg *segment) *os.File {
 	return nil
 }
 
-// flushCandidates are clean files that may serve: one of the store's own, never written, and
-// this program's executable, whose inode is usually far from the store's.
+// flushCandidates are the directories whose fsync may flush for the log in dir, the quietest
+// first: its ancestors, nearest first (a directory created with the store may have an inode next
+// to the segments'), then dir, to which badger adds files.
 func flushCandidates(dir string) []string {
-	own := filepath.Join(dir, flushFileName)
-	if f, err := os.OpenFile(own, os.O_CREATE|os.O_RDONLY, 0o600); err == nil {
-		f.Close()
+	var out []string
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		out = append(out, d)
+		if d == filepath.Dir(d) {
+			return append(out, dir)
+		}
 	}
-	candidates := []string{own}
-	if exe, err := os.Executable(); err == nil {
-		candidates = append(candidates, exe)
+}
+
+// hasJournal says whether the ext4 file system on device major:minor has a journal, or whether
+// that cannot be told (sysfs names the journal's thread, or "<none>").
+func hasJournal(major, minor uint32) bool {
+	dev, err := filepath.EvalSymlinks(fmt.Sprintf("/sys/dev/block/%d:%d", major, minor))
+	if err != nil {
+		return true
 	}
-	return candidates
+	task, err := os.ReadFile(filepath.Join("/sys/fs/ext4", filepath.Base(dev), "journal_task"))
+	return err != nil || strings.TrimSpace(string(task)) != "<none>"
 }
 
 // syncRound makes a round's writes durable: one fdatasync of a flush target if every segment
