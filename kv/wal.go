@@ -198,8 +198,8 @@ type segment struct {
 	// direct says file is; flush is what a round fdatasyncs for it (flush.go), nil for file.
 	direct bool
 	flush  *os.File
-	off    int // first free byte
-	last  uint64   // ts of its last record, 0 while none
+	off    int    // first free byte
+	last   uint64 // ts of its last record, 0 while none
 	// win is the segment from winOff (a page boundary) to the end of its last record, in an
 	// aligned buffer whose bytes beyond off are zero; written is off as of the last round.
 	win     []byte
