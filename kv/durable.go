@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // commitLog makes commits durable through the write-ahead log (wal.go) and keeps badger, which
@@ -31,8 +33,12 @@ import (
 //
 // Reads: an Update reads at the last sequenced version, once badger has applied it (so a writer
 // sees the commit just before it, sequenced but perhaps not yet durable, without a conflict); a
-// View at min(applied, durable), so it waits for nothing and sees only commits that a power cut
-// cannot undo. Every commit acknowledged is therefore in every later View.
+// View at the same version, once it is durable as well (leading a round if none runs), so it
+// sees every commit sequenced before it began and nothing a power cut could undo. (A View that
+// read only what was already durable would be linearizable too, but the engine's record cache
+// counts on a View seeing every commit sequenced before it: a View that raced a commit's sync
+// would otherwise put the record as it was before the commit back into the cache after the
+// commit's own fill.)
 //
 // Every checkpointEvery commits a checkpoint syncs badger's own logs, logs the version up to
 // which badger holds every commit durably, and removes the segments wholly below it.
@@ -83,8 +89,6 @@ type commitLog struct {
 	lastCheckpoint atomic.Uint64
 	logs           badgerLogs // used by one checkpoint at a time
 	background     sync.WaitGroup
-
-	space spaceCheck
 }
 
 // checkpointEvery is how many versions may be sequenced after a checkpoint began before the
@@ -125,7 +129,6 @@ func newCommitLog(dir string, bdb *badger.DB) *commitLog {
 		spare: make(chan spareSegment, 1), apply: make(chan applyReq, 1024), applierDone: make(chan struct{}), logs: badgerLogs{dir: dir}}
 	l.roundEnd = sync.NewCond(&l.smu)
 	l.applied.changed = sync.NewCond(&l.applied.mu)
-	l.space.dir = dir
 	return l
 }
 
@@ -147,15 +150,11 @@ func (l *commitLog) err() error {
 	return nil
 }
 
-// beginRead registers a transaction's read version: an Update's is the last sequenced, a View's
-// the last both applied and durable.
-func (l *commitLog) beginRead(update bool) uint64 {
+// beginRead registers a transaction's read version, the last sequenced.
+func (l *commitLog) beginRead() uint64 {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	rts := l.sequenced.Load()
-	if !update {
-		rts = min(l.applied.load(), l.durable.Load())
-	}
 	l.readers[rts]++
 	return rts
 }
@@ -198,7 +197,7 @@ func (l *commitLog) sequence(t *txn) (uint64, error) {
 	ts := l.next
 	l.buf = appendRecord(l.buf[:0], &record{ts: ts, synced: l.durable.Load(), kind: kindCommit, writes: t.writes})
 	if err := l.place(ts, l.buf); err != nil {
-		return 0, l.fail(err)
+		return 0, err
 	}
 	l.next++
 	for _, w := range t.writes {
@@ -223,8 +222,8 @@ func (l *commitLog) sequence(t *txn) (uint64, error) {
 	return ts, nil
 }
 
-// place writes the record of version ts into the current segment, or the next one if it does not
-// fit. mu is held.
+// place copies the record of version ts into the current segment's window, or the next
+// segment's if it does not fit; an error (no spare segment) leaves the log as it was. mu is held.
 func (l *commitLog) place(ts uint64, rec []byte) error {
 	off := placeRecord(l.seg.off, len(rec))
 	if off < 0 {
@@ -244,6 +243,11 @@ func (l *commitLog) place(ts uint64, rec []byte) error {
 func (l *commitLog) rotate() error {
 	spare := <-l.spare
 	if spare.err != nil {
+		// Nothing is sequenced yet: this commit fails, a later one tries a new spare.
+		l.prepareSpare(l.seg.index + 1)
+		if errors.Is(spare.err, unix.ENOSPC) {
+			return fmt.Errorf("%w: %w", spare.err, storage.ErrNoSpace)
+		}
 		return spare.err
 	}
 	l.unwritten = append(l.unwritten, l.seg)
@@ -356,7 +360,7 @@ func (l *commitLog) logCheckpoint(c uint64) (uint64, error) {
 	ts := l.next
 	l.buf = appendRecord(l.buf[:0], &record{ts: ts, synced: l.durable.Load(), kind: kindCheckpoint, checkpoint: c})
 	if err := l.place(ts, l.buf); err != nil {
-		return 0, l.fail(err)
+		return 0, err
 	}
 	l.next++
 	l.applied.mark(ts) // nothing for badger to apply
@@ -568,32 +572,4 @@ func (b *badgerLogs) close() {
 		f.Close()
 		delete(b.files, name)
 	}
-}
-
-// spaceCheck runs checkSpace once per spaceCheckBytes written or spaceCheckEvery, not per commit
-// (a statfs is ≈ 3 µs on the commit's path). That is safe because the reserve it keeps (24 MiB) is
-// far more than what the commits between two checks can make badger write: their own entries
-// (≤ 256 KiB) and, once per 4 MiB of them, a flushed table.
-type spaceCheck struct {
-	dir     string
-	written atomic.Int64
-	at      atomic.Int64 // unix nanoseconds of the last check that passed
-}
-
-const (
-	spaceCheckBytes = 256 << 10
-	spaceCheckEvery = 50 * time.Millisecond
-)
-
-func (s *spaceCheck) check(n int) error {
-	now := time.Now().UnixNano()
-	if s.written.Add(int64(n)) < spaceCheckBytes && now-s.at.Load() < int64(spaceCheckEvery) {
-		return nil
-	}
-	if err := checkSpace(s.dir); err != nil {
-		return err
-	}
-	s.written.Store(0)
-	s.at.Store(now)
-	return nil
 }

@@ -12,8 +12,9 @@ import (
 // freeReserve is the free space below which Update refuses before committing. badger writes its
 // memtable log through a memory map of a sparse file: a page first touched when the disk is full
 // is not an error but SIGBUS, which kills the daemon. Refusing while room remains for a new
-// memtable log (8 MiB, allocated when seen), a flushed table (≤ 4 MiB) and the manifest keeps
-// badger off that edge; reads need no space and go on.
+// memtable log (8 MiB, allocated at the next checkpoint), a flushed table (≤ 4 MiB), the manifest
+// and the write-ahead log's next segment (4 MiB, written whole before it is used) keeps badger off
+// that edge; reads need no space and go on.
 const freeReserve = 24 << 20
 
 // checkSpace refuses with storage.ErrNoSpace when dir's file system has less than freeReserve

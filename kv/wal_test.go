@@ -127,6 +127,27 @@ func TestUpdateSeesTheCommitBeforeIt(t *testing.T) {
 	}
 }
 
+// A View begun after a commit was sequenced sees it, once it is durable, even while its committer
+// has yet to wait for the sync: the View leads the round itself.
+func TestViewSeesEveryCommitSequencedBeforeIt(t *testing.T) {
+	t.Parallel()
+	db, _ := openTemp(t)
+	durable, err := db.Commit(context.Background(), setKey("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := db.Syncs()
+	if v, _ := get(t, db, "k"); v != "2" {
+		t.Errorf("a View after the commit read k = %q, want 2", v)
+	}
+	if db.Syncs() == before {
+		t.Error("the View read the commit without a sync making it durable")
+	}
+	if err := durable(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // killEnv names the directory TestHelperCommitUntilKilled writes to in a child process.
 const killEnv = "COCKPITFS_KV_KILL_DIR"
 
