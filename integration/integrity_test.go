@@ -122,8 +122,9 @@ func TestDamagedStoreIsRefusedThenRestored(t *testing.T) {
 		// damage breaks the store and returns the file mount and verify must name.
 		damage func(t *testing.T, data string) string
 	}{
-		{"memtable log entry before valid ones", true, func(t *testing.T, data string) string {
-			path, at := fileContaining(t, data, "*.mem", "five-lost")
+		// five-lost's commit, acknowledged before six-lost's was written.
+		{"write-ahead log record before one written once it was durable", true, func(t *testing.T, data string) string {
+			path, at := fileContaining(t, data, "*.wal", "five-lost")
 			flipByteAt(t, path, at+2)
 			return path
 		}},
