@@ -188,11 +188,8 @@ func main() {
 	t.row("  part: create+unlink on the FUSE floor (no store)", "Write/paired", "ns/floor-create-unlink", us, "µs", "", "", "")
 	t.row("  part: engine claim+release in-process (no FUSE)", "Write/engine", "ns/op", us, "µs", "", "", "")
 	t.row("  part: one write+fdatasync on the data disk", "Write/paired", "ns/fdatasync", us, "µs", "", "", "")
-	r, _ = t.ratio("Write/paired", "ns/store-commit", "Write/paired", "ns/fdatasync", atLeast(0))
-	t.row("  part: one store commit (kv.Update, 1 record-sized key, fdatasync'd)", "Write/paired", "ns/store-commit", us, "µs", r+" of write+fdatasync", "", "")
-	r, v = t.ratio("Write/paired", "ns/wal-commit", "Write/paired", "ns/fdatasync", atMost(1.3))
-	t.row("  WAL design (etcd): badger unsynced + log record pwrite+fdatasync", "Write/paired", "ns/wal-commit", us, "µs", r+" of write+fdatasync", "≤ 1.3× to build it", v)
-	t.row("  part: its badger commit alone, unsynced", "Write/paired", "ns/badger-unsynced", us, "µs", "", "", "")
+	r, v = t.ratio("Write/paired", "ns/store-commit", "Write/paired", "ns/fdatasync", atMost(1.3))
+	t.row("  part: one store commit (kv.Update, 1 record-sized key, durable)", "Write/paired", "ns/store-commit", us, "µs", r+" of write+fdatasync", "≤ 1.3×", v)
 	t.row("  part: fdatasync with nothing to write (the disk's cache flush)", "Write/paired", "ns/flush", us, "µs", "", "", "")
 	commit := [2]string{"Write/paired", "ns/store-commit"}
 	t.f.sum("Write/least", "ns/op", commit, commit, [2]string{"Write/paired", "ns/floor-create-unlink"})
