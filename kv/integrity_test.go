@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -217,14 +216,7 @@ func walRecords(t *testing.T, dir string) (string, []int) {
 			t.Fatal(err)
 		}
 		var offsets []int
-		for off := 0; off < len(data); {
-			if binary.LittleEndian.Uint32(data[off:]) == 0 {
-				if off%pageSize == 0 {
-					break
-				}
-				off = (off/pageSize + 1) * pageSize
-				continue
-			}
+		for off := recordStart(data, 0); off >= 0; off = recordStart(data, off) {
 			_, n, ok := recordAt(data, off)
 			if !ok {
 				t.Fatalf("%s: bad record at %d", path, off)

@@ -175,13 +175,28 @@ func decodeBody(body []byte) (*record, bool) {
 	return r, len(p) == 0
 }
 
-// placeRecord is where a record of n bytes goes in a segment whose first free byte is off: off,
-// or the next page boundary if a record under a page would straddle one. -1: it does not fit.
+// placeRecord is where a record of n bytes goes in a segment whose first free byte is off: off if
+// it fits in the rest of off's page, else the next page's start (so a record under a page never
+// straddles two, and any record not at a page's start fits in its page). -1: it does not fit.
 func placeRecord(off, n int) int {
-	if n <= pageSize && off/pageSize != (off+n-1)/pageSize {
+	if off%pageSize != 0 && off%pageSize+n > pageSize {
 		off = (off/pageSize + 1) * pageSize
 	}
 	if off+n > segmentSize {
+		return -1
+	}
+	return off
+}
+
+// recordStart is where the record after one ending at off begins, as placeRecord put it: off, or
+// the next page's start when the rest of off's page is too short for a record or begins with a
+// zero length; -1 when no record begins there (zeros), the end of the segment's records.
+func recordStart(data []byte, off int) int {
+	if rest := pageSize - off%pageSize; rest != pageSize && (rest < recordHeader+bodyHeader ||
+		off+4 > len(data) || binary.LittleEndian.Uint32(data[off:]) == 0) {
+		off += rest
+	}
+	if off+4 > len(data) || binary.LittleEndian.Uint32(data[off:]) == 0 {
 		return -1
 	}
 	return off
@@ -336,7 +351,6 @@ type logScan struct {
 	// there on holds nothing valid and is zeroed or removed at Open.
 	badSegment uint64
 	badOffset  int
-	found      bool // the directory has a log at all
 }
 
 // scanLog reads the log in dir. A bad record followed by a valid record that says the bad one was
@@ -346,7 +360,7 @@ func scanLog(dir string) (*logScan, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &logScan{segments: indexes, found: len(indexes) > 0}
+	s := &logScan{segments: indexes}
 	for _, index := range indexes {
 		path := filepath.Join(dir, segmentName(index))
 		data, err := os.ReadFile(path)
@@ -361,14 +375,7 @@ func scanLog(dir string) (*logScan, error) {
 		}
 		first := true
 		off := 0
-		for off < len(data) {
-			if off+4 <= len(data) && binary.LittleEndian.Uint32(data[off:]) == 0 {
-				if off%pageSize == 0 {
-					break // nothing more in this segment
-				}
-				off = (off/pageSize + 1) * pageSize // the rest of a page a record did not fit in
-				continue
-			}
+		for off = recordStart(data, off); off >= 0; off = recordStart(data, off) {
 			r, n, ok := recordAt(data, off)
 			if ok && (first && r.ts > s.end || r.ts == s.end+1) {
 				s.records = append(s.records, r)
