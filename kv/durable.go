@@ -31,9 +31,10 @@ import (
 // arriving meanwhile wait for the next round, led by whichever of them finds none running. There
 // is no sync goroutine to hand off to and wake up from.
 //
-// Reads: an Update reads at the last sequenced version, once badger has applied it (so a writer
-// sees the commit just before it, sequenced but perhaps not yet durable, without a conflict); a
-// View at the same version, once it is durable as well (leading a round if none runs), so it
+// Reads: an Update reads at the last sequenced version, the writes of commits badger has yet to
+// apply from pending (pending.go), so a writer sees the commit just before it, sequenced but
+// perhaps neither durable nor applied, without a conflict and without waiting; a View reads at
+// the same version, once it is durable and applied (leading a round if none runs), so it
 // sees every commit sequenced before it began and nothing a power cut could undo. (A View that
 // read only what was already durable would be linearizable too, but the engine's record cache
 // counts on a View seeing every commit sequenced before it: a View that raced a commit's sync
@@ -64,6 +65,7 @@ type commitLog struct {
 
 	sequenced atomic.Uint64 // the last version sequenced
 	applied   watermark
+	pending   pending
 
 	// rmu guards readers, each transaction's read version, counted, so that neither recent nor
 	// badger's old versions are dropped under a transaction still reading at it.
@@ -97,8 +99,9 @@ const checkpointEvery = 1024
 
 // applyReq is a sequenced commit for the applier to hand to badger.
 type applyReq struct {
-	ts  uint64
-	btx *badger.Txn
+	ts     uint64
+	btx    *badger.Txn
+	writes []write
 }
 
 // applier hands each sequenced commit to badger, off the committer's path: badger's commit is
@@ -106,11 +109,12 @@ type applyReq struct {
 func (l *commitLog) applier() {
 	defer close(l.applierDone)
 	for r := range l.apply {
-		ts := r.ts
+		ts, writes := r.ts, r.writes
 		err := r.btx.CommitAt(ts, func(err error) {
 			if err != nil {
 				l.fail(fmt.Errorf("kv: badger did not apply commit %d, which the log holds: %w", ts, err))
 			}
+			l.pending.applied(ts, writes)
 			l.applied.mark(ts)
 		})
 		if err != nil {
@@ -203,7 +207,8 @@ func (l *commitLog) sequence(t *txn) (uint64, error) {
 	for _, w := range t.writes {
 		l.recent[w.key] = ts
 	}
-	l.apply <- applyReq{ts: ts, btx: t.btx}
+	l.pending.add(ts, t.writes)
+	l.apply <- applyReq{ts: ts, btx: t.btx, writes: t.writes}
 	t.btx = nil // the applier's now
 	l.sequenced.Store(ts)
 	if l.sincePrune++; l.sincePrune >= 256 {

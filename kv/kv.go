@@ -5,6 +5,7 @@
 package kv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -259,23 +260,18 @@ type txn struct {
 	btx    *badger.Txn
 	rts    uint64
 	update bool
-	// applied is set once badger has applied rts, which an Update's first read waits for.
-	applied bool
-	reads   []string
-	writes  []write
+	reads  []string
+	writes []write
 }
 
-// read is called before each read: an Update's reads wait until badger has applied its read
-// version, sequenced perhaps a moment ago.
-func (t *txn) read() error {
-	if t.applied {
-		return nil
+// ownWrite is the transaction's last write of key.
+func (t *txn) ownWrite(key string) (write, bool) {
+	for i := len(t.writes) - 1; i >= 0; i-- {
+		if t.writes[i].key == key {
+			return t.writes[i], true
+		}
 	}
-	if err := t.db.log.applied.wait(t.rts, t.db.log.err); err != nil {
-		return err
-	}
-	t.applied = true
-	return nil
+	return write{}, false
 }
 
 func (t *txn) Get(key string) (value []byte, err error) {
@@ -285,11 +281,22 @@ func (t *txn) Get(key string) (value []byte, err error) {
 			value, err = nil, fmt.Errorf("kv: get %q: %v: %w", key, p, storage.ErrCorrupt)
 		}
 	}()
-	if err := t.read(); err != nil {
-		return nil, err
-	}
 	if t.update {
 		t.reads = append(t.reads, key)
+		// Its own writes, then commits badger has yet to apply, then badger.
+		w, ok := t.ownWrite(key)
+		if !ok {
+			var v pendingVersion
+			if v, ok = t.db.log.pending.at(key, t.rts); ok {
+				w = write{key: key, value: v.value, delete: v.del}
+			}
+		}
+		if ok {
+			if w.delete {
+				return nil, storage.ErrNotFound
+			}
+			return bytes.Clone(w.value), nil
+		}
 	}
 	item, err := t.btx.Get([]byte(key))
 	if errors.Is(err, badger.ErrKeyNotFound) {
@@ -335,9 +342,35 @@ func (t *txn) Delete(key string) error {
 }
 
 func (t *txn) Scan(prefix string, fn func(key string, value []byte) error) error {
-	if err := t.read(); err != nil {
-		return err
+	// An Update merges in the commits badger has yet to apply (newer than badger's versions of
+	// their keys); its own writes badger's iterator already merges, and they win.
+	var pendingKeys []string
+	var pendingVersions map[string]pendingVersion
+	if t.update {
+		pendingKeys, pendingVersions = t.db.log.pending.prefixed(prefix, t.rts)
+		kept := pendingKeys[:0]
+		for _, key := range pendingKeys {
+			if _, own := t.ownWrite(key); !own {
+				kept = append(kept, key)
+			} else {
+				delete(pendingVersions, key)
+			}
+		}
+		pendingKeys = kept
 	}
+	emit := func(key string, value []byte) error {
+		if t.update {
+			t.reads = append(t.reads, key)
+		}
+		return fn(key, value)
+	}
+	emitPending := func(key string) error {
+		if v := pendingVersions[key]; !v.del {
+			return emit(key, bytes.Clone(v.value))
+		}
+		return nil
+	}
+	next := 0 // pendingKeys[next:] are not emitted yet
 	opts := badger.DefaultIteratorOptions
 	opts.Prefix = []byte(prefix)
 	it := t.btx.NewIterator(opts)
@@ -345,14 +378,28 @@ func (t *txn) Scan(prefix string, fn func(key string, value []byte) error) error
 	for it.Rewind(); it.Valid(); it.Next() {
 		item := it.Item()
 		key := string(item.Key())
-		if t.update {
-			t.reads = append(t.reads, key)
+		for ; next < len(pendingKeys) && pendingKeys[next] < key; next++ {
+			if err := emitPending(pendingKeys[next]); err != nil {
+				return err
+			}
+		}
+		if _, ok := pendingVersions[key]; ok {
+			next++
+			if err := emitPending(key); err != nil {
+				return err
+			}
+			continue
 		}
 		value, err := item.ValueCopy(nil)
 		if err != nil {
 			return readError("read value of", key, err)
 		}
-		if err := fn(key, value); err != nil {
+		if err := emit(key, value); err != nil {
+			return err
+		}
+	}
+	for ; next < len(pendingKeys); next++ {
+		if err := emitPending(pendingKeys[next]); err != nil {
 			return err
 		}
 	}
@@ -378,7 +425,7 @@ func (db *DB) View(fn func(storage.Txn) error) error {
 	}
 	btx := db.bdb.NewTransactionAt(rts, false)
 	defer btx.Discard()
-	return fn(&txn{db: db, btx: btx, rts: rts, applied: true})
+	return fn(&txn{db: db, btx: btx, rts: rts})
 }
 
 // Update runs fn in a read-write transaction and commits it. If the commit

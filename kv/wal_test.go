@@ -186,6 +186,46 @@ func TestRecordsScanWhereTheyWerePlaced(t *testing.T) {
 	}
 }
 
+// An Update reads the writes of commits badger has yet to apply from pending, merged into its
+// Gets and Scans over badger's versions: sets of keys badger has, of keys it has not, deletes;
+// its own writes win over both.
+func TestUpdateReadsCommitsNotYetApplied(t *testing.T) {
+	t.Parallel()
+	db, _ := openTemp(t)
+	for _, k := range []string{"p/a", "p/c", "p/e"} {
+		set(t, db, k, "old")
+	}
+	// What a commit sequenced after those leaves in pending while badger applies it.
+	ts := db.log.sequenced.Load()
+	writes := []write{{key: "p/a", value: []byte("new")}, {key: "p/b", value: []byte("new")},
+		{key: "p/c", delete: true}, {key: "p/d", value: []byte("new")}}
+	db.log.pending.add(ts, writes)
+	defer db.log.pending.applied(ts, writes)
+	var scanned []string
+	var got string
+	err := db.Update(context.Background(), func(tx storage.Txn) error {
+		if err := tx.Set("p/d", []byte("own")); err != nil {
+			return err
+		}
+		scanned = scan(t, tx, "p/")
+		v, err := tx.Get("p/b")
+		got = string(v)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Get("p/c"); !errors.Is(err, storage.ErrNotFound) {
+			return fmt.Errorf("p/c, deleted by the commit not yet applied: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[p/a=new p/b=new p/d=own p/e=old]"; fmt.Sprint(scanned) != want || got != "new" {
+		t.Errorf("scan %v, get p/b %q; want %s and new", scanned, got, want)
+	}
+}
+
 // killEnv names the directory TestHelperCommitUntilKilled writes to in a child process.
 const killEnv = "COCKPITFS_KV_KILL_DIR"
 
