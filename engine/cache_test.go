@@ -194,30 +194,39 @@ func TestCockpitReadsFollowCommits(t *testing.T) {
 	}
 }
 
-// readableFirst is a real store whose armed Commit makes its commit durable, so readable by every
-// View, before it returns, as a store durable at commit does (or one whose sync round another
-// committer led), and then waits for the test: the moment between a commit becoming readable and
-// its committer getting back.
-type readableFirst struct {
+// pausingStore is a real store whose armed commit (one, then it disarms) waits for the test:
+// readable, the commit made durable before Commit returns, so readable by every View, as a store
+// durable at commit does (or one whose sync round another committer led), then paused: the
+// moment between a commit becoming readable and its committer getting back. Otherwise paused in
+// its sync, before it is durable.
+type pausingStore struct {
 	*kv.DB
-	armed  atomic.Bool
-	paused chan struct{}
-	resume chan struct{}
+	readable bool
+	armed    atomic.Bool
+	paused   chan struct{}
+	resume   chan struct{}
 }
 
-func newReadableFirst(t *testing.T) *readableFirst {
+func newPausingStore(t *testing.T, readable bool) *pausingStore {
 	db, err := kv.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return &readableFirst{DB: db, paused: make(chan struct{}), resume: make(chan struct{})}
+	return &pausingStore{DB: db, readable: readable, paused: make(chan struct{}), resume: make(chan struct{})}
 }
 
-func (s *readableFirst) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
+func (s *pausingStore) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
 	durable, err := s.DB.Commit(ctx, fn)
-	if err != nil || !s.armed.Load() {
+	if err != nil || !s.armed.CompareAndSwap(true, false) {
 		return durable, err
+	}
+	if !s.readable {
+		return func() error {
+			s.paused <- struct{}{}
+			<-s.resume
+			return durable()
+		}, nil
 	}
 	if err := durable(); err != nil {
 		return nil, err
@@ -230,7 +239,7 @@ func (s *readableFirst) Commit(ctx context.Context, fn func(storage.Txn) error) 
 // A commit readable in the store before its committer is back is what every read shows: the
 // cache does not answer with the record it replaced.
 func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
-	store := newReadableFirst(t)
+	store := newPausingStore(t, true)
 	e := New(store)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
@@ -261,7 +270,6 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 		t.Fatalf("after the claim: %d holders, %v", len(r.Value.Holders), err)
 	}
 
-	store.armed.Store(false)
 	for range 2 { // the second from the cache
 		if info, err := e.Cockpit("app"); err != nil || info.Config != exampleConfig {
 			t.Fatalf("Cockpit: %q, %v", info.Config, err)
@@ -283,36 +291,11 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 	}
 }
 
-// syncHeld is a real store whose armed commit waits for the test before its sync.
-type syncHeld struct {
-	*kv.DB
-	armed  atomic.Bool
-	paused chan struct{}
-	resume chan struct{}
-}
-
-func (s *syncHeld) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
-	durable, err := s.DB.Commit(ctx, fn)
-	if err != nil || !s.armed.CompareAndSwap(true, false) {
-		return durable, err
-	}
-	return func() error {
-		s.paused <- struct{}{}
-		<-s.resume
-		return durable()
-	}, nil
-}
-
 // A claim does not wait for the sync of another commit on its stack before its own transaction:
 // what it observes first is a hint, taken from the last commit, so writers queued on one stack
 // share syncs.
 func TestClaimDoesNotWaitForAnotherCommitsSync(t *testing.T) {
-	db, err := kv.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	store := &syncHeld{DB: db, paused: make(chan struct{}), resume: make(chan struct{})}
+	store := newPausingStore(t, false)
 	e := New(store)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {

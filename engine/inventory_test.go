@@ -82,7 +82,7 @@ func TestInventoryCollisionsInScanOrder(t *testing.T) {
 // Health reads a stack again while a commit on it is under way: the store may show the commit
 // before its committer is back, and the inventory must not answer with the record it replaced.
 func TestHealthInventoryReadsCommitsUnderWay(t *testing.T) {
-	store := newReadableFirst(t)
+	store := newPausingStore(t, true)
 	e := New(store)
 	newCockpit(t, e, "app", healthConfig, "a", "b")
 	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
