@@ -216,6 +216,17 @@ func newPausingStore(t *testing.T, readable bool) *pausingStore {
 	return &pausingStore{DB: db, readable: readable, paused: make(chan struct{}), resume: make(chan struct{})}
 }
 
+// heldStackOnPausingStore is an engine on a pausingStore with stack app/s held by h.
+func heldStackOnPausingStore(t *testing.T, readable bool) (*Engine, *pausingStore) {
+	store := newPausingStore(t, readable)
+	e := New(store)
+	newCockpit(t, e, "app", exampleConfig, "s")
+	if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	return e, store
+}
+
 func (s *pausingStore) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
 	durable, err := s.DB.Commit(ctx, fn)
 	if err != nil || !s.armed.CompareAndSwap(true, false) {
@@ -239,12 +250,7 @@ func (s *pausingStore) Commit(ctx context.Context, fn func(storage.Txn) error) (
 // A commit readable in the store before its committer is back is what every read shows: the
 // cache does not answer with the record it replaced.
 func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
-	store := newPausingStore(t, true)
-	e := New(store)
-	newCockpit(t, e, "app", exampleConfig, "s")
-	if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
-		t.Fatal(err)
-	}
+	e, store := heldStackOnPausingStore(t, true)
 	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 1 { // now cached
 		t.Fatalf("%d holders, %v", len(r.Value.Holders), err)
 	}
@@ -295,12 +301,7 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 // what it observes first is a hint, taken from the last commit, so writers queued on one stack
 // share syncs.
 func TestClaimDoesNotWaitForAnotherCommitsSync(t *testing.T) {
-	store := newPausingStore(t, false)
-	e := New(store)
-	newCockpit(t, e, "app", exampleConfig, "s")
-	if err := e.Claim(t.Context(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
-		t.Fatal(err)
-	}
+	e, store := heldStackOnPausingStore(t, false)
 	store.armed.Store(true)
 	first := make(chan error, 1)
 	go func() { first <- e.Claim(context.Background(), me("create", "a"), "app", "s", "a", untracked("a")) }()
