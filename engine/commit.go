@@ -112,7 +112,13 @@ func (e *Engine) commit(tx storage.Txn, c Caller, r cachedRecord, v Value, now t
 	if err != nil {
 		return err
 	}
-	e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
+	staged := stagedCommit{record: saved}
+	if e.vanished != nil {
+		if v, ok := vanishedBetween(r.Record, saved.Record); ok {
+			staged.vanished = &v
+		}
+	}
+	e.staged.Store(stackKey(r.Cockpit, r.Stack), staged)
 	if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
 		return err
 	}
@@ -154,9 +160,10 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		return fn(tx, e.now())
 	})
 	var written *cachedRecord
+	var vanished *Vanished
 	if staged, ok := e.staged.LoadAndDelete(key); ok && err == nil {
-		r := staged.(cachedRecord)
-		written = &r
+		s := staged.(stagedCommit)
+		written, vanished = &s.record, s.vanished
 	}
 	if e.holds != nil {
 		// Still under the stack's lock: what the transaction held becomes the committed lease's,
@@ -190,7 +197,16 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	}
 	e.changes.publish(key)
 	e.cockpitChanges.publish(key)
+	if vanished != nil {
+		e.vanished(ctx, *vanished)
+	}
 	return nil
+}
+
+// stagedCommit is what a stack's transaction under way wrote (see Engine.staged).
+type stagedCommit struct {
+	record   cachedRecord
+	vanished *Vanished // nil: the commit took no name out, or nobody asked (OnVanished)
 }
 
 // locked is why an operation on key gave up waiting: the caller's own cancellation (an
