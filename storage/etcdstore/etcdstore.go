@@ -14,6 +14,8 @@
 //     protects Scan against phantoms too, which the contract does not require.
 //   - Update returns nil only once etcd answers that the Txn succeeded, i.e. a quorum committed it.
 //     A failed compare is a conflict: fn runs again on a fresh snapshot until the budget ends.
+//   - A Txn whose answer was lost with its connection or member is settled (outcome.go): sent
+//     again, or found in etcd's history, the compares keeping it from applying twice.
 //
 // # READS FROM THE CACHE, AND WHY THEY ARE CURRENT
 //
@@ -365,8 +367,8 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
 	s.roundTrips.Add(1)
 	if err != nil {
-		// The Txn may have reached a quorum before the answer was lost.
-		return false, fmt.Errorf("%w: etcd commit (it may or may not have applied): %w", storage.ErrLocked, s.describe(err))
+		// The Txn may have reached a quorum before the answer was lost: ask etcd.
+		return t.settle(ctx, err)
 	}
 	return !resp.Succeeded, nil
 }

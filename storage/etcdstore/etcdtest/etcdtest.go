@@ -6,7 +6,6 @@ package etcdtest
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -188,6 +187,32 @@ func (c *Cluster) Stop(i int) {
 	}()
 }
 
+// Cut breaks every client connection to member i as Stop does, but the member runs on and its
+// front takes connections again at once: a client's connection lost, not the member.
+func (c *Cluster) Cut(i int) {
+	c.t.Helper()
+	c.fronts[i].cut()
+	if err := c.fronts[i].open(); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// DropRequests makes member i's front lose, from now until Cut, every byte clients send it: a
+// request sent meanwhile never reaches the member.
+func (c *Cluster) DropRequests(i int) { c.fronts[i].drop(toMember) }
+
+// DropReplies makes member i's front lose, from now until Cut, every byte the member sends its
+// clients: a request is served and its answer lost.
+func (c *Cluster) DropReplies(i int) { c.fronts[i].drop(toClient) }
+
+// Dropped returns what member i's front has lost since DropRequests or DropReplies.
+func (c *Cluster) Dropped(i int) []byte {
+	f := c.fronts[i]
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]byte{}, f.dropped...)
+}
+
 // Restart starts stopped member i again on its data directory.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
@@ -216,6 +241,23 @@ type front struct {
 	mu           sync.Mutex
 	listener     net.Listener
 	conns        map[net.Conn]bool
+	// dropping is the way bytes are lost until cut (none: they all pass), dropped what was lost.
+	dropping direction
+	dropped  []byte
+}
+
+type direction int
+
+const (
+	none direction = iota
+	toMember
+	toClient
+)
+
+func (f *front) drop(d direction) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dropping, f.dropped = d, nil
 }
 
 func (f *front) open() error {
@@ -251,8 +293,8 @@ func (f *front) relay(client net.Conn) {
 		return
 	}
 	done := make(chan struct{}, 2)
-	go func() { io.Copy(member, client); done <- struct{}{} }()
-	go func() { io.Copy(client, member); done <- struct{}{} }()
+	go func() { f.pipe(member, client, toMember); done <- struct{}{} }()
+	go func() { f.pipe(client, member, toClient); done <- struct{}{} }()
 	<-done
 	client.Close()
 	member.Close()
@@ -260,6 +302,34 @@ func (f *front) relay(client net.Conn) {
 	delete(f.conns, client)
 	delete(f.conns, member)
 	f.mu.Unlock()
+}
+
+// pipe copies src to dst, each chunk unless the front drops d's bytes: it reads on then, so that
+// the connection stays up with one way silent, until cut closes it.
+func (f *front) pipe(dst, src net.Conn, d direction) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !f.lost(d, buf[:n]) {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// lost says whether the front drops b, which flows d's way, and keeps it if so.
+func (f *front) lost(d direction, b []byte) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.dropping != d {
+		return false
+	}
+	f.dropped = append(f.dropped, b...)
+	return true
 }
 
 // track registers a relay's connections; false once the front is cut.
@@ -288,4 +358,5 @@ func (f *front) cut() {
 		c.Close()
 	}
 	f.listener, f.conns = nil, nil
+	f.dropping, f.dropped = none, nil
 }
