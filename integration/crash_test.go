@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
@@ -224,6 +225,9 @@ type crashClient struct {
 	unknown  int
 	locked   int
 	failure  string // a refusal while serving, reported by the test
+	// diagnose describes the daemon's state; a refusal's failure carries what it said at once,
+	// while the daemon that refused still runs.
+	diagnose func() string
 }
 
 func (c *crashClient) run(stop *atomic.Bool) {
@@ -249,6 +253,9 @@ func (c *crashClient) run(stop *atomic.Bool) {
 		default:
 			// Every step of the round is valid in the state it is chosen from.
 			c.failure = fmt.Sprintf("%s refused in state %+v: %s", op, c.state, detail)
+			if c.diagnose != nil {
+				c.failure += "\n" + c.diagnose()
+			}
 			return
 		}
 	}
@@ -377,6 +384,33 @@ func crashPortsOnce(m *mount, stacks []string) error {
 	return nil
 }
 
+// crashDiagnose is what explains a refusal: each stack's lease and last events, MOUNTPOINT/ports,
+// and who holds each port held in the daemon's network namespace (its answer names the lease).
+func crashDiagnose(m *mount, stacks []string) string {
+	var b strings.Builder
+	m.ns.Do(func() error {
+		held, err := portlock.Machine.Held()
+		if err != nil {
+			fmt.Fprintf(&b, "holds: %v\n", err)
+		}
+		for _, port := range held {
+			holder, _, err := portlock.Machine.Ask(port)
+			fmt.Fprintf(&b, "hold %d: %s %v\n", port, holder, err)
+		}
+		return nil
+	})
+	listed, err := os.ReadDir(m.Path("ports"))
+	fmt.Fprintf(&b, "ports/: %v %v\n", err, listed)
+	for _, s := range stacks {
+		lease, err := os.ReadFile(m.Path("app", "stacks", s, "lease"))
+		fmt.Fprintf(&b, "%s lease: %q %v\n", s, lease, err)
+		events, err := os.ReadFile(m.Path("app", "stacks", s, "events"))
+		lines := strings.Split(strings.TrimSpace(string(events)), "\n")
+		fmt.Fprintf(&b, "%s events (%v):\n  %s\n", s, err, strings.Join(lines[max(0, len(lines)-6):], "\n  "))
+	}
+	return b.String()
+}
+
 func crashCycles(t *testing.T, cycles int) int {
 	if v := os.Getenv("COCKPITFS_CRASH_CYCLES"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -431,6 +465,10 @@ func crashSuite(t *testing.T, mounts []*mount, cycles int, minRun time.Duration)
 		mounts[0].ok("mkdir $M/app/stacks/" + s)
 		stacks = append(stacks, s)
 		clients = append(clients, &crashClient{stackDir: mounts[i%len(mounts)].Path("app", "stacks", s), shell: i >= 4})
+	}
+	for i, c := range clients {
+		m := mounts[i%len(mounts)]
+		c.diagnose = func() string { return crashDiagnose(m, stacks) }
 	}
 
 	var acked, unknown, locked, lost int
