@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +24,20 @@ const lockTimeout = 2 * time.Second
 
 // errUnchanged aborts a transaction that would change nothing: the operation still succeeds.
 var errUnchanged = errors.New("unchanged")
+
+// behindHolds aborts a claim's run that found no free family while this daemon holds one of them
+// for another stack (key) whose claim the run's snapshot does not show: one made since, or under
+// way. That stack may have let go, since the snapshot, the family the run counted as its lease:
+// a refusal on both would count it twice and say PORT_LEASE_EXHAUSTED with a family free all
+// along. update waits for that stack's transaction and runs the claim again on a fresh snapshot,
+// so that a refusal rests on one snapshot. refusal is the run's own.
+type behindHolds struct {
+	stack   string
+	refusal error
+}
+
+func (b behindHolds) Error() string { return b.refusal.Error() }
+func (b behindHolds) Unwrap() error { return b.refusal }
 
 // step is one operation's rule: the value that follows r, or why not (a refusal, or errUnchanged
 // when there is nothing to commit). It changes nothing itself; what it reads beyond r it reads
@@ -48,15 +63,19 @@ type txReads struct {
 	cockpitName   string
 	stack         string
 	heldElsewhere *[]string // why hold skipped candidate families, for the events line
+	heldHere      *string   // a stack this daemon holds a skipped family for (see behindHolds)
 }
 
 func (t txReads) hold(ports map[string]int) (*portlock.Holder, int, error) {
 	if t.e.holds == nil {
 		return nil, 0, nil
 	}
-	holder, port, err := t.e.holds.takeFamily(stackKey(t.cockpitName, t.stack), t.cockpitName, t.stack, ports)
+	holder, port, here, err := t.e.holds.takeFamily(stackKey(t.cockpitName, t.stack), t.cockpitName, t.stack, ports)
 	if holder != nil {
 		*t.heldElsewhere = append(*t.heldElsewhere, fmt.Sprintf("port %d is held by %s", port, holder))
+	}
+	if here != "" {
+		*t.heldHere = here
 	}
 	return holder, port, err
 }
@@ -92,7 +111,14 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 			return err
 		}
 		var heldElsewhere []string
-		v, err := s(r.Record, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, heldElsewhere: &heldElsewhere}, now)
+		var heldHere string
+		v, err := s(r.Record, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, heldElsewhere: &heldElsewhere, heldHere: &heldHere}, now)
+		var rf *Refusal
+		if heldHere != "" && errors.As(err, &rf) && (rf.Code == PortLeaseExhausted || rf.Code == PortFamilyCollision) {
+			// hold is asked only of families free in the snapshot: the claim that holds this one
+			// is newer than it.
+			return behindHolds{stack: heldHere, refusal: err}
+		}
 		if err != nil {
 			return err
 		}
@@ -150,7 +176,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	e.records.begin(key)
 	e.inventory.begin(key)
 	defer e.inventory.end(key)
-	durable, err := e.db.Commit(budget, func(tx storage.Txn) error {
+	run := func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		if e.holds != nil {
 			// A run that conflicted may have held a family this one will not choose (another
@@ -158,7 +184,30 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 			e.holds.releasePendingOf(key)
 		}
 		return fn(tx, e.now())
-	})
+	}
+	durable, err := e.db.Commit(budget, run)
+	var waited []string
+	for behind := (behindHolds{}); errors.As(err, &behind); {
+		if slices.Contains(waited, behind.stack) {
+			// Its hold is still newer than a snapshot taken after its transaction: the holds
+			// and the store disagree, and the refusal stands rather than wait for nothing.
+			err = behind.refusal
+			break
+		}
+		waited = append(waited, behind.stack)
+		// Once the other stack's transaction is over, a fresh snapshot shows its claim, or its
+		// hold is gone. The waiting claim holds no port (it has no lease, and its run let go of
+		// what it took), so no claim waits for it in turn.
+		unlockOther, lockErr := e.locks.lock(budget, behind.stack)
+		if lockErr == nil {
+			unlockOther()
+		}
+		if lockErr != nil || budget.Err() != nil {
+			err = fmt.Errorf("%w: %w", storage.ErrLocked, err)
+			break
+		}
+		durable, err = e.db.Commit(budget, run)
+	}
 	var written *cachedRecord
 	var vanished *Vanished
 	if staged, ok := e.staged.LoadAndDelete(key); ok && err == nil {

@@ -86,7 +86,7 @@ func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPor
 		key := stackKey(r.Cockpit, r.Stack)
 		for _, k := range sortedPortKeys(r.Value.Lease.Ports) {
 			port := r.Value.Lease.Ports[k]
-			holder, err := h.take(key, r.Cockpit, r.Stack, k, port)
+			holder, _, err := h.take(key, r.Cockpit, r.Stack, k, port)
 			switch {
 			case err != nil:
 				h.releaseAll()
@@ -129,17 +129,18 @@ func (e *Engine) reportLost(cockpit, stack string, lost []LostPort) error {
 const lostFix = "drain the stack (echo sleep > drain/request; echo start > drain/attempt; echo success > drain/outcome) and claim again, which leases a free family"
 
 // take holds port for the stack (key) unless held already: for this stack it is a success, for
-// another stack of this daemon or another process it returns who holds it. Callers hold no lock.
-func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.Holder, error) {
+// another stack of this daemon or another process it returns who holds it, and that other stack's
+// key when this daemon holds it ("" otherwise). Callers hold no lock.
+func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.Holder, string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if held, ok := h.byPort[port]; ok {
 		if held.stack == key {
-			return nil, nil
+			return nil, "", nil
 		}
 		c, s := splitStackKey(held.stack)
 		return &portlock.Holder{PID: h.self.PID, UID: h.self.UID, Known: true, Identity: &portlock.Identity{
-			Daemon: "cockpitfs", PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: c, Stack: s, Port: port}}, nil
+			Daemon: "cockpitfs", PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: c, Stack: s, Port: port}}, held.stack, nil
 	}
 	hold, err := h.space.Take(port, portlock.Identity{
 		PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: cockpit, Stack: stack, Key: portKey})
@@ -149,38 +150,39 @@ func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.H
 			// Gone in between, or it would not say: still not ours this time.
 			holder = portlock.Holder{}
 		}
-		return &holder, nil
+		return &holder, "", nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	h.byPort[port] = &portHold{hold: hold, stack: key, pending: true}
 	if h.byStack[key] == nil {
 		h.byStack[key] = map[int]bool{}
 	}
 	h.byStack[key][port] = true
-	return nil, nil
+	return nil, "", nil
 }
 
 // takeFamily holds every port of a candidate family for the stack, all or none: it returns who
-// holds the first port it could not take.
-func (h *holds) takeFamily(key, cockpit, stack string, ports map[string]int) (*portlock.Holder, int, error) {
+// holds the first port it could not take, that port, and the key of the stack this daemon holds it
+// for ("" when another process does).
+func (h *holds) takeFamily(key, cockpit, stack string, ports map[string]int) (*portlock.Holder, int, string, error) {
 	var taken []int
 	for _, k := range sortedPortKeys(ports) {
 		port := ports[k]
 		h.mu.Lock()
 		_, had := h.byPort[port]
 		h.mu.Unlock()
-		holder, err := h.take(key, cockpit, stack, k, port)
+		holder, here, err := h.take(key, cockpit, stack, k, port)
 		if err != nil || holder != nil {
 			h.releasePending(key, taken)
-			return holder, port, err
+			return holder, port, here, err
 		}
 		if !had {
 			taken = append(taken, port)
 		}
 	}
-	return nil, 0, nil
+	return nil, 0, "", nil
 }
 
 // releasePending lets go of ports this transaction took for the stack and has not committed.
@@ -271,7 +273,7 @@ func (h *holds) retake(key string) []LostPort {
 	h.mu.Unlock()
 	var still []LostPort
 	for _, l := range lost {
-		holder, err := h.take(key, l.Cockpit, l.Stack, l.Key, l.Port)
+		holder, _, err := h.take(key, l.Cockpit, l.Stack, l.Key, l.Port)
 		if err != nil || holder != nil {
 			if holder != nil {
 				l.Holder = *holder

@@ -7,18 +7,23 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
+	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Holds on real sockets, in a space of the test's own so that no other daemon on the machine meets
 // them. Two engines over two stores stand for two daemons.
 
+// spaces numbers the test spaces: a test run again (-count) holds nothing its last run still holds.
+var spaces atomic.Int64
+
 func holdSpace(t *testing.T) portlock.Space {
-	return portlock.Space(fmt.Sprintf("cockpitfs-test/%d/%s/port/", os.Getpid(), t.Name()))
+	return portlock.Space(fmt.Sprintf("cockpitfs-test/%d/%s/%d/port/", os.Getpid(), t.Name(), spaces.Add(1)))
 }
 
 func holdingEngine(t *testing.T, space portlock.Space, data string) *Engine {
@@ -171,7 +176,7 @@ func TestHoldsOfAConflictedRunAreLetGo(t *testing.T) {
 		if _, err := tx.Get("x"); err != nil && !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
-		if holder, _, err := e.holds.takeFamily(key, "app", "s", map[string]int{"HTTP": 41090, "DB": 41442}); err != nil || holder != nil {
+		if holder, _, _, err := e.holds.takeFamily(key, "app", "s", map[string]int{"HTTP": 41090, "DB": 41442}); err != nil || holder != nil {
 			t.Fatalf("take: %v, held by %v", err, holder)
 		}
 		// A commit of what this run read: it conflicts and runs again.
@@ -189,4 +194,115 @@ func TestHoldsOfAConflictedRunAreLetGo(t *testing.T) {
 	if len(heldInRetry) != 0 {
 		t.Fatalf("the retry began with the conflicted run's holds: %v", heldInRetry)
 	}
+}
+
+// stallingStore is a real store whose armed transaction (one, then it disarms) waits for the
+// test: in its first run, once it has its snapshot and before fn reads anything, or, with after,
+// once fn is done and before the commit (what the run took still held, its stack still locked).
+type stallingStore struct {
+	*kv.DB
+	armed   atomic.Bool
+	after   bool
+	stalled chan struct{}
+	resume  chan struct{}
+}
+
+func (s *stallingStore) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
+	if !s.armed.CompareAndSwap(true, false) {
+		return s.DB.Commit(ctx, fn)
+	}
+	first, after := true, s.after
+	return s.DB.Commit(ctx, func(tx storage.Txn) error {
+		stall := first
+		first = false
+		if stall && !after {
+			s.stalled <- struct{}{}
+			<-s.resume
+		}
+		err := fn(tx)
+		if stall && after {
+			s.stalled <- struct{}{}
+			<-s.resume
+		}
+		return err
+	})
+}
+
+// stall arms the next transaction and runs op, which must make it, in a goroutine; it returns once
+// the transaction waits, and op's result once resumed.
+func (s *stallingStore) stall(after bool, op func() error) <-chan error {
+	s.after = after
+	s.armed.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- op() }()
+	<-s.stalled
+	return done
+}
+
+// A claim decides on its snapshot and on the holds as they are when it reaches them. A stack that,
+// since the snapshot, let its family go and leased the one the claim reaches first, shows twice:
+// in the holds and, for the family it let go, in the snapshot. With two families and one other
+// stack, one family was free all along: the claim leases it, never PORT_LEASE_EXHAUSTED — whether
+// the other stack's claim is committed when the claim meets its hold, or still under way.
+func TestClaimDoesNotCountALeaseLetGoSinceItsSnapshot(t *testing.T) {
+	for _, underWay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("underWay=%v", underWay), func(t *testing.T) {
+			db, err := kv.Open(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			store := &stallingStore{DB: db, stalled: make(chan struct{}), resume: make(chan struct{})}
+			e := New(store)
+			space := holdSpace(t)
+			if _, err := e.HoldPorts(space, DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: "/d"}); err != nil {
+				t.Fatal(err)
+			}
+			two := strings.Replace(holdConfig, "count = 3", "count = 2", 1)
+			newCockpit(t, e, "app", two, "y", "w")
+			first, second := map[string]int{"HTTP": 41080, "DB": 41432}, map[string]int{"HTTP": 41090, "DB": 41442}
+			claim(t, e, "app", "y", "a")
+			claim(t, e, "app", "w", "b")
+			requirePorts(t, stackRecord(t, e, "app", "w"), second)
+			sleepDrain(t, e, "app", "y", "a")
+
+			// y's claim takes its snapshot (w leases the second family) and waits; w moves to the
+			// first family, its claim committed or held before its commit.
+			yClaimed := store.stall(false, func() error { return claimErr(e, "app", "y", "a") })
+			sleepDrain(t, e, "app", "w", "b")
+			var wClaimed <-chan error
+			if underWay {
+				wClaimed = store.stall(true, func() error { return claimErr(e, "app", "w", "b") })
+			} else {
+				claim(t, e, "app", "w", "b")
+			}
+			store.resume <- struct{}{}
+			if underWay {
+				store.resume <- struct{}{}
+				if err := <-wClaimed; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := <-yClaimed; err != nil {
+				t.Fatalf("y's claim, with the second family free since w moved: %v", err)
+			}
+			requirePorts(t, stackRecord(t, e, "app", "w"), first)
+			requirePorts(t, stackRecord(t, e, "app", "y"), second)
+			if held, _ := space.Held(); !slices.Equal(sorted(held), []int{41080, 41090, 41432, 41442}) {
+				t.Fatalf("held with both families leased: %v", held)
+			}
+		})
+	}
+}
+
+// A hold this daemon keeps for a stack whose record shows no lease, with nothing under way on it
+// (holds and store disagreeing), makes a claim wait for that stack once, not for its whole
+// budget: the refusal stands.
+func TestClaimWaitsOnceForAHoldNoSnapshotShows(t *testing.T) {
+	e := holdingEngine(t, holdSpace(t), "/d")
+	newCockpit(t, e, "app", strings.Replace(holdConfig, "count = 3", "count = 1", 1), "y", "w")
+	if holder, _, _, err := e.holds.takeFamily(stackKey("app", "w"), "app", "w", map[string]int{"HTTP": 41080, "DB": 41432}); err != nil || holder != nil {
+		t.Fatalf("take: %v, held by %v", err, holder)
+	}
+	requireCode(t, claimErr(e, "app", "y", "a"), PortLeaseExhausted)
 }
