@@ -23,6 +23,9 @@ import (
 // between a crash and the restart — and a crashed daemon holds nothing (the kernel frees the names
 // with the process). On restart HoldPorts takes every active lease's holds again before the mount
 // serves; a port another daemon took meanwhile is reported (health, events, verify), never shared.
+//
+// The holds are newer than a claim's snapshot: a claim refused for want of a family, one of them
+// held for another stack's claim the snapshot does not show, runs again (commit.go, behindHolds).
 
 // LostPort is a port of an active lease this daemon does not hold, because another process does.
 type LostPort struct {
