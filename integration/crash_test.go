@@ -466,9 +466,15 @@ func crashSuite(t *testing.T, mounts []*mount, cycles int, minRun time.Duration)
 		stacks = append(stacks, s)
 		clients = append(clients, &crashClient{stackDir: mounts[i%len(mounts)].Path("app", "stacks", s), shell: i >= 4})
 	}
+	// A client diagnosing holds off the kill: the daemon that refused is the one to ask.
+	var diagnosing sync.RWMutex
 	for i, c := range clients {
 		m := mounts[i%len(mounts)]
-		c.diagnose = func() string { return crashDiagnose(m, stacks) }
+		c.diagnose = func() string {
+			diagnosing.RLock()
+			defer diagnosing.RUnlock()
+			return crashDiagnose(m, stacks)
+		}
 	}
 
 	var acked, unknown, locked, lost int
@@ -507,7 +513,9 @@ func crashSuite(t *testing.T, mounts []*mount, cycles int, minRun time.Duration)
 			go func() { defer wg.Done(); c.run(&stop) }()
 		}
 		time.Sleep(minRun + time.Duration(rng.Intn(280))*time.Millisecond)
+		diagnosing.Lock()
 		victim.Kill()
+		diagnosing.Unlock()
 		stop.Store(true)
 		wg.Wait()
 		for i, c := range clients {
