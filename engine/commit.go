@@ -39,6 +39,12 @@ type behindHolds struct {
 func (b behindHolds) Error() string { return b.refusal.Error() }
 func (b behindHolds) Unwrap() error { return b.refusal }
 
+// noFreeFamily reports whether err is leaseFamily's refusal for want of a free family.
+func noFreeFamily(err error) bool {
+	var rf *Refusal
+	return errors.As(err, &rf) && (rf.Code == PortLeaseExhausted || rf.Code == PortFamilyCollision)
+}
+
 // step is one operation's rule: the value that follows r, or why not (a refusal, or errUnchanged
 // when there is nothing to commit). It changes nothing itself; what it reads beyond r it reads
 // through reads.
@@ -58,12 +64,18 @@ type stepReads interface {
 
 // txReads serves stepReads from a transaction on the stack (cockpit, stack).
 type txReads struct {
-	e             *Engine
-	tx            storage.Txn
-	cockpitName   string
-	stack         string
-	heldElsewhere *[]string // why hold skipped candidate families, for the events line
-	heldHere      *string   // a stack this daemon holds a skipped family for (see behindHolds)
+	e           *Engine
+	tx          storage.Txn
+	cockpitName string
+	stack       string
+	skipped     *skippedHeld
+}
+
+// skippedHeld is what a claim's holds skipped: why each family, for the events line, and a stack
+// this daemon holds one for (see behindHolds).
+type skippedHeld struct {
+	why  []string
+	here string
 }
 
 func (t txReads) hold(ports map[string]int) (*portlock.Holder, int, error) {
@@ -72,10 +84,10 @@ func (t txReads) hold(ports map[string]int) (*portlock.Holder, int, error) {
 	}
 	holder, port, here, err := t.e.holds.takeFamily(stackKey(t.cockpitName, t.stack), t.cockpitName, t.stack, ports)
 	if holder != nil {
-		*t.heldElsewhere = append(*t.heldElsewhere, fmt.Sprintf("port %d is held by %s", port, holder))
+		t.skipped.why = append(t.skipped.why, fmt.Sprintf("port %d is held by %s", port, holder))
 	}
 	if here != "" {
-		*t.heldHere = here
+		t.skipped.here = here
 	}
 	return holder, port, err
 }
@@ -110,22 +122,20 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 		if err != nil {
 			return err
 		}
-		var heldElsewhere []string
-		var heldHere string
-		v, err := s(r.Record, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, heldElsewhere: &heldElsewhere, heldHere: &heldHere}, now)
-		var rf *Refusal
-		if heldHere != "" && errors.As(err, &rf) && (rf.Code == PortLeaseExhausted || rf.Code == PortFamilyCollision) {
+		var skipped skippedHeld
+		v, err := s(r.Record, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, skipped: &skipped}, now)
+		if skipped.here != "" && noFreeFamily(err) {
 			// hold is asked only of families free in the snapshot: the claim that holds this one
 			// is newer than it.
-			return behindHolds{stack: heldHere, refusal: err}
+			return behindHolds{stack: skipped.here, refusal: err}
 		}
 		if err != nil {
 			return err
 		}
 		warning := ""
-		if len(heldElsewhere) > 0 {
+		if len(skipped.why) > 0 {
 			// A candidate family another process holds was skipped: the claim's line says why.
-			warning = "skipped candidate families: " + strings.Join(heldElsewhere, "; ")
+			warning = "skipped candidate families: " + strings.Join(skipped.why, "; ")
 		}
 		return e.commit(tx, c, r, v, now, warning)
 	})
@@ -187,7 +197,12 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	}
 	durable, err := e.db.Commit(budget, run)
 	var waited []string
-	for behind := (behindHolds{}); errors.As(err, &behind); {
+	for {
+		// fn's errors come back unchanged (storage.Store), so a type assertion finds it.
+		behind, ok := err.(behindHolds)
+		if !ok {
+			break
+		}
 		if slices.Contains(waited, behind.stack) {
 			// Its hold is still newer than a snapshot taken after its transaction: the holds
 			// and the store disagree, and the refusal stands rather than wait for nothing.
