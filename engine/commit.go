@@ -195,34 +195,7 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		}
 		return fn(tx, e.now())
 	}
-	durable, err := e.db.Commit(budget, run)
-	var waited []string
-	for {
-		// fn's errors come back unchanged (storage.Store), so a type assertion finds it.
-		behind, ok := err.(behindHolds)
-		if !ok {
-			break
-		}
-		if slices.Contains(waited, behind.stack) {
-			// Its hold is still newer than a snapshot taken after its transaction: the holds
-			// and the store disagree, and the refusal stands rather than wait for nothing.
-			err = behind.refusal
-			break
-		}
-		waited = append(waited, behind.stack)
-		// Once the other stack's transaction is over, a fresh snapshot shows its claim, or its
-		// hold is gone. The waiting claim holds no port (it has no lease, and its run let go of
-		// what it took), so no claim waits for it in turn.
-		unlockOther, lockErr := e.locks.lock(budget, behind.stack)
-		if lockErr == nil {
-			unlockOther()
-		}
-		if lockErr != nil || budget.Err() != nil {
-			err = fmt.Errorf("%w: %w", storage.ErrLocked, err)
-			break
-		}
-		durable, err = e.db.Commit(budget, run)
-	}
+	durable, err := e.commitPastHolds(budget, run)
 	var written *cachedRecord
 	var vanished *Vanished
 	if staged, ok := e.staged.LoadAndDelete(key); ok && err == nil {
@@ -265,6 +238,40 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		e.vanished(ctx, *vanished)
 	}
 	return nil
+}
+
+// commitPastHolds commits run; a run refused behind another stack's newer holds (behindHolds)
+// runs again once that stack's transaction is over, each such stack waited for once.
+func (e *Engine) commitPastHolds(budget context.Context, run func(storage.Txn) error) (func() error, error) {
+	durable, err := e.db.Commit(budget, run)
+	var waited []string
+	for {
+		// run's errors come back unchanged (storage.Store), so a type assertion finds it.
+		behind, ok := err.(behindHolds)
+		if !ok {
+			break
+		}
+		if slices.Contains(waited, behind.stack) {
+			// Its hold is still newer than a snapshot taken after its transaction: the holds
+			// and the store disagree, and the refusal stands rather than wait for nothing.
+			err = behind.refusal
+			break
+		}
+		waited = append(waited, behind.stack)
+		// Once the other stack's transaction is over, a fresh snapshot shows its claim, or its
+		// hold is gone. The waiting claim holds no port (it has no lease, and its run let go of
+		// what it took), so no claim waits for it in turn.
+		unlockOther, lockErr := e.locks.lock(budget, behind.stack)
+		if lockErr == nil {
+			unlockOther()
+		}
+		if lockErr != nil || budget.Err() != nil {
+			err = fmt.Errorf("%w: %w", storage.ErrLocked, err)
+			break
+		}
+		durable, err = e.db.Commit(budget, run)
+	}
+	return durable, err
 }
 
 // stagedCommit is what a stack's transaction under way wrote (see Engine.staged).
