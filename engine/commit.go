@@ -148,13 +148,7 @@ func (e *Engine) commit(tx storage.Txn, c Caller, r cachedRecord, v Value, now t
 	if err != nil {
 		return err
 	}
-	staged := stagedCommit{record: saved}
-	if e.vanished != nil {
-		if v, ok := vanishedBetween(r.Record, saved.Record); ok {
-			staged.vanished = &v
-		}
-	}
-	e.staged.Store(stackKey(r.Cockpit, r.Stack), staged)
+	e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
 	if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
 		return err
 	}
@@ -197,10 +191,9 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	}
 	durable, err := e.commitPastHolds(budget, run)
 	var written *cachedRecord
-	var vanished *Vanished
 	if staged, ok := e.staged.LoadAndDelete(key); ok && err == nil {
-		s := staged.(stagedCommit)
-		written, vanished = &s.record, s.vanished
+		r := staged.(cachedRecord)
+		written = &r
 	}
 	if e.holds != nil {
 		// Still under the stack's lock: what the transaction held becomes the committed lease's,
@@ -234,9 +227,6 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	}
 	e.changes.publish(key)
 	e.cockpitChanges.publish(key)
-	if vanished != nil {
-		e.vanished(ctx, *vanished)
-	}
 	return nil
 }
 
@@ -272,12 +262,6 @@ func (e *Engine) commitPastHolds(budget context.Context, run func(storage.Txn) e
 		durable, err = e.db.Commit(budget, run)
 	}
 	return durable, err
-}
-
-// stagedCommit is what a stack's transaction under way wrote (see Engine.staged).
-type stagedCommit struct {
-	record   cachedRecord
-	vanished *Vanished // nil: the commit took no name out, or nobody asked (OnVanished)
 }
 
 // locked is why an operation on key gave up waiting: the caller's own cancellation (an

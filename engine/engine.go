@@ -82,8 +82,6 @@ type Engine struct {
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
 	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
 	staged sync.Map
-	// vanished is told what each commit took out of a stack's tree (OnVanished; nil: nobody).
-	vanished func(ctx context.Context, v Vanished)
 }
 
 // New returns an engine over db, which this process alone writes.

@@ -29,8 +29,7 @@ type entry struct {
 // another operation (holders released by a claim or a drain, the ports and env of a lease)
 // cannot be kept stale by it: attributes are never cached, so a stat of a kept name reaches
 // Getattr, which answers ENOENT once it is gone, and an open reaches Open, which answers ESTALE
-// so the kernel walks the path again with a fresh LOOKUP. This daemon's own commits tell the
-// kernel at once (vanished.go), sparing that walk; another daemon's, over a shared store, do not.
+// so the kernel walks the path again with a fresh LOOKUP.
 const entryTimeout = time.Hour
 
 // ownNames is implemented by listings whose names appear only through this mount's own mkdir or

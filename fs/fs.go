@@ -37,8 +37,6 @@ type FS struct {
 	followers followers
 	// scratch are the files beside each cockpit's config (see scratch.go).
 	scratch scratchFiles
-	// vanished are commits whose names the kernel is yet to be told are gone (see vanished.go).
-	vanished chan engine.Vanished
 }
 
 // Options configure a mount.
@@ -60,8 +58,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	if logger == nil {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
-	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger,
-		vanished: make(chan engine.Vanished, vanishedQueue)}
+	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger}
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
 	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the
 	// exception: their nodes never change, and their names are looked up at every open (see
@@ -80,19 +77,12 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			MaxBackground: 64,
 		},
 	}
-	root := fsys.newDir("", "", "", rootListing{})
-	raw := rawLayer{fs.NewNodeFS(root, options), fsys}
+	raw := rawLayer{fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}
 	server, err := fuse.NewServer(raw, dir, &options.MountOptions)
 	if err != nil {
 		return nil, err
 	}
-	eng.OnVanished(fsys.forgetVanished)
-	served := make(chan struct{})
-	go fsys.tellKernelVanished(root.EmbeddedInode(), served)
-	go func() {
-		server.Serve()
-		close(served)
-	}()
+	go server.Serve()
 	return server, nil
 }
 
