@@ -23,11 +23,17 @@ type entry struct {
 	frozen bool
 	// unlisted: found by name but never listed (see waitFile).
 	unlisted bool
+	// unkept: a name that other operations than its own unlink take away (a holder a drain or a
+	// claim releases). The kernel keeps it no time: kept, a create of the name after it went
+	// would be an OPEN of the old node answered ESTALE, then the whole path walked again, a
+	// LOOKUP per component. (Telling the kernel at once is not safe: the notification waits
+	// for the directory's lock, which a request to a daemon killed meanwhile holds for good.)
+	unkept bool
 }
 
 // entryTimeout is how long the kernel may keep a name it looked up. Names that vanish through
-// another operation (holders released by a claim or a drain, the ports and env of a lease)
-// cannot be kept stale by it: attributes are never cached, so a stat of a kept name reaches
+// another operation (holders released by a claim or a drain (but see entry.unkept), the ports and
+// env of a lease) cannot be kept stale by it: attributes are never cached, so a stat of a kept name reaches
 // Getattr, which answers ENOENT once it is gone, and an open reaches Open, which answers ESTALE
 // so the kernel walks the path again with a fresh LOOKUP.
 const entryTimeout = time.Hour
@@ -152,7 +158,7 @@ func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh fs.File
 		out.Attr = attr.Attr
 		out.SetAttrTimeout(attr.Timeout())
 	}
-	if !e.frozen {
+	if !e.frozen && !e.unkept {
 		out.SetEntryTimeout(entryTimeout)
 	}
 	return in, 0

@@ -225,7 +225,7 @@ func (holdersListing) entries(_ context.Context, d *dir) ([]entry, error) {
 	}
 	es := make([]entry, len(r.Value.Holders))
 	for i, h := range r.Value.Holders {
-		es[i] = entry{name: h.Name, node: d.fsys.holderFile(d, h.Name)}
+		es[i] = holderEntry(d, h.Name)
 	}
 	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
 	return es, nil
@@ -239,11 +239,13 @@ func (holdersListing) lookup(_ context.Context, d *dir, name string) (entry, boo
 	if _, ok := r.Value.Holder(name); !ok {
 		return entry{}, false, nil // a claim's create looks its name up first
 	}
-	return entry{name: name, node: d.fsys.holderFile(d, name)}, true, nil
+	return holderEntry(d, name), true, nil
 }
 
-func (f *FS) holderFile(d *dir, name string) *file {
-	return f.newFile(d.child(name), d.cockpit, d.stack, f.holderView(d.cockpit, d.stack, name, nil), holderWriter{name: name})
+func holderEntry(d *dir, name string) entry {
+	f := d.fsys
+	node := f.newFile(d.child(name), d.cockpit, d.stack, f.holderView(d.cockpit, d.stack, name, nil), holderWriter{name: name})
+	return entry{name: name, node: node, unkept: true}
 }
 
 // create claims the stack for a new holder (§4). The create's open shows the holder in the state

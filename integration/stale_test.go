@@ -3,6 +3,7 @@ package integration
 import (
 	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -198,5 +199,22 @@ func TestMissingNamesAppear(t *testing.T) {
 	}
 	if got := looker.run("cat ports/HTTP; sed -n 's/^name=//p' holders/w"); got != "38680\nw\n" {
 		t.Fatalf("reading what appeared: %q", got)
+	}
+}
+
+// A holder a drain released is not kept by the kernel, so claiming the same name again is a
+// LOOKUP and a CREATE (the daemon's debug log shows every request), not an OPEN of the released
+// node answered ESTALE and the whole path walked again.
+func TestClaimAfterDrainIsNotAnsweredStale(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--log-level", "debug")
+	m.setupApp(4, map[string]int{"HTTP": 38630}, "s")
+	m.ok("cd $M/app/stacks/s && touch holders/h && cat holders/h > /dev/null")
+	m.ok("cd $M/app/stacks/s && echo sleep > drain/request && echo start > drain/attempt && echo success > drain/outcome")
+	before := len(m.log.String())
+	m.ok("cd $M/app/stacks/s && touch holders/h")
+	claim := m.log.String()[before:]
+	if stale := regexp.MustCompile(`tx \d+: +116=`).FindString(claim); stale != "" || !strings.Contains(claim, `CREATE`) {
+		t.Fatalf("the claim after the drain: ESTALE %q, want a LOOKUP and a CREATE:\n%s", stale, claim)
 	}
 }
