@@ -259,6 +259,7 @@ type txn struct {
 	db     *DB
 	btx    *badger.Txn
 	rts    uint64
+	gen    uint64 // the generation of pending's latest when it began, before rts was chosen
 	update bool
 	reads  []string
 	writes []write
@@ -281,22 +282,25 @@ func (t *txn) Get(key string) (value []byte, err error) {
 			value, err = nil, fmt.Errorf("kv: get %q: %v: %w", key, p, storage.ErrCorrupt)
 		}
 	}()
+	// Its own writes, then commits badger has yet to apply or the latest it applied, then badger.
+	// (A View's read version is applied: nothing it reads is pending.)
+	var w write
+	var ok bool
 	if t.update {
 		t.reads = append(t.reads, key)
-		// Its own writes, then commits badger has yet to apply, then badger.
-		w, ok := t.ownWrite(key)
-		if !ok {
-			var v pendingVersion
-			if v, ok = t.db.log.pending.at(key, t.rts); ok {
-				w = write{key: key, value: v.value, delete: v.del}
-			}
+		w, ok = t.ownWrite(key)
+	}
+	if !ok {
+		var v pendingVersion
+		if v, ok = t.db.log.pending.at(key, t.rts); ok {
+			w = write{key: key, value: v.value, delete: v.del}
 		}
-		if ok {
-			if w.delete {
-				return nil, storage.ErrNotFound
-			}
-			return bytes.Clone(w.value), nil
+	}
+	if ok {
+		if w.delete {
+			return nil, storage.ErrNotFound
 		}
+		return bytes.Clone(w.value), nil
 	}
 	item, err := t.btx.Get([]byte(key))
 	if errors.Is(err, badger.ErrKeyNotFound) {
@@ -313,7 +317,8 @@ func (t *txn) Get(key string) (value []byte, err error) {
 	if err != nil {
 		return nil, readError("read value of", key, err)
 	}
-	return value, nil
+	t.db.log.pending.read(key, item.Version(), value, t.gen)
+	return bytes.Clone(value), nil
 }
 
 // readError marks a failed checksum as damage, which the adapter answers with EIO.
@@ -417,6 +422,7 @@ func (db *DB) View(fn func(storage.Txn) error) error {
 	if err := db.log.err(); err != nil {
 		return err
 	}
+	gen := db.log.pending.gen()
 	rts := db.log.beginRead()
 	defer db.log.endRead(rts)
 	// Every commit sequenced before the View began, durable and applied.
@@ -425,7 +431,7 @@ func (db *DB) View(fn func(storage.Txn) error) error {
 	}
 	btx := db.bdb.NewTransactionAt(rts, false)
 	defer btx.Discard()
-	return fn(&txn{db: db, btx: btx, rts: rts})
+	return fn(&txn{db: db, btx: btx, rts: rts, gen: gen})
 }
 
 // Update runs fn in a read-write transaction and commits it. If the commit
@@ -476,9 +482,10 @@ func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, err e
 	if err := l.err(); err != nil {
 		return nil, err
 	}
+	gen := l.pending.gen()
 	rts := l.beginRead()
 	defer l.endRead(rts)
-	t := &txn{db: db, btx: db.bdb.NewTransactionAt(rts, true), rts: rts, update: true}
+	t := &txn{db: db, btx: db.bdb.NewTransactionAt(rts, true), rts: rts, gen: gen, update: true}
 	defer func() {
 		if t.btx != nil { // not handed to the applier
 			t.btx.Discard()

@@ -12,16 +12,39 @@ import (
 // sequencing until badger has applied it; a read at version rts takes a key's newest pending
 // version up to rts, and badger's at rts for a key with none (no commit up to rts that badger
 // has yet to apply wrote it).
+//
+// It also remembers the newest applied version of the keys written or read lately (latest), so
+// that a Get of one is a map lookup instead of badger's walk of its memtables and levels, each
+// table block read decoded and its checksum verified: a claim reads six keys, most of them
+// written by the commit before. The newest applied version of a key is what badger holds at any
+// read version at or above it, up to the key's next commit, which is pending until it is applied
+// and then replaces it here (under mu, in the same step that takes it out of pending).
 type pending struct {
 	mu   sync.Mutex
 	keys map[string][]pendingVersion // oldest first
+
+	latest      map[string]pendingVersion
+	latestBytes int
+	// generation counts the times latest forgot keys. A version read from badger is remembered
+	// only if nothing was forgotten since its transaction began: a newer version, committed
+	// since, is then in pending or in latest, and no older one can take its place.
+	generation uint64
 }
 
 type pendingVersion struct {
 	ts    uint64
 	value []byte
 	del   bool
+	// uncached marks a version too large to keep: reads at or above it go to badger.
+	uncached bool
 }
+
+// Bounds of latest: past latestBudget bytes of values it starts again empty; a value larger than
+// latestValueMax is not kept.
+const (
+	latestBudget   = 1 << 20
+	latestValueMax = 64 << 10
+)
 
 // add records the writes of the commit of version ts; the log's mu is held, and ts is not yet
 // sequenced for readers.
@@ -38,11 +61,13 @@ func (p *pending) add(ts uint64, writes []write) {
 
 // applied drops the commit of version ts, which badger now holds, and every older version of its
 // keys: badger applies commits in order, but their callbacks (this) may run out of order, and an
-// older version left behind would be read instead of this one.
+// older version left behind would be read instead of this one. Its writes become their keys'
+// latest.
 func (p *pending) applied(ts uint64, writes []write) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, w := range writes {
+		p.remember(w.key, pendingVersion{ts: ts, value: w.value, del: w.delete})
 		versions := p.keys[w.key]
 		kept := versions[:0]
 		for _, v := range versions {
@@ -58,7 +83,28 @@ func (p *pending) applied(ts uint64, writes []write) {
 	}
 }
 
-// at returns key's newest pending version up to rts.
+// remember makes v key's latest unless latest holds a newer version. mu is held.
+func (p *pending) remember(key string, v pendingVersion) {
+	old, known := p.latest[key]
+	if known && old.ts >= v.ts {
+		return
+	}
+	if len(v.value) > latestValueMax {
+		v.value, v.uncached = nil, true
+	}
+	if p.latestBytes+len(v.value)-len(old.value) > latestBudget {
+		p.latest, p.latestBytes, old = nil, 0, pendingVersion{}
+		p.generation++
+	}
+	if p.latest == nil {
+		p.latest = map[string]pendingVersion{}
+	}
+	p.latest[key] = v
+	p.latestBytes += len(v.value) - len(old.value)
+}
+
+// at returns key's version at read version rts when pending or latest knows it: its newest
+// pending version up to rts, else its latest if that is at or below rts.
 func (p *pending) at(key string, rts uint64) (pendingVersion, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -68,7 +114,28 @@ func (p *pending) at(key string, rts uint64) (pendingVersion, bool) {
 			return versions[i], true
 		}
 	}
+	if v, ok := p.latest[key]; ok && v.ts <= rts && !v.uncached {
+		return v, true
+	}
 	return pendingVersion{}, false
+}
+
+// gen is the generation of latest, taken when a transaction begins.
+func (p *pending) gen() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.generation
+}
+
+// read remembers value, key's version ts as badger returned it to a transaction begun at
+// generation gen: the newest version up to the transaction's read version, and (latest having
+// forgotten nothing since) the newest applied one unless latest holds a newer.
+func (p *pending) read(key string, ts uint64, value []byte, gen uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.generation == gen {
+		p.remember(key, pendingVersion{ts: ts, value: value})
+	}
 }
 
 // prefixed returns, in key order, the newest pending version up to rts of every key starting
