@@ -35,6 +35,8 @@ const (
 
 var errReadOnly = errors.New("kv: store opened read-only")
 
+var errClosed = errors.New("kv: store closed")
+
 // DB is an open store. It is safe for concurrent use.
 type DB struct {
 	bdb      *badger.DB
@@ -235,6 +237,9 @@ func (db *DB) closeStore() error {
 
 // Close closes badger, then releases the directory lock.
 func (db *DB) Close() error {
+	// Every later View and Update answers errClosed: a Get that latest answers would otherwise
+	// still succeed once badger is closed.
+	defer db.log.fail(errClosed)
 	if db.scratch == "" && checkSpace(db.dir) != nil {
 		// badger's Close flushes the memtable into a table it writes through a memory map: on a
 		// full disk, SIGBUS. Every acknowledged commit is in the write-ahead log, which the next

@@ -3,6 +3,7 @@ package kv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -117,4 +118,24 @@ func check(found, want bool) error {
 		return fmt.Errorf("found %v, want %v", found, want)
 	}
 	return nil
+}
+
+// A closed store answers no read, not even one latest could answer without badger.
+func TestClosedStoreAnswersNothing(t *testing.T) {
+	t.Parallel()
+	db, err := Open(filepath.Join(t.TempDir(), "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set(t, db, "k", "1")
+	if v, _ := get(t, db, "k"); v != "1" {
+		t.Fatalf("k = %q, want 1", v)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	err = db.View(func(tx storage.Txn) error { _, err := tx.Get("k"); return err })
+	if !errors.Is(err, errClosed) {
+		t.Errorf("a read of k after Close: %v, want %v", err, errClosed)
+	}
 }
