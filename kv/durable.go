@@ -24,7 +24,8 @@ import (
 // or not, and every key its scans returned, against the commits sequenced since its read
 // version), its version (next), its record encoded and pwritten, and its writes handed to
 // badger's write goroutine (CommitAt), which applies them while the commit's sync runs. It is
-// acknowledged once its record is synced and badger has applied it.
+// acknowledged once its record is synced, whether or not badger has applied it yet: an Update
+// reads what badger has yet to apply from pending, and a View waits for badger (acknowledge).
 //
 // Syncs are shared: a committer that finds no round running leads one, on its own thread,
 // fdatasyncing every segment that holds records sequenced before the round began; committers
@@ -346,7 +347,8 @@ func (l *commitLog) round() (uint64, error) {
 	return target, nil
 }
 
-// acknowledge returns once the commit of version ts is durable and applied.
+// acknowledge returns once the commit of version ts is durable and applied: what a View waits for
+// before it reads badger.
 func (l *commitLog) acknowledge(ts uint64) error {
 	if err := l.waitDurable(ts); err != nil {
 		return err

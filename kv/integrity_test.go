@@ -158,9 +158,11 @@ func refused(t *testing.T, dir, file string) {
 	}
 }
 
-// checkpointNow runs a checkpoint to its end, as the log does every checkpointEvery commits.
+// checkpointNow runs a checkpoint to its end, as the log does every checkpointEvery commits,
+// once badger has applied every commit acknowledged so far: the checkpoint covers them all.
 func checkpointNow(t *testing.T, db *DB) {
 	t.Helper()
+	applied(t, db)
 	l := db.log
 	for !l.checkpointing.CompareAndSwap(false, true) {
 		l.background.Wait()

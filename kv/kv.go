@@ -503,8 +503,10 @@ func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, err e
 		}
 		return nil, err
 	}
+	// A commit is acknowledged once durable: badger applies it meanwhile, and a View, the only
+	// read of badger that could miss it, waits for that itself.
 	if len(t.writes) == 0 {
-		return func() error { return l.acknowledge(rts) }, nil
+		return func() error { return l.waitDurable(rts) }, nil
 	}
 	// A statfs a commit (≈ 1 µs of a commit's ≈ 170): badger writes new memtable logs through
 	// maps of sparse files until the next checkpoint allocates them (see checkSpace).
@@ -515,7 +517,7 @@ func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, err e
 	if err != nil {
 		return nil, err
 	}
-	return func() error { return l.acknowledge(ts) }, nil
+	return func() error { return l.waitDurable(ts) }, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

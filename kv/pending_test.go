@@ -24,6 +24,15 @@ func fillLatest(t *testing.T, db *DB) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		applied(t, db)
+	}
+}
+
+// applied returns once badger has applied every commit acknowledged so far, as a View waits for.
+func applied(t *testing.T, db *DB) {
+	t.Helper()
+	if err := db.View(func(storage.Txn) error { return nil }); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -107,6 +116,7 @@ func TestLatestRemembersReadsAndCommits(t *testing.T) {
 		if err := s.do(); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
+		applied(t, db)
 		if got := latest(); got != s.want {
 			t.Errorf("after %s, latest of k = %q, want %q", s.name, got, s.want)
 		}

@@ -393,3 +393,30 @@ func TestOpenUndoesVersionsBeyondTheLog(t *testing.T) {
 		t.Errorf("after = %q, want y", v)
 	}
 }
+
+// A commit is acknowledged once it is durable, without waiting for badger to apply it: the next
+// Update reads it from pending, and a View, which reads badger, waits for badger itself. (While
+// this test holds the applied watermark, badger's callbacks cannot mark anything applied: an
+// Update that waited for that would never return.)
+func TestCommitIsAcknowledgedBeforeBadgerAppliesIt(t *testing.T) {
+	t.Parallel()
+	db, _ := openTemp(t)
+	db.log.applied.mu.Lock()
+	set(t, db, "k", "1")
+	var seen string
+	err := db.Update(context.Background(), func(tx storage.Txn) error {
+		v, err := tx.Get("k")
+		seen = string(v)
+		if err != nil {
+			return err
+		}
+		return tx.Set("k", []byte("2"))
+	})
+	db.log.applied.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, db, "k"); seen != "1" || v != "2" {
+		t.Errorf("the second Update read %q, a View after both %q; want 1 and 2", seen, v)
+	}
+}
