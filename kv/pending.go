@@ -39,12 +39,19 @@ type pendingVersion struct {
 	uncached bool
 }
 
-// Bounds of latest: past latestBudget bytes of values it starts again empty; a value larger than
-// latestValueMax is not kept.
+// Bounds of latest: past latestBudget bytes it starts again empty; a value larger than
+// latestValueMax is not kept. An entry costs its key, its value's allocation and
+// latestEntryCost for the map, so that deleted keys (an events file deletes a line at every
+// commit) count too.
 const (
-	latestBudget   = 1 << 20
-	latestValueMax = 64 << 10
+	latestBudget    = 1 << 20
+	latestValueMax  = 64 << 10
+	latestEntryCost = 64
 )
+
+func latestCost(key string, v pendingVersion) int {
+	return len(key) + cap(v.value) + latestEntryCost
+}
 
 // add records the writes of the commit of version ts; the log's mu is held, and ts is not yet
 // sequenced for readers.
@@ -83,24 +90,28 @@ func (p *pending) applied(ts uint64, writes []write) {
 	}
 }
 
-// remember makes v key's latest unless latest holds a newer version. mu is held.
+// remember makes v key's latest unless latest holds a newer version (a later write of the key in
+// the same commit, at the same version, replaces an earlier one). mu is held.
 func (p *pending) remember(key string, v pendingVersion) {
 	old, known := p.latest[key]
-	if known && old.ts >= v.ts {
+	if known && old.ts > v.ts {
 		return
 	}
 	if len(v.value) > latestValueMax {
 		v.value, v.uncached = nil, true
 	}
-	if p.latestBytes+len(v.value)-len(old.value) > latestBudget {
-		p.latest, p.latestBytes, old = nil, 0, pendingVersion{}
+	if known {
+		p.latestBytes -= latestCost(key, old)
+	}
+	if p.latestBytes+latestCost(key, v) > latestBudget {
+		p.latest, p.latestBytes = nil, 0
 		p.generation++
 	}
 	if p.latest == nil {
 		p.latest = map[string]pendingVersion{}
 	}
 	p.latest[key] = v
-	p.latestBytes += len(v.value) - len(old.value)
+	p.latestBytes += latestCost(key, v)
 }
 
 // at returns key's version at read version rts when pending or latest knows it: its newest

@@ -149,3 +149,58 @@ func TestClosedStoreAnswersNothing(t *testing.T) {
 		t.Errorf("a read of k after Close: %v, want %v", err, errClosed)
 	}
 }
+
+// The last write of a key in a commit is what a read finds, as in badger.
+func TestLatestTakesACommitsLastWriteOfAKey(t *testing.T) {
+	t.Parallel()
+	db, _ := openTemp(t)
+	err := db.Update(context.Background(), func(tx storage.Txn) error {
+		if err := tx.Set("k", []byte("1")); err != nil {
+			return err
+		}
+		if err := tx.Set("gone", []byte("1")); err != nil {
+			return err
+		}
+		if err := tx.Delete("gone"); err != nil {
+			return err
+		}
+		return tx.Set("k", []byte("2"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied(t, db)
+	k, _ := get(t, db, "k")
+	if _, found := get(t, db, "gone"); k != "2" || found {
+		t.Errorf("k = %q, gone found: %v; want 2 and not found", k, found)
+	}
+}
+
+// Deleted keys count against latest's budget too: an events file deletes a line at every commit.
+func TestLatestStaysBoundedWithDeletedKeys(t *testing.T) {
+	t.Parallel()
+	db, _ := openTemp(t)
+	for c := range 20 {
+		err := db.Update(context.Background(), func(tx storage.Txn) error {
+			for i := range 1000 {
+				key := fmt.Sprintf("line/%d/%d", c, i)
+				if err := tx.Set(key, []byte("x")); err != nil {
+					return err
+				}
+				if err := tx.Delete(key); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied(t, db)
+	db.log.pending.mu.Lock()
+	defer db.log.pending.mu.Unlock()
+	if n := len(db.log.pending.latest); n > latestBudget/latestEntryCost {
+		t.Errorf("latest holds %d keys after 20,000 deleted, more than its budget's %d entries", n, latestBudget/latestEntryCost)
+	}
+}
