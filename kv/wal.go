@@ -39,7 +39,7 @@ import (
 // under a page never straddles a page boundary: it starts on the next page instead, the rest of
 // the page left zero, so its sync writes one page.
 const (
-	segmentSize  = 4 << 20
+	segmentSize  = 2 << 20
 	pageSize     = 4096
 	recordHeader = 8
 	bodyHeader   = 17

@@ -254,52 +254,93 @@ func TestHelperCommitUntilKilled(t *testing.T) {
 	wg.Wait()
 }
 
+// commitUntilKilled runs TestHelperCommitUntilKilled on dir until it has acknowledged at least n
+// commits, SIGKILLs it and returns the keys it acknowledged.
+func commitUntilKilled(t *testing.T, dir string, n int) []string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCommitUntilKilled$")
+	cmd.Env = append(os.Environ(), killEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var acked []string
+	lines := bufio.NewScanner(stdout)
+	for len(acked) < n && lines.Scan() {
+		key, ok := strings.CutPrefix(lines.Text(), "acked ")
+		if !ok {
+			t.Fatalf("child: %s", lines.Text())
+		}
+		acked = append(acked, key)
+	}
+	cmd.Process.Kill()
+	for lines.Scan() { // acknowledged before the kill landed
+		if key, ok := strings.CutPrefix(lines.Text(), "acked "); ok {
+			acked = append(acked, key)
+		}
+	}
+	cmd.Wait()
+	return acked
+}
+
+// openHolding opens dir and checks that it holds every acknowledged key.
+func openHolding(t *testing.T, dir string, acked []string) *DB {
+	t.Helper()
+	db, err := Open(dir)
+	if err != nil {
+		t.Fatalf("Open after SIGKILL: %v", err)
+	}
+	for _, key := range acked {
+		if v, ok := get(t, db, key); !ok || v != strings.Repeat(key, 40) {
+			t.Errorf("acknowledged %s is missing or wrong after SIGKILL", key)
+		}
+	}
+	return db
+}
+
 // Every commit a process acknowledged before SIGKILL is in the store its next Open replays, and
 // the log keeps going after it.
 func TestAcknowledgedCommitsSurviveSIGKILL(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	for round := range 3 {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCommitUntilKilled$")
-		cmd.Env = append(os.Environ(), killEnv+"="+dir)
-		cmd.Stderr = os.Stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		var acked []string
-		lines := bufio.NewScanner(stdout)
-		for len(acked) < 400+round*700 && lines.Scan() {
-			key, ok := strings.CutPrefix(lines.Text(), "acked ")
-			if !ok {
-				t.Fatalf("child: %s", lines.Text())
-			}
-			acked = append(acked, key)
-		}
-		cmd.Process.Kill()
-		for lines.Scan() { // acknowledged before the kill landed
-			if key, ok := strings.CutPrefix(lines.Text(), "acked "); ok {
-				acked = append(acked, key)
-			}
-		}
-		cmd.Wait()
-		db, err := Open(dir)
-		if err != nil {
-			t.Fatalf("round %d: Open after SIGKILL: %v", round, err)
-		}
-		for _, key := range acked {
-			if v, ok := get(t, db, key); !ok || v != strings.Repeat(key, 40) {
-				t.Errorf("round %d: acknowledged %s is missing or wrong after SIGKILL", round, key)
-			}
-		}
+		db := openHolding(t, dir, commitUntilKilled(t, dir, 400+round*700))
 		if err := db.Close(); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A log written by a version whose segments were 4 MiB (the last one a spare never written) is
+// replayed, and left for segments of today's size.
+func TestOpensSegmentsOfTheEarlierSize(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	acked := commitUntilKilled(t, dir, 600)
+	for _, index := range segmentsIn(t, dir) {
+		if err := os.Truncate(filepath.Join(dir, segmentName(index)), 4<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := openHolding(t, dir, acked)
+	set(t, db, "after", "reopened")
+	for _, index := range segmentsIn(t, dir) {
+		if info, err := os.Stat(filepath.Join(dir, segmentName(index))); err != nil || info.Size() != segmentSize {
+			t.Errorf("segment %d after Open: %v %v, want %d bytes", index, info.Size(), err, segmentSize)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openHolding(t, dir, acked)
+	defer db.Close()
+	if v, _ := get(t, db, "after"); v != "reopened" {
+		t.Errorf("the commit after the reopen read %q", v)
 	}
 }
 
