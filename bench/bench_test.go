@@ -243,6 +243,7 @@ func BenchmarkClaim(b *testing.B) {
 	paired(b, map[string]op{
 		"cockpitfs": create(sharedDaemon(b).path("app", "stacks", "s", "holders", "c")),
 		"floor":     create(filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "c")),
+		"synced":    create(filepath.Join(floorDirFor(b), "app", "stacks", "s", "synced", "c")),
 		"engine": {
 			run: func() error {
 				began, committing := time.Now(), f.commits.spent.Load()

@@ -14,6 +14,9 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // The FUSE floor: the least a go-fuse filesystem in cockpitfs's cache mode costs for the same
@@ -75,8 +78,16 @@ func (f *floorFile) Setattr(ctx context.Context, fh fs.FileHandle, _ *fuse.SetAt
 	return f.Getattr(ctx, fh, out)
 }
 
-// floorDir is a directory where files can be created and unlinked, like holders/.
-type floorDir struct{ fs.Inode }
+// floorDir is a directory where files can be created and unlinked, like holders/. In a synced one
+// (store set) a create returns once one commit of a record-sized value to store is durable, as a
+// claim's does: what a claim through FUSE costs with none of the engine's work.
+type floorDir struct {
+	fs.Inode
+	store *kv.DB
+}
+
+// syncedValue is what a synced create commits: about a claimed stack's record.
+var syncedValue = make([]byte, 1200)
 
 var (
 	_ = (fs.NodeLookuper)((*floorDir)(nil))
@@ -105,7 +116,12 @@ func (d *floorDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	return child, 0
 }
 
-func (d *floorDir) Create(ctx context.Context, _ string, _, _ uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+func (d *floorDir) Create(ctx context.Context, name string, _, _ uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if d.store != nil {
+		if err := d.store.Update(ctx, func(tx storage.Txn) error { return tx.Set(name, syncedValue) }); err != nil {
+			return nil, nil, 0, fs.ToErrno(err)
+		}
+	}
 	out.Mode = syscall.S_IFREG | 0o644
 	out.Nlink = 1
 	out.SetEntryTimeout(floorKept)
@@ -114,9 +130,13 @@ func (d *floorDir) Create(ctx context.Context, _ string, _, _ uint32, out *fuse.
 
 func (*floorDir) Unlink(context.Context, string) syscall.Errno { return 0 }
 
-// floorRoot builds app/stacks/s/ports/HTTP, app/stacks/s/control and app/stacks/s/holders/, the
-// paths the cockpitfs benchmarks use, so both walk the same number of components.
-type floorRoot struct{ floorDir }
+// floorRoot builds app/stacks/s/ports/HTTP, app/stacks/s/control, app/stacks/s/holders/ and the
+// durable app/stacks/s/synced/, the paths the cockpitfs benchmarks use, so both walk the same
+// number of components. synced is the synced directory's store, on the disk the daemon's is on.
+type floorRoot struct {
+	floorDir
+	synced *kv.DB
+}
 
 var _ = (fs.NodeOnAdder)((*floorRoot)(nil))
 
@@ -132,6 +152,7 @@ func (r *floorRoot) OnAdd(ctx context.Context) {
 	// control takes the write floor's writes, with a control file's direct I/O.
 	s.AddChild("control", s.NewPersistentInode(ctx, &floorFile{}, fs.StableAttr{Mode: syscall.S_IFREG}), false)
 	dir(s, "holders", &floorDir{})
+	dir(s, "synced", &floorDir{store: r.synced})
 }
 
 // floorMount is the floor filesystem, mounted at first use for the rest of the run.
@@ -178,7 +199,13 @@ func serveFloor(dir string) int {
 	// Timeouts are floorDir's and floorFile's; missing names are kept, as cockpitfs keeps missing
 	// holders (holders/ is the floor's one directory whose names change at all).
 	zero, kept := time.Duration(0), floorKept
-	server, err := fs.Mount(dir, &floorRoot{}, &fs.Options{
+	store, err := kv.Open(filepath.Join(filepath.Dir(dir), "floor-store"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "floor:", err)
+		return 1
+	}
+	defer store.Close()
+	server, err := fs.Mount(dir, &floorRoot{synced: store}, &fs.Options{
 		AttrTimeout:     &zero,
 		NegativeTimeout: &kept,
 		MountOptions: fuse.MountOptions{
