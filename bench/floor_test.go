@@ -197,7 +197,7 @@ func floorDirFor(b *testing.B) string {
 // serveFloor mounts the floor on dir and serves it until SIGTERM.
 func serveFloor(dir string) int {
 	// Timeouts are floorDir's and floorFile's; missing names are kept, as cockpitfs keeps missing
-	// holders (holders/ is the floor's one directory whose names change at all).
+	// holders (holders/ and synced/ are the floor's directories whose names change at all).
 	zero, kept := time.Duration(0), floorKept
 	store, err := kv.Open(filepath.Join(filepath.Dir(dir), "floor-store"))
 	if err != nil {
