@@ -74,6 +74,33 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// daemonLog is a daemon's output in a file the daemon writes itself, so a line it logs before
+// answering a request is there when the request returns: through a pipe, exec's copier could
+// still hold it (a check of the log right after a refusal failed that way in CI).
+type daemonLog struct{ path string }
+
+// newDaemonLog opens a fresh log file and gives cmd it as stdout and stderr.
+func newDaemonLog(t *testing.T, cmd *exec.Cmd) *daemonLog {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "daemon.log")
+	// O_APPEND: stdout and stderr share the file without writing over each other.
+	out, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { out.Close() })
+	cmd.Stdout, cmd.Stderr = out, out
+	return &daemonLog{path}
+}
+
+func (l *daemonLog) String() string {
+	b, err := os.ReadFile(l.path)
+	if err != nil {
+		return fmt.Sprintf("(the daemon's log cannot be read: %v)", err)
+	}
+	return string(b)
+}
+
 // mount is one running daemon serving a mount point.
 type mount struct {
 	t    *testing.T
@@ -89,7 +116,7 @@ type mount struct {
 	// are the namespace's (nil: the test's own, when it cannot make one).
 	ns   *netns.NS
 	cmd  *exec.Cmd
-	log  *syncBuffer
+	log  *daemonLog
 	done chan error
 	// nobody runs the daemon, and the mount's shell commands (sh, ok, refused), as uid 65534.
 	nobody bool
@@ -156,13 +183,12 @@ func (m *mount) listen(network, addr string) (net.Listener, error) {
 func (m *mount) start(args ...string) {
 	m.t.Helper()
 	m.args = args
-	m.log = &syncBuffer{}
 	all := append([]string{"mount", "--data", m.Data}, args...)
 	m.cmd = exec.Command(binary, append(all, m.Dir)...)
 	if m.nobody {
 		m.cmd = nonrootCommand(nonrootPath(m.t), append(all, m.Dir)...)
 	}
-	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
+	m.log = newDaemonLog(m.t, m.cmd)
 	if len(m.env) > 0 {
 		m.cmd.Env = append(os.Environ(), m.env...)
 	}
