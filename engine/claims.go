@@ -139,7 +139,9 @@ func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
 	}
 	changed := h
 	if w.CheckoutPath != "" && checkoutID(w.CheckoutPath) != h.CheckoutID {
-		if !w.createdHere {
+		// An unknown checkout (the creator's working directory was not the daemon's to read) is
+		// not an identity yet: any later write of the owner's may name it.
+		if !w.createdHere && h.CheckoutPath != "" {
 			return r.Value, refuse(StateRecordMalformed, h.HolderID, "claim under another holder name for another checkout",
 				"holder %s is bound to checkout %s; a checkout is part of a holder's identity", w.Name, h.CheckoutPath)
 		}
@@ -179,7 +181,7 @@ func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
 	if r.Value.Drain != nil {
 		return r.Value, refuse(ClaimCoTenant, h.HolderID, drainReservedFix, "holders cannot change while a drain is reserved")
 	}
-	if checkoutID(nh.CheckoutPath) != h.CheckoutID {
+	if !h.mayBeFrom(nh.CheckoutPath) {
 		return r.Value, refuse(StateRecordMalformed, h.HolderID, fmt.Sprintf("touch it from %s, or give this checkout a stack of its own", h.CheckoutPath),
 			"holder %s is bound to checkout %s, not %s", nh.Name, h.CheckoutPath, nh.CheckoutPath)
 	}
@@ -204,6 +206,13 @@ func releaseOwn(r Record, c Caller, name string) (Value, error) {
 	return releaseHolder(r.Value, name)
 }
 
+// mayBeFrom says whether the holder may be the one of checkout path: the same checkout, or one
+// of the two unknown (""), which is no evidence of another checkout (spec §4: an unknown
+// working directory is never refused).
+func (h Holder) mayBeFrom(path string) bool {
+	return h.CheckoutPath == "" || path == "" || h.CheckoutID == checkoutID(path)
+}
+
 // claimed is h as a claim records it at now: its identities derived from its name and checkout.
 // A claim proposes a Holder with only its name, checkout path, uid and process set.
 func (h Holder) claimed(now time.Time) Holder {
@@ -215,7 +224,7 @@ func (h Holder) claimed(now time.Time) Holder {
 // that name from another checkout is refused, since a checkout is part of a holder's identity.
 func addHolder(v Value, h Holder, now time.Time) (Value, bool, error) {
 	if existing, ok := v.Holder(h.Name); ok {
-		if existing.CheckoutID != checkoutID(h.CheckoutPath) {
+		if !existing.mayBeFrom(h.CheckoutPath) {
 			return v, false, refuse(StateRecordMalformed, holderID(h.Name), "use another holder name for another checkout",
 				"holder %s already claims this stack from %s", h.Name, existing.CheckoutPath)
 		}

@@ -666,3 +666,41 @@ func TestClaimUnknownStack(t *testing.T) {
 	requireCode(t, claimErr(e, "app", "missing", "alice"), NotFound)
 	requireCode(t, claimErr(e, "nope", "main", "alice"), NotFound)
 }
+
+// An unknown checkout (a working directory the daemon may not read: another user's, for a daemon
+// that is not root) is no evidence of another checkout: a touch from one re-binds, a claim of the
+// name from one claims it already, and a holder created with one may be told its checkout later.
+// A known other checkout is still refused.
+func TestUnknownCheckoutIsNoOtherCheckout(t *testing.T) {
+	c := me("write", "app/stacks/main/holders/alice")
+	now := time.Now()
+	alice := Holder{Name: "alice", UID: c.UID, CheckoutPath: "/src/alice", PID: 1, ProcessStart: "a"}.claimed(now)
+	bob := Holder{Name: "bob", UID: c.UID, PID: 1, ProcessStart: "a"}.claimed(now) // created from an unknown cwd
+	holders := []Holder{alice, bob}
+	sortHolders(holders)
+	r := Record{Value: Value{Holders: holders}}
+
+	v, err := rebindHolder(r, c, Holder{Name: "alice", UID: c.UID, PID: 2, ProcessStart: "b"})
+	if h, _ := v.Holder("alice"); err != nil || h.PID != 2 || h.CheckoutPath != "/src/alice" {
+		t.Errorf("touch of alice from an unknown cwd: %v, holder %+v", err, h)
+	}
+	v, err = rebindHolder(r, c, Holder{Name: "bob", UID: c.UID, CheckoutPath: "/src/anywhere", PID: 2, ProcessStart: "b"})
+	if h, _ := v.Holder("bob"); err != nil || h.PID != 2 || h.CheckoutPath != "" {
+		t.Errorf("touch of bob (checkout unknown) from /src/anywhere: %v, holder %+v", err, h)
+	}
+	_, err = rebindHolder(r, c, Holder{Name: "alice", UID: c.UID, CheckoutPath: "/src/other", PID: 2, ProcessStart: "b"})
+	requireCode(t, err, StateRecordMalformed)
+
+	if _, added, err := addHolder(r.Value, Holder{Name: "alice", UID: c.UID}, now); err != nil || added {
+		t.Errorf("a claim of alice from an unknown cwd: added %v, %v; want claimed already", added, err)
+	}
+	_, _, err = addHolder(r.Value, Holder{Name: "alice", UID: c.UID, CheckoutPath: "/src/other"}, now)
+	requireCode(t, err, StateRecordMalformed)
+
+	v, err = setHolder(r, c, holderWrite{Holder: Holder{Name: "bob", CheckoutPath: "/src/bob"}})
+	if h, _ := v.Holder("bob"); err != nil || h.CheckoutPath != "/src/bob" || h.CheckoutID != checkoutID("/src/bob") {
+		t.Errorf("a later write naming bob's checkout: %v, holder %+v", err, h)
+	}
+	_, err = setHolder(r, c, holderWrite{Holder: Holder{Name: "alice", CheckoutPath: "/src/other"}})
+	requireCode(t, err, StateRecordMalformed)
+}

@@ -381,6 +381,14 @@ echo checkout=/srv/u > $M/app/stacks/u/holders/named && grep checkout_path= $M/a
 		!strings.Contains(r.Stdout, "uid=4321\n") || !strings.HasSuffix(r.Stdout, "checkout_path=/srv/u\n") {
 		t.Fatalf("uid 4321 claiming from %s: exit %d\n%s%s", private, r.Code, r.Stdout, r.Stderr)
 	}
+	// Its touch of its own holder from there re-binds it (what `make up` does on every run): the
+	// unknown working directory is no evidence of another checkout. A later write may name the
+	// checkout the holder was created without; a touch from there still re-binds.
+	r = asOther(`touch $M/app/stacks/u/holders/me && echo checkout=$P > $M/app/stacks/u/holders/me &&
+grep checkout_path= $M/app/stacks/u/holders/me && touch $M/app/stacks/u/holders/me`)
+	if r.Code != 0 || r.Stdout != "checkout_path="+private+"\n" {
+		t.Fatalf("uid 4321 touching and naming the checkout of its holder from %s: exit %d\n%s%s", private, r.Code, r.Stdout, r.Stderr)
+	}
 	// The mounting user may not release uid 4321's holder; uid 4321 drains its own stack.
 	if r := m.sh("rm $M/app/stacks/u/holders/named"); r.Code == 0 || !strings.Contains(strings.ToLower(r.Stderr), "permission denied") {
 		t.Fatalf("uid 65534 released uid 4321's holder: exit %d %s", r.Code, r.Stderr)
