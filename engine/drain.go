@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -60,12 +61,9 @@ func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
 	if !v.Lease.Active() {
 		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "claim the stack first (touch holders/<name>)", "the stack has no active lease")
 	}
-	holder, err := drainRequester(v, q, in.mine)
+	holder, err := drainRequester(v, q, in.caller, in.mine)
 	if err != nil {
 		return r.Value, err
-	}
-	if !in.caller.may(holder.UID) {
-		return r.Value, in.caller.denied("holder "+holder.Name, holder.UID)
 	}
 	d, err := planDrain(r, v.Lease, holder, in, now)
 	if err != nil {
@@ -111,22 +109,31 @@ func resumeDrain(r Record, d *Drain, in reserveInput) error {
 
 // drainRequester is the holder a request names, or the stack's only holder, which must be the
 // only holder left after dead-holder release.
-func drainRequester(v Value, q DrainRequest, mine map[int]bool) (Holder, error) {
+func drainRequester(v Value, q DrainRequest, c Caller, mine map[int]bool) (Holder, error) {
 	const fix = "let the other holders release their claims (or stop them), then write the request again"
 	id := q.requesterID()
 	if id == "" {
 		switch len(v.Holders) {
 		case 1:
+			if !c.may(v.Holders[0].UID) {
+				return Holder{}, c.denied("holder "+v.Holders[0].Name, v.Holders[0].UID)
+			}
 			return v.Holders[0], nil
 		case 0:
 			return Holder{}, refuse(ClaimCoTenant, "", "claim the stack first (touch holders/<name>)", "no live holder claims the stack")
 		default:
 			// The requester is unnamed; the caller's own holders are not the ones in its way.
-			others := v.Holders
-			if notMine := heldByOthers(v.Holders, mine); len(notMine) > 0 {
-				others = notMine
+			notMine := heldByOthers(v.Holders, mine)
+			if len(notMine) == 0 {
+				// Releasing every one would leave none to drain for (the last holder stays).
+				names := make([]string, len(v.Holders))
+				for i, h := range v.Holders {
+					names[i] = h.Name
+				}
+				return Holder{}, refuse(ClaimCoTenant, "", "name the one the drain is for with holder=<name> and release the others (rm holders/<name>) first",
+					"every holder of this stack is held by your own session (%s), and a drain is for one of them", strings.Join(names, ", "))
 			}
-			return Holder{}, refuse(ClaimCoTenant, "", fix+", or name yours with holder=<name>", "%s", liveHolderMessage(others, mine))
+			return Holder{}, refuse(ClaimCoTenant, "", fix+", or name yours with holder=<name>", "%s", liveHolderMessage(notMine, mine))
 		}
 	}
 	var requester Holder
@@ -144,6 +151,11 @@ func drainRequester(v Value, q DrainRequest, mine map[int]bool) (Holder, error) 
 			name = id
 		}
 		return Holder{}, refuse(NotFound, id, "name a holder listed in holders/", "holder %s does not claim this stack", name)
+	}
+	// Whose the drain would be comes before who is in its way: the others' pids are not the
+	// caller's to end when the holder is not the caller's to drain for.
+	if !c.may(requester.UID) {
+		return Holder{}, c.denied("holder "+requester.Name, requester.UID)
 	}
 	if len(others) > 0 {
 		return Holder{}, refuse(ClaimCoTenant, id, fix, "%s", liveHolderMessage(others, mine))

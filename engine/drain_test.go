@@ -456,6 +456,27 @@ func TestDrainRefusals(t *testing.T) {
 		}, PermissionDenied, ""},
 		{"repair as stranger", active, func(t *testing.T, e *Engine) error { return e.Repair(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
 		{"cancel as stranger", reserved, func(t *testing.T, e *Engine) error { return e.CancelDrain(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
+		{"reserve for another uid's holder, one's own beside it", func(t *testing.T, e *Engine) {
+			if err := e.Claim(drainCtx, Caller{PID: os.Getpid(), UID: stranger.UID, Op: "create"}, "app", "s", "theirs", untracked("theirs")); err != nil {
+				t.Fatal(err)
+			}
+		}, func(t *testing.T, e *Engine) error {
+			r, err := e.Stack("app", "s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e.ReserveDrain(drainCtx, stranger, "app", "s", DrainRequest{Purpose: "sleep", Holder: "me"}, r.Revision)
+		}, PermissionDenied, "holder me belongs to uid"},
+		{"unnamed, every holder one's own", func(t *testing.T, e *Engine) {
+			claimStack(t, e, "t", "a", &Holder{PID: os.Getpid(), CheckoutPath: "/src/a"})
+			claimStack(t, e, "t", "b", &Holder{PID: os.Getpid(), CheckoutPath: "/src/b"})
+		}, func(t *testing.T, e *Engine) error {
+			r, err := e.Stack("app", "t")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e.ReserveDrain(drainCtx, drainCaller("request"), "app", "t", DrainRequest{Purpose: "sleep"}, r.Revision)
+		}, ClaimCoTenant, "name the one the drain is for with holder=<name>"},
 		{"start without drain", nothing, func(t *testing.T, e *Engine) error { return startExecutor(e, 0) }, NotFound, "no drain"},
 		{"outcome without drain", nothing, func(t *testing.T, e *Engine) error { return publish(e, true, "") }, ExecutionPreconditionChanged, ""},
 		{"outcome before start", reserved, func(t *testing.T, e *Engine) error { return publish(e, false, "") }, ExecutionPreconditionChanged, ""},
