@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -122,14 +123,27 @@ func (db *DB) KeepBackup(dir string) (string, int, error) {
 	return path, n, nil
 }
 
-// NewestBackup is the newest rolling backup in dir/backups, or "" when there is none.
+// NewestBackup is the newest rolling backup in dir/backups, or "" when there is none. A directory
+// that cannot be listed is an error, not "none": a store another user owns has backups too.
 func NewestBackup(dir string) (string, error) {
-	names, err := filepath.Glob(filepath.Join(dir, BackupDirName, "*.backup"))
-	if err != nil || len(names) == 0 {
-		return "", err
+	backups := filepath.Join(dir, BackupDirName)
+	entries, err := os.ReadDir(backups)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
 	}
-	sort.Strings(names)
-	return names[len(names)-1], nil
+	if err != nil {
+		return "", fmt.Errorf("kv: list the backups: %w", err)
+	}
+	newest := "" // timestamps sort by time
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".backup") && e.Name() > newest {
+			newest = e.Name()
+		}
+	}
+	if newest == "" {
+		return "", nil
+	}
+	return filepath.Join(backups, newest), nil
 }
 
 // BackupFile is a backup read back and verified against its checksum.
