@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -51,6 +52,27 @@ func TestExecRefusedClaim(t *testing.T) {
 	}
 	if got := m.ok("ls $M/app/stacks/s/holders"); got != "" {
 		t.Fatalf("a refused exec left holders: %q", got)
+	}
+}
+
+// exec of a directory that is no stack's (a typo, the cockpit's, a checkout's): exit 1 naming
+// what to give; nothing runs and nothing is created.
+func TestExecNotAStackDirectory(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	elsewhere := t.TempDir()
+	for _, dir := range []string{m.Path("app"), m.Path("app", "stacks", "missing"), elsewhere} {
+		r := shIn(t, t.TempDir(), `"$B" exec "$D" -- echo ran`, "B="+binary, "D="+dir)
+		if r.Code != 1 || strings.Contains(r.Stdout, "ran") || !strings.Contains(r.Stderr, dir+" is not a stack's directory") {
+			t.Errorf("exec %s: exit %d\nstdout: %s\nstderr: %s", dir, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	if got := m.ok("ls -A $M/app/stacks"); got != "" {
+		t.Errorf("a refused exec created %q", got)
+	}
+	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
+		t.Errorf("a refused exec created %v in %s", entries, elsewhere)
 	}
 }
 

@@ -42,6 +42,9 @@ func execCommand(args []string) error {
 	if err != nil {
 		return err
 	}
+	if st, err := os.Stat(filepath.Join(stack, "holders")); err != nil || !st.IsDir() {
+		return fmt.Errorf("%s is not a stack's directory (it has no holders/): give one like MOUNTPOINT/COCKPIT/stacks/STACK", stack)
+	}
 	holderPath := filepath.Join(stack, "holders", *holder)
 	if err := claimForExec(stack, holderPath); err != nil {
 		return err
