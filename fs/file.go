@@ -15,6 +15,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
 )
 
 // view is a file's content rendered from one consistent snapshot.
@@ -59,7 +60,10 @@ type file struct {
 // fstat as a stat by path, so a file observed at each open (health) would be observed again
 // to answer `cat`'s fstat, and the size could differ from what that open reads. A stat by path
 // from the very thread that opened the file is taken for its fstat and answered from its open;
-// any other thread's stat observes anew.
+// so is one from another thread of the same process while that process has the file open once
+// (Node's readFile opens on one thread of its pool and fstats on another, then reads exactly
+// the size it was told: a size observed anew truncated what it read). Any other stat observes
+// anew.
 type threadOpens struct {
 	mu sync.Mutex
 	by map[uint32]*handle
@@ -85,8 +89,23 @@ func (o *threadOpens) remove(h *handle) {
 func (o *threadOpens) of(tid uint32) (*handle, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	h, ok := o.by[tid]
-	return h, ok
+	if h, ok := o.by[tid]; ok || len(o.by) == 0 {
+		return h, ok
+	}
+	pid, err := liveness.ProcessOf(int(tid))
+	if err != nil {
+		return nil, false
+	}
+	var found *handle
+	for opener, h := range o.by {
+		if p, err := liveness.ProcessOf(int(opener)); err == nil && p == pid {
+			if found != nil {
+				return nil, false // two opens of the process: which one it stats is unknown
+			}
+			found = h
+		}
+	}
+	return found, found != nil
 }
 
 // handle is one open of a file.

@@ -18,6 +18,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage"
+	"golang.org/x/sys/unix"
 )
 
 // Seeing what is going on: the machine-wide port index, health, wait, events and verify (SPEC §2,
@@ -184,6 +185,51 @@ func TestHealthOfAStackUpAndDown(t *testing.T) {
 		t.Fatalf("a stat by another process while an open is held: %q, the open's %d bytes", fresh, len(opened))
 	}
 	observeWant(t, m.observeHealth(stack), "PORT_LISTENER_ABSENT HTTP=24180", false)
+}
+
+// Node's readFile opens on one thread of its pool, fstats on another, then reads exactly the size
+// it was told: a stat by path from another thread of the process that has the file open once is
+// answered from that open, so the size is what the open reads (a size observed anew truncated
+// status.json for Node while stacks changed).
+func TestFstatFromAnotherThreadIsTheOpensSize(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 24900}, "s")
+	type opened struct {
+		f   *os.File
+		err error
+	}
+	openedCh, done := make(chan opened), make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // the opening thread, kept until done and then ended
+		f, err := os.Open(m.Path("status.json"))
+		openedCh <- opened{f, err}
+		<-done
+	}()
+	o := <-openedCh
+	defer close(done)
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	defer o.f.Close()
+	m.ok("mkdir $M/app/stacks/grown && touch $M/app/stacks/grown/holders/me")
+	sizeCh := make(chan int64)
+	go func() {
+		runtime.LockOSThread() // another thread of this process
+		var st unix.Stat_t
+		if err := unix.Fstat(int(o.f.Fd()), &st); err != nil {
+			st.Size = -1
+		}
+		sizeCh <- st.Size
+	}()
+	size := <-sizeCh
+	data, err := io.ReadAll(o.f)
+	if err != nil || size != int64(len(data)) || !json.Valid(data) {
+		t.Fatalf("fstat from another thread: size %d; the open read %d bytes (%v)", size, len(data), err)
+	}
+	if fresh := m.ok("stat -c %s $M/status.json"); fresh == strconv.Itoa(len(data)) {
+		t.Fatalf("status.json did not change with the new stack (%s bytes): the test shows nothing", fresh)
+	}
 }
 
 // observeWaitOpen reports whether process pid has path open: the wait's revision is taken at
