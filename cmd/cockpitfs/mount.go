@@ -252,10 +252,11 @@ func shutdown(server *fuse.Server, mnt string, done <-chan struct{}) {
 		}
 	}
 	log.Printf("%s is busy; detaching it", mnt)
-	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+	if err := detachMount(mnt); err != nil {
 		log.Printf("detach %s: %v", mnt, err)
 	}
-	if devErr == nil {
+	// Only root may abort a connection; a user's daemon's exit, closing /dev/fuse, ends it.
+	if devErr == nil && os.Geteuid() == 0 {
 		// Open files keep a detached connection alive; abort it so the server stops.
 		abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", device)
 		if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
@@ -470,7 +471,32 @@ func clearStaleMount(mnt string) error {
 		return fmt.Errorf("%s is mounted by a daemon that does not answer (cockpitfs unmount %s detaches it)", mnt, mnt)
 	}
 	log.Printf("clearing the stale mount on %s", mnt)
-	return unix.Unmount(mnt, unix.MNT_DETACH)
+	if err := detachMount(mnt); err != nil {
+		return fmt.Errorf("clearing the stale mount on %s: %w", mnt, err)
+	}
+	return nil
+}
+
+// detachMount unmounts mnt lazily: as root with MNT_DETACH, as a user through fusermount3 -u -z,
+// since only root may call umount2.
+func detachMount(mnt string) error {
+	if os.Geteuid() == 0 {
+		return unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	return fusermount("-u", "-z", mnt)
+}
+
+// fusermount runs fusermount3 (else fusermount, as a mount finds it), returning its own words
+// when it fails.
+func fusermount(args ...string) error {
+	prog := "fusermount3"
+	if _, err := exec.LookPath(prog); err != nil {
+		prog = "fusermount"
+	}
+	if out, err := exec.Command(prog, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %v: %s", prog, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // answerWait is how long unmount and mount wait for a mount to answer a stat before calling its
@@ -518,8 +544,8 @@ func unmount(dir string) error {
 		if state != "serving" {
 			args = []string{"-u", "-z", mnt}
 		}
-		if out, err := exec.Command("fusermount3", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("fusermount3 %s: %v: %s", strings.Join(args, " "), err, out)
+		if err := fusermount(args...); err != nil {
+			return err
 		}
 	} else {
 		flags := 0

@@ -1,0 +1,100 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The mount/unmount lifecycle of the command line (SPEC §1), as root and as a user.
+
+// unmountNobodyCockpit makes a cockpit with a stack holding a holder, as the mount's user, and
+// returns what it reads back: the records a restart must keep.
+func unmountNobodyCockpit(m *mount) string {
+	m.t.Helper()
+	m.ok(`mkdir $M/app && printf '[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 38980\n' | cat > $M/app/config &&
+mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
+	return unmountNobodyRecords(m)
+}
+
+func unmountNobodyRecords(m *mount) string {
+	m.t.Helper()
+	return m.ok(`cat $M/app/config $M/app/stacks/s/record $M/app/stacks/s/revision $M/app/stacks/s/ports/HTTP; ls $M/app/stacks $M/app/stacks/s/holders`)
+}
+
+// unmountMounts counts the mounts on dir in mountinfo.
+func unmountMounts(dir string) int {
+	info, _ := os.ReadFile("/proc/self/mountinfo")
+	return strings.Count(string(info), " "+dir+" ")
+}
+
+// A user's daemon killed with SIGKILL leaves a dead mount; the user's next mount clears it itself
+// (through fusermount3, as a user may not unmount) and serves the same records. Without this a
+// systemd user unit restarting the daemon loops on "operation not permitted".
+func TestNonRootKillRestartClearsStaleMount(t *testing.T) {
+	t.Parallel()
+	m := machineNobodyMountIn(t, ownNetns(t))
+	before := unmountNobodyCockpit(m)
+	m.Kill()
+	if !mounted(m.Dir) {
+		t.Fatalf("no dead mount left on %s after kill -9 (the test cannot show the stale-mount case)", m.Dir)
+	}
+	m.start() // fails the test, with the daemon's log, if it does not serve
+	if after := unmountNobodyRecords(m); after != before {
+		t.Fatalf("records after the restart:\n%s\nbefore:\n%s", after, before)
+	}
+	if n := unmountMounts(m.Dir); n != 1 {
+		t.Fatalf("%d mounts on %s after the restart, want 1", n, m.Dir)
+	}
+}
+
+// unmountNobodyCwdInside starts a process of uid 65534 whose cwd is dir, as a user's shell in the
+// mount is; it is killed when the test ends.
+func unmountNobodyCwdInside(t *testing.T, dir string) {
+	t.Helper()
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c", `cd "$D" && exec sleep 100`)
+	cmd.Env = append(os.Environ(), "D="+dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", cmd.Process.Pid))
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", cmd.Process.Pid))
+		if cwd == dir && strings.HasSuffix(exe, "/sleep") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the process never settled in %s (cwd %q, exe %q)", dir, cwd, exe)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// SIGTERM to a user's daemon whose mount is busy (a shell's cwd inside) detaches the mount through
+// fusermount3 and exits 0: no dead mount is left behind, and the store is closed.
+func TestNonRootSIGTERMWithBusyMount(t *testing.T) {
+	t.Parallel()
+	m := machineNobodyMountIn(t, ownNetns(t))
+	unmountNobodyCockpit(m)
+	unmountNobodyCwdInside(t, m.Dir)
+	if err := lifecycleSignal(m, syscall.SIGTERM); err != nil {
+		t.Errorf("daemon exit after SIGTERM with a busy mount: %v\n%s", err, m.log)
+	}
+	if mounted(m.Dir) {
+		t.Fatalf("%s still in mountinfo after SIGTERM with a busy mount\n%s", m.Dir, m.log)
+	}
+	if log := m.log.String(); strings.Contains(log, "not permitted") {
+		t.Fatalf("the daemon's log:\n%s", log)
+	}
+	if r := lifecycleRun(t, "verify", "--data", m.Data); r.Code != 0 || r.Stdout != "1 record clean\n" {
+		t.Fatalf("verify after the stop: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+}
