@@ -98,3 +98,50 @@ func TestNonRootSIGTERMWithBusyMount(t *testing.T) {
 		t.Fatalf("verify after the stop: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
 	}
 }
+
+// `cockpitfs unmount MNT` returns once the daemon serving MNT has exited and released its store,
+// so the next command on the store (verify, backup, restore, mount) finds it free: as README's
+// "cockpitfs unmount ~/cockpit  # the daemon exits" says. Several times in a row, since the
+// window it closes was a few milliseconds; as root and as a user (through fusermount3).
+func TestUnmountThenVerifyRightAway(t *testing.T) {
+	t.Parallel()
+	for _, user := range []string{"root", "nobody"} {
+		t.Run(user, func(t *testing.T) {
+			base := t.TempDir()
+			cli := func(args ...string) *exec.Cmd { return exec.Command(binary, args...) }
+			if user == "nobody" {
+				if os.Geteuid() != 0 {
+					t.Skip("runs as root to become uid 65534")
+				}
+				base = nonrootDir(t)
+				path := nonrootPath(t)
+				cli = func(args ...string) *exec.Cmd { return nonrootCommand(path, args...) }
+			}
+			mnt, data := base+"/mnt", base+"/data"
+			t.Cleanup(func() {
+				if pid := lifecycleDaemonPID(data); pid > 0 && !lifecycleGone(pid) {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+				detach(mnt)
+			})
+			for i := 0; i < 3; i++ {
+				if out, err := cli("mount", "--daemon", "--data", data, mnt).CombinedOutput(); err != nil {
+					t.Fatalf("round %d: mount --daemon: %v\n%s", i, err, out)
+				}
+				pid := lifecycleDaemonPID(data)
+				if out, err := cli("unmount", mnt).CombinedOutput(); err != nil || string(out) != "unmounted "+mnt+"\n" {
+					t.Fatalf("round %d: unmount: %v\n%s", i, err, out)
+				}
+				if !lifecycleGone(pid) {
+					t.Errorf("round %d: the daemon (pid %d) is still running when unmount has returned", i, pid)
+				}
+				if out, err := cli("verify", "--data", data).CombinedOutput(); err != nil || string(out) != "0 records clean\n" {
+					t.Fatalf("round %d: verify right after unmount: %v\n%s", i, err, out)
+				}
+				if mounted(mnt) {
+					t.Fatalf("round %d: %s still mounted", i, mnt)
+				}
+			}
+		})
+	}
+}

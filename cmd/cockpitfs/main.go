@@ -46,8 +46,9 @@ flags:
 ` + etcdFlagsUsage, mountCommand},
 		"unmount": {`usage: cockpitfs unmount MOUNTPOINT
 
-Unmount a cockpitfs mount; the daemon serving it then exits. A dead mount left by a killed
-daemon ("transport endpoint is not connected") is detached. Also spelled umount.
+Unmount a cockpitfs mount and return once the daemon serving it has closed its store and
+exited (at most 10 s), so verify, backup or restore may follow at once. A dead mount left by a
+killed daemon ("transport endpoint is not connected") is detached. Also spelled umount.
 `, unmountCommand},
 		"verify": {`usage: cockpitfs verify [--data DIR | --store etcd://… [ETCD FLAGS]]
 

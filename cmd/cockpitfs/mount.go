@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -394,25 +395,34 @@ func mountFixes(said string) []string {
 // dir is not a mount point. Reading mountinfo never touches the path, which a dead mount answers
 // with ENOTCONN.
 func mountType(dir string) (string, error) {
-	typ, _, err := mountEntry(dir)
-	return typ, err
+	m, err := mountEntry(dir)
+	return m.typ, err
 }
 
 // mountDevice returns the minor device number of the mount at dir: its FUSE connection's number.
 func mountDevice(dir string) (string, error) {
-	_, dev, err := mountEntry(dir)
-	if err == nil && dev == "" {
+	m, err := mountEntry(dir)
+	if err == nil && m.minor == "" {
 		err = fmt.Errorf("%s is not mounted", dir)
 	}
-	return dev, err
+	return m.minor, err
 }
 
-// mountEntry reads the visible (last) mount on dir from /proc/self/mountinfo: its type and the
-// minor of its device.
-func mountEntry(dir string) (typ, minor string, err error) {
+// mountInfo is one line of /proc/self/mountinfo.
+type mountInfo struct {
+	id, parent string // the mount's id and its parent's
+	minor      string // of its device: a FUSE mount's connection number
+	typ        string // e.g. fuse.cockpitfs; "" for no mount
+	options    string // the superblock's: a FUSE mount's user_id=N…
+}
+
+// mountEntry reads the visible (last) mount on dir from /proc/self/mountinfo; its typ is "" when
+// dir is not a mount point.
+func mountEntry(dir string) (mountInfo, error) {
+	var m mountInfo
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return "", "", err
+		return m, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		fields := strings.Fields(line)
@@ -421,11 +431,90 @@ func mountEntry(dir string) (typ, minor string, err error) {
 			continue
 		}
 		if unescapeMountinfo(fields[4]) == dir {
-			_, minor, _ = strings.Cut(fields[2], ":")
-			typ = fields[sep+1]
+			m = mountInfo{id: fields[0], parent: fields[1], typ: fields[sep+1]}
+			_, m.minor, _ = strings.Cut(fields[2], ":")
+			if sep+3 < len(fields) {
+				m.options = fields[sep+3]
+			}
 		}
 	}
-	return typ, minor, nil
+	return m, nil
+}
+
+// mountDaemon finds the process serving the FUSE mount m on mnt: the one holding both /dev/fuse
+// and the directory beneath the mount open, as a daemon does while it serves (see serve). It
+// returns the pid and its start time (to tell it from a later process of the same pid), or 0 when
+// there is none this process can see.
+func mountDaemon(mnt string, m mountInfo) (pid int, start string) {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		n, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		fdDir := filepath.Join("/proc", p.Name(), "fd")
+		fds, err := os.ReadDir(fdDir)
+		if err != nil {
+			continue // another user's
+		}
+		var fuseDev, beneath bool
+		for _, fd := range fds {
+			switch link, _ := os.Readlink(filepath.Join(fdDir, fd.Name())); link {
+			case "/dev/fuse":
+				fuseDev = true
+			case mnt:
+				// The path names the mount too: only an fd on the parent mount is beneath it.
+				info, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "fdinfo", fd.Name()))
+				beneath = beneath || fdinfoField(string(info), "mnt_id") == m.parent
+			}
+		}
+		if fuseDev && beneath {
+			return n, processStart(n)
+		}
+	}
+	return 0, ""
+}
+
+// fdinfoField is the value of a "name:\tvalue" line of /proc/PID/fdinfo/FD.
+func fdinfoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == name {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// processStart is when process pid started (in clock ticks since boot), "" once it has exited:
+// when it is gone, or a zombie nobody has reaped yet.
+func processStart(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 20 || fields[0] == "Z" {
+		return ""
+	}
+	return fields[19]
+}
+
+// daemonExitWait is how long unmount waits for the daemon of the mount it unmounted to close its
+// store and exit.
+const daemonExitWait = 10 * time.Second
+
+// waitExit waits until process pid, started at start, has exited; false if it has not within
+// daemonExitWait.
+func waitExit(pid int, start string) bool {
+	deadline := time.Now().Add(daemonExitWait)
+	for processStart(pid) == start {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
 
 func indexOf(fields []string, s string) int {
@@ -530,15 +619,20 @@ func unmount(dir string) error {
 	if err != nil {
 		return err
 	}
-	typ, err := mountType(mnt)
+	info, err := mountEntry(mnt)
 	if err != nil {
 		return err
 	}
-	if typ == "" {
+	if info.typ == "" {
 		return fmt.Errorf("%s is not mounted", mnt)
 	}
-	device, devErr := mountDevice(mnt)
 	state := mountState(mnt)
+	// The daemon, to wait for: unmount returns once it has closed its store.
+	var pid int
+	var start string
+	if state == "serving" {
+		pid, start = mountDaemon(mnt, info)
+	}
 	if os.Geteuid() != 0 {
 		args := []string{"-u", mnt}
 		if state != "serving" {
@@ -558,13 +652,16 @@ func unmount(dir string) error {
 	}
 	switch state {
 	case "serving":
+		if pid != 0 && !waitExit(pid, start) {
+			return fmt.Errorf("unmounted %s, but its daemon (pid %d) has not exited within %s: it still holds its store (its log says why; kill %d ends it)", mnt, pid, daemonExitWait, pid)
+		}
 		fmt.Printf("unmounted %s\n", mnt)
 	case "dead":
 		fmt.Printf("detached %s, whose daemon had died\n", mnt)
 	case "hung":
 		aborted := ""
-		if os.Geteuid() == 0 && devErr == nil {
-			abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", device)
+		if os.Geteuid() == 0 {
+			abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", info.minor)
 			if err := os.WriteFile(abort, []byte("1"), 0); err == nil {
 				aborted = " and aborted its FUSE connection (whatever waited on it gets ENOTCONN)"
 			}
