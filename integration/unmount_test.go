@@ -145,3 +145,34 @@ func TestUnmountThenVerifyRightAway(t *testing.T) {
 		})
 	}
 }
+
+// `cockpitfs unmount` unmounts cockpitfs mounts only: another filesystem (a tmpfs here; as root it
+// could be /home) is refused, exit 1, and stays mounted with its files.
+func TestUnmountRefusesOtherFilesystems(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("runs as root to mount a tmpfs")
+	}
+	dir := t.TempDir() + "/tmpfs"
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { detach(dir) })
+	if err := os.WriteFile(dir+"/mine", []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := lifecycleRun(t, "unmount", dir)
+	t.Logf("unmount of a tmpfs: exit %d, stderr %q", r.Code, r.Stderr)
+	if r.Code != 1 || !strings.Contains(r.Stderr, dir+" is a tmpfs mount, not a cockpitfs one") {
+		t.Fatalf("unmount of a tmpfs: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if !mounted(dir) {
+		t.Fatal("the tmpfs was unmounted")
+	}
+	if got, err := os.ReadFile(dir + "/mine"); err != nil || string(got) != "mine\n" {
+		t.Fatalf("the tmpfs's file: %q, %v", got, err)
+	}
+}

@@ -550,7 +550,7 @@ func clearStaleMount(mnt string) error {
 	if err != nil || typ == "" {
 		return err
 	}
-	if !strings.HasPrefix(typ, "fuse") {
+	if typ != cfs.MountType {
 		return fmt.Errorf("%s is already a %s mount point", mnt, typ)
 	}
 	switch mountState(mnt) {
@@ -625,6 +625,9 @@ func unmount(dir string) error {
 	}
 	if info.typ == "" {
 		return fmt.Errorf("%s is not mounted", mnt)
+	}
+	if info.typ != cfs.MountType {
+		return fmt.Errorf("%s is a %s mount, not a cockpitfs one: left mounted", mnt, info.typ)
 	}
 	state := mountState(mnt)
 	// The daemon, to wait for: unmount returns once it has closed its store.
