@@ -176,3 +176,55 @@ func TestUnmountRefusesOtherFilesystems(t *testing.T) {
 		t.Fatalf("the tmpfs's file: %q, %v", got, err)
 	}
 }
+
+// A mountpoint named through a symlink (ln -s real lnk; mount lnk/mp) is the mount on real/mp,
+// which mountinfo lists: unmount finds it, a second mount is refused as "already mounted", and a
+// crash restart clears the dead mount, all through the symlink.
+func TestMountpointThroughSymlink(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	real, data := base+"/real", base+"/data"
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("real", base+"/lnk"); err != nil {
+		t.Fatal(err)
+	}
+	mnt, via := real+"/mp", base+"/lnk/mp"
+	t.Cleanup(func() {
+		if pid := lifecycleDaemonPID(data); pid > 0 && !lifecycleGone(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		detach(mnt)
+	})
+	if r := lifecycleRun(t, "mount", "--daemon", "--data", data, via); r.Code != 0 || !mounted(mnt) {
+		t.Fatalf("mount through the symlink: exit %d, mounted %v\nstdout: %s\nstderr: %s", r.Code, mounted(mnt), r.Stdout, r.Stderr)
+	}
+	shIn(t, "/", `mkdir "$M/app"`, "M="+via)
+
+	r := lifecycleRun(t, "mount", "--data", base+"/data2", via)
+	if r.Code != 1 || !strings.Contains(r.Stderr, mnt+" is already mounted and serving") {
+		t.Fatalf("a second mount through the symlink: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+
+	syscall.Kill(lifecycleDaemonPID(data), syscall.SIGKILL)
+	for pid := lifecycleDaemonPID(data); !lifecycleGone(pid); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r := lifecycleRun(t, "mount", "--daemon", "--data", data, via); r.Code != 0 {
+		t.Fatalf("restart through the symlink after kill -9: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if n := unmountMounts(mnt); n != 1 {
+		t.Fatalf("%d mounts on %s after the restart, want 1", n, mnt)
+	}
+	if _, err := os.Stat(mnt + "/app/stacks"); err != nil {
+		t.Fatalf("the cockpit after the restart: %v", err)
+	}
+
+	if r := lifecycleRun(t, "unmount", via); r.Code != 0 || r.Stdout != "unmounted "+mnt+"\n" {
+		t.Fatalf("unmount through the symlink: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if mounted(mnt) {
+		t.Fatalf("%s still mounted", mnt)
+	}
+}

@@ -77,7 +77,7 @@ func mountCommand(args []string) error {
 	if *leasesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-leases-per-uid %d is negative (0: no bound)", *leasesPerUID)}
 	}
-	mnt, err := filepath.Abs(positional[0])
+	mnt, err := resolveMountpoint(positional[0])
 	if err != nil {
 		return err
 	}
@@ -615,7 +615,7 @@ func mountState(mnt string) string {
 // unmount unmounts mnt and says what it did: a dead mount is detached; a hung one is detached and,
 // as root, its FUSE connection aborted, so whatever waits on it gets ENOTCONN.
 func unmount(dir string) error {
-	mnt, err := filepath.Abs(dir)
+	mnt, err := resolveMountpoint(dir)
 	if err != nil {
 		return err
 	}

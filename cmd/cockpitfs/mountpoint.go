@@ -86,3 +86,43 @@ func listSome(names []string, n int) string {
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
 }
+
+// resolveMountpoint makes path absolute and resolves its symlinks, as the kernel does when it
+// mounts: /proc/self/mountinfo lists a mount under that path. Only the existing part is resolved,
+// the rest (which mount creates) is kept; the last name is read with readlink, which never asks
+// the mount a daemon may have left there, dead or hung.
+func resolveMountpoint(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	for range 40 {
+		dir := resolveExisting(filepath.Dir(abs))
+		resolved := filepath.Join(dir, filepath.Base(abs))
+		link, err := os.Readlink(resolved)
+		if err != nil {
+			return resolved, nil
+		}
+		if !filepath.IsAbs(link) {
+			link = filepath.Join(dir, link)
+		}
+		abs = link
+	}
+	return "", fmt.Errorf("%s: too many levels of symbolic links", path)
+}
+
+// resolveExisting resolves the symlinks of the longest part of dir that exists, keeping the rest.
+func resolveExisting(dir string) string {
+	rest := ""
+	for {
+		if resolved, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(resolved, rest)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return filepath.Join(dir, rest)
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+		dir = parent
+	}
+}
