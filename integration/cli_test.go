@@ -216,7 +216,7 @@ func TestMountpointReadOnlyWhileNotServing(t *testing.T) {
 		t.Fatalf("the unmounted mountpoint: %v, mode %v; want 0555", err, st.Mode())
 	}
 	note, err := os.ReadFile(filepath.Join(m.Dir, "NOT-MOUNTED"))
-	if err != nil || !strings.Contains(string(note), "cockpitfs mount "+m.Dir) {
+	if err != nil || !strings.Contains(string(note), "cockpitfs mount --data "+m.Data+" "+m.Dir) {
 		t.Fatalf("NOT-MOUNTED: %v\n%s", err, note)
 	}
 	// Its owner's writes are refused, and say so.

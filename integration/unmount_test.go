@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -226,5 +228,52 @@ func TestMountpointThroughSymlink(t *testing.T) {
 	}
 	if mounted(mnt) {
 		t.Fatalf("%s still mounted", mnt)
+	}
+}
+
+// The NOT-MOUNTED note's "Start one" command starts a daemon on the same store with the same
+// access: its --data (quoted for the shell) and --allow-other, not the default store.
+func TestNotMountedNoteRestartsTheSameStore(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	m := &mount{t: t, ns: ownNetns(t), Dir: base + "/mnt", Data: base + "/my data's"}
+	m.start("--allow-other")
+	t.Cleanup(m.stop)
+	m.ok("mkdir $M/app")
+	m.Stop()
+
+	note, err := os.ReadFile(m.Dir + "/NOT-MOUNTED")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var start string
+	for _, line := range strings.Split(string(note), "\n") {
+		if s, ok := strings.CutPrefix(line, "Start one:"); ok {
+			start = strings.TrimSpace(s)
+		}
+	}
+	want := "cockpitfs mount --data '" + base + `/my data'\''s' --allow-other ` + m.Dir
+	if start != want {
+		t.Fatalf("NOT-MOUNTED's command: %q, want %q\n%s", start, want, note)
+	}
+	// Followed (in the background), it serves the cockpit made before, open to other users.
+	t.Cleanup(func() {
+		if pid := lifecycleDaemonPID(m.Data); pid > 0 && !lifecycleGone(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		detach(m.Dir)
+	})
+	r := shIn(t, "/", start+" --daemon", "PATH="+filepath.Dir(binary)+":"+os.Getenv("PATH"))
+	if r.Code != 0 {
+		t.Fatalf("%s --daemon: exit %d\n%s%s", start, r.Code, r.Stdout, r.Stderr)
+	}
+	if _, err := os.Stat(m.Dir + "/app/stacks"); err != nil {
+		t.Fatalf("the cockpit made before, after following NOT-MOUNTED: %v", err)
+	}
+	if info, _ := os.ReadFile("/proc/self/mountinfo"); !regexp.MustCompile(regexp.QuoteMeta(" "+m.Dir+" ") + `.*allow_other`).Match(info) {
+		t.Errorf("the mount is not allow_other:\n%s", info)
+	}
+	if r := lifecycleRun(t, "unmount", m.Dir); r.Code != 0 {
+		t.Fatalf("unmount: exit %d\n%s", r.Code, r.Stderr)
 	}
 }

@@ -93,7 +93,8 @@ func mountCommand(args []string) error {
 	if isEtcd {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
-	return serve(mnt, st, *nonempty, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
+	restart := restartCommand(mnt, st, sf, *allowOther)
+	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
 }
 
 // storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names; and
@@ -121,8 +122,8 @@ func unmountCommand(args []string) error {
 var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
 
 // serve mounts and serves until a stop signal or an unmount from outside, then unmounts and
-// closes the store.
-func serve(mnt string, st storeChoice, nonempty bool, o cfs.Options) (err error) {
+// closes the store. restart is the command the NOT-MOUNTED note gives to start it again.
+func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Options) (err error) {
 	ready := readyPipe()
 	defer func() {
 		if ready != nil && err != nil {
@@ -146,7 +147,7 @@ func serve(mnt string, st storeChoice, nonempty bool, o cfs.Options) (err error)
 	if err := clearStaleMount(mnt); err != nil {
 		return err
 	}
-	beneath, err := prepareMountpoint(mnt, nonempty)
+	beneath, err := prepareMountpoint(mnt, nonempty, restart)
 	if err != nil {
 		return err
 	}

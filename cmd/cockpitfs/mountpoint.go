@@ -16,15 +16,56 @@ const notMountedNote = "NOT-MOUNTED"
 const notMountedText = `No cockpitfs daemon is serving this directory. It is kept read-only while none
 does, so that nothing is written here by mistake and hidden by the next mount.
 
-Start one:       cockpitfs mount %s
+Start one:       %s
 Remove it:       chmod u+w %s && rm -r %s
 `
 
+// restartCommand is the command line that starts a daemon like this one again: on the same store,
+// with the same access. An etcd password is left out: it is no file's to keep.
+func restartCommand(mnt string, st storeChoice, f *storeFlags, allowOther bool) string {
+	args := []string{"cockpitfs", "mount"}
+	if st.etcd != nil {
+		args = append(args, "--store", st.url)
+		for _, fl := range []struct{ name, value string }{{"--cacert", *f.cacert}, {"--cert", *f.cert}, {"--key", *f.key}} {
+			if fl.value != "" {
+				if abs, err := filepath.Abs(fl.value); err == nil {
+					args = append(args, fl.name, abs)
+				}
+			}
+		}
+		if user, _, _ := strings.Cut(*f.user, ":"); user != "" {
+			args = append(args, "--user", user)
+		}
+	} else {
+		data, err := filepath.Abs(st.data)
+		if err != nil {
+			data = st.data
+		}
+		args = append(args, "--data", data)
+	}
+	if allowOther {
+		args = append(args, "--allow-other")
+	}
+	args = append(args, mnt)
+	for i, a := range args {
+		args[i] = shellQuote(a)
+	}
+	return strings.Join(args, " ")
+}
+
+// shellQuote quotes s for a POSIX shell, unless it needs none.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/.,:@%+=-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 // prepareMountpoint makes mnt if absent, refuses a directory that holds anything (but the note)
-// unless nonempty, leaves the note, and makes the directory writable by its owner, which
+// unless nonempty, leaves the note (its command to start a daemon: restart), and makes the directory writable by its owner, which
 // fusermount3 requires of a mountpoint. It returns the directory opened: after the mount, its
 // descriptor still reaches the directory beneath it.
-func prepareMountpoint(mnt string, nonempty bool) (*os.File, error) {
+func prepareMountpoint(mnt string, nonempty bool, restart string) (*os.File, error) {
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		return nil, err
 	}
@@ -56,9 +97,13 @@ func prepareMountpoint(mnt string, nonempty bool) (*os.File, error) {
 		log.Printf("%s stays mode %o: %v", mnt, st.Mode().Perm(), err)
 		return dir, nil
 	}
+	// Written again when it differs: the daemon may have been started with other flags.
 	note := filepath.Join(mnt, notMountedNote)
-	if _, err := os.Lstat(note); os.IsNotExist(err) {
-		if err := os.WriteFile(note, []byte(fmt.Sprintf(notMountedText, mnt, mnt, mnt)), 0o444); err != nil {
+	q := shellQuote(mnt)
+	text := fmt.Sprintf(notMountedText, restart, q, q)
+	if had, err := os.ReadFile(note); err != nil || string(had) != text {
+		os.Remove(note)
+		if err := os.WriteFile(note, []byte(text), 0o444); err != nil {
 			log.Printf("leaving %s: %v", note, err)
 		}
 	}
