@@ -277,3 +277,73 @@ func TestNotMountedNoteRestartsTheSameStore(t *testing.T) {
 		t.Fatalf("unmount: exit %d\n%s", r.Code, r.Stderr)
 	}
 }
+
+// A refused mount leaves nothing new behind: no mountpoint, no NOT-MOUNTED note, no data dir.
+// Refused because the store is in use, because the mountpoint is a file or not empty, and (as a
+// user) because fusermount3 refuses a mountpoint the user may not write.
+func TestMountRefusedLeavesNothing(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	absent := func(paths ...string) {
+		t.Helper()
+		for _, p := range paths {
+			if _, err := os.Lstat(p); err == nil {
+				t.Errorf("the refused mount left %s behind", p)
+			}
+		}
+	}
+
+	m := newMount(t)
+	r := lifecycleRun(t, "mount", "--data", m.Data, base+"/new/mnt")
+	t.Logf("store in use: exit %d, %s", r.Code, r.Stderr)
+	if r.Code != 1 || !strings.Contains(r.Stderr, fmt.Sprintf("in use by cockpitfs process %d", m.cmd.Process.Pid)) {
+		t.Fatalf("mount on a store in use: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	absent(base + "/new")
+
+	if err := os.WriteFile(base+"/file", []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, daemon := range []string{"--daemon=false", "--daemon"} {
+		r = lifecycleRun(t, "mount", daemon, "--data", base+"/data-file", base+"/file")
+		t.Logf("mountpoint is a file (%s): exit %d, %s", daemon, r.Code, r.Stderr)
+		if r.Code != 1 || !strings.Contains(r.Stderr, "not a directory") {
+			t.Fatalf("mount %s on a file: exit %d\nstdout: %s\nstderr: %s", daemon, r.Code, r.Stdout, r.Stderr)
+		}
+		absent(base + "/data-file")
+	}
+
+	if err := os.Mkdir(base+"/full", 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(base+"/full/mine", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = lifecycleRun(t, "mount", "--data", base+"/data-full", base+"/full")
+	t.Logf("mountpoint not empty: exit %d, %s", r.Code, r.Stderr)
+	if r.Code != 1 || !strings.Contains(r.Stderr, "is not empty") {
+		t.Fatalf("mount on a non-empty directory: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	absent(base+"/data-full", base+"/full/NOT-MOUNTED")
+	if st, _ := os.Stat(base + "/full"); st.Mode().Perm() != 0o750 {
+		t.Errorf("the refused mount changed %s to mode %v", base+"/full", st.Mode())
+	}
+
+	if os.Geteuid() != 0 {
+		return
+	}
+	home := nonrootDir(t)
+	if err := os.Mkdir(home+"/roots", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := nonrootCommand(nonrootPath(t), "mount", "--data", home+"/data", home+"/roots")
+	out, err := cmd.CombinedOutput()
+	t.Logf("fusermount3 refuses: %v, %s", err, out)
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "fusermount3 refused the mount") {
+		t.Fatalf("a user's mount on root's directory: %v\n%s", err, out)
+	}
+	if mounted(home + "/roots") {
+		t.Fatal("mounted")
+	}
+	absent(home + "/data")
+}

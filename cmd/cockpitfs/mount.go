@@ -25,6 +25,9 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
+// daemonLogName is the log of mount --daemon's daemon, in its data directory.
+const daemonLogName = "cockpitfs.log"
+
 // readyEnv names the fd a daemonised child reports readiness on.
 const readyEnv = "COCKPITFS_READY_FD"
 
@@ -87,6 +90,13 @@ func mountCommand(args []string) error {
 		return &usageError{command: "mount", msg: err.Error()}
 	}
 	if *daemon {
+		// Refused before the daemon's log is made in the data directory. A mount (maybe a dead
+		// one) is the daemon's to look at: a stat of a dead one fails.
+		if typ, err := mountType(mnt); err == nil && typ == "" {
+			if err := checkMountpoint(mnt, *nonempty); err != nil {
+				return err
+			}
+		}
 		return daemonize(args, *data)
 	}
 	st := storeChoice{data: *data, leasesPerUID: *leasesPerUID}
@@ -147,22 +157,37 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	if err := clearStaleMount(mnt); err != nil {
 		return err
 	}
-	beneath, err := prepareMountpoint(mnt, nonempty, restart)
+	// A refused mount leaves nothing new behind: what can be refused is, before anything is made
+	// (the mountpoint checked, the store locked), and what was made for a mount that then fails
+	// is removed.
+	if err := checkMountpoint(mnt, nonempty); err != nil {
+		return err
+	}
+	discardStore := func() {}
+	if st.etcd == nil {
+		discardStore = discardFresh(st.data)
+	}
+	eng, from, closeStore, err := openServed(mnt, st)
 	if err != nil {
+		discardStore()
+		return err
+	}
+	beneath, undoMountpoint, err := prepareMountpoint(mnt, nonempty, restart)
+	if err != nil {
+		closeStore()
+		discardStore()
 		return err
 	}
 	defer beneath.Close()
-	eng, from, closeStore, err := openServed(mnt, st)
-	if err != nil {
-		protectMountpoint(beneath)
-		return err
-	}
-	defer closeStore()
 	server, err := cfs.Mount(mnt, eng, o)
-	protectMountpoint(beneath)
 	if err != nil {
+		undoMountpoint()
+		closeStore()
+		discardStore()
 		return mountError(mnt, err)
 	}
+	protectMountpoint(beneath)
+	defer closeStore()
 	infof("serving %s (%s)", mnt, from)
 	if ready != nil {
 		fmt.Fprintln(ready, "ok")
@@ -230,6 +255,32 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 	return eng, "data " + data, closeStore, nil
 }
 
+// discardFresh returns what removes the store a failed mount made in data: the directory when it
+// did not exist, its files but the log when it held only the log (mount --daemon makes it for
+// the log, which then says why), nothing when it held a store.
+func discardFresh(data string) func() {
+	entries, err := os.ReadDir(data)
+	switch {
+	case os.IsNotExist(err):
+		return func() { os.RemoveAll(data) }
+	case err != nil:
+		return func() {}
+	}
+	for _, e := range entries {
+		if e.Name() != daemonLogName {
+			return func() {}
+		}
+	}
+	return func() {
+		entries, _ := os.ReadDir(data)
+		for _, e := range entries {
+			if e.Name() != daemonLogName {
+				os.RemoveAll(filepath.Join(data, e.Name()))
+			}
+		}
+	}
+}
+
 // mountError words a failed mount: go-fuse reports fusermount's failure by its wait status only,
 // while fusermount itself has already said why on our stderr.
 func mountError(mnt string, err error) error {
@@ -289,7 +340,7 @@ func daemonize(args []string, data string) error {
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
 	}
-	logPath := filepath.Join(data, "cockpitfs.log")
+	logPath := filepath.Join(data, daemonLogName)
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err

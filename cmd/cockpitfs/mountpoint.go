@@ -61,22 +61,32 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// prepareMountpoint makes mnt if absent, refuses a directory that holds anything (but the note)
-// unless nonempty, leaves the note (its command to start a daemon: restart), and makes the directory writable by its owner, which
-// fusermount3 requires of a mountpoint. It returns the directory opened: after the mount, its
-// descriptor still reaches the directory beneath it.
-func prepareMountpoint(mnt string, nonempty bool, restart string) (*os.File, error) {
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		return nil, err
+// checkMountpoint refuses, before anything is made, what prepareMountpoint would: a path that is
+// not a directory, and a directory that holds anything (but the note) unless nonempty. A missing
+// mnt passes: it is made.
+func checkMountpoint(mnt string, nonempty bool) error {
+	st, err := os.Stat(mnt)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory", mnt)
 	}
 	dir, err := os.Open(mnt)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	defer dir.Close()
+	return checkEmpty(dir, mnt, nonempty)
+}
+
+func checkEmpty(dir *os.File, mnt string, nonempty bool) error {
 	names, err := dir.Readdirnames(-1)
 	if err != nil {
-		dir.Close()
-		return nil, err
+		return err
 	}
 	var there []string
 	for _, n := range names {
@@ -85,29 +95,79 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (*os.File, err
 		}
 	}
 	if len(there) > 0 && !nonempty {
-		dir.Close()
-		return nil, fmt.Errorf("%s is not empty (%s): the mount would hide it; move that away, or mount with --nonempty", mnt, listSome(there, 5))
+		return fmt.Errorf("%s is not empty (%s): the mount would hide it; move that away, or mount with --nonempty", mnt, listSome(there, 5))
+	}
+	return nil
+}
+
+// prepareMountpoint makes mnt if absent, refuses a directory that holds anything (but the note)
+// unless nonempty, leaves the note (with restart, its command to start a daemon), and makes the
+// directory writable by its owner, which fusermount3 requires of a mountpoint. It returns the
+// directory opened — after the mount, its descriptor still reaches the directory beneath it — and
+// undo, which takes back what it made or changed, for a mount that fails.
+func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File, undo func(), err error) {
+	// The highest directory this call makes, to remove with the rest.
+	made := ""
+	for p := mnt; ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) || p == filepath.Dir(p) {
+			break
+		}
+		made = p
+	}
+	var noteMade, modeChanged bool
+	var mode os.FileMode
+	undo = func() {
+		if noteMade {
+			os.Remove(filepath.Join(mnt, notMountedNote))
+		}
+		if made == "" {
+			if modeChanged {
+				os.Chmod(mnt, mode)
+			}
+			return
+		}
+		for p := mnt; os.Remove(p) == nil && p != made; p = filepath.Dir(p) {
+		}
+	}
+	defer func() {
+		if err != nil {
+			if dir != nil {
+				dir.Close()
+			}
+			undo()
+		}
+	}()
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return nil, nil, err
+	}
+	if dir, err = os.Open(mnt); err != nil {
+		return nil, nil, err
+	}
+	if err := checkEmpty(dir, mnt, nonempty); err != nil {
+		return dir, nil, err
 	}
 	st, err := dir.Stat()
 	if err != nil {
-		dir.Close()
-		return nil, err
+		return dir, nil, err
 	}
 	if err := dir.Chmod(st.Mode().Perm() | 0o200); err != nil {
 		log.Printf("%s stays mode %o: %v", mnt, st.Mode().Perm(), err)
-		return dir, nil
+		return dir, undo, nil
 	}
+	mode, modeChanged = st.Mode().Perm(), true
 	// Written again when it differs: the daemon may have been started with other flags.
 	note := filepath.Join(mnt, notMountedNote)
 	q := shellQuote(mnt)
 	text := fmt.Sprintf(notMountedText, restart, q, q)
-	if had, err := os.ReadFile(note); err != nil || string(had) != text {
+	had, readErr := os.ReadFile(note)
+	if readErr != nil || string(had) != text {
 		os.Remove(note)
 		if err := os.WriteFile(note, []byte(text), 0o444); err != nil {
 			log.Printf("leaving %s: %v", note, err)
 		}
+		noteMade = os.IsNotExist(readErr)
 	}
-	return dir, nil
+	return dir, undo, nil
 }
 
 // protectMountpoint clears every write bit of the directory beneath the mount, so that while no

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"testing"
 
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
@@ -26,5 +27,37 @@ func TestRestartCommand(t *testing.T) {
 		if got := restartCommand("/home/o'brien/cockpit", tc.st, sf, tc.allowOther); got != tc.want {
 			t.Errorf("restartCommand = %s\nwant            %s", got, tc.want)
 		}
+	}
+}
+
+// What prepareMountpoint made or changed, its undo takes back: the directories it made, the note,
+// the mode of a directory that was there.
+func TestPrepareMountpointUndo(t *testing.T) {
+	base := t.TempDir()
+	dir, undo, err := prepareMountpoint(base+"/a/b/mnt", false, "cockpitfs mount x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir.Close()
+	undo()
+	if entries, _ := os.ReadDir(base); len(entries) != 0 {
+		t.Errorf("after undo, %s holds %v", base, entries)
+	}
+
+	if err := os.Mkdir(base+"/there", 0o550); err != nil {
+		t.Fatal(err)
+	}
+	dir, undo, err = prepareMountpoint(base+"/there", false, "cockpitfs mount x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir.Close()
+	if _, err := os.Stat(base + "/there/NOT-MOUNTED"); err != nil {
+		t.Fatal(err)
+	}
+	undo()
+	st, err := os.Stat(base + "/there")
+	if entries, _ := os.ReadDir(base + "/there"); err != nil || st.Mode().Perm() != 0o550 || len(entries) != 0 {
+		t.Errorf("after undo: %v, mode %v, holding %v", err, st.Mode(), entries)
 	}
 }
