@@ -347,3 +347,105 @@ func TestMountRefusedLeavesNothing(t *testing.T) {
 	}
 	absent(home + "/data")
 }
+
+// unmountCwdInside starts a root process whose cwd is dir; it is killed when the test ends (or
+// by the returned func).
+func unmountCwdInside(t *testing.T, dir string) (kill func()) {
+	t.Helper()
+	cmd := exec.Command("bash", "-c", `cd "$D" && exec sleep 100`)
+	cmd.Env = append(os.Environ(), "D="+dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	kill = func() { cmd.Process.Kill(); <-exited }
+	t.Cleanup(kill)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", cmd.Process.Pid))
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", cmd.Process.Pid))
+		if cwd == dir && strings.HasSuffix(exe, "/sleep") {
+			return kill
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the process never settled in %s", dir)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Unmount of a busy mount (a shell's cwd inside) is refused, exit 1, naming the cause and the ways
+// out; the mount keeps serving. `unmount --lazy` then detaches it, and the daemon exits once the
+// last user is gone.
+func TestUnmountBusySaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	kill := unmountCwdInside(t, m.Dir)
+	r := lifecycleRun(t, "unmount", m.Dir)
+	t.Logf("unmount of a busy mount: exit %d, %s", r.Code, r.Stderr)
+	for _, want := range []string{m.Dir + " is busy: something has files open or a cwd inside it", "fuser -vm " + m.Dir, "cockpitfs unmount --lazy " + m.Dir} {
+		if r.Code != 1 || !strings.Contains(r.Stderr, want) {
+			t.Errorf("unmount of a busy mount: exit %d, stderr lacks %q:\n%s", r.Code, want, r.Stderr)
+		}
+	}
+	if !serving(m.Dir) {
+		t.Fatal("the refused unmount stopped the mount")
+	}
+	r = lifecycleRun(t, "unmount", "--lazy", m.Dir)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "detached "+m.Dir) {
+		t.Fatalf("unmount --lazy: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if mounted(m.Dir) {
+		t.Fatal("still mounted after unmount --lazy")
+	}
+	kill()
+	select {
+	case err := <-m.done:
+		m.cmd = nil
+		if err != nil {
+			t.Errorf("the daemon's exit: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the daemon still runs 15 s after its lazily detached mount's last user left")
+	}
+}
+
+// A user's unmount of another user's mount is refused, saying whose it is; the mount keeps serving.
+func TestUnmountOtherUsersMount(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("runs as root to become uid 65534")
+	}
+	m := newMount(t)
+	cmd := nonrootCommand(nonrootPath(t), "unmount", m.Dir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("uid 65534's unmount of root's mount: %v, %s", err, out)
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), m.Dir+" is another user's mount (uid 0)") {
+		t.Fatalf("uid 65534's unmount of root's mount: %v\n%s", err, out)
+	}
+	if !serving(m.Dir) {
+		t.Fatal("the refused unmount stopped the mount")
+	}
+}
+
+// A user's unmount of its busy mount (through fusermount3) is refused the same way; --lazy
+// detaches it.
+func TestNonRootUnmountBusy(t *testing.T) {
+	t.Parallel()
+	m := machineNobodyMountIn(t, ownNetns(t))
+	unmountNobodyCwdInside(t, m.Dir)
+	path := nonrootPath(t)
+	cmd := nonrootCommand(path, "unmount", m.Dir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("uid 65534's unmount of its busy mount: %v, %s", err, out)
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), m.Dir+" is busy: something has files open or a cwd inside it") {
+		t.Fatalf("uid 65534's unmount of its busy mount: %v\n%s", err, out)
+	}
+	if !mounted(m.Dir) {
+		t.Fatal("the refused unmount unmounted")
+	}
+	if out, err := nonrootCommand(path, "unmount", "--lazy", m.Dir).CombinedOutput(); err != nil || mounted(m.Dir) {
+		t.Fatalf("unmount --lazy: %v, mounted %v\n%s", err, mounted(m.Dir), out)
+	}
+}

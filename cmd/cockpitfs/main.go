@@ -44,11 +44,17 @@ flags:
                      0: no bound); root and the daemon's own user are not bounded
   --log-level LEVEL  error, info (default) or debug (every FUSE request)
 ` + etcdFlagsUsage, mountCommand},
-		"unmount": {`usage: cockpitfs unmount MOUNTPOINT
+		"unmount": {`usage: cockpitfs unmount [--lazy] MOUNTPOINT
 
 Unmount a cockpitfs mount and return once the daemon serving it has closed its store and
 exited (at most 10 s), so verify, backup or restore may follow at once. A dead mount left by a
 killed daemon ("transport endpoint is not connected") is detached. Also spelled umount.
+
+A mount something still uses (files open or a cwd inside: fuser -vm MOUNTPOINT names them) is
+refused, exit 1, unless --lazy.
+
+flags:
+  --lazy   detach a busy mount now; its daemon exits once nothing uses it any more
 `, unmountCommand},
 		"verify": {`usage: cockpitfs verify [--data DIR | --store etcd://… [ETCD FLAGS]]
 

@@ -121,10 +121,16 @@ type storeChoice struct {
 const defaultLeasesPerUID = 8
 
 func unmountCommand(args []string) error {
-	if len(args) != 1 {
+	fset := newFlags("unmount")
+	lazy := fset.Bool("lazy", false, "")
+	positional, err := parseInterspersed(fset, args)
+	if err != nil {
+		return err
+	}
+	if len(positional) != 1 {
 		return &usageError{command: "unmount", msg: "unmount takes one MOUNTPOINT"}
 	}
-	return unmount(args[0])
+	return unmount(positional[0], *lazy)
 }
 
 // stopSignals end a foreground daemon with a clean unmount: Ctrl-C, kill, the terminal closing
@@ -618,6 +624,22 @@ func clearStaleMount(mnt string) error {
 	return nil
 }
 
+// busyError is the refusal of an unmount the kernel answers EBUSY, and the ways out.
+func busyError(mnt string) error {
+	q := shellQuote(mnt)
+	return fmt.Errorf("%s is busy: something has files open or a cwd inside it (fuser -vm %s names them); end them, or `cockpitfs unmount --lazy %s` detaches it now and the daemon exits once they are gone", mnt, q, q)
+}
+
+// mountOption is the value of option name=value in a mountinfo options field, "" if absent.
+func mountOption(options, name string) string {
+	for _, o := range strings.Split(options, ",") {
+		if k, v, ok := strings.Cut(o, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
+}
+
 // detachMount unmounts mnt lazily: as root with MNT_DETACH, as a user through fusermount3 -u -z,
 // since only root may call umount2.
 func detachMount(mnt string) error {
@@ -666,7 +688,7 @@ func mountState(mnt string) string {
 
 // unmount unmounts mnt and says what it did: a dead mount is detached; a hung one is detached and,
 // as root, its FUSE connection aborted, so whatever waits on it gets ENOTCONN.
-func unmount(dir string) error {
+func unmount(dir string, lazy bool) error {
 	mnt, err := resolveMountpoint(dir)
 	if err != nil {
 		return err
@@ -681,39 +703,51 @@ func unmount(dir string) error {
 	if info.typ != cfs.MountType {
 		return fmt.Errorf("%s is a %s mount, not a cockpitfs one: left mounted", mnt, info.typ)
 	}
+	if uid := mountOption(info.options, "user_id"); os.Geteuid() != 0 && uid != strconv.Itoa(os.Geteuid()) {
+		return fmt.Errorf("%s is another user's mount (uid %s): only that user or root can unmount it", mnt, uid)
+	}
 	state := mountState(mnt)
 	// The daemon, to wait for: unmount returns once it has closed its store.
 	var pid int
 	var start string
-	if state == "serving" {
+	if state == "serving" && !lazy {
 		pid, start = mountDaemon(mnt, info)
 	}
+	detach := lazy || state != "serving"
 	if os.Geteuid() != 0 {
 		args := []string{"-u", mnt}
-		if state != "serving" {
+		if detach {
 			args = []string{"-u", "-z", mnt}
 		}
 		if err := fusermount(args...); err != nil {
+			if strings.Contains(err.Error(), "Device or resource busy") {
+				return busyError(mnt)
+			}
 			return err
 		}
 	} else {
 		flags := 0
-		if state != "serving" {
+		if detach {
 			flags = unix.MNT_DETACH
 		}
 		if err := unix.Unmount(mnt, flags); err != nil {
+			if errors.Is(err, unix.EBUSY) {
+				return busyError(mnt)
+			}
 			return fmt.Errorf("unmount %s: %w", mnt, err)
 		}
 	}
-	switch state {
-	case "serving":
+	switch {
+	case state == "serving" && lazy:
+		fmt.Printf("detached %s; its daemon exits once nothing has files open or a cwd inside it\n", mnt)
+	case state == "serving":
 		if pid != 0 && !waitExit(pid, start) {
 			return fmt.Errorf("unmounted %s, but its daemon (pid %d) has not exited within %s: it still holds its store (its log says why; kill %d ends it)", mnt, pid, daemonExitWait, pid)
 		}
 		fmt.Printf("unmounted %s\n", mnt)
-	case "dead":
+	case state == "dead":
 		fmt.Printf("detached %s, whose daemon had died\n", mnt)
-	case "hung":
+	case state == "hung":
 		aborted := ""
 		if os.Geteuid() == 0 {
 			abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", info.minor)
