@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -308,16 +309,22 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// flagNames lists a command's flags as --name, for completion.
+// flagNames lists a command's flags as --name, for completion: those its usage's flag lines begin
+// with, each line naming one or more (`--cert FILE, --key FILE`) before its description.
 func flagNames(name string) []string {
-	var names []string
+	names := []string{"--help"}
 	for _, line := range strings.Split(usageOf(name), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 0 && strings.HasPrefix(f[0], "--") {
-			names = append(names, f[0])
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "--") {
+			continue
+		}
+		synopsis, _, _ := strings.Cut(line, "  ")
+		for _, flag := range strings.Split(synopsis, ", ") {
+			if f := strings.Fields(flag); len(f) > 0 && strings.HasPrefix(f[0], "--") && !slices.Contains(names, f[0]) {
+				names = append(names, f[0])
+			}
 		}
 	}
-	names = append(names, "--help")
 	sort.Strings(names)
 	return names
 }
