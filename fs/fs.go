@@ -46,6 +46,13 @@ type Options struct {
 	Logger     *log.Logger // nil: stderr
 }
 
+// fsName is every cockpitfs mount's source and FUSE subtype.
+const fsName = "cockpitfs"
+
+// MountType is the type /proc/self/mountinfo gives a cockpitfs mount, live or dead: the command
+// line unmounts, and clears, no other.
+const MountType = "fuse." + fsName
+
 // Mount serves the tree for eng at dir. The kernel has the mount when it returns; requests that
 // arrive before the server has answered the kernel's INIT wait for it.
 //
@@ -70,8 +77,8 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 		AttrTimeout: &zero,
 		MountOptions: fuse.MountOptions{
 			AllowOther:    o.AllowOther,
-			FsName:        "cockpitfs",
-			Name:          "cockpitfs",
+			FsName:        fsName,
+			Name:          fsName,
 			DirectMount:   os.Geteuid() == 0,
 			Debug:         o.Debug,
 			MaxBackground: 64,

@@ -174,6 +174,10 @@ COMP_WORDS=(%s); COMP_CWORD=%d; _cockpitfs; echo "${COMPREPLY[*]}"`, binary, quo
 		"cockpitfs mount --da":            "--daemon --data",
 		"cockpitfs mount --log-level d":   "debug",
 		"cockpitfs verify --da":           "--data",
+		"cockpitfs mount --k":             "--key",
+		"cockpitfs verify --pa":           "--password",
+		"cockpitfs migrate --u":           "--user",
+		"cockpitfs unmount --l":           "--lazy",
 		"cockpitfs help un":               "unmount",
 		"cockpitfs completion ":           "bash",
 		"cockpitfs exec --h":              "--help --holder",
@@ -216,7 +220,7 @@ func TestMountpointReadOnlyWhileNotServing(t *testing.T) {
 		t.Fatalf("the unmounted mountpoint: %v, mode %v; want 0555", err, st.Mode())
 	}
 	note, err := os.ReadFile(filepath.Join(m.Dir, "NOT-MOUNTED"))
-	if err != nil || !strings.Contains(string(note), "cockpitfs mount "+m.Dir) {
+	if err != nil || !strings.Contains(string(note), "cockpitfs mount --data "+m.Data+" "+m.Dir) {
 		t.Fatalf("NOT-MOUNTED: %v\n%s", err, note)
 	}
 	// Its owner's writes are refused, and say so.

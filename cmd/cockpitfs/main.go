@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -44,10 +45,17 @@ flags:
                      0: no bound); root and the daemon's own user are not bounded
   --log-level LEVEL  error, info (default) or debug (every FUSE request)
 ` + etcdFlagsUsage, mountCommand},
-		"unmount": {`usage: cockpitfs unmount MOUNTPOINT
+		"unmount": {`usage: cockpitfs unmount [--lazy] MOUNTPOINT
 
-Unmount a cockpitfs mount; the daemon serving it then exits. A dead mount left by a killed
-daemon ("transport endpoint is not connected") is detached. Also spelled umount.
+Unmount a cockpitfs mount and return once the daemon serving it has closed its store and
+exited (at most 10 s), so verify, backup or restore may follow at once. A dead mount left by a
+killed daemon ("transport endpoint is not connected") is detached. Also spelled umount.
+
+A mount something still uses (files open or a cwd inside: fuser -vm MOUNTPOINT names them) is
+refused, exit 1, unless --lazy.
+
+flags:
+  --lazy   detach a busy mount now; its daemon exits once nothing uses it any more
 `, unmountCommand},
 		"verify": {`usage: cockpitfs verify [--data DIR | --store etcd://… [ETCD FLAGS]]
 
@@ -301,16 +309,22 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// flagNames lists a command's flags as --name, for completion.
+// flagNames lists a command's flags as --name, for completion: those its usage's flag lines begin
+// with, each line naming one or more (`--cert FILE, --key FILE`) before its description.
 func flagNames(name string) []string {
-	var names []string
+	names := []string{"--help"}
 	for _, line := range strings.Split(usageOf(name), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 0 && strings.HasPrefix(f[0], "--") {
-			names = append(names, f[0])
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "--") {
+			continue
+		}
+		synopsis, _, _ := strings.Cut(line, "  ")
+		for _, flag := range strings.Split(synopsis, ", ") {
+			if f := strings.Fields(flag); len(f) > 0 && strings.HasPrefix(f[0], "--") && !slices.Contains(names, f[0]) {
+				names = append(names, f[0])
+			}
 		}
 	}
-	names = append(names, "--help")
 	sort.Strings(names)
 	return names
 }

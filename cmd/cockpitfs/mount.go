@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +24,9 @@ import (
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
+
+// daemonLogName is the log of mount --daemon's daemon, in its data directory.
+const daemonLogName = "cockpitfs.log"
 
 // readyEnv names the fd a daemonised child reports readiness on.
 const readyEnv = "COCKPITFS_READY_FD"
@@ -76,7 +80,7 @@ func mountCommand(args []string) error {
 	if *leasesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-leases-per-uid %d is negative (0: no bound)", *leasesPerUID)}
 	}
-	mnt, err := filepath.Abs(positional[0])
+	mnt, err := resolveMountpoint(positional[0])
 	if err != nil {
 		return err
 	}
@@ -86,13 +90,21 @@ func mountCommand(args []string) error {
 		return &usageError{command: "mount", msg: err.Error()}
 	}
 	if *daemon {
+		// Refused before the daemon's log is made in the data directory. A mount (maybe a dead
+		// one) is the daemon's to look at: a stat of a dead one fails.
+		if typ, err := mountType(mnt); err == nil && typ == "" {
+			if err := checkMountpoint(mnt, *nonempty); err != nil {
+				return err
+			}
+		}
 		return daemonize(args, *data)
 	}
 	st := storeChoice{data: *data, leasesPerUID: *leasesPerUID}
 	if isEtcd {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
-	return serve(mnt, st, *nonempty, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
+	restart := restartCommand(mnt, st, sf, *allowOther)
+	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
 }
 
 // storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names; and
@@ -109,10 +121,16 @@ type storeChoice struct {
 const defaultLeasesPerUID = 8
 
 func unmountCommand(args []string) error {
-	if len(args) != 1 {
+	fset := newFlags("unmount")
+	lazy := fset.Bool("lazy", false, "")
+	positional, err := parseInterspersed(fset, args)
+	if err != nil {
+		return err
+	}
+	if len(positional) != 1 {
 		return &usageError{command: "unmount", msg: "unmount takes one MOUNTPOINT"}
 	}
-	return unmount(args[0])
+	return unmount(positional[0], *lazy)
 }
 
 // stopSignals end a foreground daemon with a clean unmount: Ctrl-C, kill, the terminal closing
@@ -120,8 +138,8 @@ func unmountCommand(args []string) error {
 var stopSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
 
 // serve mounts and serves until a stop signal or an unmount from outside, then unmounts and
-// closes the store.
-func serve(mnt string, st storeChoice, nonempty bool, o cfs.Options) (err error) {
+// closes the store. restart is the command the NOT-MOUNTED note gives to start it again.
+func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Options) (err error) {
 	ready := readyPipe()
 	defer func() {
 		if ready != nil && err != nil {
@@ -145,22 +163,37 @@ func serve(mnt string, st storeChoice, nonempty bool, o cfs.Options) (err error)
 	if err := clearStaleMount(mnt); err != nil {
 		return err
 	}
-	beneath, err := prepareMountpoint(mnt, nonempty)
+	// A refused mount leaves nothing new behind: what can be refused is, before anything is made
+	// (the mountpoint checked, the store locked), and what was made for a mount that then fails
+	// is removed.
+	if err := checkMountpoint(mnt, nonempty); err != nil {
+		return err
+	}
+	discardStore := func() {}
+	if st.etcd == nil {
+		discardStore = discardFresh(st.data)
+	}
+	eng, from, closeStore, err := openServed(mnt, st)
 	if err != nil {
+		discardStore()
+		return err
+	}
+	beneath, undoMountpoint, err := prepareMountpoint(mnt, nonempty, restart)
+	if err != nil {
+		closeStore()
+		discardStore()
 		return err
 	}
 	defer beneath.Close()
-	eng, from, closeStore, err := openServed(mnt, st)
-	if err != nil {
-		protectMountpoint(beneath)
-		return err
-	}
-	defer closeStore()
 	server, err := cfs.Mount(mnt, eng, o)
-	protectMountpoint(beneath)
 	if err != nil {
+		undoMountpoint()
+		closeStore()
+		discardStore()
 		return mountError(mnt, err)
 	}
+	protectMountpoint(beneath)
+	defer closeStore()
 	infof("serving %s (%s)", mnt, from)
 	if ready != nil {
 		fmt.Fprintln(ready, "ok")
@@ -228,6 +261,32 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 	return eng, "data " + data, closeStore, nil
 }
 
+// discardFresh returns what removes the store a failed mount made in data: the directory when it
+// did not exist, its files but the log when it held only the log (mount --daemon makes it for
+// the log, which then says why), nothing when it held a store.
+func discardFresh(data string) func() {
+	entries, err := os.ReadDir(data)
+	switch {
+	case os.IsNotExist(err):
+		return func() { os.RemoveAll(data) }
+	case err != nil:
+		return func() {}
+	}
+	for _, e := range entries {
+		if e.Name() != daemonLogName {
+			return func() {}
+		}
+	}
+	return func() {
+		entries, _ := os.ReadDir(data)
+		for _, e := range entries {
+			if e.Name() != daemonLogName {
+				os.RemoveAll(filepath.Join(data, e.Name()))
+			}
+		}
+	}
+}
+
 // mountError words a failed mount: go-fuse reports fusermount's failure by its wait status only,
 // while fusermount itself has already said why on our stderr.
 func mountError(mnt string, err error) error {
@@ -252,10 +311,11 @@ func shutdown(server *fuse.Server, mnt string, done <-chan struct{}) {
 		}
 	}
 	log.Printf("%s is busy; detaching it", mnt)
-	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+	if err := detachMount(mnt); err != nil {
 		log.Printf("detach %s: %v", mnt, err)
 	}
-	if devErr == nil {
+	// Only root may abort a connection; a user's daemon's exit, closing /dev/fuse, ends it.
+	if devErr == nil && os.Geteuid() == 0 {
 		// Open files keep a detached connection alive; abort it so the server stops.
 		abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", device)
 		if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
@@ -286,7 +346,7 @@ func daemonize(args []string, data string) error {
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
 	}
-	logPath := filepath.Join(data, "cockpitfs.log")
+	logPath := filepath.Join(data, daemonLogName)
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -393,25 +453,34 @@ func mountFixes(said string) []string {
 // dir is not a mount point. Reading mountinfo never touches the path, which a dead mount answers
 // with ENOTCONN.
 func mountType(dir string) (string, error) {
-	typ, _, err := mountEntry(dir)
-	return typ, err
+	m, err := mountEntry(dir)
+	return m.typ, err
 }
 
 // mountDevice returns the minor device number of the mount at dir: its FUSE connection's number.
 func mountDevice(dir string) (string, error) {
-	_, dev, err := mountEntry(dir)
-	if err == nil && dev == "" {
+	m, err := mountEntry(dir)
+	if err == nil && m.minor == "" {
 		err = fmt.Errorf("%s is not mounted", dir)
 	}
-	return dev, err
+	return m.minor, err
 }
 
-// mountEntry reads the visible (last) mount on dir from /proc/self/mountinfo: its type and the
-// minor of its device.
-func mountEntry(dir string) (typ, minor string, err error) {
+// mountInfo is one line of /proc/self/mountinfo.
+type mountInfo struct {
+	id, parent string // the mount's id and its parent's
+	minor      string // of its device: a FUSE mount's connection number
+	typ        string // e.g. fuse.cockpitfs; "" for no mount
+	options    string // the superblock's: a FUSE mount's user_id=N…
+}
+
+// mountEntry reads the visible (last) mount on dir from /proc/self/mountinfo; its typ is "" when
+// dir is not a mount point.
+func mountEntry(dir string) (mountInfo, error) {
+	var m mountInfo
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return "", "", err
+		return m, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		fields := strings.Fields(line)
@@ -420,11 +489,90 @@ func mountEntry(dir string) (typ, minor string, err error) {
 			continue
 		}
 		if unescapeMountinfo(fields[4]) == dir {
-			_, minor, _ = strings.Cut(fields[2], ":")
-			typ = fields[sep+1]
+			m = mountInfo{id: fields[0], parent: fields[1], typ: fields[sep+1]}
+			_, m.minor, _ = strings.Cut(fields[2], ":")
+			if sep+3 < len(fields) {
+				m.options = fields[sep+3]
+			}
 		}
 	}
-	return typ, minor, nil
+	return m, nil
+}
+
+// mountDaemon finds the process serving the FUSE mount m on mnt: the one holding both /dev/fuse
+// and the directory beneath the mount open, as a daemon does while it serves (see serve). It
+// returns the pid and its start time (to tell it from a later process of the same pid), or 0 when
+// there is none this process can see.
+func mountDaemon(mnt string, m mountInfo) (pid int, start string) {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		n, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		fdDir := filepath.Join("/proc", p.Name(), "fd")
+		fds, err := os.ReadDir(fdDir)
+		if err != nil {
+			continue // another user's
+		}
+		var fuseDev, beneath bool
+		for _, fd := range fds {
+			switch link, _ := os.Readlink(filepath.Join(fdDir, fd.Name())); link {
+			case "/dev/fuse":
+				fuseDev = true
+			case mnt:
+				// The path names the mount too: only an fd on the parent mount is beneath it.
+				info, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "fdinfo", fd.Name()))
+				beneath = beneath || fdinfoField(string(info), "mnt_id") == m.parent
+			}
+		}
+		if fuseDev && beneath {
+			return n, processStart(n)
+		}
+	}
+	return 0, ""
+}
+
+// fdinfoField is the value of a "name:\tvalue" line of /proc/PID/fdinfo/FD.
+func fdinfoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == name {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// processStart is when process pid started (in clock ticks since boot), "" once it has exited:
+// when it is gone, or a zombie nobody has reaped yet.
+func processStart(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 20 || fields[0] == "Z" {
+		return ""
+	}
+	return fields[19]
+}
+
+// daemonExitWait is how long unmount waits for the daemon of the mount it unmounted to close its
+// store and exit.
+const daemonExitWait = 10 * time.Second
+
+// waitExit waits until process pid, started at start, has exited; false if it has not within
+// daemonExitWait.
+func waitExit(pid int, start string) bool {
+	deadline := time.Now().Add(daemonExitWait)
+	for processStart(pid) == start {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
 
 func indexOf(fields []string, s string) int {
@@ -460,7 +608,7 @@ func clearStaleMount(mnt string) error {
 	if err != nil || typ == "" {
 		return err
 	}
-	if !strings.HasPrefix(typ, "fuse") {
+	if typ != cfs.MountType {
 		return fmt.Errorf("%s is already a %s mount point", mnt, typ)
 	}
 	switch mountState(mnt) {
@@ -470,7 +618,48 @@ func clearStaleMount(mnt string) error {
 		return fmt.Errorf("%s is mounted by a daemon that does not answer (cockpitfs unmount %s detaches it)", mnt, mnt)
 	}
 	log.Printf("clearing the stale mount on %s", mnt)
-	return unix.Unmount(mnt, unix.MNT_DETACH)
+	if err := detachMount(mnt); err != nil {
+		return fmt.Errorf("clearing the stale mount on %s: %w", mnt, err)
+	}
+	return nil
+}
+
+// busyError is the refusal of an unmount the kernel answers EBUSY, and the ways out.
+func busyError(mnt string) error {
+	q := shellQuote(mnt)
+	return fmt.Errorf("%s is busy: something has files open or a cwd inside it (fuser -vm %s names them); end them, or `cockpitfs unmount --lazy %s` detaches it now and the daemon exits once they are gone", mnt, q, q)
+}
+
+// mountOption is the value of option name=value in a mountinfo options field, "" if absent.
+func mountOption(options, name string) string {
+	for _, o := range strings.Split(options, ",") {
+		if k, v, ok := strings.Cut(o, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
+}
+
+// detachMount unmounts mnt lazily: as root with MNT_DETACH, as a user through fusermount3 -u -z,
+// since only root may call umount2.
+func detachMount(mnt string) error {
+	if os.Geteuid() == 0 {
+		return unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	return fusermount("-u", "-z", mnt)
+}
+
+// fusermount runs fusermount3 (else fusermount, as a mount finds it), returning its own words
+// when it fails.
+func fusermount(args ...string) error {
+	prog := "fusermount3"
+	if _, err := exec.LookPath(prog); err != nil {
+		prog = "fusermount"
+	}
+	if out, err := exec.Command(prog, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %v: %s", prog, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // answerWait is how long unmount and mount wait for a mount to answer a stat before calling its
@@ -499,46 +688,69 @@ func mountState(mnt string) string {
 
 // unmount unmounts mnt and says what it did: a dead mount is detached; a hung one is detached and,
 // as root, its FUSE connection aborted, so whatever waits on it gets ENOTCONN.
-func unmount(dir string) error {
-	mnt, err := filepath.Abs(dir)
+func unmount(dir string, lazy bool) error {
+	mnt, err := resolveMountpoint(dir)
 	if err != nil {
 		return err
 	}
-	typ, err := mountType(mnt)
+	info, err := mountEntry(mnt)
 	if err != nil {
 		return err
 	}
-	if typ == "" {
+	if info.typ == "" {
 		return fmt.Errorf("%s is not mounted", mnt)
 	}
-	device, devErr := mountDevice(mnt)
+	if info.typ != cfs.MountType {
+		return fmt.Errorf("%s is a %s mount, not a cockpitfs one: left mounted", mnt, info.typ)
+	}
+	if uid := mountOption(info.options, "user_id"); os.Geteuid() != 0 && uid != strconv.Itoa(os.Geteuid()) {
+		return fmt.Errorf("%s is another user's mount (uid %s): only that user or root can unmount it", mnt, uid)
+	}
 	state := mountState(mnt)
+	// The daemon, to wait for: unmount returns once it has closed its store.
+	var pid int
+	var start string
+	if state == "serving" && !lazy {
+		pid, start = mountDaemon(mnt, info)
+	}
+	detach := lazy || state != "serving"
 	if os.Geteuid() != 0 {
 		args := []string{"-u", mnt}
-		if state != "serving" {
+		if detach {
 			args = []string{"-u", "-z", mnt}
 		}
-		if out, err := exec.Command("fusermount3", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("fusermount3 %s: %v: %s", strings.Join(args, " "), err, out)
+		if err := fusermount(args...); err != nil {
+			if strings.Contains(err.Error(), "Device or resource busy") {
+				return busyError(mnt)
+			}
+			return err
 		}
 	} else {
 		flags := 0
-		if state != "serving" {
+		if detach {
 			flags = unix.MNT_DETACH
 		}
 		if err := unix.Unmount(mnt, flags); err != nil {
+			if errors.Is(err, unix.EBUSY) {
+				return busyError(mnt)
+			}
 			return fmt.Errorf("unmount %s: %w", mnt, err)
 		}
 	}
-	switch state {
-	case "serving":
+	switch {
+	case state == "serving" && lazy:
+		fmt.Printf("detached %s; its daemon exits once nothing has files open or a cwd inside it\n", mnt)
+	case state == "serving":
+		if pid != 0 && !waitExit(pid, start) {
+			return fmt.Errorf("unmounted %s, but its daemon (pid %d) has not exited within %s: it still holds its store (its log says why; kill %d ends it)", mnt, pid, daemonExitWait, pid)
+		}
 		fmt.Printf("unmounted %s\n", mnt)
-	case "dead":
+	case state == "dead":
 		fmt.Printf("detached %s, whose daemon had died\n", mnt)
-	case "hung":
+	case state == "hung":
 		aborted := ""
-		if os.Geteuid() == 0 && devErr == nil {
-			abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", device)
+		if os.Geteuid() == 0 {
+			abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", info.minor)
 			if err := os.WriteFile(abort, []byte("1"), 0); err == nil {
 				aborted = " and aborted its FUSE connection (whatever waited on it gets ENOTCONN)"
 			}

@@ -16,26 +16,77 @@ const notMountedNote = "NOT-MOUNTED"
 const notMountedText = `No cockpitfs daemon is serving this directory. It is kept read-only while none
 does, so that nothing is written here by mistake and hidden by the next mount.
 
-Start one:       cockpitfs mount %s
+Start one:       %s
 Remove it:       chmod u+w %s && rm -r %s
 `
 
-// prepareMountpoint makes mnt if absent, refuses a directory that holds anything (but the note)
-// unless nonempty, leaves the note, and makes the directory writable by its owner, which
-// fusermount3 requires of a mountpoint. It returns the directory opened: after the mount, its
-// descriptor still reaches the directory beneath it.
-func prepareMountpoint(mnt string, nonempty bool) (*os.File, error) {
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		return nil, err
+// restartCommand is the command line that starts a daemon like this one again: on the same store,
+// with the same access. An etcd password is left out: it is no file's to keep.
+func restartCommand(mnt string, st storeChoice, f *storeFlags, allowOther bool) string {
+	args := []string{"cockpitfs", "mount"}
+	if st.etcd != nil {
+		args = append(args, "--store", st.url)
+		for _, fl := range []struct{ name, value string }{{"--cacert", *f.cacert}, {"--cert", *f.cert}, {"--key", *f.key}} {
+			if fl.value != "" {
+				if abs, err := filepath.Abs(fl.value); err == nil {
+					args = append(args, fl.name, abs)
+				}
+			}
+		}
+		if user, _, _ := strings.Cut(*f.user, ":"); user != "" {
+			args = append(args, "--user", user)
+		}
+	} else {
+		data, err := filepath.Abs(st.data)
+		if err != nil {
+			data = st.data
+		}
+		args = append(args, "--data", data)
+	}
+	if allowOther {
+		args = append(args, "--allow-other")
+	}
+	args = append(args, mnt)
+	for i, a := range args {
+		args[i] = shellQuote(a)
+	}
+	return strings.Join(args, " ")
+}
+
+// shellQuote quotes s for a POSIX shell, unless it needs none.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/.,:@%+=-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// checkMountpoint refuses, before anything is made, what prepareMountpoint would: a path that is
+// not a directory, and a directory that holds anything (but the note) unless nonempty. A missing
+// mnt passes: it is made.
+func checkMountpoint(mnt string, nonempty bool) error {
+	st, err := os.Stat(mnt)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory", mnt)
 	}
 	dir, err := os.Open(mnt)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	defer dir.Close()
+	return checkEmpty(dir, mnt, nonempty)
+}
+
+func checkEmpty(dir *os.File, mnt string, nonempty bool) error {
 	names, err := dir.Readdirnames(-1)
 	if err != nil {
-		dir.Close()
-		return nil, err
+		return err
 	}
 	var there []string
 	for _, n := range names {
@@ -44,25 +95,79 @@ func prepareMountpoint(mnt string, nonempty bool) (*os.File, error) {
 		}
 	}
 	if len(there) > 0 && !nonempty {
-		dir.Close()
-		return nil, fmt.Errorf("%s is not empty (%s): the mount would hide it; move that away, or mount with --nonempty", mnt, listSome(there, 5))
+		return fmt.Errorf("%s is not empty (%s): the mount would hide it; move that away, or mount with --nonempty", mnt, listSome(there, 5))
+	}
+	return nil
+}
+
+// prepareMountpoint makes mnt if absent, refuses a directory that holds anything (but the note)
+// unless nonempty, leaves the note (with restart, its command to start a daemon), and makes the
+// directory writable by its owner, which fusermount3 requires of a mountpoint. It returns the
+// directory opened — after the mount, its descriptor still reaches the directory beneath it — and
+// undo, which takes back what it made or changed, for a mount that fails.
+func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File, undo func(), err error) {
+	// The highest directory this call makes, to remove with the rest.
+	made := ""
+	for p := mnt; ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) || p == filepath.Dir(p) {
+			break
+		}
+		made = p
+	}
+	var noteMade, modeChanged bool
+	var mode os.FileMode
+	undo = func() {
+		if noteMade {
+			os.Remove(filepath.Join(mnt, notMountedNote))
+		}
+		if made == "" {
+			if modeChanged {
+				os.Chmod(mnt, mode)
+			}
+			return
+		}
+		for p := mnt; os.Remove(p) == nil && p != made; p = filepath.Dir(p) {
+		}
+	}
+	defer func() {
+		if err != nil {
+			if dir != nil {
+				dir.Close()
+			}
+			undo()
+		}
+	}()
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return nil, nil, err
+	}
+	if dir, err = os.Open(mnt); err != nil {
+		return nil, nil, err
+	}
+	if err := checkEmpty(dir, mnt, nonempty); err != nil {
+		return dir, nil, err
 	}
 	st, err := dir.Stat()
 	if err != nil {
-		dir.Close()
-		return nil, err
+		return dir, nil, err
 	}
 	if err := dir.Chmod(st.Mode().Perm() | 0o200); err != nil {
 		log.Printf("%s stays mode %o: %v", mnt, st.Mode().Perm(), err)
-		return dir, nil
+		return dir, undo, nil
 	}
+	mode, modeChanged = st.Mode().Perm(), true
+	// Written again when it differs: the daemon may have been started with other flags.
 	note := filepath.Join(mnt, notMountedNote)
-	if _, err := os.Lstat(note); os.IsNotExist(err) {
-		if err := os.WriteFile(note, []byte(fmt.Sprintf(notMountedText, mnt, mnt, mnt)), 0o444); err != nil {
+	q := shellQuote(mnt)
+	text := fmt.Sprintf(notMountedText, restart, q, q)
+	had, readErr := os.ReadFile(note)
+	if readErr != nil || string(had) != text {
+		os.Remove(note)
+		if err := os.WriteFile(note, []byte(text), 0o444); err != nil {
 			log.Printf("leaving %s: %v", note, err)
 		}
+		noteMade = os.IsNotExist(readErr)
 	}
-	return dir, nil
+	return dir, undo, nil
 }
 
 // protectMountpoint clears every write bit of the directory beneath the mount, so that while no
@@ -85,4 +190,44 @@ func listSome(names []string, n int) string {
 		return strings.Join(names, ", ")
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
+}
+
+// resolveMountpoint makes path absolute and resolves its symlinks, as the kernel does when it
+// mounts: /proc/self/mountinfo lists a mount under that path. Only the existing part is resolved,
+// the rest (which mount creates) is kept; the last name is read with readlink, which never asks
+// the mount a daemon may have left there, dead or hung.
+func resolveMountpoint(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	for range 40 {
+		dir := resolveExisting(filepath.Dir(abs))
+		resolved := filepath.Join(dir, filepath.Base(abs))
+		link, err := os.Readlink(resolved)
+		if err != nil {
+			return resolved, nil
+		}
+		if !filepath.IsAbs(link) {
+			link = filepath.Join(dir, link)
+		}
+		abs = link
+	}
+	return "", fmt.Errorf("%s: too many levels of symbolic links", path)
+}
+
+// resolveExisting resolves the symlinks of the longest part of dir that exists, keeping the rest.
+func resolveExisting(dir string) string {
+	rest := ""
+	for {
+		if resolved, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(resolved, rest)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return filepath.Join(dir, rest)
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+		dir = parent
+	}
 }
