@@ -210,8 +210,8 @@ func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {
 	return 0
 }
 
-// followers are the opens of each followed file, by path. A stat of a followed file counts its
-// size from the oldest offset 0 of any open (see Getattr).
+// followers are the opens of each followed file, by path. A stat of a followed file from a
+// process following it counts its size from the offset 0 of that process's opens (see Getattr).
 type followers struct {
 	mu    sync.Mutex
 	opens map[string]map[*handle]struct{}
@@ -238,18 +238,30 @@ func (o *followers) remove(path string, h *handle) {
 	}
 }
 
-// size brings every open of path up to v and returns the largest size one of them has.
-func (o *followers) size(path string, v view) uint64 {
+// sizeOf brings the opens of path by thread tid's process up to v and returns the largest size
+// one of them has; false when that process follows nothing there.
+func (o *followers) sizeOf(path string, v view, tid uint32) (uint64, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if len(o.opens[path]) == 0 || tid == 0 {
+		return 0, false
+	}
+	pid, err := liveness.ProcessOf(int(tid))
 	var largest int64
+	found := false
 	for h := range o.opens[path] {
+		if h.tid != tid {
+			if p, perr := liveness.ProcessOf(int(h.tid)); err != nil || perr != nil || p != pid {
+				continue
+			}
+		}
 		h.mu.Lock()
 		h.follow(v)
 		largest = max(largest, h.view.start+int64(len(h.view.data))-h.base)
 		h.mu.Unlock()
+		found = true
 	}
-	return uint64(largest)
+	return uint64(largest), found
 }
 
 // openFlags are every open's but a frozen file's: direct I/O, so every read reaches the handle's
@@ -313,11 +325,14 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		openedFlags = fuse.FOPEN_DIRECT_IO // the close applies the document: FLUSH must come
 	}
 	h := &handle{view: v, base: v.start}
+	if fc, ok := ctx.(*fuse.Context); ok && f.writer == nil && fc.Pid != 0 {
+		h.tid = fc.Pid
+		if !f.follows {
+			f.opens.add(h.tid, h)
+		}
+	}
 	if f.follows {
 		f.fsys.followers.add(f.path, h)
-	} else if fc, ok := ctx.(*fuse.Context); ok && f.writer == nil && fc.Pid != 0 {
-		h.tid = fc.Pid
-		f.opens.add(h.tid, h)
 	}
 	if flags&syscall.O_APPEND != 0 {
 		// An append (>>) continues the document there. Anything else writes a whole document:
@@ -429,11 +444,15 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		origin = v.start
 	}
 	out.Size = uint64(max(0, v.start+int64(len(v.data))-origin))
-	if byPath && f.follows {
+	if fc, ok := ctx.(*fuse.Context); ok && byPath && f.follows {
 		// FUSE sends fstat as a stat by path. A follower (tail -f) takes a size below its own
-		// offset for a truncation and reads again from 0: the size is the largest of any open's,
-		// each brought up to date, so it is never below one, and grows with every line.
-		out.Size = max(out.Size, f.fsys.followers.size(f.path, v))
+		// offset for a truncation and reads again from 0: a stat from a process following the
+		// file is the largest of that process's opens, each brought up to date, so it is never
+		// below its own, and grows with every line. Anyone else's is the window a new open reads
+		// (rsync, `tail -c` and `wc -c` read exactly that much).
+		if n, following := f.fsys.followers.sizeOf(f.path, v, fc.Pid); following {
+			out.Size = max(out.Size, n)
+		}
 	}
 	out.Uid = v.uid
 	setTimes(&out.Attr, v.mtime)

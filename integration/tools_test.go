@@ -333,6 +333,13 @@ func TestToolsFollowEvents(t *testing.T) {
 			if strings.Join(got, " ") != strings.Join(want, " ") {
 				t.Fatalf("cat shows the refused names %v, want z269 … z300", got)
 			}
+			// The followers are still open, and past the window: everyone else's stat is the
+			// size of what a new open reads, so tools that read exactly the size agree.
+			copied := t.TempDir()
+			r := m.sh(`stat -c %s ` + events + `; wc -c < ` + events + `; tail -c 100 ` + events + ` | wc -c; rsync -a ` + events + ` ` + copied + `/ && cmp ` + events + ` ` + copied + `/events && echo copied`)
+			if f := strings.Fields(r.Stdout); r.Code != 0 || len(f) != 4 || f[0] != f[1] || f[2] != "100" || f[3] != "copied" {
+				t.Fatalf("stat, wc -c, tail -c 100, rsync -a while followers are open: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+			}
 		})
 	}
 }
