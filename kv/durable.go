@@ -76,10 +76,12 @@ type commitLog struct {
 	// unwritten are the segments rotated away with records no round has written yet; mu.
 	unwritten []*segment
 
-	// smu guards the sync rounds: running, and roundEnd.
+	// smu guards the sync rounds: running, closed (no round may start: the files are closing)
+	// and roundEnd.
 	smu      sync.Mutex
 	roundEnd *sync.Cond
 	running  bool
+	closed   bool
 	durable  atomic.Uint64
 	rounds   atomic.Uint64
 	// writes and pages are the running round's: what it writes, where (its leader's alone).
@@ -292,6 +294,9 @@ func (l *commitLog) waitDurable(ts uint64) error {
 			l.roundEnd.Wait()
 			continue
 		}
+		if l.closed {
+			return errClosed
+		}
 		l.running = true
 		l.smu.Unlock()
 		target, err := l.round()
@@ -440,9 +445,17 @@ func (l *commitLog) stop() {
 	l.background.Wait()
 }
 
-// close releases the log's files once the background work is done.
+// close releases the log's files once the background work is done and no sync round runs, nor
+// will: a round writing through a closed file's descriptor, reused meanwhile, would write into
+// another file.
 func (l *commitLog) close() {
 	l.stop()
+	l.smu.Lock()
+	for l.running {
+		l.roundEnd.Wait()
+	}
+	l.closed = true
+	l.smu.Unlock()
 	select {
 	case s := <-l.spare:
 		if s.seg != nil {

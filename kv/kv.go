@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,7 +52,26 @@ type DB struct {
 	tables    tables
 	log       *commitLog
 	conflicts atomic.Uint64
+	// open guards badger and the log against Close: every View, and every attempt of a Commit,
+	// holds it for reading while it reads badger and sequences; Close takes it to wait for those
+	// under way and refuse any later one. A daemon stopping while requests are still in flight
+	// (a busy mount it may not detach) would otherwise send a commit to the stopped applier, a
+	// panic, or read a closed badger's table maps.
+	open   sync.RWMutex
+	closed bool
 }
+
+// enter begins an operation that reads badger, or errClosed; the caller must call leave.
+func (db *DB) enter() error {
+	db.open.RLock()
+	if db.closed {
+		db.open.RUnlock()
+		return errClosed
+	}
+	return nil
+}
+
+func (db *DB) leave() { db.open.RUnlock() }
 
 // Open opens the store in dir, creating dir (mode 0700) if absent. It returns a
 // *HeldError if another process, or another Open in this process, holds dir.
@@ -237,6 +257,9 @@ func (db *DB) closeStore() error {
 
 // Close closes badger, then releases the directory lock.
 func (db *DB) Close() error {
+	db.open.Lock()
+	db.closed = true
+	db.open.Unlock()
 	// Every later View and Update answers errClosed: a Get that latest answers would otherwise
 	// still succeed once badger is closed.
 	defer db.log.fail(errClosed)
@@ -427,6 +450,10 @@ func (db *DB) View(fn func(storage.Txn) error) error {
 	if err := db.log.err(); err != nil {
 		return err
 	}
+	if err := db.enter(); err != nil {
+		return err
+	}
+	defer db.leave()
 	gen := db.log.pending.gen()
 	rts := db.log.beginRead()
 	defer db.log.endRead(rts)
@@ -487,6 +514,10 @@ func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, err e
 	if err := l.err(); err != nil {
 		return nil, err
 	}
+	if err := db.enter(); err != nil {
+		return nil, err
+	}
+	defer db.leave()
 	gen := l.pending.gen()
 	rts := l.beginRead()
 	defer l.endRead(rts)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/cockpitfs/cockpitfs/storage"
@@ -203,4 +204,47 @@ func TestLatestStaysBoundedWithDeletedKeys(t *testing.T) {
 	if n := len(db.log.pending.latest); n > latestBudget/latestEntryCost {
 		t.Errorf("latest holds %d keys after 20,000 deleted, more than its budget's %d entries", n, latestBudget/latestEntryCost)
 	}
+}
+
+// Close while commits and reads are under way (a daemon stopping with a mount it may not detach
+// still serving): each one finishes before the store closes, or is refused with errClosed; none
+// reaches the stopped applier or a closed badger.
+func TestCloseWhileOperationsAreUnderWay(t *testing.T) {
+	t.Parallel()
+	db, err := Open(filepath.Join(t.TempDir(), "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set(t, db, "k0", "v")
+	var wg sync.WaitGroup
+	running := make(chan struct{}, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				err := db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(fmt.Sprintf("k%d", g), []byte{byte(i)}) })
+				if err == nil {
+					err = db.View(func(tx storage.Txn) error { _, err := tx.Get("k0"); return err })
+				}
+				if i == 10 {
+					running <- struct{}{}
+				}
+				if errors.Is(err, errClosed) {
+					return
+				}
+				if err != nil {
+					t.Errorf("an operation while the store closed: %v, want nil or %v", err, errClosed)
+					return
+				}
+			}
+		}()
+	}
+	for range 4 {
+		<-running
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
 }
