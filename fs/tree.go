@@ -251,6 +251,9 @@ func holderEntry(d *dir, name string) entry {
 // create claims the stack for a new holder (§4). The create's open shows the holder in the state
 // the claim just observed its process in, rather than probing it again.
 func (holdersListing) create(ctx context.Context, d *dir, name string, _ uint32) (render, error) {
+	if editorScratch(name) && !engine.ValidName(name) {
+		return nil, errUndefined // an editor's swap or lock file beside a holder it edits: no claim, no line
+	}
 	claimed, err := d.fsys.eng.ClaimObserved(ctx, caller(ctx, "create", d.child(name)), d.cockpit, d.stack, name, nil)
 	if err != nil || claimed == nil {
 		return nil, err

@@ -228,6 +228,14 @@ func TestToolsEditorScratchNotLogged(t *testing.T) {
 	if got := claimsEventCount(m, "app/stacks/s/events"); got != n {
 		t.Fatalf("editor scratch names left %d events lines", got-n)
 	}
+	// Beside a holder too: vim editing one makes no claim and leaves no line for its swap file.
+	for _, name := range []string{".me.swp", ".me.swx", "#me#", ".#me", "me~"} {
+		m.refused(`touch "$M/app/stacks/s/holders/`+name+`"`, syscall.EPERM)
+	}
+	m.ok("cd /tmp && vim -es -i NONE -c 'q' $M/app/stacks/s/holders/me")
+	if got := claimsEventCount(m, "app/stacks/s/events"); got != n {
+		t.Fatalf("editor scratch names beside a holder left %d events lines", got-n)
+	}
 	// Any other undefined name is one refusal, one line.
 	m.refused("touch $M/app/stacks/s/notes.txt", syscall.EPERM)
 	if got := claimsEventCount(m, "app/stacks/s/events"); got != n+1 {
