@@ -37,6 +37,8 @@ type FS struct {
 	followers followers
 	// scratch are the files beside each cockpit's config (see scratch.go).
 	scratch scratchFiles
+	// contentTimes keep a record-derived file's mtime while its content stays.
+	contentTimes contentTimes
 }
 
 // Options configure a mount.

@@ -5,8 +5,10 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -360,4 +362,48 @@ func foreignLine(h portlock.Holder) string {
 	}
 	id := h.Identity
 	return fmt.Sprintf("daemon=other pid=%s uid=%s data=%s mount=%s cockpit=%s stack=%s key=%s\n", pid, uid, id.Data, id.Mount, id.Cockpit, id.Stack, id.Key)
+}
+
+// contentTimes keep a record-derived file's mtime while its content stays the same. Such a file
+// takes its time from the record's last change, and most changes of a record (a co-tenant's
+// claim or release) leave env, lease, ports and entrypoints as they were: their mtime is the time
+// of the change that produced their content (spec §2), so make and editors see no change that is
+// not one. Kept in memory, per path, by a hash of the content: after a restart a file's time is
+// its record's last change until its content changes again.
+type contentTimes struct {
+	mu sync.Mutex
+	by map[string]contentTime
+}
+
+type contentTime struct {
+	sum   uint64
+	mtime time.Time
+}
+
+// contentTimesKept bounds the paths remembered: past it they start again, each file showing its
+// record's time once more.
+const contentTimesKept = 1 << 16
+
+// steady is r with the mtime its content first had.
+func (c *contentTimes) steady(path string, r render) render {
+	return func() (view, error) {
+		v, err := r()
+		if err != nil {
+			return v, err
+		}
+		h := fnv.New64a()
+		h.Write(v.data)
+		sum := h.Sum64()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if kept, ok := c.by[path]; ok && kept.sum == sum {
+			v.mtime = kept.mtime
+			return v, nil
+		}
+		if c.by == nil || len(c.by) >= contentTimesKept {
+			c.by = map[string]contentTime{}
+		}
+		c.by[path] = contentTime{sum: sum, mtime: v.mtime}
+		return v, nil
+	}
 }

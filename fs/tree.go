@@ -211,7 +211,8 @@ func (stackListing) entries(_ context.Context, d *dir) ([]entry, error) {
 // frozenEntry is a read-only file of d's stack rendered by r from the record alone (see
 // entry.frozen).
 func frozenEntry(d *dir, name string, r render) entry {
-	return entry{name: name, node: d.fsys.newFile(d.child(name), d.cockpit, d.stack, r, nil), frozen: true}
+	path := d.child(name)
+	return entry{name: name, node: d.fsys.newFile(path, d.cockpit, d.stack, d.fsys.contentTimes.steady(path, r), nil), frozen: true}
 }
 
 type holdersListing struct{}

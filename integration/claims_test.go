@@ -634,6 +634,30 @@ func TestClaimsSizesAndTimes(t *testing.T) {
 	}
 }
 
+// A co-tenant's claim and release change the record but not what env, lease, ports and the
+// entrypoints show: their mtimes stay, so make rebuilds nothing (spec §2); the record's moves.
+func TestClaimsUnchangedContentKeepsItsTime(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 34300}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	files := "env lease ports/HTTP entrypoints.json record"
+	times := func() []string { return strings.Fields(m.ok("cd $M/app/stacks/s && stat -c %Y " + files)) }
+	before := times()
+	time.Sleep(1100 * time.Millisecond) // a moved time shows in whole seconds
+	m.ok("touch $M/app/stacks/s/holders/co && rm $M/app/stacks/s/holders/co")
+	after := times()
+	names := strings.Fields(files)
+	for i, name := range names[:len(names)-1] {
+		if after[i] != before[i] {
+			t.Errorf("%s's mtime moved with a co-tenant's claim and release: %s -> %s", name, before[i], after[i])
+		}
+	}
+	if last := len(names) - 1; after[last] == before[last] {
+		t.Errorf("the record's mtime did not move with two commits: %s", after[last])
+	}
+}
+
 // A change by one process is what the next ls, cat and stat of another show, even a shell that
 // already looked.
 func TestClaimsVisibleAcrossProcesses(t *testing.T) {
