@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -141,6 +142,25 @@ func TestCLIVerifyRefusesNonStore(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("verify wrote into a directory that holds no store: %v", entries)
+	}
+}
+
+// Without HOME (cron, some containers) the default store is below the account's home, as a
+// login would have set it, never below / (where root would have made it unasked).
+func TestCLIDefaultStoreWithoutHOME(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPING: runs as root to become uid 65534")
+	}
+	account, err := user.LookupId("65534")
+	if err != nil || account.HomeDir == "" {
+		t.Skipf("SKIPPING: uid 65534 has no home in the user database (%v)", err)
+	}
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", binary, "verify")
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	out, _ := cmd.CombinedOutput()
+	if want := filepath.Join(account.HomeDir, ".local", "state", "cockpitfs") + " does not exist"; !strings.Contains(string(out), want) {
+		t.Fatalf("verify without HOME as uid 65534: %s\nwant it to say %q", out, want)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
@@ -276,7 +277,11 @@ func defaultDataDir() string {
 	}
 	home, err := os.UserHomeDir()
 	if err != nil {
+		// HOME unset (cron, some containers): the account's home, which a login would set.
 		home = "/"
+		if u, err := user.Current(); err == nil && u.HomeDir != "" {
+			home = u.HomeDir
+		}
 	}
 	return filepath.Join(home, ".local", "state", "cockpitfs")
 }
