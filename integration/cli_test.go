@@ -48,7 +48,8 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"bogus"}, `unknown command "bogus"`},
 		{[]string{"mount"}, "mount takes one MOUNTPOINT"},
 		{[]string{"mount", "--log-level", "loud", filepath.Join(dir, "m")}, `--log-level "loud" is not error, info or debug`},
-		{[]string{"mount", "--no-such-flag", filepath.Join(dir, "m")}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"mount", "--no-such-flag", filepath.Join(dir, "m")}, "unknown flag --no-such-flag"},
+		{[]string{"verify", "-x"}, "unknown flag --x"},
 		{[]string{"unmount"}, "unmount takes one MOUNTPOINT"},
 		{[]string{"exec", filepath.Join(dir, "s")}, "exec needs -- and the command to run after it"},
 		{[]string{"completion", "zsh"}, "completion supports bash only"},
@@ -161,6 +162,20 @@ func TestCLIDefaultStoreWithoutHOME(t *testing.T) {
 	out, _ := cmd.CombinedOutput()
 	if want := filepath.Join(account.HomeDir, ".local", "state", "cockpitfs") + " does not exist"; !strings.Contains(string(out), want) {
 		t.Fatalf("verify without HOME as uid 65534: %s\nwant it to say %q", out, want)
+	}
+}
+
+// backup and migrate of a directory that holds no store say so, and create nothing.
+func TestCLIBackupOfNoStore(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	missing, out := filepath.Join(dir, "typo"), filepath.Join(dir, "out.backup")
+	r := lifecycleRun(t, "backup", "--data", missing, out)
+	if r.Code != 1 || !strings.Contains(r.Stderr, missing+" does not exist (give the store with --data DIR)") {
+		t.Errorf("backup --data %s: exit %d\nstdout: %s\nstderr: %s", missing, r.Code, r.Stdout, r.Stderr)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("a refused backup made %v", entries)
 	}
 }
 

@@ -87,6 +87,9 @@ func restoreCommand(args []string) error {
 // openOffline opens a stopped daemon's store read-only, saying what to do when it is damaged or
 // in use.
 func openOffline(data string) (*kv.DB, error) {
+	if err := isStore(data); err != nil {
+		return nil, err
+	}
 	db, err := kv.OpenReadOnly(data)
 	if err != nil {
 		return nil, heldHint(damageHint(err, data))

@@ -303,7 +303,12 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, &usageError{command: fs.Name(), msg: err.Error()}
+			msg := err.Error()
+			// The flag package names a flag with one dash; every flag here is written with two.
+			if name, unknown := strings.CutPrefix(msg, "flag provided but not defined: -"); unknown {
+				msg = "unknown flag --" + strings.TrimPrefix(name, "-")
+			}
+			return nil, &usageError{command: fs.Name(), msg: msg}
 		}
 		args = fs.Args()
 		if len(args) == 0 {
