@@ -238,16 +238,37 @@ func (o *followers) remove(path string, h *handle) {
 	}
 }
 
-// sizeOf brings the opens of path by thread tid's process up to v and returns the largest size
-// one of them has; false when that process follows nothing there.
-func (o *followers) sizeOf(path string, v view, tid uint32) (uint64, bool) {
+// catchUp brings every open of path up to v: the last lines of an events file about to be
+// removed (its stack's), which its followers read before its end, as of a removed file on a disk.
+func (o *followers) catchUp(path string, v view) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for h := range o.opens[path] {
+		h.mu.Lock()
+		h.follow(v)
+		h.mu.Unlock()
+	}
+}
+
+// following says whether path has followers: catchUp is for them alone.
+func (o *followers) following(path string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.opens[path]) > 0
+}
+
+// sizeOf brings the opens of path by thread tid's process up to v (when given: nil for a file
+// removed since, which its followers keep as they read it) and returns the largest size one of
+// them has, and its view; false when that process follows nothing there.
+func (o *followers) sizeOf(path string, v *view, tid uint32) (uint64, view, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if len(o.opens[path]) == 0 || tid == 0 {
-		return 0, false
+		return 0, view{}, false
 	}
 	pid, err := liveness.ProcessOf(int(tid))
 	var largest int64
+	var largestView view
 	found := false
 	for h := range o.opens[path] {
 		if h.tid != tid {
@@ -256,12 +277,16 @@ func (o *followers) sizeOf(path string, v view, tid uint32) (uint64, bool) {
 			}
 		}
 		h.mu.Lock()
-		h.follow(v)
-		largest = max(largest, h.view.start+int64(len(h.view.data))-h.base)
+		if v != nil {
+			h.follow(*v)
+		}
+		if size := h.view.start + int64(len(h.view.data)) - h.base; !found || size > largest {
+			largest, largestView = size, h.view
+		}
 		h.mu.Unlock()
 		found = true
 	}
-	return uint64(largest), found
+	return uint64(largest), largestView, found
 }
 
 // openFlags are every open's but a frozen file's: direct I/O, so every read reaches the handle's
@@ -430,7 +455,19 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	} else {
 		var err error
 		if v, err = f.render(); err != nil {
-			return f.fsys.failNoEvent("getattr", f.path, err)
+			fc, ok := ctx.(*fuse.Context)
+			if !ok || !f.follows {
+				return f.fsys.failNoEvent("getattr", f.path, err)
+			}
+			// Removed since (its stack drained and removed): a process following it keeps it as
+			// it read it, as a follower of a removed file on a disk does; tail -f goes on.
+			size, kept, following := f.fsys.followers.sizeOf(f.path, nil, fc.Pid)
+			if !following {
+				return f.fsys.failNoEvent("getattr", f.path, err)
+			}
+			out.Mode, out.Nlink, out.Size, out.Uid = syscall.S_IFREG|0o444, 1, size, kept.uid
+			setTimes(&out.Attr, kept.mtime)
+			return 0
 		}
 	}
 	out.Mode = syscall.S_IFREG | 0o444
@@ -450,7 +487,7 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		// file is the largest of that process's opens, each brought up to date, so it is never
 		// below its own, and grows with every line. Anyone else's is the window a new open reads
 		// (rsync, `tail -c` and `wc -c` read exactly that much).
-		if n, following := f.fsys.followers.sizeOf(f.path, v, fc.Pid); following {
+		if n, _, following := f.fsys.followers.sizeOf(f.path, &v, fc.Pid); following {
 			out.Size = max(out.Size, n)
 		}
 	}

@@ -171,8 +171,20 @@ func (stacksListing) mkdir(ctx context.Context, d *dir, name string) syscall.Err
 
 func (stacksListing) rmdir(ctx context.Context, d *dir, name string) syscall.Errno {
 	c := caller(ctx, "rmdir", d.child(name))
+	// The stack's last lines (its drain's), for those following its events to read before the
+	// file's end.
+	events := d.child(name) + "/events"
+	last, rendered := view{}, false
+	if d.fsys.followers.following(events) {
+		if v, err := d.fsys.eventsView(d.cockpit, name)(); err == nil {
+			last, rendered = v, true
+		}
+	}
 	if err := d.fsys.eng.RemoveStack(ctx, c, d.cockpit, name); err != nil {
 		return d.fsys.fail(c, d.cockpit, "", err)
+	}
+	if rendered {
+		d.fsys.followers.catchUp(events, last)
 	}
 	return 0
 }

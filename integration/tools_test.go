@@ -352,6 +352,24 @@ func TestToolsFollowEvents(t *testing.T) {
 	}
 }
 
+// A stack drained and removed while tail -f follows its events, within one of tail's polls: tail
+// shows the drain's lines, and goes on following, as it would a removed file on a disk.
+func TestToolsFollowEventsOfARemovedStack(t *testing.T) {
+	t.Parallel()
+	m := toolsSetup(t, 26760)
+	m.ok("mkdir $M/app/stacks/gone && touch $M/app/stacks/gone/holders/me")
+	tail := startReader(t, m, "tail -f $M/app/stacks/gone/events")
+	waitFor(t, func() string { return "tail to show the claim: " + tail.output() }, func() bool { return strings.Contains(tail.output(), "holders/me") })
+	m.ok("S=$M/app/stacks/gone && " + machineDrain + " && rmdir $S")
+	waitFor(t, func() string { return "tail to show the drain's outcome: " + tail.output() }, func() bool {
+		return strings.Contains(tail.output(), `"path":"app/stacks/gone/drain/outcome"`)
+	})
+	time.Sleep(2500 * time.Millisecond) // two more of tail's polls, the stack gone
+	if tail.done() || strings.Contains(tail.output(), "No such file") {
+		t.Fatalf("tail -f of a removed stack's events stopped:\n%s", tail.output())
+	}
+}
+
 // followedNames are the names (prefix and a number) of the refused paths in events lines, in order.
 func followedNames(output, prefix string) []string {
 	var names []string
