@@ -70,6 +70,7 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 	retained := len(r.Value.Holders) > 0 && r.Value.Lease.Active()
 	_, held := r.Value.Holder(in.holder.Name)
 	v, released := releaseDead(r.Value, in.dead, &in.holder, now)
+	reads.releasedDead(released)
 	v, added, err := addHolder(v, in.holder, now)
 	if err != nil {
 		return r.Value, err

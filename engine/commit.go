@@ -60,6 +60,8 @@ type stepReads interface {
 	// hold takes the machine-wide holds of a candidate family's ports for the stack, all or none,
 	// and says who holds the port it could not take (nil: taken, or the engine holds no ports).
 	hold(ports map[string]int) (*portlock.Holder, int, error)
+	// releasedDead tells the commit's events line the dead holders the step released.
+	releasedDead(holders []Holder)
 }
 
 // txReads serves stepReads from a transaction on the stack (cockpit, stack).
@@ -72,11 +74,15 @@ type txReads struct {
 }
 
 // skippedHeld is what a claim's holds skipped: why each family, for the events line, and a stack
-// this daemon holds one for (see behindHolds).
+// this daemon holds one for (see behindHolds); and the dead holders it released, whose release
+// the line names too (nothing else says who released them).
 type skippedHeld struct {
 	why  []string
 	here string
+	dead []Holder
 }
+
+func (t txReads) releasedDead(holders []Holder) { t.skipped.dead = append(t.skipped.dead, holders...) }
 
 func (t txReads) hold(ports map[string]int) (*portlock.Holder, int, error) {
 	if t.e.holds == nil {
@@ -132,11 +138,19 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 		if err != nil {
 			return err
 		}
-		warning := ""
+		var warnings []string
+		if len(skipped.dead) > 0 {
+			released := make([]string, len(skipped.dead))
+			for i, h := range skipped.dead {
+				released[i] = fmt.Sprintf("%s (process %d)", h.Name, h.PID)
+			}
+			warnings = append(warnings, "released dead holders: "+strings.Join(released, ", "))
+		}
 		if len(skipped.why) > 0 {
 			// A candidate family another process holds was skipped: the claim's line says why.
-			warning = "skipped candidate families: " + strings.Join(skipped.why, "; ")
+			warnings = append(warnings, "skipped candidate families: "+strings.Join(skipped.why, "; "))
 		}
+		warning := strings.Join(warnings, "; ")
 		return e.commit(tx, c, r, v, now, warning)
 	})
 }

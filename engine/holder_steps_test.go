@@ -45,6 +45,8 @@ func (f *fakeReads) leasesOf(uint32) (int, error) {
 
 func (f *fakeReads) hold(map[string]int) (*portlock.Holder, int, error) { return nil, 0, nil }
 
+func (f *fakeReads) releasedDead([]Holder) {}
+
 func (f *fakeReads) portOwner(port int) (string, error) {
 	f.made = append(f.made, "portOwner")
 	return f.owners[port], f.err

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"reflect"
 	"syscall"
@@ -77,6 +78,10 @@ func TestDeadHolderReleasedByAnotherClaim(t *testing.T) {
 	}
 	if r.Value.LastReleasedHolder == nil || *r.Value.LastReleasedHolder != holderID("worker") {
 		t.Fatalf("lastReleasedHolder %v, want worker's id", r.Value.LastReleasedHolder)
+	}
+	// The claim's events line says whom it released, and why.
+	if ev, want := lastEventOf(t, e, "app", "main"), fmt.Sprintf("released dead holders: worker (process %d)", worker.Process.Pid); ev.Warning != want {
+		t.Fatalf("bob's claim's events line warns %q, want %q", ev.Warning, want)
 	}
 	if !reflect.DeepEqual(r.Value.Lease, before.Value.Lease) || r.Revision != before.Revision+1 {
 		t.Fatalf("lease or revision moved: %+v at %d", r.Value.Lease, r.Revision)
