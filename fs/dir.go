@@ -222,11 +222,16 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (
 		out.Uid = uid
 		setTimes(&out.Attr, t)
 	}
-	if _, isStack := d.list.(stackListing); isStack {
-		// A stack's directory shows who may remove it.
+	if d.stack != "" {
+		// A stack's directories change with its record (a holder added or released, a lease, a
+		// drain): `ls -lt stacks/` and `find -newer` see the stacks that moved.
 		if r, err := d.fsys.eng.Stack(d.cockpit, d.stack); err == nil {
-			if uid, ok := d.fsys.eng.StackCreator(r); ok {
-				out.Uid = uid
+			setTimes(&out.Attr, stamp(r.UpdatedAt))
+			if _, isStack := d.list.(stackListing); isStack {
+				// A stack's directory shows who may remove it.
+				if uid, ok := d.fsys.eng.StackCreator(r); ok {
+					out.Uid = uid
+				}
 			}
 		}
 	}

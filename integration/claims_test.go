@@ -658,6 +658,28 @@ func TestClaimsUnchangedContentKeepsItsTime(t *testing.T) {
 	}
 }
 
+// A stack's directories take the time of its record's last change, so `ls -lt` puts the stack a
+// claim just changed first.
+func TestClaimsStackDirectoryTimes(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 34400}, "old", "new")
+	time.Sleep(1100 * time.Millisecond) // a moved time shows in whole seconds
+	m.ok("touch $M/app/stacks/new/holders/me")
+	if got := m.ok("ls -t $M/app/stacks"); got != "new\nold\n" {
+		t.Errorf("ls -t stacks after a claim of new: %q", got)
+	}
+	dirs := m.ok("cd $M/app/stacks/new && stat -c %Y . holders ports drain")
+	rec := claimsRecord(t, m, "new")
+	at, err := time.Parse("2006-01-02T15:04:05.000Z", fmt.Sprint(rec["updatedAt"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.Repeat(strconv.FormatInt(at.Unix(), 10)+"\n", 4); dirs != want {
+		t.Errorf("the stack's directories' times %q, want its record's %s", dirs, rec["updatedAt"])
+	}
+}
+
 // A change by one process is what the next ls, cat and stat of another show, even a shell that
 // already looked.
 func TestClaimsVisibleAcrossProcesses(t *testing.T) {
