@@ -43,7 +43,7 @@ type reserveInput struct {
 // before this transaction's own dead-holder release: both happen in one commit, so the
 // reservation's expectedCoordinationRevision is r.Revision and its coordinationRevision the
 // revision committed. errUnchanged means the same drain is already reserved (a resume).
-func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
+func reserveDrain(r Record, in reserveInput, reads stepReads, now time.Time) (Value, error) {
 	q := in.request
 	if q.given != nil && q.given.StackID != r.SubjectID {
 		return r.Value, malformedRequest("stackId %s is not this stack's %s", q.given.StackID, r.SubjectID)
@@ -57,7 +57,7 @@ func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
 	}
 	// A request naming a new holder takes the stack over when every holder is dead, as a claim
 	// would: the drain is how a stack whose lease no claim may join is stopped.
-	v, _ := releaseDead(r.Value, in.dead, in.successor, now)
+	v, released := releaseDead(r.Value, in.dead, in.successor, now)
 	if !v.Lease.Active() {
 		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "claim the stack first (touch holders/<name>)", "the stack has no active lease")
 	}
@@ -70,6 +70,7 @@ func reserveDrain(r Record, in reserveInput, now time.Time) (Value, error) {
 		return r.Value, err
 	}
 	v.Drain = d
+	reads.releasedDead(released)
 	return v, nil
 }
 

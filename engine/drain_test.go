@@ -352,6 +352,9 @@ func TestDrainReleasesDeadHolderAtReservation(t *testing.T) {
 		r.Value.Drain.ExpectedCoordinationRevision != before.Revision || *r.Value.LastReleasedHolder != holderID("other") {
 		t.Fatalf("dead holder not released in the reservation: %+v", r)
 	}
+	if ev, want := lastEventOf(t, e, "app", "s"), fmt.Sprintf("released dead holders: other (process %d)", gone.Process.Pid); ev.Warning != want {
+		t.Fatalf("the reservation's events line warns %q, want %q", ev.Warning, want)
+	}
 }
 
 func TestDrainJSONRequest(t *testing.T) {

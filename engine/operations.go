@@ -145,8 +145,8 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 		}
 		in.successor = &nh
 	}
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
-		return reserveDrain(r, in, now)
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+		return reserveDrain(r, in, reads, now)
 	})
 }
 
