@@ -474,11 +474,12 @@ func TestDrainRefusals(t *testing.T) {
 			claimStack(t, e, "t", "a", &Holder{PID: os.Getpid(), CheckoutPath: "/src/a"})
 			claimStack(t, e, "t", "b", &Holder{PID: os.Getpid(), CheckoutPath: "/src/b"})
 		}, func(t *testing.T, e *Engine) error {
-			r, err := e.Stack("app", "t")
-			if err != nil {
-				t.Fatal(err)
+			before := recordSnapshot(t, e, "app", "t")
+			err := e.ReserveDrain(drainCtx, drainCaller("request"), "app", "t", DrainRequest{Purpose: "sleep"}, stackRecord(t, e, "app", "t").Revision)
+			if after := recordSnapshot(t, e, "app", "t"); after != before {
+				t.Fatalf("the refusal changed stack t:\nbefore %s\nafter  %s", before, after)
 			}
-			return e.ReserveDrain(drainCtx, drainCaller("request"), "app", "t", DrainRequest{Purpose: "sleep"}, r.Revision)
+			return err
 		}, ClaimCoTenant, "name the one the drain is for with holder=<name>"},
 		{"start without drain", nothing, func(t *testing.T, e *Engine) error { return startExecutor(e, 0) }, NotFound, "no drain"},
 		{"outcome without drain", nothing, func(t *testing.T, e *Engine) error { return publish(e, true, "") }, ExecutionPreconditionChanged, ""},

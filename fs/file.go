@@ -98,7 +98,7 @@ func (o *threadOpens) of(tid uint32) (*handle, bool) {
 	}
 	var found *handle
 	for opener, h := range o.by {
-		if p, err := liveness.ProcessOf(int(opener)); err == nil && p == pid {
+		if inProcess(opener, pid) {
 			if found != nil {
 				return nil, false // two opens of the process: which one it stats is unknown
 			}
@@ -106,6 +106,12 @@ func (o *threadOpens) of(tid uint32) (*handle, bool) {
 		}
 	}
 	return found, found != nil
+}
+
+// inProcess says whether thread tid belongs to process pid.
+func inProcess(tid uint32, pid int) bool {
+	p, err := liveness.ProcessOf(int(tid))
+	return err == nil && p == pid
 }
 
 // handle is one open of a file.
@@ -271,10 +277,8 @@ func (o *followers) sizeOf(path string, v *view, tid uint32) (uint64, view, bool
 	var largestView view
 	found := false
 	for h := range o.opens[path] {
-		if h.tid != tid {
-			if p, perr := liveness.ProcessOf(int(h.tid)); err != nil || perr != nil || p != pid {
-				continue
-			}
+		if h.tid != tid && (err != nil || !inProcess(h.tid, pid)) {
+			continue
 		}
 		h.mu.Lock()
 		if v != nil {
