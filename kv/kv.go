@@ -91,7 +91,7 @@ func Open(dir string) (*DB, error) {
 	}
 	// Opening replays the logs into tables badger writes through memory maps: on a full disk,
 	// SIGBUS.
-	if err := checkSpace(dir); err != nil {
+	if err := checkSpace(lock, dir); err != nil {
 		lock.Close()
 		return nil, err
 	}
@@ -263,7 +263,7 @@ func (db *DB) Close() error {
 	// Every later View and Update answers errClosed: a Get that latest answers would otherwise
 	// still succeed once badger is closed.
 	defer db.log.fail(errClosed)
-	if db.scratch == "" && checkSpace(db.dir) != nil {
+	if db.scratch == "" && checkSpace(db.lock, db.dir) != nil {
 		// badger's Close flushes the memtable into a table it writes through a memory map: on a
 		// full disk, SIGBUS. Every acknowledged commit is in the write-ahead log, which the next
 		// Open replays, as after a crash. badger's goroutines end with the process.
@@ -541,7 +541,7 @@ func (db *DB) tryCommit(fn func(storage.Txn) error) (durable func() error, err e
 	}
 	// A statfs a commit (≈ 1 µs of a commit's ≈ 170): badger writes new memtable logs through
 	// maps of sparse files until the next checkpoint allocates them (see checkSpace).
-	if err := checkSpace(db.dir); err != nil {
+	if err := checkSpace(db.lock, db.dir); err != nil {
 		return nil, err
 	}
 	ts, err := l.sequence(t)
