@@ -242,3 +242,30 @@ func TestClaimObservedIsTheRecordedHolderAndItsState(t *testing.T) {
 		}
 	}
 }
+
+// A holder of the process a claim just observed present (the claimant's session) is taken as
+// present without a second probe; any other holder of a dead process is found gone.
+func TestDeadHoldersTrustWhatTheOperationObserved(t *testing.T) {
+	e := newEngine(t)
+	worker := sessionSleeper(t)
+	start, err := processOf(worker.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := []Holder{
+		{HolderID: holderID("w1"), Name: "w1", PID: worker.Process.Pid, ProcessStart: start},
+		{HolderID: holderID("w2"), Name: "w2", PID: worker.Process.Pid, ProcessStart: start},
+	}
+	kill(t, worker)
+	if dead := e.deadHolders(held, "", Holder{}); len(dead) != 2 {
+		t.Fatalf("dead holders %+v, want both", dead)
+	}
+	observed := Holder{PID: worker.Process.Pid, ProcessStart: start}
+	if dead := e.deadHolders(held, "", observed); len(dead) != 0 {
+		t.Fatalf("dead holders %+v, want none: the operation observed their process present", dead)
+	}
+	other := Holder{PID: worker.Process.Pid, ProcessStart: start + "0"}
+	if dead := e.deadHolders(held, "", other); len(dead) != 2 {
+		t.Fatalf("dead holders %+v, want both: another start is another process", dead)
+	}
+}

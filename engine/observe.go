@@ -116,14 +116,16 @@ func callerProcesses(c Caller) map[int]bool {
 const maxHolderProbes = 4
 
 // deadHolders observes every holder with a pid except the one named and returns those proven gone.
-// Holders of one process (same pid and start) share one probe: a session often holds many.
-func (e *Engine) deadHolders(holders []Holder, except string) []Holder {
+// Holders of one process (same pid and start) share one probe: a session often holds many. Holders
+// of present's process, which the operation observed present a moment ago (a claimant's session),
+// are not probed again.
+func (e *Engine) deadHolders(holders []Holder, except string, present Holder) []Holder {
 	type process struct {
 		pid   int
 		start string
 	}
 	var candidates []process
-	seen := map[process]bool{}
+	seen := map[process]bool{{present.PID, present.ProcessStart}: present.PID != 0}
 	for _, h := range holders {
 		p := process{h.PID, h.ProcessStart}
 		if h.PID != 0 && h.HolderID != except && !seen[p] {

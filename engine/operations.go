@@ -42,7 +42,7 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 		return nil, err
 	}
 	id := holderID(name)
-	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, id), listening: listeners.Listening,
+	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, id, nh), listening: listeners.Listening,
 		uidLeaseLimit: e.leaseBound.of(nh.UID)}
 	var added *Claimed // of the step's last run, the one committed
 	err = e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
@@ -134,7 +134,7 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 		if except == "" && len(before.Value.Holders) == 1 {
 			except = before.Value.Holders[0].HolderID
 		}
-		dead = e.deadHolders(before.Value.Holders, except)
+		dead = e.deadHolders(before.Value.Holders, except, Holder{})
 	}
 	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, mine: callerProcesses(c),
 		generation: randomHex(), reservationID: randomHex()}
