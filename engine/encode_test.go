@@ -238,3 +238,42 @@ func TestStampIsFormats(t *testing.T) {
 		}
 	}
 }
+
+// An events head is written as json.Marshal writes it, and read back by the same decoder
+// whichever wrote it.
+func TestEventsHeadJSONIsEncodingJSONs(t *testing.T) {
+	heads := []eventsHead{
+		{Windows: windows{}},
+		{Seq: 1, End: 120, Windows: windows{"h": 1}},
+		{Seq: math.MaxUint64, End: math.MaxInt64, Windows: windows{"h": 256, "0": 32, "1000": 7}},
+		{Seq: 3, End: 9, Windows: windows{"<b>": 2}},
+	}
+	for _, h := range heads {
+		want, err := json.Marshal(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := h.appendJSON(nil)
+		if err != nil || string(got) != string(want) {
+			t.Errorf("%+v.appendJSON = %s, %v; json.Marshal: %s", h, got, err, want)
+		}
+		if back, err := decodeEventsHead(got); err != nil || !reflect.DeepEqual(back, h) {
+			t.Errorf("decodeEventsHead(%s) = %+v, %v; want %+v", got, back, err, h)
+		}
+	}
+	// What encoding/json would also take: another order, spaces, no windows yet.
+	for in, want := range map[string]eventsHead{
+		`{"end":5,"seq":2,"windows":{"h":2}}`:       {Seq: 2, End: 5, Windows: windows{"h": 2}},
+		`{"seq": 2, "end": 5, "windows": {"h": 2}}`: {Seq: 2, End: 5, Windows: windows{"h": 2}},
+		`{"seq":2,"end":5}`:                         {Seq: 2, End: 5, Windows: windows{}},
+	} {
+		if got, err := decodeEventsHead([]byte(in)); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("decodeEventsHead(%s) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{``, `{`, `{"seq":"2"}`, `[]`, `{"seq":1,"end":2,"windows":{"h":-1}}`} {
+		if h, err := decodeEventsHead([]byte(in)); err == nil {
+			t.Errorf("decodeEventsHead(%s) = %+v, want an error", in, h)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -151,29 +152,19 @@ func okEvent(c Caller, now time.Time, revision int64) event {
 // appendEvent adds e to the log of (cockpit, stack) inside tx, so a change and its line commit
 // together; stack is cockpitLevel for the cockpit's own log.
 func appendEvent(tx storage.Txn, cockpit, stack string, e event) error {
-	var seq uint64
-	if _, err := getJSON(tx, eventsSeqKey(cockpit, stack), &seq); err != nil {
+	head, err := loadEventsHead(tx, cockpit, stack)
+	if err != nil {
 		return err
 	}
 	e.Path, e.Message, e.Fix, e.Warning = clip(e.Path), clip(e.Message), clip(e.Fix), clip(e.Warning)
 	line := appendEventJSON(make([]byte, 0, 256), e)
-	end, err := eventsEnd(tx, cockpit, stack) // before this line is in the window
-	if err != nil {
-		return err
-	}
-	counts, err := loadWindows(tx, cockpit, stack, seq)
-	if err != nil {
-		return err
-	}
+	seq := head.Seq
 	if err := tx.Set(eventKey(cockpit, stack, seq), line); err != nil {
-		return err
-	}
-	if err := setJSON(tx, eventsEndKey(cockpit, stack), end+int64(len(line))+1); err != nil { // and its newline
 		return err
 	}
 	window := windowOf(e)
 	kept := keptIn(window)
-	n := counts[window]
+	n := head.Windows[window]
 	if err := setJSON(tx, eventsIndexKey(cockpit, stack, window, n), seq); err != nil {
 		return err
 	}
@@ -182,11 +173,104 @@ func appendEvent(tx storage.Txn, cockpit, stack string, e event) error {
 			return err
 		}
 	}
-	counts[window] = n + 1
-	if err := setJSON(tx, eventsWindowsKey(cockpit, stack), counts); err != nil {
+	head.Windows[window] = n + 1
+	head.Seq = seq + 1
+	head.End += int64(len(line)) + 1 // and its newline
+	data, err := head.appendJSON(make([]byte, 0, 64))
+	if err != nil {
 		return err
 	}
-	return setJSON(tx, eventsSeqKey(cockpit, stack), seq+1)
+	if err := tx.Set(eventsHeadKey(cockpit, stack), data); err != nil {
+		return err
+	}
+	if head.legacy {
+		return deleteKeys(tx, legacyEventsKeys(cockpit, stack))
+	}
+	return nil
+}
+
+// eventsHead is what an events file's next append needs, in one key: the seq of its next line,
+// how many bytes were ever appended to it (the offset its next line starts at), and its windows'
+// counts. (Stores written before it kept the three in a key each: legacy.)
+type eventsHead struct {
+	Seq     uint64  `json:"seq"`
+	End     int64   `json:"end"`
+	Windows windows `json:"windows"`
+	legacy  bool
+}
+
+// appendJSON appends h as json.Marshal encodes it, without reflection when its windows allow
+// (TestEventsHeadJSONIsEncodingJSONs): every commit writes one.
+func (h eventsHead) appendJSON(b []byte) ([]byte, error) {
+	b = strconv.AppendUint(appendJSONKey(b, '{', "seq"), h.Seq, 10)
+	b = strconv.AppendInt(appendJSONKey(b, ',', "end"), h.End, 10)
+	b, err := h.Windows.appendJSON(appendJSONKey(b, ',', "windows"))
+	return append(b, '}'), err
+}
+
+// decodeEventsHead reads what appendJSON writes without reflection, anything else with
+// encoding/json.
+func decodeEventsHead(data []byte) (eventsHead, error) {
+	var h eventsHead
+	rest, ok := bytes.CutPrefix(data, []byte(`{"seq":`))
+	var seq, end, windowsJSON []byte
+	if ok {
+		seq, rest, ok = bytes.Cut(rest, []byte(`,"end":`))
+	}
+	if ok {
+		end, rest, ok = bytes.Cut(rest, []byte(`,"windows":`))
+	}
+	if ok {
+		windowsJSON, ok = bytes.CutSuffix(rest, []byte("}"))
+	}
+	if ok && decodeInteger(seq, &h.Seq) && decodeInteger(end, &h.End) {
+		if h.Windows, ok = decodeWindows(windowsJSON); ok {
+			return h, nil
+		}
+	}
+	h = eventsHead{}
+	if err := json.Unmarshal(data, &h); err != nil {
+		return h, malformedValue{err}
+	}
+	if h.Windows == nil {
+		h.Windows = windows{}
+	}
+	return h, nil
+}
+
+// loadEventsHead reads the head of the events file of (cockpit, stack); a file written before
+// heads were kept has its three keys read (and, written before windows were kept, its lines
+// indexed), for appendEvent to replace with a head.
+func loadEventsHead(tx storage.Txn, cockpit, stack string) (eventsHead, error) {
+	h, found, err := readEventsHead(tx, cockpit, stack)
+	if err != nil || found {
+		return h, err
+	}
+	h.legacy = true
+	if _, err := getJSON(tx, eventsSeqKey(cockpit, stack), &h.Seq); err != nil {
+		return h, err
+	}
+	if h.End, err = legacyEventsEnd(tx, cockpit, stack); err != nil { // before the next line is in the window
+		return h, err
+	}
+	h.Windows, err = loadWindows(tx, cockpit, stack, h.Seq)
+	return h, err
+}
+
+// readEventsHead reads the head key alone: found is false for a file written before heads were
+// kept, or with no line yet.
+func readEventsHead(tx storage.Txn, cockpit, stack string) (h eventsHead, found bool, err error) {
+	data, err := tx.Get(eventsHeadKey(cockpit, stack))
+	if errors.Is(err, storage.ErrNotFound) {
+		return h, false, nil
+	}
+	if err != nil {
+		return h, false, err
+	}
+	if h, err = decodeEventsHead(data); err != nil {
+		return h, false, fmt.Errorf("decode %s: %w", eventsHeadKey(cockpit, stack), err)
+	}
+	return h, true, nil
 }
 
 // appendEventJSON appends e as encoding/json encodes it without HTML escaping, so that a fix like
@@ -282,7 +366,11 @@ func deleteEvents(tx storage.Txn, cockpit, stack string) error {
 	}); err != nil {
 		return err
 	}
-	keys = append(keys, eventsSeqKey(cockpit, stack), eventsEndKey(cockpit, stack), eventsWindowsKey(cockpit, stack))
+	keys = append(append(keys, eventsHeadKey(cockpit, stack)), legacyEventsKeys(cockpit, stack)...)
+	return deleteKeys(tx, keys)
+}
+
+func deleteKeys(tx storage.Txn, keys []string) error {
 	for _, k := range keys {
 		if err := tx.Delete(k); err != nil {
 			return err
@@ -291,9 +379,24 @@ func deleteEvents(tx storage.Txn, cockpit, stack string) error {
 	return nil
 }
 
+// legacyEventsKeys are the keys an events file's head was kept in before eventsHead.
+func legacyEventsKeys(cockpit, stack string) []string {
+	return []string{eventsSeqKey(cockpit, stack), eventsEndKey(cockpit, stack), eventsWindowsKey(cockpit, stack)}
+}
+
 // eventsEnd is how many bytes were ever appended to the events file: the offset its next line
-// starts at. A store written before the end was kept starts it at the window's length.
+// starts at.
 func eventsEnd(tx storage.Txn, cockpit, stack string) (int64, error) {
+	h, found, err := readEventsHead(tx, cockpit, stack)
+	if err != nil || found {
+		return h.End, err
+	}
+	return legacyEventsEnd(tx, cockpit, stack)
+}
+
+// legacyEventsEnd is eventsEnd of a file written before heads were kept; one written before the
+// end was kept starts it at the window's length.
+func legacyEventsEnd(tx storage.Txn, cockpit, stack string) (int64, error) {
 	var end int64
 	found, err := getJSON(tx, eventsEndKey(cockpit, stack), &end)
 	if err != nil || found {

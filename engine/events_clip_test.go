@@ -3,6 +3,8 @@ package engine
 import (
 	"bytes"
 	"context"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -48,7 +50,8 @@ func TestEventsWindowsOfAnOldFile(t *testing.T) {
 		}
 	}
 	claim(t, e, "app", "main", "alice")
-	// Make it old: no window counts, no index.
+	// Make it old: its sequence and end in keys of their own, no window counts, no index.
+	legacyEvents(t, e, "app", "main", false)
 	if err := e.db.Update(ctx, func(tx storage.Txn) error {
 		var keys []string
 		if err := tx.Scan(eventsIndexPrefix("app", "main"), func(k string, _ []byte) error {
@@ -57,12 +60,7 @@ func TestEventsWindowsOfAnOldFile(t *testing.T) {
 		}); err != nil {
 			return err
 		}
-		for _, k := range append(keys, eventsWindowsKey("app", "main")) {
-			if err := tx.Delete(k); err != nil {
-				return err
-			}
-		}
-		return nil
+		return deleteKeys(tx, keys)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -95,5 +93,71 @@ func TestEventsWindowsOfAnOldFile(t *testing.T) {
 	}
 	if refused != refusalsKept || changes != 1 {
 		t.Fatalf("after the migration: %d refusals, %d changes; want %d and 1", refused, changes, refusalsKept)
+	}
+}
+
+// legacyEvents rewrites the head of an events file as the versions before eventsHead kept it:
+// its sequence, its end and (withWindows) its window counts in a key each.
+func legacyEvents(t *testing.T, e *Engine, cockpit, stack string, withWindows bool) {
+	t.Helper()
+	if err := e.db.Update(context.Background(), func(tx storage.Txn) error {
+		h, found, err := readEventsHead(tx, cockpit, stack)
+		if err != nil || !found {
+			t.Fatalf("no head to make old: %v", err)
+		}
+		if err := setJSON(tx, eventsSeqKey(cockpit, stack), h.Seq); err != nil {
+			return err
+		}
+		if err := setJSON(tx, eventsEndKey(cockpit, stack), h.End); err != nil {
+			return err
+		}
+		if withWindows {
+			if err := setJSON(tx, eventsWindowsKey(cockpit, stack), h.Windows); err != nil {
+				return err
+			}
+		}
+		return tx.Delete(eventsHeadKey(cockpit, stack))
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An events file whose sequence, end and window counts an earlier version kept in three keys
+// reads the same, and its next line goes on from them into one head, the three keys gone.
+func TestEventsHeadOfAnOldFile(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	claim(t, e, "app", "main", "bob")
+	window, start, seqs, err := e.EventsWindow("app", "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacyEvents(t, e, "app", "main", true)
+	oldWindow, oldStart, oldSeqs, err := e.EventsWindow("app", "main")
+	if err != nil || !bytes.Equal(oldWindow, window) || oldStart != start || !slices.Equal(oldSeqs, seqs) {
+		t.Fatalf("the old file reads %q from %d, seqs %v (%v); want %q from %d, %v", oldWindow, oldStart, oldSeqs, err, window, start, seqs)
+	}
+	claim(t, e, "app", "main", "carol")
+	after, afterStart, afterSeqs, err := e.EventsWindow("app", "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(after, window) || afterStart != start || !slices.Equal(afterSeqs, append(seqs, seqs[len(seqs)-1]+1)) {
+		t.Fatalf("after the next line: %q from %d, seqs %v; want %q and one more line from %d", after, afterStart, afterSeqs, window, start)
+	}
+	if err := e.db.View(func(tx storage.Txn) error {
+		h, found, err := readEventsHead(tx, "app", "main")
+		if err != nil || !found || h.Seq != afterSeqs[len(afterSeqs)-1]+1 || h.End != start+int64(len(after)) || h.Windows[historyWindow] != uint64(len(afterSeqs)) {
+			t.Errorf("head %+v found=%v (%v); want seq %d, end %d, %d lines in the history", h, found, err, afterSeqs[len(afterSeqs)-1]+1, start+int64(len(after)), len(afterSeqs))
+		}
+		for _, k := range legacyEventsKeys("app", "main") {
+			if _, err := tx.Get(k); !errors.Is(err, storage.ErrNotFound) {
+				t.Errorf("%s is still there (%v)", k, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -70,6 +70,7 @@ func portKey(port int) string {
 func leaseCountKey(cockpit string) string            { return "n/" + cockpit }
 func uidLeasesKey(uid uint32) string                 { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
 func eventsPrefix(cockpit, stack string) string      { return allEventsPrefix + cockpit + "/" + stack + "/" }
+func eventsHeadKey(cockpit, stack string) string     { return "f/" + cockpit + "/" + stack }
 func eventsSeqKey(cockpit, stack string) string      { return "q/" + cockpit + "/" + stack }
 func eventsEndKey(cockpit, stack string) string      { return "o/" + cockpit + "/" + stack }
 func eventsWindowsKey(cockpit, stack string) string  { return "w/" + cockpit + "/" + stack }
