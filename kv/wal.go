@@ -216,14 +216,19 @@ type segment struct {
 	off    int    // first free byte
 	last   uint64 // ts of its last record, 0 while none
 	// win is the segment from winOff (a page boundary) to the end of its last record, in an
-	// aligned buffer whose bytes beyond off are zero; written is off as of the last round.
-	win     []byte
-	winOff  int
-	written int
+	// aligned buffer whose bytes beyond off are zero; written is off as of the last round, and
+	// unwrittenFrom where the first record since then begins.
+	win           []byte
+	winOff        int
+	written       int
+	unwrittenFrom int
 }
 
 // put copies a record into the window at off, where placeRecord put it.
 func (s *segment) put(rec []byte, off int) {
+	if s.off == s.written {
+		s.unwrittenFrom = off
+	}
 	need := off + len(rec) - s.winOff
 	if need > len(s.win) {
 		grown := alignedPages(max(need, 2*len(s.win)))
@@ -236,23 +241,28 @@ func (s *segment) put(rec []byte, off int) {
 
 // take copies the pages written to since the last round onto buf (aligned, its capacity reused
 // from round to round so that no page is newly allocated, or faulted in, on a commit's path),
-// and keeps in the window only the last page, which later records may share.
+// and keeps in the window only the last page, which later records may share. The window's first
+// page goes again only if a record since went into it: one that did not fit begins the next
+// page, and the page it left is on disk as it is (an 8 KiB write and its flush cost 15–20 µs
+// more than 4 KiB on a 2-vCPU VM's disk, and a third of a claim's records begin a page).
 func (s *segment) take(buf []byte) (pageWrite, []byte, bool) {
 	if s.off == s.written {
 		return pageWrite{}, buf, false
 	}
-	n := (s.off - s.winOff + pageSize - 1) / pageSize * pageSize
+	from := s.unwrittenFrom/pageSize*pageSize - s.winOff
+	end := (s.off - s.winOff + pageSize - 1) / pageSize * pageSize
+	n := end - from
 	if len(buf)+n > cap(buf) {
 		grown := alignedPages(max(len(buf)+n, 2*cap(buf)))[:len(buf)]
 		copy(grown, buf)
 		buf = grown
 	}
-	start, at := len(buf), s.winOff
-	buf = append(buf, s.win[:n]...)
+	start, at := len(buf), s.winOff+from
+	buf = append(buf, s.win[from:end]...)
 	s.written = s.off
 	if last := s.off / pageSize * pageSize; last > s.winOff {
-		kept := copy(s.win, s.win[last-s.winOff:n])
-		clear(s.win[kept:n])
+		kept := copy(s.win, s.win[last-s.winOff:end])
+		clear(s.win[kept:end])
 		s.winOff = last
 	}
 	return pageWrite{seg: s, at: at, pages: buf[start:]}, buf, true

@@ -2,6 +2,7 @@ package kv
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -459,5 +460,44 @@ func TestCommitIsAcknowledgedBeforeBadgerAppliesIt(t *testing.T) {
 	}
 	if v, _ := get(t, db, "k"); seen != "1" || v != "2" {
 		t.Errorf("the second Update read %q, a View after both %q; want 1 and 2", seen, v)
+	}
+}
+
+// A round writes the pages records went into since the last one, as the segment holds them: a
+// record that does not fit in the rest of a page begins the next, and the page it left, on disk
+// as it is, is not written again.
+func TestRoundWritesOnlyThePagesRecordsWentInto(t *testing.T) {
+	t.Parallel()
+	s := &segment{}
+	image := make([]byte, 4*pageSize) // the segment as its records placed it
+	put := func(size int) {
+		rec := appendRecord(nil, &record{ts: 1, kind: kindCommit, writes: []write{{key: "k", value: make([]byte, size)}}})
+		at := placeRecord(s.off, len(rec))
+		copy(image[at:], rec)
+		s.put(rec, at)
+	}
+	for _, round := range []struct {
+		sizes     []int
+		at, pages int
+	}{
+		{[]int{3000}, 0, 1},
+		{[]int{3000}, pageSize, 1},      // did not fit: page 0 is left as written
+		{[]int{100}, pageSize, 1},       // fits in the rest of page 1, which goes again
+		{[]int{100, 3000}, pageSize, 2}, // the rest of page 1, then page 2
+		{[]int{3500}, 3 * pageSize, 1},
+	} {
+		for _, size := range round.sizes {
+			put(size)
+		}
+		w, _, ok := s.take(nil)
+		if !ok || w.at != round.at || len(w.pages) != round.pages*pageSize {
+			t.Fatalf("after records of %v bytes: a write of %d bytes at %d (%v), want %d pages at %d", round.sizes, len(w.pages), w.at, ok, round.pages, round.at)
+		}
+		if !bytes.Equal(w.pages, image[w.at:w.at+len(w.pages)]) {
+			t.Fatalf("after records of %v bytes: the pages written differ from the segment's", round.sizes)
+		}
+	}
+	if _, _, ok := s.take(nil); ok {
+		t.Error("a round with no new record writes")
 	}
 }
