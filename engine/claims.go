@@ -311,33 +311,44 @@ type leaseInputs struct {
 // listeners and are not probed.
 func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) {
 	decl := in.config.Declaration
-	candidates := decl.Candidates()
+	// The candidates' offsets, each family's ports made only when it is reached: a cockpit with a
+	// hundred stacks passes a hundred occupied families at each new lease.
+	var offsets []int
 	if current.Active() {
 		if !current.Declaration.Equal(decl) {
 			return nil, declarationChanged("")
 		}
-		family, ok := decl.FamilyAt(current.Offset)
-		if !ok {
+		if _, ok := decl.FamilyAt(current.Offset); !ok {
 			return nil, refuse(ConfigChangedDuringExecution, "", "drain the stack, then claim again",
 				"the lease's offset %d is not a candidate of the declaration", current.Offset)
 		}
-		candidates = []portdecl.Family{family}
+		offsets = []int{current.Offset}
 	} else if in.activeLeases >= decl.Count {
 		return nil, refuse(PortLeaseExhausted, "", "release an inactive stack or extend the declared port-family count after checking host capacity",
 			"maximum %d concurrent stacks is already active in this cockpit", decl.Count)
+	} else if decl.Validate() == nil {
+		offsets = make([]int, decl.Count)
+		for i := range offsets {
+			offsets[i] = i * decl.Step
+		}
 	}
-	var occupied []string
+	bases := sortedBases(decl)
+	ports := make([]int, len(bases))
+	var occupied []occupiedCandidate // spelled out only if no family is free
 	sawListener := false
-	for _, family := range candidates {
-		ports := familyPorts(family)
+	for _, offset := range offsets {
+		for i, base := range bases {
+			ports[i] = base + offset
+		}
 		owner, err := firstOwner(ports, in.occupiedBy)
 		if err != nil {
 			return nil, err
 		}
 		if owner != "" {
-			occupied = append(occupied, fmt.Sprintf("%s (leased by %s)", joinPorts(ports), owner))
+			occupied = append(occupied, occupiedCandidate{offset, "leased by " + owner})
 			continue
 		}
+		family, _ := decl.FamilyAt(offset)
 		if !(current.Active() && retained) {
 			busy, err := in.listening(ports)
 			if err != nil {
@@ -346,7 +357,7 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 			}
 			if len(busy) > 0 {
 				sawListener = true
-				occupied = append(occupied, fmt.Sprintf("%s (host listener on %s)", joinPorts(ports), joinPorts(busy)))
+				occupied = append(occupied, occupiedCandidate{offset, "host listener on " + joinPorts(busy)})
 				continue
 			}
 		}
@@ -359,7 +370,7 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 				// Another daemon's lease is like another stack's; anything else holding the port is
 				// in the way as a listener is.
 				sawListener = sawListener || holder.Identity == nil
-				occupied = append(occupied, fmt.Sprintf("%s (port %d held by %s)", joinPorts(ports), port, holder))
+				occupied = append(occupied, occupiedCandidate{offset, fmt.Sprintf("port %d held by %s", port, holder)})
 				continue
 			}
 		}
@@ -373,8 +384,31 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 	if sawListener {
 		code = PortFamilyCollision
 	}
+	why := make([]string, len(occupied))
+	for i, o := range occupied {
+		for j, base := range bases {
+			ports[j] = base + o.offset
+		}
+		why[i] = joinPorts(ports) + " (" + o.why + ")"
+	}
 	return nil, refuse(code, "", "release an inactive stack, stop the named host listener, or extend the declared candidate range",
-		"no complete port family is free; occupied candidates: %s", strings.Join(occupied, "; "))
+		"no complete port family is free; occupied candidates: %s", strings.Join(why, "; "))
+}
+
+// occupiedCandidate is a candidate family a claim passed, and why.
+type occupiedCandidate struct {
+	offset int
+	why    string
+}
+
+// sortedBases are decl's bases in port order: a family's ports, sorted, are them plus its offset.
+func sortedBases(decl portdecl.Declaration) []int {
+	bases := make([]int, 0, len(decl.Bases))
+	for _, base := range decl.Bases {
+		bases = append(bases, base)
+	}
+	sort.Ints(bases)
+	return bases
 }
 
 func familyPorts(f portdecl.Family) []int {

@@ -261,6 +261,29 @@ func TestPortOwnerJSON(t *testing.T) {
 		if got := appendPortOwnerJSON(nil, o); string(got) != string(want) {
 			t.Errorf("appendPortOwnerJSON(%+v) = %s, json.Marshal: %s", o, got, want)
 		}
+		if got, ok := decodePortOwner(want); !ok || got != o {
+			t.Errorf("decodePortOwner(%s) = %+v, %v; want %+v taken", want, got, ok, o)
+		}
+	}
+	// A claim decodes every occupied family's entry without reflection where it can; what it
+	// takes, it takes as json.Unmarshal does, and anything else it leaves to it.
+	for _, in := range []string{
+		`{"port":1,"cockpit":"a","stack":"b","key":"K","offset":0}`,
+		`{"port":1,"cockpit":"a\"b","stack":"b","key":"K","offset":0}`,
+		`{"port":1,"cockpit":"a<b","stack":"b","key":"K","offset":0}`,
+		`{"port":1,"cockpit":"a","stack":"b","key":"K","offset":0,"x":1}`,
+		`{"cockpit":"a","port":1,"stack":"b","key":"K","offset":0}`,
+		`{"port":01,"cockpit":"a","stack":"b","key":"K","offset":0}`,
+		`{"port":1,"cockpit":"a","stack":"b","key":"K","offset":1.5}`,
+		`{"port":1,"cockpit":"é","stack":"b","key":"K","offset":0}`,
+		`{"port":1,"cockpit":"a","stack":"b","key":"K","offset":0}}`,
+		"{\"port\":1,\"cockpit\":\"a\tb\",\"stack\":\"b\",\"key\":\"K\",\"offset\":0}",
+	} {
+		var slow PortOwner
+		jsonErr := json.Unmarshal([]byte(in), &slow)
+		if fast, ok := decodePortOwner([]byte(in)); ok && (jsonErr != nil || fast != slow) {
+			t.Errorf("decodePortOwner(%s) = %+v; json.Unmarshal: %+v, %v", in, fast, slow, jsonErr)
+		}
 	}
 	for _, port := range []int{0, 7, 80, 443, 5432, 10000, 65535} {
 		if got, want := portKey(port), fmt.Sprintf("%s%05d", portsPrefix, port); got != want {
