@@ -332,14 +332,19 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 			offsets[i] = i * decl.Step
 		}
 	}
-	bases := sortedBases(decl)
-	ports := make([]int, len(bases))
+	// A family's ports, sorted, are the sorted bases plus its offset.
+	bases := familyPorts(portdecl.Family{Ports: decl.Bases})
+	buf := make([]int, len(bases))
+	portsAt := func(offset int) []int {
+		for i, base := range bases {
+			buf[i] = base + offset
+		}
+		return buf
+	}
 	var occupied []occupiedCandidate // spelled out only if no family is free
 	sawListener := false
 	for _, offset := range offsets {
-		for i, base := range bases {
-			ports[i] = base + offset
-		}
+		ports := portsAt(offset)
 		owner, err := firstOwner(ports, in.occupiedBy)
 		if err != nil {
 			return nil, err
@@ -386,10 +391,7 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 	}
 	why := make([]string, len(occupied))
 	for i, o := range occupied {
-		for j, base := range bases {
-			ports[j] = base + o.offset
-		}
-		why[i] = joinPorts(ports) + " (" + o.why + ")"
+		why[i] = joinPorts(portsAt(o.offset)) + " (" + o.why + ")"
 	}
 	return nil, refuse(code, "", "release an inactive stack, stop the named host listener, or extend the declared candidate range",
 		"no complete port family is free; occupied candidates: %s", strings.Join(why, "; "))
@@ -399,16 +401,6 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 type occupiedCandidate struct {
 	offset int
 	why    string
-}
-
-// sortedBases are decl's bases in port order: a family's ports, sorted, are them plus its offset.
-func sortedBases(decl portdecl.Declaration) []int {
-	bases := make([]int, 0, len(decl.Bases))
-	for _, base := range decl.Bases {
-		bases = append(bases, base)
-	}
-	sort.Ints(bases)
-	return bases
 }
 
 func familyPorts(f portdecl.Family) []int {

@@ -23,7 +23,7 @@ const freeReserve = 24 << 20
 func checkSpace(f *os.File, dir string) error {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		return fmt.Errorf("kv: statfs %s: %w", dir, err)
+		return fmt.Errorf("kv: fstatfs %s: %w", dir, err)
 	}
 	if free := st.Bavail * uint64(st.Bsize); free < freeReserve {
 		return fmt.Errorf("kv: %s has %d KiB free, less than the %d MiB a commit needs to be safe: %w",
