@@ -196,12 +196,12 @@ func parseDrainRequestJSON(data []byte) (DrainRequest, error) {
 	switch {
 	case !validPurpose(j.Purpose):
 		return DrainRequest{}, malformedRequest("purpose %q is not sleep, down or reset", j.Purpose)
-	case !stackIDPattern.MatchString(j.StackID):
+	case !isStackID(j.StackID):
 		return DrainRequest{}, malformedRequest("stackId %q is not a stack identity", j.StackID)
-	case !holderIDPattern.MatchString(j.HolderID) || j.RequesterID != j.HolderID:
+	case !isHolderID(j.HolderID) || j.RequesterID != j.HolderID:
 		return DrainRequest{}, malformedRequest("holderId and requesterId must be the same holder identity")
-	case !sha256Pattern.MatchString(j.ConfigSha256) || !sha256Pattern.MatchString(j.PlanDigest) ||
-		!sha256Pattern.MatchString(j.OperationBasis) || !sha256Pattern.MatchString(j.Generation):
+	case !isSHA256Hex(j.ConfigSha256) || !isSHA256Hex(j.PlanDigest) ||
+		!isSHA256Hex(j.OperationBasis) || !isSHA256Hex(j.Generation):
 		return DrainRequest{}, malformedRequest("configSha256, planDigest, operationBasis and generation must be sha256 hex")
 	case j.ExpectedCoordinationRevision < 0:
 		return DrainRequest{}, malformedRequest("expectedCoordinationRevision %d is negative", j.ExpectedCoordinationRevision)
@@ -281,7 +281,7 @@ func ParseOutcomeCommand(text string) (Outcome, error) {
 		seen[key] = true
 		switch key {
 		case "attempt":
-			if !sha256Pattern.MatchString(value) {
+			if !isSHA256Hex(value) {
 				return o, refuse(StateRecordMalformed, "drain/outcome", fix, "outcome attribute %q is not attempt=<64 hex>", token)
 			}
 			o.AttemptID = value

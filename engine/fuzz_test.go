@@ -98,7 +98,7 @@ func FuzzParseOutcomeCommand(f *testing.F) {
 			}
 			return
 		}
-		if attemptID != "" && !sha256Pattern.MatchString(attemptID) {
+		if attemptID != "" && !sha256Hex.MatchString(attemptID) {
 			t.Fatalf("ParseOutcomeCommand(%q) accepted attempt id %q", text, attemptID)
 		}
 		if want := strings.Fields(text)[0] == "success"; success != want {
@@ -124,7 +124,10 @@ func FuzzParseRepairCommand(f *testing.F) {
 }
 
 // specName is the name grammar as SPEC states it.
-var specName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+var (
+	specName  = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+	sha256Hex = regexp.MustCompile(`^[a-f0-9]{64}$`)
+)
 
 // FuzzValidName: ValidName is the spec's regular expression; a cockpit name also is not README or
 // ports.

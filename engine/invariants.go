@@ -7,18 +7,38 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
 )
 
-var (
-	holderIDPattern = regexp.MustCompile(`^holder:[a-f0-9]{64}:session$`)
-	stackIDPattern  = regexp.MustCompile(`^stack:[a-f0-9]{64}$`)
-	sha256Pattern   = regexp.MustCompile(`^[a-f0-9]{64}$`)
-)
+// isSHA256Hex says s is a SHA-256 in lower-case hex, as the identities below hold one. By hand,
+// not by a regexp: a commit checks one at least, and a cold regexp match costs microseconds.
+func isSHA256Hex(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// isHolderID says s is shaped as holderID makes one: holder:<sha256 hex>:session.
+func isHolderID(s string) bool {
+	rest, ok := strings.CutPrefix(s, "holder:")
+	hash, ok2 := strings.CutSuffix(rest, ":session")
+	return ok && ok2 && isSHA256Hex(hash)
+}
+
+// isStackID says s is shaped as StackID makes one: stack:<sha256 hex>.
+func isStackID(s string) bool {
+	hash, ok := strings.CutPrefix(s, "stack:")
+	return ok && isSHA256Hex(hash)
+}
 
 // checkRecord reports every invariant r breaks (the seeds' coordination and drain schemas plus the
 // identities of the names it carries); nil means r is a record the engine may hold.
@@ -53,7 +73,7 @@ func check(r Record, checked Value) error {
 			bad("lease: %v", err)
 		}
 	}
-	if l := v.LastReleasedHolder; l != nil && (!holderIDPattern.MatchString(*l) || slices.ContainsFunc(v.Holders, func(h Holder) bool { return h.HolderID == *l })) {
+	if l := v.LastReleasedHolder; l != nil && (!isHolderID(*l) || slices.ContainsFunc(v.Holders, func(h Holder) bool { return h.HolderID == *l })) {
 		bad("lastReleasedHolder %q is malformed or still a holder", *l)
 	}
 	if len(v.Holders) > 0 && !v.Lease.Active() {
@@ -134,10 +154,10 @@ func checkDrain(d *Drain) error {
 	switch {
 	case d.Purpose != "sleep" && d.Purpose != "down" && d.Purpose != "reset":
 		return fmt.Errorf("purpose %q", d.Purpose)
-	case !stackIDPattern.MatchString(d.StackID) || !holderIDPattern.MatchString(d.HolderID) || !holderIDPattern.MatchString(d.RequesterID):
+	case !isStackID(d.StackID) || !isHolderID(d.HolderID) || !isHolderID(d.RequesterID):
 		return errors.New("identities are malformed")
-	case !sha256Pattern.MatchString(d.ConfigSha256) || !sha256Pattern.MatchString(d.PlanDigest) ||
-		!sha256Pattern.MatchString(d.OperationBasis) || !sha256Pattern.MatchString(d.Generation) || !sha256Pattern.MatchString(d.ReservationID):
+	case !isSHA256Hex(d.ConfigSha256) || !isSHA256Hex(d.PlanDigest) ||
+		!isSHA256Hex(d.OperationBasis) || !isSHA256Hex(d.Generation) || !isSHA256Hex(d.ReservationID):
 		return errors.New("digests are malformed")
 	case d.Generation == d.ReservationID:
 		return errors.New("generation equals reservationId")
@@ -234,7 +254,7 @@ func checkAttempt(d *Drain, a *Attempt) error {
 	reserved, _ := ParseStamp(d.ReservedAt)
 	action := d.Actions[d.CompletedActionCount]
 	switch {
-	case !sha256Pattern.MatchString(a.AttemptID):
+	case !isSHA256Hex(a.AttemptID):
 		return errors.New("attemptId is malformed")
 	case a.ReservationID != d.ReservationID || a.Purpose != d.Purpose || a.Generation != d.Generation || !equalStrings(a.TargetIDs, d.TargetIDs):
 		return errors.New("attempt does not belong to the reservation")

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -394,5 +395,31 @@ func TestCheckGuardsSaveRecord(t *testing.T) {
 	requireCode(t, err, StateRecordMalformed)
 	if after := recordSnapshot(t, e, "app", "main"); after != before {
 		t.Fatalf("a record breaking its invariants was saved:\n%s", after)
+	}
+}
+
+// The identity checks accept exactly what their patterns do, on identities and on every one-byte
+// deletion and change of them.
+func TestIdentityShapesAgreeWithTheirPatterns(t *testing.T) {
+	for _, c := range []struct {
+		pattern *regexp.Regexp
+		check   func(string) bool
+		seed    string
+	}{
+		{sha256Hex, isSHA256Hex, strings.Repeat("0a", 32)},
+		{regexp.MustCompile(`^holder:[a-f0-9]{64}:session$`), isHolderID, holderID("w")},
+		{regexp.MustCompile(`^stack:[a-f0-9]{64}$`), isStackID, StackID("app", "s")},
+	} {
+		if !c.check(c.seed) {
+			t.Fatalf("%q refused", c.seed)
+		}
+		for i := range len(c.seed) {
+			for _, s := range []string{c.seed[:i] + c.seed[i+1:], c.seed[:i] + "g" + c.seed[i+1:], c.seed[:i] + "A" + c.seed[i+1:],
+				c.seed[:i] + ":" + c.seed[i+1:], c.seed[:i] + "5" + c.seed[i+1:], c.seed[:i] + "ab" + c.seed[i:]} {
+				if got, want := c.check(s), c.pattern.MatchString(s); got != want {
+					t.Errorf("%q: %v, the pattern says %v", s, got, want)
+				}
+			}
+		}
 	}
 }

@@ -139,10 +139,21 @@ func BootID() (string, error) { return currentBootID() }
 
 // BootOf returns the boot a Linux start identity names (ok=false for any other identity).
 func BootOf(start string) (boot string, ok bool) {
-	if !procStart.MatchString(start) {
+	boot, ok = procBoot(start)
+	return boot, ok
+}
+
+// procBoot is the boot a Linux start identity, proc:<boot ID>:<start ticks>, names; ok=false
+// for anything else.
+func procBoot(start string) (string, bool) {
+	rest, ok := strings.CutPrefix(start, "proc:")
+	if !ok {
 		return "", false
 	}
-	boot, _, _ = strings.Cut(strings.TrimPrefix(start, "proc:"), ":")
+	boot, ticks, ok := strings.Cut(rest, ":")
+	if !ok || !isBootID(boot) || !digits(ticks, 20) {
+		return "", false
+	}
 	return boot, true
 }
 
@@ -153,7 +164,7 @@ func currentBootID() (string, error) {
 		return bootID.id, nil
 	}
 	if fake := os.Getenv(TestBootIDEnv); fake != "" {
-		if !bootIDPattern.MatchString(fake) {
+		if !isBootID(fake) {
 			return "", fmt.Errorf("%s=%q is not a boot ID", TestBootIDEnv, fake)
 		}
 		bootID.id = fake
@@ -190,7 +201,6 @@ func observeLstart(pid int) Observation {
 }
 
 var (
-	procStart   = regexp.MustCompile(`^proc:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}:[0-9]{1,20}$`)
 	lstartStart = regexp.MustCompile(`^lstart:([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z)$`)
 )
 
@@ -198,7 +208,7 @@ const isoMillis = "2006-01-02T15:04:05.000Z"
 
 // IsStart reports whether s is a well-formed start identity as Observe reports it.
 func IsStart(s string) bool {
-	if procStart.MatchString(s) {
+	if _, ok := procBoot(s); ok {
 		return true
 	}
 	m := lstartStart.FindStringSubmatch(s)

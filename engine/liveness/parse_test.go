@@ -3,7 +3,9 @@ package liveness
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -231,6 +233,45 @@ func TestIsStart(t *testing.T) {
 		if IsStart(s) {
 			t.Errorf("IsStart(%q) = true, want false", s)
 		}
+	}
+}
+
+// The hand-written checks accept exactly what the patterns they replaced accept, on identities
+// and on every one-byte change, deletion and insertion of them.
+func TestProcStartAgreesWithItsPattern(t *testing.T) {
+	pattern := regexp.MustCompile(`^proc:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}:[0-9]{1,20}$`)
+	const boot = "6ecf8df8-5308-48f4-a516-1ffda9da1137"
+	seeds := []string{"proc:" + boot + ":0", "proc:" + boot + ":" + strings.Repeat("9", 20), "proc:" + boot + ":123"}
+	alphabet := []byte("09afgAF:-\n pro")
+	r := rand.New(rand.NewPCG(1, 2))
+	checked := 0
+	check := func(s string) {
+		checked++
+		_, ok := procBoot(s)
+		if want := pattern.MatchString(s); ok != want {
+			t.Errorf("procBoot(%q) ok = %v, the pattern says %v", s, ok, want)
+		}
+		if boot, ok := BootOf(s); ok && "proc:"+boot != s[:len("proc:")+len(boot)] {
+			t.Errorf("BootOf(%q) = %q", s, boot)
+		}
+	}
+	for _, seed := range seeds {
+		check(seed)
+		for i := 0; i <= len(seed); i++ {
+			if i < len(seed) {
+				check(seed[:i] + seed[i+1:])
+				for range 3 {
+					check(seed[:i] + string(alphabet[r.IntN(len(alphabet))]) + seed[i+1:])
+				}
+			}
+			check(seed[:i] + string(alphabet[r.IntN(len(alphabet))]) + seed[i:])
+		}
+	}
+	if checked < 500 {
+		t.Fatalf("only %d strings checked", checked)
+	}
+	if id, ok := parseBootID(boot + "\n"); !ok || id != boot || isBootID(strings.ToUpper(boot)) || isBootID(boot[:35]+"g") {
+		t.Errorf("isBootID disagrees with the boot ID's shape")
 	}
 }
 
