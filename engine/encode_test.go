@@ -237,6 +237,25 @@ func TestStampIsFormats(t *testing.T) {
 			t.Errorf("stamp(%v) = %s, want %s", at, got, want)
 		}
 	}
+	// formatStamp by hand, against Format: across leap days, month ends and centuries, and the
+	// years Format writes with more or fewer than four digits.
+	ats := []time.Time{time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 12, 31, 23, 59, 59, 0, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2000, 2, 29, 23, 59, 59, 999999999, time.UTC)}
+	for at := time.Date(1899, 12, 31, 23, 0, 0, 0, time.UTC); at.Year() < 2102; at = at.Add(97*time.Hour + 13*time.Minute + 7*time.Second + 3*time.Millisecond) {
+		ats = append(ats, at)
+	}
+	for _, at := range ats {
+		if got, want := formatStamp(at), at.Format(stampLayout); got != want {
+			t.Errorf("formatStamp(%v) = %s, want %s", at, got, want)
+		}
+	}
+	for year := 1596; year <= 2404; year++ {
+		for month := time.January; month <= time.December; month++ {
+			if got, want := daysIn(month, year), time.Date(year, month+1, 0, 0, 0, 0, 0, time.UTC).Day(); got != want {
+				t.Errorf("daysIn(%v, %d) = %d, want %d", month, year, got, want)
+			}
+		}
+	}
 }
 
 // An events head is written as json.Marshal writes it, and read back by the same decoder

@@ -102,7 +102,7 @@ func classifySignal(err error) probe {
 // ps's wall-clock start is derived from the boot time, which moves whenever the clock is stepped
 // (NTP, a resumed VM), so a running process would read as a stranger.
 func observeProc(pid int) Observation {
-	stat, err := readProc(fmt.Sprintf("/proc/%d/stat", pid))
+	stat, err := readProc(procFile(pid, "stat"))
 	if err != nil {
 		// Signal 0 just found it, so a missing entry means it exited since, unless this /proc is
 		// not this pid namespace's (a chroot or sandbox); only a second probe decides.
