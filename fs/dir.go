@@ -109,35 +109,44 @@ var (
 
 // find is the child name of d now; a NotFound refusal when there is none.
 func (d *dir) find(ctx context.Context, name string) (entry, error) {
+	e, found, err := d.entry(ctx, name)
+	if err == nil && !found {
+		err = notFound("%s does not exist", d.child(name))
+	}
+	return e, err
+}
+
+// entry is find without the refusal for a missing name, which a lookup answers with ENOENT alone:
+// every claim's create looks its name up first.
+func (d *dir) entry(ctx context.Context, name string) (entry, bool, error) {
 	if l, ok := d.list.(lookuper); ok {
-		e, found, err := l.lookup(ctx, d, name)
-		if err == nil && !found {
-			err = notFound("%s does not exist", d.child(name))
-		}
-		return e, err
+		return l.lookup(ctx, d, name)
 	}
 	es, err := d.list.entries(ctx, d)
 	if err != nil {
-		return entry{}, err
+		return entry{}, false, err
 	}
 	for _, e := range es {
 		if e.name == name {
-			return e, nil
+			return e, true, nil
 		}
 	}
-	return entry{}, notFound("%s does not exist", d.child(name))
+	return entry{}, false, nil
 }
 
 func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("lookup "+d.child(name), &errno)
-	e, err := d.find(ctx, name)
-	if err != nil {
-		errno := d.fsys.failNoEvent("lookup", d.child(name), err)
+	e, found, err := d.entry(ctx, name)
+	if err != nil || !found {
+		missing := syscall.ENOENT
+		if err != nil {
+			missing = d.fsys.failNoEvent("lookup", d.child(name), err)
+		}
 		// Over a shared store another machine's daemon creates names too.
-		if _, ok := d.list.(ownNames); ok && errno == syscall.ENOENT && !d.fsys.eng.Shared() {
+		if _, ok := d.list.(ownNames); ok && missing == syscall.ENOENT && !d.fsys.eng.Shared() {
 			out.SetEntryTimeout(entryTimeout) // a negative entry: see rawLayer.Lookup
 		}
-		return nil, errno
+		return nil, missing
 	}
 	return d.enter(ctx, e, out, nil)
 }
