@@ -3,8 +3,6 @@ package kv
 import (
 	"fmt"
 	"os"
-	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -23,51 +21,15 @@ const freeReserve = 24 << 20
 // has less than freeReserve available. It asks through f: a statfs by path walks the path, and a
 // commit after the daemon idled paid 25 µs for that walk where fstatfs costs 7 (p50 on 2 vCPUs).
 func checkSpace(f *os.File, dir string) error {
-	_, err := freeSpace(f, dir)
-	return err
-}
-
-// freeSpace is what checkSpace found available.
-func freeSpace(f *os.File, dir string) (uint64, error) {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		return 0, fmt.Errorf("kv: fstatfs %s: %w", dir, err)
+		return fmt.Errorf("kv: fstatfs %s: %w", dir, err)
 	}
-	free := st.Bavail * uint64(st.Bsize)
-	if free < freeReserve {
-		return free, fmt.Errorf("kv: %s has %d KiB free, less than the %d MiB a commit needs to be safe: %w",
+	if free := st.Bavail * uint64(st.Bsize); free < freeReserve {
+		return fmt.Errorf("kv: %s has %d KiB free, less than the %d MiB a commit needs to be safe: %w",
 			dir, free>>10, freeReserve>>20, storage.ErrNoSpace)
 	}
-	return free, nil
-}
-
-// spaceGauge is checkSpace for commits, which come in bursts (a claim's create and write, a
-// Makefile's claims): an answer that left more than spaceMargin above the reserve stands for
-// spaceRecheck, since no disk fills a GiB in a tenth of a second; any other is asked again at the
-// next commit, so a disk nearing the reserve is watched as closely as before.
-type spaceGauge struct {
-	mu    sync.Mutex
-	ample time.Time // when an ample answer was last had; zero while the last was not ample
-}
-
-const (
-	spaceMargin  = 1 << 30
-	spaceRecheck = 100 * time.Millisecond
-)
-
-func (g *spaceGauge) check(f *os.File, dir string) error {
-	now := time.Now()
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !g.ample.IsZero() && now.Sub(g.ample) < spaceRecheck {
-		return nil
-	}
-	free, err := freeSpace(f, dir)
-	g.ample = time.Time{}
-	if err == nil && free-freeReserve > spaceMargin {
-		g.ample = now
-	}
-	return err
+	return nil
 }
 
 // allocate gives a sparse memory-mapped file its blocks, so badger's writes through the map
