@@ -223,7 +223,8 @@ func writeEngine(b *testing.B) *engineFixture {
 }
 
 // 6. peer: one claim by cockpitfs (through the mount and in-process) and by the seeds' lock-file
-// transaction on the same disk. The release after each claim is not counted: ns/claim is the figure.
+// transaction on the same disk, and by the base build's daemon when there is one (baseBinary).
+// The release after each claim is not counted.
 func BenchmarkClaim(b *testing.B) {
 	// create claims holder c (the FUSE part alone on the floor); the release is untimed.
 	create := func(holder string) op {
@@ -240,7 +241,7 @@ func BenchmarkClaim(b *testing.B) {
 	}
 	value, line := make([]byte, 1200), []byte("holder=c checkout=/src/c\n")
 	var engineWork []time.Duration // each engine claim's time outside its store commit
-	paired(b, map[string]op{
+	ops := map[string]op{
 		"cockpitfs": create(sharedDaemon(b).path("app", "stacks", "s", "holders", "c")),
 		"floor":     create(filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders", "c")),
 		"synced":    create(filepath.Join(floorDirFor(b), "app", "stacks", "s", "synced", "c")),
@@ -259,7 +260,11 @@ func BenchmarkClaim(b *testing.B) {
 		"commit":    {run: func() error { return commitStore.Update(ctx, func(tx storage.Txn) error { return tx.Set("k", value) }) }},
 		"fdatasync": {run: func() error { return syncWrite(disk, line) }},
 		"caller":    {run: func() error { return resolveCaller(unix.Gettid()) }},
-	})
+	}
+	if baseBinary != "" {
+		ops["base"] = create(baseDaemon(b).path("app", "stacks", "s", "holders", "c"))
+	}
+	paired(b, ops)
 	slices.Sort(engineWork)
 	b.ReportMetric(float64(engineWork[len(engineWork)/2].Nanoseconds()), "ns/engine-work")
 }

@@ -21,6 +21,11 @@ import (
 // binary is the cockpitfs under measurement: $COCKPITFS_BIN, or built (without -race) for this run.
 var binary string
 
+// baseBinary, $COCKPITFS_BASE_BIN, is another build the claim benchmark times beside binary
+// (scripts/bench BASE=<rev>): what a change buys, in one run, where runs of one build differ by
+// more than most changes do.
+var baseBinary = os.Getenv("COCKPITFS_BASE_BIN")
+
 // workDir holds every mount point and data directory of the run, on the disk os.TempDir is on.
 var workDir string
 
@@ -83,6 +88,7 @@ func run(m *testing.M) int {
 type daemon struct {
 	Dir  string // the mount point
 	Data string // the store
+	bin  string // the cockpitfs it runs: binary unless set
 	cmd  *exec.Cmd
 	log  bytes.Buffer
 	done chan error
@@ -97,7 +103,11 @@ func newDaemon(name string) *daemon {
 // start execs the daemon and returns once it serves, with the time that took.
 func (d *daemon) start() (time.Duration, error) {
 	d.log.Reset()
-	d.cmd = exec.Command(binary, "mount", "--data", d.Data, d.Dir)
+	bin := binary
+	if d.bin != "" {
+		bin = d.bin
+	}
+	d.cmd = exec.Command(bin, "mount", "--data", d.Data, d.Dir)
 	d.cmd.Stdout, d.cmd.Stderr = &d.log, &d.log
 	began := time.Now()
 	if err := daemonNetns.Do(d.cmd.Start); err != nil {
@@ -296,22 +306,29 @@ func (d *daemon) setupStack() error {
 	return writeFile(d.path("app", "stacks", "s", "holders", "base"), unix.O_CREAT, "pid=none checkout=/src/base")
 }
 
-// shared is the daemon the read, write and claim benchmarks share, started at first use.
-var shared *daemon
+// shared is the daemon the read, write and claim benchmarks share, started at first use; base is
+// baseBinary's, set up alike, for the claim benchmark.
+var shared, base *daemon
 
-func sharedDaemon(b *testing.B) *daemon {
+func sharedDaemon(b *testing.B) *daemon { return stackDaemon(b, &shared, "shared", "") }
+
+func baseDaemon(b *testing.B) *daemon { return stackDaemon(b, &base, "base", baseBinary) }
+
+// stackDaemon is *d, or a daemon of bin (binary for "") started and set up (setupStack) as name.
+func stackDaemon(b *testing.B, d **daemon, name, bin string) *daemon {
 	b.Helper()
-	if shared != nil {
-		return shared
+	if *d != nil {
+		return *d
 	}
-	d := newDaemon("shared")
-	if _, err := d.start(); err != nil {
+	n := newDaemon(name)
+	n.bin = bin
+	if _, err := n.start(); err != nil {
 		b.Fatal(err)
 	}
-	cleanups = append(cleanups, d.stop)
-	if err := d.setupStack(); err != nil {
-		b.Fatalf("%v\n%s", err, d.log.String())
+	cleanups = append(cleanups, n.stop)
+	if err := n.setupStack(); err != nil {
+		b.Fatalf("%v\n%s", err, n.log.String())
 	}
-	shared = d
-	return d
+	*d = n
+	return n
 }

@@ -203,6 +203,8 @@ func main() {
 	r, _ = t.ratio("Claim", "ns/peer", "Claim", "ns/engine", atLeast(2.5))
 	t.row("claim: cockpitfs engine in-process", "Claim", "ns/engine", us, "µs", "peer is "+r, "", "")
 	t.row("claim: peer (O_EXCL lock, temp, fsync, rename, fsync dir)", "Claim", "ns/peer", us, "µs", "", "", "")
+	r, _ = t.ratio("Claim", "ns/cockpitfs", "Claim", "ns/base", atLeast(0))
+	t.row("  the same claim by the base build (scripts/bench BASE=<rev>), same run", "Claim", "ns/base", us, "µs", "this build takes "+r+" its time", "", "")
 	t.row("  part: the same create on the FUSE floor (no store)", "Claim", "ns/floor", us, "µs", "", "", "")
 	r, _ = t.ratio("Claim", "ns/peer", "Claim", "ns/synced", atLeast(0))
 	t.row("  part: the same create on the FUSE floor returning once one store commit is durable (no engine)", "Claim", "ns/synced", us, "µs", "peer is "+r, "", "")
