@@ -138,10 +138,7 @@ const TestBootIDEnv = "COCKPITFS_TEST_BOOT_ID"
 func BootID() (string, error) { return currentBootID() }
 
 // BootOf returns the boot a Linux start identity names (ok=false for any other identity).
-func BootOf(start string) (boot string, ok bool) {
-	boot, ok = procBoot(start)
-	return boot, ok
-}
+func BootOf(start string) (boot string, ok bool) { return procBoot(start) }
 
 // procBoot is the boot a Linux start identity, proc:<boot ID>:<start ticks>, names; ok=false
 // for anything else.
@@ -200,9 +197,7 @@ func observeLstart(pid int) Observation {
 	return Observation{State: Present, Start: start}
 }
 
-var (
-	lstartStart = regexp.MustCompile(`^lstart:([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z)$`)
-)
+var lstartStart = regexp.MustCompile(`^lstart:([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z)$`)
 
 const isoMillis = "2006-01-02T15:04:05.000Z"
 

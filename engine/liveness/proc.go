@@ -334,9 +334,9 @@ func parseStat(text string) (statFields, bool) {
 	return statFields{ppid: ppid, session: session, startTicks: fields[19]}, true
 }
 
-// isBootID says s is a boot ID as the kernel prints it: a UUID in lower-case hex,
-// 8-4-4-4-12. Checked by hand, not by a regexp: every commit checks every new holder's start,
-// which holds one, and a cold regexp match cost a claim 10 µs.
+// isBootID says s is a boot ID as the kernel prints it: a UUID in lower-case hex, 8-4-4-4-12.
+// Checked by hand, not by a regexp: every commit checks its new holder's start, which holds one,
+// and cold, the regexp's match cost a claim through the mount tens of microseconds.
 func isBootID(s string) bool {
 	if len(s) != 36 {
 		return false
