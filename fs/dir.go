@@ -138,12 +138,12 @@ func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *f
 	defer d.fsys.guard("lookup "+d.child(name), &errno)
 	e, found, err := d.entry(ctx, name)
 	if err != nil || !found {
-		missing := syscall.ENOENT
+		missing := errnos[engine.NotFound]
 		if err != nil {
 			missing = d.fsys.failNoEvent("lookup", d.child(name), err)
 		}
 		// Over a shared store another machine's daemon creates names too.
-		if _, ok := d.list.(ownNames); ok && missing == syscall.ENOENT && !d.fsys.eng.Shared() {
+		if _, ok := d.list.(ownNames); ok && missing == errnos[engine.NotFound] && !d.fsys.eng.Shared() {
 			out.SetEntryTimeout(entryTimeout) // a negative entry: see rawLayer.Lookup
 		}
 		return nil, missing
