@@ -118,13 +118,14 @@ type PortOwner struct {
 	Offset  int    `json:"offset"`
 }
 
-// appendPortOwnerJSON appends o as json.Marshal encodes it when its names need no escaping
-// (TestPortOwnerJSON), for a comparison with a stored entry that skips decoding it.
+// appendPortOwnerJSON appends o as json.Marshal encodes it (TestPortOwnerJSON), without
+// reflection: a new lease writes an entry for each of its ports, and a check compares the stored
+// entries with it instead of decoding them.
 func appendPortOwnerJSON(b []byte, o PortOwner) []byte {
 	b = strconv.AppendInt(append(b, `{"port":`...), int64(o.Port), 10)
-	b = appendJSONField(b, ',', "cockpit", o.Cockpit)
-	b = appendJSONField(b, ',', "stack", o.Stack)
-	b = appendJSONField(b, ',', "key", o.Key)
+	b = appendJSONStringHTML(appendJSONKey(b, ',', "cockpit"), o.Cockpit)
+	b = appendJSONStringHTML(appendJSONKey(b, ',', "stack"), o.Stack)
+	b = appendJSONStringHTML(appendJSONKey(b, ',', "key"), o.Key)
 	return append(strconv.AppendInt(append(b, `,"offset":`...), int64(o.Offset), 10), '}')
 }
 
@@ -251,6 +252,8 @@ func setJSON(tx storage.Txn, key string, v any) error {
 		return tx.Set(key, strconv.AppendInt(nil, n, 10))
 	case uint64:
 		return tx.Set(key, strconv.AppendUint(nil, n, 10))
+	case PortOwner: // a new lease's port index entries
+		return tx.Set(key, appendPortOwnerJSON(make([]byte, 0, 96), n))
 	case windows: // an events file's counts
 		data, err := n.appendJSON(make([]byte, 0, 32))
 		if err != nil {

@@ -253,6 +253,10 @@ func TestPortOwnerJSON(t *testing.T) {
 		{Port: 0, Cockpit: "a", Stack: "b", Key: "HTTP", Offset: 0},
 		{Port: 65535, Cockpit: "my-app_2.x", Stack: "feature.login-fix", Key: "DB_PORT", Offset: 190},
 		{Port: 8080, Cockpit: "c", Stack: "s", Key: "API", Offset: -1},
+		// Names no cockpit or stack can have, escaped as json.Marshal escapes them: setJSON
+		// writes every entry this way.
+		{Port: 1, Cockpit: "a<b&c>", Stack: "é", Key: "q\"t\\", Offset: 2},
+		{Port: 2, Cockpit: "tab\there", Stack: "<\u2028>", Key: "\x7f&", Offset: 3},
 	} {
 		want, err := json.Marshal(o)
 		if err != nil {
@@ -261,8 +265,11 @@ func TestPortOwnerJSON(t *testing.T) {
 		if got := appendPortOwnerJSON(nil, o); string(got) != string(want) {
 			t.Errorf("appendPortOwnerJSON(%+v) = %s, json.Marshal: %s", o, got, want)
 		}
-		if got, ok := decodePortOwner(want); !ok || got != o {
-			t.Errorf("decodePortOwner(%s) = %+v, %v; want %+v taken", want, got, ok, o)
+		// The names JSON escapes are left to json.Unmarshal; every other entry decodes.
+		names := o.Cockpit + o.Stack + o.Key
+		plain := plainJSONString([]byte(names)) && !strings.ContainsAny(names, "<>&")
+		if got, ok := decodePortOwner(want); ok && got != o || !ok && plain {
+			t.Errorf("decodePortOwner(%s) = %+v, %v; want %+v", want, got, ok, o)
 		}
 	}
 	// A claim decodes every occupied family's entry without reflection where it can; what it

@@ -41,7 +41,42 @@ type Family struct {
 
 // Validate applies SPEC §3's rules to a declaration. The message names the offending field the
 // way the config document spells it (ports.step, ports.bases.HTTP, ...).
-func (d Declaration) Validate() error { return d.validate(known{step: true, count: true, bases: true}) }
+func (d Declaration) Validate() error {
+	if d.plainlyValid() {
+		return nil
+	}
+	return d.validate(known{step: true, count: true, bases: true})
+}
+
+// maxPairedBases is the most bases plainlyValid compares pair by pair; more go to validate.
+const maxPairedBases = 16
+
+// plainlyValid is true for a declaration Validate accepts, found without building the map of
+// every candidate port validate builds to name a conflict: a new lease checks its declaration
+// four times (choosing the family, taking it, and the commit's invariants twice), cold each time.
+// false says nothing; validate then decides, and says why.
+func (d Declaration) plainlyValid() bool {
+	step, count := int64(d.Step), int64(d.Count)
+	if step < 1 || step > maxSafeInteger || count < 1 || len(d.Bases) == 0 || len(d.Bases) > maxPairedBases ||
+		count > maxCandidatePorts/int64(len(d.Bases)) || count > 1 && step > maxPort {
+		return false
+	}
+	highest := 0
+	for key, base := range d.Bases {
+		if !ValidKey(key) || base < minPort || base > maxPort {
+			return false
+		}
+		highest = max(highest, base)
+		for otherKey, other := range d.Bases {
+			// Two keys share a port when their bases lie a whole number of steps apart, fewer
+			// than count (equal bases are none apart).
+			if apart := int64(other - base); otherKey != key && apart >= 0 && apart%step == 0 && apart/step < count {
+				return false
+			}
+		}
+	}
+	return int64(highest)+(count-1)*step <= maxPort
+}
 
 // known says which parts of a declaration are given: a document still being written (see
 // ParsePrefix) may not have reached step or count yet, and more bases may follow.

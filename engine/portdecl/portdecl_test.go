@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -349,6 +350,40 @@ func TestValidate(t *testing.T) {
 				t.Errorf("Validate error %q does not contain %q", err, test.want)
 			}
 		})
+	}
+}
+
+// TestPlainlyValidAgreesWithValidate holds Validate's fast path to the full check: it accepts
+// nothing the full check refuses, and, up to maxPairedBases bases, everything it accepts.
+func TestPlainlyValidAgreesWithValidate(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	keys := []string{"A", "B", "C", "HTTP", "DB", "X_1", "a", ""}
+	// Small steps, counts and bases so that collisions, ranges and edges all come up.
+	pick := func(values ...int) int { return values[r.IntN(len(values))] }
+	accepted := 0
+	for range 200000 {
+		d := Declaration{
+			Step:  pick(-1, 0, 1, 2, 3, 5, 10, r.IntN(40), 65535, 65536, 1<<53, 1<<53-1),
+			Count: pick(0, 1, 2, 3, 4, 20, r.IntN(30), 512, 1024, 1025),
+			Bases: map[string]int{},
+		}
+		for range r.IntN(5) {
+			d.Bases[keys[r.IntN(len(keys))]] = pick(0, 1, 2, 100, 100+r.IntN(40), 65000+r.IntN(600), 65535, 65536)
+		}
+		full := d.validate(known{step: true, count: true, bases: true})
+		fast := d.plainlyValid()
+		if fast && full != nil {
+			t.Fatalf("plainlyValid accepts %+v, which validate refuses: %v", d, full)
+		}
+		if !fast && full == nil && len(d.Bases) <= maxPairedBases {
+			t.Fatalf("plainlyValid refuses %+v, which validate accepts", d)
+		}
+		if fast {
+			accepted++
+		}
+	}
+	if accepted < 1000 {
+		t.Fatalf("only %d of the declarations were valid: the test hardly tries the fast path", accepted)
 	}
 }
 
