@@ -115,7 +115,8 @@ func (t txReads) leasesOf(uid uint32) (int, error) {
 // portOwner reads the names in port's index entry where it can without decoding it: a claim
 // reads the entry of every occupied family it passes.
 func (t txReads) portOwner(port int) (string, error) {
-	data, err := t.tx.Get(portKey(port))
+	key := portKey(port)
+	data, err := t.tx.Get(key)
 	if errors.Is(err, storage.ErrNotFound) {
 		return "", nil
 	}
@@ -125,7 +126,7 @@ func (t txReads) portOwner(port int) (string, error) {
 	_, cockpit, stack, _, _, plain := portOwnerFields(data)
 	if !plain { // names JSON escapes: decoded as any entry is
 		var owner PortOwner
-		if _, err := getJSON(t.tx, portKey(port), &owner); err != nil {
+		if err := decodeJSON(key, data, &owner); err != nil {
 			return "", err
 		}
 		cockpit, stack = []byte(owner.Cockpit), []byte(owner.Stack)

@@ -184,25 +184,31 @@ func getJSON(tx storage.Txn, key string, v any) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	return true, decodeJSON(key, data, v)
+}
+
+// decodeJSON is json.Unmarshal of key's value data into v, without reflection for the values
+// every commit or lease reads.
+func decodeJSON(key string, data []byte, v any) error {
 	if decodeInteger(data, v) {
-		return true, nil
+		return nil
 	}
 	if w, ok := v.(*windows); ok {
 		if decoded, ok := decodeWindows(data); ok {
 			*w = decoded
-			return true, nil
+			return nil
 		}
 	}
 	if o, ok := v.(*PortOwner); ok {
 		if decoded, ok := decodePortOwner(data); ok {
 			*o = decoded
-			return true, nil
+			return nil
 		}
 	}
 	if err := json.Unmarshal(data, v); err != nil {
-		return false, fmt.Errorf("decode %s: %w", key, malformedValue{err})
+		return fmt.Errorf("decode %s: %w", key, malformedValue{err})
 	}
-	return true, nil
+	return nil
 }
 
 // decodeInteger is json.Unmarshal of data into v, an *int, *int64 or *uint64, when data is an

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -296,5 +298,44 @@ func TestPortOwnerJSON(t *testing.T) {
 		if got, want := portKey(port), fmt.Sprintf("%s%05d", portsPrefix, port); got != want {
 			t.Errorf("portKey(%d) = %q, want %q", port, got, want)
 		}
+	}
+}
+
+// A claim reads the owner of every port it passes from the port index: plain entries without
+// decoding them, any other (escaped names) decoded, its own stack's as free, a malformed entry as
+// an error.
+func TestPortOwnerReadsIndexEntries(t *testing.T) {
+	e := newEngine(t)
+	entries := map[int]string{
+		1: `{"port":1,"cockpit":"app","stack":"other","key":"HTTP","offset":0}`,
+		2: `{"port":2,"cockpit":"a\u003cb","stack":"s\"t","key":"HTTP","offset":0}`,
+		3: `{"port":3,"cockpit":"app","stack":"s","key":"HTTP","offset":0}`,
+		4: `{"port":4,"cockpit":"app\u0073","stack":"s","key":"HTTP","offset":0}`,
+		5: `{"port":`,
+	}
+	if err := e.db.Update(context.Background(), func(tx storage.Txn) error {
+		for port, entry := range entries {
+			if err := tx.Set(portKey(port), []byte(entry)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]string{1: "app/other", 2: `a<b/s"t`, 3: "", 4: "apps/s", 6: ""}
+	if err := e.db.View(func(tx storage.Txn) error {
+		reads := txReads{e: e, tx: tx, cockpitName: "app", stack: "s"}
+		for port, owner := range want {
+			if got, err := reads.portOwner(port); err != nil || got != owner {
+				t.Errorf("portOwner(%d) = %q, %v; want %q", port, got, err, owner)
+			}
+		}
+		if got, err := reads.portOwner(5); !errors.As(err, new(malformedValue)) {
+			t.Errorf("portOwner(5) of a malformed entry = %q, %v; want a malformed value", got, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
