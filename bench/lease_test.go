@@ -2,14 +2,18 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
 // busySockets is how many TCP sockets the new-lease benchmark keeps open: a busy laptop's worth.
@@ -20,6 +24,11 @@ const busySockets = 10000
 // sockets. A new lease differs by its listener check, which asks the kernel about the candidate
 // ports only; reading the socket tables, as the check did before, is timed beside it. Each claim
 // is undone untimed: the co-tenant's by its release, the new lease by a sleep drain.
+//
+// Beside them, what a new lease adds that is not cockpitfs's own code, each alone: the listener
+// check; the two machine-wide holds (the same portlock calls, in a space of this run's own); and
+// one FUSE LOOKUP answered "no such name" on the floor, the request the kernel adds for a holder
+// name whose file the drain took away (its dentry is kept, and revalidated before the create).
 func BenchmarkNewLease(b *testing.B) {
 	d := sharedDaemon(b)
 	idle := d.path("app", "stacks", "n")
@@ -42,6 +51,11 @@ func BenchmarkNewLease(b *testing.B) {
 	// The ports a new lease of stack n checks: the first family s does not hold.
 	family := []int{20010, 20710}
 	buf := make([]byte, 1<<20)
+	space := holdSpace()
+	var holds []*portlock.Hold
+	missing := filepath.Join(floorDirFor(b), "app", "stacks", "s", "holders")
+	var looked int
+	var st unix.Stat_t
 	paired(b, map[string]op{
 		"co-tenant": {
 			run:  func() error { return writeFile(cotenant, unix.O_CREAT, "") },
@@ -52,6 +66,32 @@ func BenchmarkNewLease(b *testing.B) {
 			undo: func() error { return sleepDrain(d.path("app", "stacks", "n")) },
 		},
 		"listener-check": {run: func() error { _, err := listeners.Listening(family); return err }},
+		"holds": {
+			run: func() error {
+				for _, port := range family {
+					h, err := space.Take(port, portlock.Identity{PID: os.Getpid(), Cockpit: "app", Stack: "n", Key: "HTTP"})
+					if err != nil {
+						return err
+					}
+					holds = append(holds, h)
+				}
+				return nil
+			},
+			undo: func() error {
+				for _, h := range holds {
+					h.Release()
+				}
+				holds = holds[:0]
+				return nil
+			},
+		},
+		"lookup-floor": {run: func() error {
+			looked++ // a name the kernel has not seen: one LOOKUP
+			if err := unix.Stat(filepath.Join(missing, "m"+strconv.Itoa(looked)), &st); err != unix.ENOENT {
+				return fmt.Errorf("stat of a missing name on the floor: %v", err)
+			}
+			return nil
+		}},
 		"socket-tables": {run: func() error {
 			for _, table := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
 				if _, err := readAll(table, buf); err != nil {
