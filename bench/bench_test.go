@@ -123,7 +123,7 @@ func BenchmarkWrite(b *testing.B) {
 		}
 		defer unix.Close(fuseFd)
 		disk := diskFile(b)
-		defer unix.Close(disk)
+		defer disk.close()
 		if commitStore == nil {
 			commitStore = newStore(b, "store-commit")
 		}
@@ -141,7 +141,7 @@ func BenchmarkWrite(b *testing.B) {
 					if _, err := unix.Pwrite(fuseFd, line, 0); err != nil {
 						return err
 					}
-					if err := syncWrite(disk, line); err != nil {
+					if err := disk.write(line); err != nil {
 						return err
 					}
 				}
@@ -153,10 +153,10 @@ func BenchmarkWrite(b *testing.B) {
 			"store-commit": {run: func() error {
 				return commitStore.Update(ctx, func(tx storage.Txn) error { return tx.Set("k", value) })
 			}},
-			"fdatasync": {run: func() error { return syncWrite(disk, line) }},
+			"fdatasync": {run: func() error { return disk.write(line) }},
 			// With nothing left to write (every op above syncs what it wrote): the disk's cache
 			// flush alone.
-			"flush": {run: func() error { return unix.Fdatasync(disk) }},
+			"flush": {run: func() error { return unix.Fdatasync(disk.fd) }},
 		})
 	})
 	b.Run("engine", func(b *testing.B) {
@@ -195,22 +195,53 @@ func createUnlink(path string) error {
 	return retry(func() error { return unix.Unlink(path) })
 }
 
-// diskFile opens a file on the disk the stores live on, for fdatasync.
-func diskFile(b *testing.B) int {
+// diskFileSize is how much of the fdatasync file is written once, before any sync is timed.
+const diskFileSize = 1 << 20
+
+// syncFile is a file on the disk the stores live on, written and fdatasync'd the way kv's log is:
+// into blocks written and made durable before (diskFile fills it), so that a sync writes its data
+// and nothing else, no size change and no block to allocate. (Appended to instead, each sync also
+// writes the inode, as the first run of a benchmark did while the file was new.)
+type syncFile struct {
+	fd  int
+	off int
+}
+
+// diskFile opens the fdatasync file, filled and synced once.
+func diskFile(b *testing.B) *syncFile {
 	fd, err := unix.Open(filepath.Join(workDir, "fdatasync"), unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return fd
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		b.Fatal(err)
+	}
+	if st.Size < diskFileSize {
+		if _, err := unix.Pwrite(fd, make([]byte, diskFileSize), 0); err != nil {
+			b.Fatal(err)
+		}
+		if err := unix.Fsync(fd); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return &syncFile{fd: fd}
 }
 
-// syncWrite appends line and fdatasyncs, so there is something for the sync to write, as a commit.
-func syncWrite(fd int, line []byte) error {
-	if _, err := unix.Write(fd, line); err != nil {
+// write writes line after the last one (from the start again at the end) and fdatasyncs, so there
+// is something for the sync to write, as a commit.
+func (f *syncFile) write(line []byte) error {
+	if f.off+len(line) > diskFileSize {
+		f.off = 0
+	}
+	if _, err := unix.Pwrite(f.fd, line, int64(f.off)); err != nil {
 		return err
 	}
-	return unix.Fdatasync(fd)
+	f.off += len(line)
+	return unix.Fdatasync(f.fd)
 }
+
+func (f *syncFile) close() { unix.Close(f.fd) }
 
 var (
 	writeFixture *engineFixture
@@ -240,7 +271,7 @@ func BenchmarkClaim(b *testing.B) {
 	}
 	f, p := writeEngine(b), peer(b)
 	disk := diskFile(b)
-	defer unix.Close(disk)
+	defer disk.close()
 	if commitStore == nil {
 		commitStore = newStore(b, "store-commit")
 	}
@@ -263,7 +294,7 @@ func BenchmarkClaim(b *testing.B) {
 		// The parts a claim through the mount cannot skip, in the same run: one store commit,
 		// what the commit would cost at its physical limit, and the caller's identity.
 		"commit":    {run: func() error { return commitStore.Update(ctx, func(tx storage.Txn) error { return tx.Set("k", value) }) }},
-		"fdatasync": {run: func() error { return syncWrite(disk, line) }},
+		"fdatasync": {run: func() error { return disk.write(line) }},
 		"caller":    {run: func() error { return resolveCaller(unix.Gettid()) }},
 	}
 	if baseBinary != "" {
