@@ -77,7 +77,7 @@ func BenchmarkNewLease(b *testing.B) {
 	lookupMissing := func() error {
 		missingLookups++ // a name the kernel has not seen, in no run before either: one LOOKUP
 		name := d.path("app", "stacks", "s", "holders", "missing-"+strconv.Itoa(missingLookups))
-		if err := unix.Stat(name, &st); err != unix.ENOENT {
+		if err := retry(func() error { return unix.Stat(name, &st) }); err != unix.ENOENT {
 			return fmt.Errorf("stat of a missing holder: %v", err)
 		}
 		return nil
