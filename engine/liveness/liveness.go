@@ -137,12 +137,9 @@ const TestBootIDEnv = "COCKPITFS_TEST_BOOT_ID"
 // BootID names this boot of this machine.
 func BootID() (string, error) { return currentBootID() }
 
-// BootOf returns the boot a Linux start identity names (ok=false for any other identity).
-func BootOf(start string) (boot string, ok bool) { return procBoot(start) }
-
-// procBoot is the boot a Linux start identity, proc:<boot ID>:<start ticks>, names; ok=false
-// for anything else.
-func procBoot(start string) (string, bool) {
+// BootOf returns the boot a Linux start identity, proc:<boot ID>:<start ticks>, names (ok=false
+// for any other identity).
+func BootOf(start string) (string, bool) {
 	rest, ok := strings.CutPrefix(start, "proc:")
 	if !ok {
 		return "", false
@@ -203,7 +200,7 @@ const isoMillis = "2006-01-02T15:04:05.000Z"
 
 // IsStart reports whether s is a well-formed start identity as Observe reports it.
 func IsStart(s string) bool {
-	if _, ok := procBoot(s); ok {
+	if _, ok := BootOf(s); ok {
 		return true
 	}
 	m := lstartStart.FindStringSubmatch(s)

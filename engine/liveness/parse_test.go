@@ -247,11 +247,11 @@ func TestProcStartAgreesWithItsPattern(t *testing.T) {
 	checked := 0
 	check := func(s string) {
 		checked++
-		_, ok := procBoot(s)
+		boot, ok := BootOf(s)
 		if want := pattern.MatchString(s); ok != want {
-			t.Errorf("procBoot(%q) ok = %v, the pattern says %v", s, ok, want)
+			t.Errorf("BootOf(%q) ok = %v, the pattern says %v", s, ok, want)
 		}
-		if boot, ok := BootOf(s); ok && "proc:"+boot != s[:len("proc:")+len(boot)] {
+		if ok && "proc:"+boot != s[:len("proc:")+len(boot)] {
 			t.Errorf("BootOf(%q) = %q", s, boot)
 		}
 	}
