@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -206,5 +207,79 @@ func TestFailedSyncIsSticky(t *testing.T) {
 	}
 	if err := db.View(func(storage.Txn) error { return nil }); err == nil {
 		t.Fatal("View succeeded after a failed sync")
+	}
+}
+
+// A batch waits applyDelay for badger. A View, which reads badger, hurries it rather than wait,
+// and so does Close; with the delay an hour long, either waiting would stall the test.
+func TestViewAndCloseHurryTheApplier(t *testing.T) {
+	defer func(d time.Duration) { applyDelay = d }(applyDelay)
+	applyDelay = time.Hour
+	dir := t.TempDir()
+	db, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, 10*time.Second, func() error {
+		for i := range 3 {
+			want := fmt.Sprint(i)
+			if err := db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set("k", []byte(want)) }); err != nil {
+				return err
+			}
+			var got []byte
+			if err := db.View(func(tx storage.Txn) (err error) { got, err = tx.Get("k"); return err }); err != nil {
+				return err
+			}
+			if string(got) != want {
+				return fmt.Errorf("View after commit %d read %q", i, got)
+			}
+		}
+		if err := db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set("last", []byte("x")) }); err != nil {
+			return err
+		}
+		return db.Close()
+	})
+	if db, err = Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.View(func(tx storage.Txn) error { _, err := tx.Get("last"); return err }); err != nil {
+		t.Fatalf("the commit before Close: %v", err)
+	}
+}
+
+// Without a View, a batch reaches badger once its delay is over.
+func TestApplierAppliesABatchAfterItsDelay(t *testing.T) {
+	db, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for i := range 5 {
+		if err := db.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(fmt.Sprint(i), []byte("v")) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for db.log.applied.load() < db.log.sequenced.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("badger has applied up to %d of %d after 10 s", db.log.applied.load(), db.log.sequenced.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// within fails the test if fn fails or has not returned after d.
+func within(t *testing.T, d time.Duration, fn func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(d):
+		t.Fatalf("still waiting after %v", d)
 	}
 }
