@@ -112,34 +112,63 @@ type applyReq struct {
 // applier hands each sequenced commit to badger, off the committer's path: badger's commit is
 // a few microseconds of code a committer would run cold, and a wake of badger's write goroutine.
 //
-// It hands them over late, in batches: a commit that finds the applier idle starts a batch,
-// which waits applyDelay for more before badger gets it, unless a View needs it now (applyNow).
-// Applied at once, badger's commit and its writer's ran on the other CPU during the commit's own
-// write, sync and reply, and a claim through the mount took 4–9 % longer on the benchmark's two
-// CPUs (docs/performance.md, "badger after the reply"). Nothing waits for a batch but a View: an
-// Update reads what badger has yet to apply from pending, and the log holds it durably.
+// It hands them over late, in batches, on its own clock: a commit that finds it waiting on the
+// channel wakes it, and it then takes what has come every applyDelay, until quietTurns turns in a
+// row bring nothing and it waits on the channel again. A View that needs badger now hurries it
+// (applyNow). Applied at once, badger's commit and its writer's ran on the other CPU during the
+// commit's own write, sync and reply, and a claim through the mount took 4–9 % longer on the
+// benchmark's two CPUs; woken by each commit, 2–3 % (docs/performance.md, "Badger after the
+// reply"). Nothing waits for a batch but a View: an Update reads what badger has yet to apply
+// from pending, and the log holds it durably.
 func (l *commitLog) applier() {
 	defer close(l.applierDone)
-	delay := time.NewTimer(applyDelay)
-	delay.Stop()
-	for r := range l.apply {
-		delay.Reset(applyDelay)
+	turn := time.NewTimer(applyDelay)
+	turn.Stop()
+	wait := func() {
+		turn.Reset(applyDelay)
 		select {
-		case <-delay.C:
+		case <-turn.C:
 		case <-l.applyNow:
-			delay.Stop()
+			turn.Stop()
 		}
+	}
+	for r := range l.apply {
+		wait()
 		l.toBadger(r)
-		for more := true; more; {
-			select {
-			case r, open := <-l.apply:
-				if !open {
-					return
-				}
-				l.toBadger(r)
-			default:
-				more = false
+		for quiet := 0; quiet < quietTurns; {
+			applied, open := l.applyQueued()
+			if !open {
+				return
 			}
+			if applied {
+				quiet = 0
+			} else {
+				quiet++
+			}
+			wait()
+		}
+		if _, open := l.applyQueued(); !open {
+			return
+		}
+	}
+}
+
+// quietTurns is how many turns without a commit the applier keeps its clock: commits that come
+// closer together than ten milliseconds find it awake.
+const quietTurns = 10
+
+// applyQueued hands badger every commit queued; open is false once the log is stopping.
+func (l *commitLog) applyQueued() (applied, open bool) {
+	for {
+		select {
+		case r, open := <-l.apply:
+			if !open {
+				return applied, false
+			}
+			l.toBadger(r)
+			applied = true
+		default:
+			return applied, true
 		}
 	}
 }
