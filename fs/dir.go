@@ -85,11 +85,14 @@ func (f *FS) newDir(path, cockpit, stack string, list listing) *dir {
 	return &dir{fsys: f, path: path, cockpit: cockpit, stack: stack, list: list}
 }
 
-func (d *dir) child(name string) string {
-	if d.path == "" {
+func (d *dir) child(name string) string { return childPath(d.path, name) }
+
+// childPath is the tree path of name in the directory at path ("" for the root).
+func childPath(path, name string) string {
+	if path == "" {
 		return name
 	}
-	return d.path + "/" + name
+	return path + "/" + name
 }
 
 var (
@@ -135,7 +138,7 @@ func (d *dir) entry(ctx context.Context, name string) (entry, bool, error) {
 }
 
 func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
-	defer d.fsys.guard("lookup "+d.child(name), &errno)
+	defer d.fsys.guard("lookup", d.path, name, &errno)
 	e, found, err := d.entry(ctx, name)
 	if err != nil || !found {
 		missing := errnos[engine.NotFound]
@@ -192,7 +195,7 @@ func (d *dir) node(ctx context.Context, e entry) (fs.InodeEmbedder, fs.StableAtt
 }
 
 func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno) {
-	defer d.fsys.guard("readdir "+d.path, &errno)
+	defer d.fsys.guard("readdir", d.path, "", &errno)
 	es, err := d.list.entries(ctx, d)
 	if err != nil {
 		return nil, d.fsys.failNoEvent("readdir", d.path, err)
@@ -222,7 +225,7 @@ func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno)
 }
 
 func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
-	defer d.fsys.guard("getattr "+d.path, &errno)
+	defer d.fsys.guard("getattr", d.path, "", &errno)
 	out.Mode = syscall.S_IFDIR | 0o755
 	out.Nlink = 2
 	out.Uid = d.fsys.uid
@@ -250,7 +253,7 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (
 // Setattr refuses every change of a directory's attributes (EPERM, with an events line): its
 // mode, owner and times are derived from the record. `touch holders/` is a claim without a name.
 func (d *dir) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
-	defer d.fsys.guard("setattr "+d.path, &errno)
+	defer d.fsys.guard("setattr", d.path, "", &errno)
 	ctx = uninterrupted(ctx)
 	if in.Valid&settable == 0 {
 		return d.Getattr(ctx, nil, out)
@@ -274,7 +277,7 @@ func (d *dir) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, 
 }
 
 func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
-	defer d.fsys.guard("mkdir "+d.child(name), &errno)
+	defer d.fsys.guard("mkdir", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	m, ok := d.list.(mkdirer)
 	if !ok {
@@ -287,7 +290,7 @@ func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 }
 
 func (d *dir) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
-	defer d.fsys.guard("rmdir "+d.child(name), &errno)
+	defer d.fsys.guard("rmdir", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	if r, ok := d.list.(rmdirer); ok {
 		return r.rmdir(ctx, d, name)
@@ -296,7 +299,7 @@ func (d *dir) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
 }
 
 func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, _ fs.FileHandle, _ uint32, errno syscall.Errno) {
-	defer d.fsys.guard("create "+d.child(name), &errno)
+	defer d.fsys.guard("create", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	c, ok := d.list.(creator)
 	if !ok {
@@ -326,7 +329,7 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 }
 
 func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
-	defer d.fsys.guard("unlink "+d.child(name), &errno)
+	defer d.fsys.guard("unlink", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	if u, ok := d.list.(unlinker); ok {
 		return u.unlink(ctx, d, name)
@@ -342,7 +345,7 @@ func uninterrupted(ctx context.Context) context.Context { return context.Without
 // Rename is refused (EPERM): a name of the tree is a record's key, not a label. The refusal says
 // what to do instead.
 func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, _ uint32) (errno syscall.Errno) {
-	defer d.fsys.guard("rename "+d.child(name), &errno)
+	defer d.fsys.guard("rename", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	to := newName
 	if p, ok := newParent.(*dir); ok {
@@ -368,16 +371,16 @@ func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedde
 }
 
 func (d *dir) Mknod(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
-	defer d.fsys.guard("mknod "+d.child(name), &errno)
+	defer d.fsys.guard("mknod", d.path, name, &errno)
 	return nil, d.fsys.undefined(ctx, "mknod", d.child(name), d.cockpit, d.stack)
 }
 
 func (d *dir) Symlink(ctx context.Context, _, name string, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
-	defer d.fsys.guard("symlink "+d.child(name), &errno)
+	defer d.fsys.guard("symlink", d.path, name, &errno)
 	return nil, d.fsys.undefined(ctx, "symlink", d.child(name), d.cockpit, d.stack)
 }
 
 func (d *dir) Link(ctx context.Context, _ fs.InodeEmbedder, name string, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
-	defer d.fsys.guard("link "+d.child(name), &errno)
+	defer d.fsys.guard("link", d.path, name, &errno)
 	return nil, d.fsys.undefined(ctx, "link", d.child(name), d.cockpit, d.stack)
 }

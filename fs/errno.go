@@ -116,10 +116,14 @@ func (f *FS) failNoEvent(op, path string, err error) syscall.Errno {
 }
 
 // guard turns a panic in a handler into EIO and a log line, so bad input never takes the mount
-// down. Every handler defers it.
-func (f *FS) guard(op string, errno *syscall.Errno) {
+// down. Every handler defers it, with the path it serves and the name it is asked about ("" for
+// the path itself): the line is written only on a panic, so no request builds it.
+func (f *FS) guard(op, path, name string, errno *syscall.Errno) {
 	if p := recover(); p != nil {
-		f.log.Printf("panic in %s: %v\n%s", op, p, debug.Stack())
+		if name != "" {
+			path = childPath(path, name)
+		}
+		f.log.Printf("panic in %s %s: %v\n%s", op, path, p, debug.Stack())
 		*errno = syscall.EIO
 	}
 }

@@ -334,7 +334,7 @@ func (f *file) openCreated(created render) (*handle, error) {
 }
 
 func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
-	defer f.fsys.guard("open "+f.path, &errno)
+	defer f.fsys.guard("open", f.path, "", &errno)
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && f.writer == nil {
 		return nil, 0, syscall.EACCES
 	}
@@ -373,7 +373,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 }
 
 func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
-	defer f.fsys.guard("read "+f.path, &errno)
+	defer f.fsys.guard("read", f.path, "", &errno)
 	h, ok := fh.(*handle)
 	if !ok {
 		return nil, syscall.EBADF
@@ -404,7 +404,7 @@ func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int6
 }
 
 func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (written uint32, errno syscall.Errno) {
-	defer f.fsys.guard("write "+f.path, &errno)
+	defer f.fsys.guard("write", f.path, "", &errno)
 	ctx = uninterrupted(ctx)
 	h, ok := fh.(*handle)
 	if !ok || f.writer == nil {
@@ -439,7 +439,7 @@ func (f *file) ownOpen(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
 }
 
 func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
-	defer f.fsys.guard("getattr "+f.path, &errno)
+	defer f.fsys.guard("getattr", f.path, "", &errno)
 	var v view
 	origin := int64(-1) // where the size is counted from: the view's start unless an open says
 	if f.fixed != nil {
@@ -506,7 +506,7 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 // sizes) is refused with EPERM and an events line rather than answered with a success that
 // changed nothing.
 func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
-	defer f.fsys.guard("setattr "+f.path, &errno)
+	defer f.fsys.guard("setattr", f.path, "", &errno)
 	ctx = uninterrupted(ctx)
 	size, sized := in.GetSize()
 	if sized && f.writer == nil {
@@ -608,14 +608,14 @@ func timesDerived(path string) error {
 // Fsync applies a document written on this open (vim fsyncs before it closes); otherwise it
 // succeeds: an acknowledged change is already durable.
 func (f *file) Fsync(ctx context.Context, fh fs.FileHandle, _ uint32) (errno syscall.Errno) {
-	defer f.fsys.guard("fsync "+f.path, &errno)
+	defer f.fsys.guard("fsync", f.path, "", &errno)
 	return f.applyDocument(ctx, fh, "fsync")
 }
 
 // Flush is a close (of each descriptor of the open): it applies a document written on this
 // open. cat, cp, dd, tee, python, sed and editors report its errno; bash's builtins do not.
 func (f *file) Flush(ctx context.Context, fh fs.FileHandle) (errno syscall.Errno) {
-	defer f.fsys.guard("flush "+f.path, &errno)
+	defer f.fsys.guard("flush", f.path, "", &errno)
 	return f.applyDocument(ctx, fh, "write")
 }
 

@@ -129,7 +129,7 @@ func (sc *scratch) mine(ctx context.Context) bool {
 }
 
 func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
-	defer n.fsys.guard("open "+n.path, &errno)
+	defer n.fsys.guard("open", n.path, "", &errno)
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
 	if n.s.promoted {
@@ -145,7 +145,7 @@ func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, 
 }
 
 func (n *scratchFile) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
-	defer n.fsys.guard("read "+n.path, &errno)
+	defer n.fsys.guard("read", n.path, "", &errno)
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
 	if off >= int64(len(n.s.data)) {
@@ -155,7 +155,7 @@ func (n *scratchFile) Read(ctx context.Context, _ fs.FileHandle, dest []byte, of
 }
 
 func (n *scratchFile) Write(ctx context.Context, _ fs.FileHandle, data []byte, off int64) (_ uint32, errno syscall.Errno) {
-	defer n.fsys.guard("write "+n.path, &errno)
+	defer n.fsys.guard("write", n.path, "", &errno)
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
 	end := off + int64(len(data))
@@ -171,7 +171,7 @@ func (n *scratchFile) Write(ctx context.Context, _ fs.FileHandle, data []byte, o
 }
 
 func (n *scratchFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
-	defer n.fsys.guard("getattr "+n.path, &errno)
+	defer n.fsys.guard("getattr", n.path, "", &errno)
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
 	out.Mode = syscall.S_IFREG | n.s.mode
@@ -184,7 +184,7 @@ func (n *scratchFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.At
 
 // Setattr changes what a plain file would: size, mode, times; its owner stays its creator.
 func (n *scratchFile) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
-	defer n.fsys.guard("setattr "+n.path, &errno)
+	defer n.fsys.guard("setattr", n.path, "", &errno)
 	n.s.mu.Lock()
 	if !n.s.mine(ctx) {
 		n.s.mu.Unlock()

@@ -44,7 +44,7 @@ func (f *FS) newWaitFile(path, cockpit, stack string) *waitFile {
 }
 
 func (w *waitFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
-	defer w.fsys.guard("open "+w.path, &errno)
+	defer w.fsys.guard("open", w.path, "", &errno)
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
@@ -63,7 +63,7 @@ func (w *waitFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ u
 }
 
 func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
-	defer w.fsys.guard("read "+w.path, &errno)
+	defer w.fsys.guard("read", w.path, "", &errno)
 	h, ok := fh.(*waitHandle)
 	if !ok {
 		return nil, syscall.EBADF
@@ -95,7 +95,7 @@ func (w *waitFile) next(ctx context.Context, h *waitHandle) (string, error) {
 
 // Getattr reports size 0: what a read returns is not known until something changes.
 func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
-	defer w.fsys.guard("getattr "+w.path, &errno)
+	defer w.fsys.guard("getattr", w.path, "", &errno)
 	out.Mode = syscall.S_IFREG | 0o444
 	out.Nlink = 1
 	if w.stack == "" {
