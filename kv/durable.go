@@ -61,7 +61,7 @@ type commitLog struct {
 	segments   []*segment // older segments still on disk
 	spare      chan spareSegment
 	apply      chan applyReq
-	applyNow   chan struct{} // a View waits for the applier's batch
+	applyNow   chan struct{} // a View (or Close) needs the applier's batch now
 	// applierDone is closed once the applier has handed badger every commit and ended.
 	applierDone chan struct{}
 	stopOnce    sync.Once
@@ -116,7 +116,7 @@ type applyReq struct {
 // channel wakes it, and it then takes what has come every applyDelay, until quietTurns turns in a
 // row bring nothing and it waits on the channel again. A View that needs badger now hurries it
 // (applyNow). Applied at once, badger's commit and its writer's ran on the other CPU during the
-// commit's own write, sync and reply, and a claim through the mount took 4–9 % longer on the
+// commit's own write, sync and reply, and a claim through the mount took 3–9 % longer on the
 // benchmark's two CPUs; woken by each commit, 2–3 % (docs/performance.md, "Badger after the
 // reply"). Nothing waits for a batch but a View: an Update reads what badger has yet to apply
 // from pending, and the log holds it durably.
