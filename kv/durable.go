@@ -135,20 +135,17 @@ func (l *commitLog) applier() {
 	for r := range l.apply {
 		wait()
 		l.toBadger(r)
-		for quiet := 0; quiet < quietTurns; {
+		// Each turn ends with the queue drained, the last one too, before the channel again.
+		for quiet := 0; ; wait() {
 			applied, open := l.applyQueued()
 			if !open {
 				return
 			}
 			if applied {
 				quiet = 0
-			} else {
-				quiet++
+			} else if quiet++; quiet > quietTurns {
+				break
 			}
-			wait()
-		}
-		if _, open := l.applyQueued(); !open {
-			return
 		}
 	}
 }
