@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"reflect"
 	"sort"
 	"strings"
@@ -703,4 +705,50 @@ func TestUnknownCheckoutIsNoOtherCheckout(t *testing.T) {
 	}
 	_, err = setHolder(r, c, holderWrite{Holder: Holder{Name: "alice", CheckoutPath: "/src/other"}})
 	requireCode(t, err, StateRecordMalformed)
+}
+
+// A touch of a holder already bound to the toucher's session is answered from the current
+// record; one that binds it anew commits; a refused one changes nothing.
+func TestTouchCommitsOnlyWhatItChanges(t *testing.T) {
+	base := newEngine(t)
+	store := &deadlines{Store: base.db}
+	e := New(store)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	touch := func(name string) error {
+		return e.Rebind(ctx, me("touch", "app/stacks/main/holders/"+name), "app", "main", name)
+	}
+	if err := e.Claim(ctx, me("create", "app/stacks/main/holders/me"), "app", "main", "me", nil); err != nil {
+		t.Fatal(err)
+	}
+	before, commits := stackRecord(t, e, "app", "main"), len(store.seen)
+	if err := touch("me"); err != nil {
+		t.Fatal(err)
+	}
+	if n, r := len(store.seen)-commits, stackRecord(t, e, "app", "main"); n != 0 || r.Revision != before.Revision {
+		t.Fatalf("a touch that changes nothing took %d transactions, revision %d → %d", n, before.Revision, r.Revision)
+	}
+
+	sleeper := exec.Command("sleep", "600")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	if err := e.Claim(ctx, me("create", "app/stacks/main/holders/job"), "app", "main", "job", &Holder{PID: sleeper.Process.Pid, CheckoutPath: cwd}); err != nil {
+		t.Fatal(err)
+	}
+	commits = len(store.seen)
+	if err := touch("job"); err != nil {
+		t.Fatal(err)
+	}
+	job, _ := stackRecord(t, e, "app", "main").Value.Holder("job")
+	if n := len(store.seen) - commits; n != 1 || job.PID == sleeper.Process.Pid {
+		t.Fatalf("a touch from another session: %d transactions, holder's pid %d (the sleeper's %d)", n, job.PID, sleeper.Process.Pid)
+	}
+
+	refusedUnchanged(t, e, "app", "main", NotFound, func() error { return touch("nobody") })
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
@@ -102,6 +103,14 @@ func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name stri
 	nh, err := defaultHolder(c, name)
 	if err != nil {
 		return err
+	}
+	// Most touches change nothing (a Makefile's claim target touches on every run): the current
+	// record answers those without a transaction. Anything else, refusals included, is decided
+	// in one.
+	if r, err := e.Stack(cockpit, stack); err == nil {
+		if _, err := rebindHolder(r, c, nh); errors.Is(err, errUnchanged) {
+			return nil
+		}
 	}
 	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
 		return rebindHolder(r, c, nh)

@@ -325,6 +325,11 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
+	if f, isFile := in.Operations().(*file); isFile {
+		if created, ok := h.(*handle); ok {
+			f.opened(ctx, created)
+		}
+	}
 	return in, h, openFlags, 0
 }
 

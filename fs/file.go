@@ -52,7 +52,7 @@ type file struct {
 	fixed   *view  // a frozen file's one content (see entry.frozen)
 	// follows: an append-only file (events) an open keeps reading as it grows (see handle.base).
 	follows bool
-	// opens are this read-only file's opens by the thread that opened each (see ownOpen).
+	// opens are the file's opens by the thread that opened each (see opened).
 	opens threadOpens
 }
 
@@ -63,7 +63,8 @@ type file struct {
 // so is one from another thread of the same process while that process has the file open once
 // (Node's readFile opens on one thread of its pool and fstats on another, then reads exactly
 // the size it was told: a size observed anew truncated what it read). Any other stat observes
-// anew.
+// anew. A writable file's opens answer no stat; they are what a SETATTR without a handle goes
+// through (see callerOpen).
 type threadOpens struct {
 	mu sync.Mutex
 	by map[uint32]*handle
@@ -201,7 +202,14 @@ var (
 	_ = (fs.NodeFsyncer)((*file)(nil))
 	_ = (fs.NodeReleaser)((*file)(nil))
 	_ = (fs.NodeFlusher)((*file)(nil))
+	_ = (fs.NodeSetxattrer)((*file)(nil))
 )
+
+// Setxattr: no extended attributes, as on a scratch file: cp -p and install then restore a
+// copy's mode with fchmod (see Setattr) instead of failing on the ACL.
+func (f *file) Setxattr(context.Context, string, []byte, uint32) syscall.Errno {
+	return syscall.ENOTSUP
+}
 
 // Release forgets a followed open, and the open its thread's stats were answered from.
 func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {
@@ -354,12 +362,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		openedFlags = fuse.FOPEN_DIRECT_IO // the close applies the document: FLUSH must come
 	}
 	h := &handle{view: v, base: v.start}
-	if fc, ok := ctx.(*fuse.Context); ok && f.writer == nil && fc.Pid != 0 {
-		h.tid = fc.Pid
-		if !f.follows {
-			f.opens.add(h.tid, h)
-		}
-	}
+	f.opened(ctx, h)
 	if f.follows {
 		f.fsys.followers.add(f.path, h)
 	}
@@ -508,6 +511,12 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("setattr", f.path, "", &errno)
 	ctx = uninterrupted(ctx)
+	own, _ := f.callerOpen(ctx, fh)
+	// touch(1) of the holder its own open just created sets the times and nothing else: the
+	// claim bound the holder already.
+	if own != nil && own.created && in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_SIZE) == 0 && touchedNow(in) {
+		return f.Getattr(ctx, fh, out)
+	}
 	size, sized := in.GetSize()
 	if sized && f.writer == nil {
 		return syscall.EACCES
@@ -517,7 +526,7 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		return errno
 	}
 	op, refused := unsupportedAttrs(in, sized && size != 0, current.Attr)
-	if h, ok := fh.(*handle); ok && h.wrote && op != "truncate" {
+	if own != nil && own.wrote && op != "truncate" {
 		refused = nil // a copy restoring its source's times or mode onto the document it wrote
 	}
 	if refused != nil {
@@ -530,7 +539,7 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 			h.mu.Unlock()
 		}
 	}
-	if h, ok := fh.(*handle); ok && h.created {
+	if own != nil && own.created {
 		return f.Getattr(ctx, fh, out) // the claim that created the holder bound it already
 	}
 	if touchedNow(in) {
@@ -543,6 +552,32 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		}
 	}
 	return f.Getattr(ctx, fh, out)
+}
+
+// callerOpen is the open a SETATTR comes through: fh, or, since FUSE sends the SETATTR of
+// futimens and fchmod without the handle (only ftruncate's carries it), the caller's own open of
+// f when it has one (see threadOpens). touch(1) sets the times on the fd its open created; cp -p
+// and install restore a copy's times and mode on the fd they wrote.
+func (f *file) callerOpen(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
+	if h, ok := fh.(*handle); ok {
+		return h, true
+	}
+	if fc, ok := fuse.FromContext(ctx); ok && fc.Pid != 0 {
+		return f.opens.of(fc.Pid)
+	}
+	return nil, false
+}
+
+// opened keeps h under the thread that opened it until its release: a stat by path from that
+// thread is answered from it (read-only files: see ownOpen), and a SETATTR without a handle goes
+// through it (see callerOpen).
+func (f *file) opened(ctx context.Context, h *handle) {
+	if fc, ok := fuse.FromContext(ctx); ok && fc.Pid != 0 {
+		h.tid = fc.Pid
+		if !f.follows {
+			f.opens.add(h.tid, h)
+		}
+	}
 }
 
 // toucher is a writer whose file means something when touched.

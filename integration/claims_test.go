@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Claims and leases (SPEC §2, §4), driven the way a developer's shell drives them.
@@ -704,4 +706,36 @@ func TestClaimsVisibleAcrossProcesses(t *testing.T) {
 	if !strings.HasPrefix(gone, "holders:\nme\n\nports:\nHTTP\n3\n") || !strings.Contains(gone, "No such file") {
 		t.Fatalf("watcher after another shell's release:\n%s", gone)
 	}
+}
+
+// touch(1) sets the times of the holder it creates with futimens on the fd its open made, and
+// FUSE sends that SETATTR without the handle: it is known for the creating open's all the same,
+// whose claim bound the holder already, so it is no second claim. (Taken for a touch from
+// anywhere, it would refuse a holder whose creating open chose another checkout.)
+func TestTimesSetThroughTheCreatingOpen(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(2, map[string]int{"HTTP": 34800}, "s")
+	holder := m.Path("app", "stacks", "s", "holders", "me")
+	fd, err := unix.Open(holder, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Write(fd, []byte("checkout=/src/elsewhere\n")); err != nil {
+		t.Fatal(err)
+	}
+	n := claimsEventCount(m, "app/stacks/s/events")
+	if err := unix.UtimesNanoAt(fd, "", nil, unix.AT_EMPTY_PATH); err != nil {
+		t.Fatalf("futimens on the creating open: %v; events:\n%s", err, m.lastEvent("app/stacks/s/events"))
+	}
+	if got := claimsEventCount(m, "app/stacks/s/events"); got != n {
+		t.Fatalf("futimens on the creating open added %d events lines", got-n)
+	}
+	if got := m.read("app/stacks/s/holders/me"); !strings.Contains(got, "checkout_path=/src/elsewhere\n") {
+		t.Fatalf("holder after futimens:\n%s", got)
+	}
+	// Once that open is closed, a touch from here is one from another checkout.
+	unix.Close(fd)
+	m.refused("touch "+holder, syscall.EINVAL)
 }

@@ -426,6 +426,8 @@ os.close(fd)
 os.replace(tmp, cfg)' $M/app`},
 		{"mv new.toml config", "sed s/FROM/TO/ $M/app/config > $M/app/new.toml && mv $M/app/new.toml $M/app/config"},
 		{"cp new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/new.toml && cp " + dir + "/new.toml $M/app/config"},
+		// Its times and mode restored through the fd it wrote, which FUSE sends without the handle.
+		{"cp -p new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/new.toml && cp -p " + dir + "/new.toml $M/app/config"},
 		{"bash printf, a line per write", `printf '[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = TO\n' > $M/app/config`},
 		{"echo -e", `echo -e '[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = TO' > $M/app/config`},
 		{"dd bs=16", "sed s/FROM/TO/ $M/app/config > " + dir + "/dd.toml && dd status=none bs=16 if=" + dir + "/dd.toml of=$M/app/config"},
