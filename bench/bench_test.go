@@ -305,6 +305,56 @@ func BenchmarkClaim(b *testing.B) {
 	b.ReportMetric(float64(engineWork[len(engineWork)/2].Nanoseconds()), "ns/engine-work")
 }
 
+// 6b. touch: a claim as touch(1) makes it — open(O_CREAT), futimens on that fd, close — and a
+// touch of a holder the benchmark's session holds already (utimensat by path: a Makefile's claim
+// target run again), beside the same on the FUSE floor, the peer's claim, and the base build's
+// when there is one. The release after each claim is not counted.
+func BenchmarkTouch(b *testing.B) {
+	claim := func(holder string) op {
+		return op{
+			run:  func() error { return touchFile(holder) },
+			undo: func() error { return retry(func() error { return unix.Unlink(holder) }) },
+		}
+	}
+	again := func(holder string) op {
+		if err := touchFile(holder); err != nil {
+			b.Fatal(err)
+		}
+		return op{run: func() error { return retry(func() error { return unix.UtimesNano(holder, nil) }) }}
+	}
+	holders := func(root string) string { return filepath.Join(root, "app", "stacks", "s", "holders") }
+	p := peer(b)
+	ops := map[string]op{
+		"cockpitfs":   claim(filepath.Join(holders(sharedDaemon(b).path()), "t")),
+		"again":       again(filepath.Join(holders(sharedDaemon(b).path()), "kept")),
+		"floor":       claim(filepath.Join(holders(floorDirFor(b)), "t")),
+		"floor-again": again(filepath.Join(holders(floorDirFor(b)), "kept")),
+		"peer":        {run: func() error { return p.claim("t") }, undo: func() error { return p.release("t") }},
+	}
+	if baseBinary != "" {
+		ops["base"] = claim(filepath.Join(holders(baseDaemon(b).path()), "t"))
+		ops["base-again"] = again(filepath.Join(holders(baseDaemon(b).path()), "kept"))
+	}
+	paired(b, ops)
+}
+
+// touchFile is what touch(1) does to a file: open it, creating it, and set its times to now
+// through that fd.
+func touchFile(path string) error {
+	var fd int
+	if err := retry(func() (err error) {
+		fd, err = unix.Open(path, unix.O_CREAT|unix.O_WRONLY|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o666)
+		return err
+	}); err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := retry(func() error { return unix.UtimesNanoAt(fd, "", nil, unix.AT_EMPTY_PATH) }); err != nil {
+		return fmt.Errorf("futimens %s: %w", path, err)
+	}
+	return nil
+}
+
 // resolveCaller is what a claim through the mount learns of its caller before its transaction,
 // and an engine claim of a holder without a process does not: thread → process, its cwd, and its
 // session's holder with that holder's start identity.

@@ -222,6 +222,16 @@ func main() {
 	r, _ = t.ratio("Claim", "ns/peer", "Claim/least-wal", "ns/claim", atLeast(0))
 	t.row("  the same with the commit at 1.15× write+fdatasync (a write-ahead log)", "Claim/least-wal", "ns/claim", us, "µs", "peer is "+r, "", "")
 
+	r, _ = t.ratio("Touch", "ns/peer", "Touch", "ns/cockpitfs", atLeast(0))
+	t.row("touch: a claim as touch(1) makes it (open O_CREAT, futimens, close)", "Touch", "ns/cockpitfs", us, "µs", "peer is "+r, "", "")
+	r, _ = t.ratio("Touch", "ns/cockpitfs", "Touch", "ns/base", atLeast(0))
+	t.row("  the same touch by the base build, same run", "Touch", "ns/base", us, "µs", "this build takes "+r+" its time", "", "")
+	t.row("  part: the same touch on the FUSE floor (no store)", "Touch", "ns/floor", us, "µs", "", "", "")
+	r, _ = t.ratio("Touch", "ns/again", "Touch", "ns/floor-again", atLeast(0))
+	t.row("touch of a holder the session holds already (a Makefile's claim run again)", "Touch", "ns/again", us, "µs", r+" of the floor's", "", "")
+	r, _ = t.ratio("Touch", "ns/again", "Touch", "ns/base-again", atLeast(0))
+	t.row("  the same by the base build, same run", "Touch", "ns/base-again", us, "µs", "this build takes "+r+" its time", "", "")
+
 	r, v = t.ratio("EtcdClaim", "ns/claim", "EtcdClaim", "ns/bare", atMost(1.5))
 	t.row("etcd: claim in an engine over 3 members on loopback", "EtcdClaim", "ns/claim", us, "µs", r+" of bare Get+Txn", "≤ 1.5× bare", v)
 	t.row("etcd: bare linearizable Get + Txn compare-and-swap, same cluster", "EtcdClaim", "ns/bare", us, "µs", "", "", "")
