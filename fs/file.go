@@ -205,13 +205,13 @@ var (
 	_ = (fs.NodeSetxattrer)((*file)(nil))
 )
 
-// Setxattr: no extended attributes, as on a scratch file: cp -p and install then restore a
-// copy's mode with fchmod (see Setattr) instead of failing on the ACL.
+// Setxattr: no extended attributes, as on a scratch file: cp -p then restores a copy's mode
+// with fchmod (see Setattr) instead of failing on the ACL.
 func (f *file) Setxattr(context.Context, string, []byte, uint32) syscall.Errno {
 	return syscall.ENOTSUP
 }
 
-// Release forgets a followed open, and the open its thread's stats were answered from.
+// Release forgets a followed open, and the open its thread's stats and SETATTRs went through.
 func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {
 	if h, ok := fh.(*handle); ok {
 		if f.follows {
@@ -557,7 +557,7 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 // callerOpen is the open a SETATTR comes through: fh, or, since FUSE sends the SETATTR of
 // futimens and fchmod without the handle (only ftruncate's carries it), the caller's own open of
 // f when it has one (see threadOpens). touch(1) sets the times on the fd its open created; cp -p
-// and install restore a copy's times and mode on the fd they wrote.
+// restores a copy's times and mode on the fd it wrote.
 func (f *file) callerOpen(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
 	if h, ok := fh.(*handle); ok {
 		return h, true
