@@ -202,14 +202,7 @@ var (
 	_ = (fs.NodeFsyncer)((*file)(nil))
 	_ = (fs.NodeReleaser)((*file)(nil))
 	_ = (fs.NodeFlusher)((*file)(nil))
-	_ = (fs.NodeSetxattrer)((*file)(nil))
 )
-
-// Setxattr: no extended attributes, as on a scratch file: cp -p then restores a copy's mode
-// with fchmod (see Setattr) instead of failing on the ACL.
-func (f *file) Setxattr(context.Context, string, []byte, uint32) syscall.Errno {
-	return syscall.ENOTSUP
-}
 
 // Release forgets a followed open, and the open its thread's stats and SETATTRs went through.
 func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {

@@ -83,6 +83,11 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			DirectMount:   os.Geteuid() == 0,
 			Debug:         o.Debug,
 			MaxBackground: 64,
+			// The tree has no extended attributes. ENOSYS says so to the kernel once, and it
+			// answers every later getxattr and setxattr itself: ls -l asks twice a name, and every
+			// write asks whether the file carries capabilities to drop. setxattr then fails
+			// EOPNOTSUPP, and cp -p restores a mode rather than an ACL.
+			DisableXAttrs: true,
 		},
 	}
 	raw := rawLayer{fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}

@@ -114,13 +114,7 @@ var (
 	_ = (fs.NodeGetattrer)((*scratchFile)(nil))
 	_ = (fs.NodeSetattrer)((*scratchFile)(nil))
 	_ = (fs.NodeFsyncer)((*scratchFile)(nil))
-	_ = (fs.NodeSetxattrer)((*scratchFile)(nil))
 )
-
-// Setxattr: no extended attributes (so sed and cp copy a mode, not an ACL).
-func (n *scratchFile) Setxattr(context.Context, string, []byte, uint32) syscall.Errno {
-	return syscall.ENOTSUP
-}
 
 // mine says the caller may use sc: its creator (or root).
 func (sc *scratch) mine(ctx context.Context) bool {

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Everyday tools on the tree, each the real binary, each judged by what its user sees.
@@ -145,6 +147,30 @@ func (r *reader) wait(t *testing.T) string {
 		t.Fatalf("still running after 20s: %s\n%s", r.cmd, r.output())
 	}
 	return r.output()
+}
+
+// The tree has no extended attributes, and the kernel is told so once: getxattr and setxattr of
+// any file or directory fail EOPNOTSUPP (the kernel answers them itself, so ls -l, which asks twice
+// a name, and every write, which asks whether the file carries capabilities, cost no request),
+// and what reads them carries on.
+func TestToolsNoExtendedAttributes(t *testing.T) {
+	t.Parallel()
+	m := toolsSetup(t, 26680)
+	buf := make([]byte, 256)
+	for _, p := range []string{m.Path("app", "config"), m.Path("app", "stacks", "s", "holders", "me"), m.Path("app", "stacks", "s")} {
+		for _, name := range []string{"user.note", "security.capability"} { // ACLs: the kernel answers ENODATA, no ACL
+			if _, err := unix.Getxattr(p, name, buf); err != unix.EOPNOTSUPP {
+				t.Errorf("getxattr %s %s: %v, want EOPNOTSUPP", p, name, err)
+			}
+		}
+		if err := unix.Setxattr(p, "user.note", []byte("x"), 0); err != unix.EOPNOTSUPP {
+			t.Errorf("setxattr %s: %v, want EOPNOTSUPP", p, err)
+		}
+	}
+	m.ok("ls -l $M/app/stacks/s/holders && echo pid=none > $M/app/stacks/s/holders/me")
+	if got := m.read("app", "stacks", "s", "holders", "me"); !strings.Contains(got, "pid=none\n") {
+		t.Fatalf("holder after writing pid=none:\n%s", got)
+	}
 }
 
 // ls -a lists . and .. in every directory.
