@@ -110,6 +110,50 @@ func BenchmarkStat(b *testing.B) {
 	})
 }
 
+// 1b. list: what `ls` of a stack's directory and `ls -l` of its holders ask of the mount (a
+// listing; a listing and an lstat of each name), on a stack l of five holders, beside the base
+// build's when there is one.
+func BenchmarkList(b *testing.B) {
+	stack := []string{"app", "stacks", "l"}
+	holders := append(stack[:3:3], "holders")
+	fill := func(d *daemon) *daemon {
+		if _, err := os.Stat(d.path(holders...)); err == nil {
+			return d
+		}
+		if err := os.Mkdir(d.path(stack...), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		for _, h := range []string{"h1", "h2", "h3", "h4", "h5"} {
+			if err := writeFile(d.path(append(holders, h)...), unix.O_CREAT, "pid=none checkout=/src/"+h); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return d
+	}
+	list := func(dir string, stat bool) op {
+		return op{run: func() error {
+			es, err := os.ReadDir(dir)
+			for _, e := range es {
+				if stat && err == nil {
+					_, err = os.Lstat(filepath.Join(dir, e.Name()))
+				}
+			}
+			return err
+		}}
+	}
+	d := fill(sharedDaemon(b))
+	ops := map[string]op{
+		"stack":   list(d.path(stack...), false),
+		"holders": list(d.path(holders...), true),
+	}
+	if baseBinary != "" {
+		d := fill(baseDaemon(b))
+		ops["base-stack"] = list(d.path(stack...), false)
+		ops["base-holders"] = list(d.path(holders...), true)
+	}
+	paired(b, ops)
+}
+
 // 2. write: a claim+release cycle through the mount against two FUSE writes and two fdatasyncs,
 // with the parts of the cycle measured alone to show where its time goes. The cycle, its floors
 // and the disk's parts are timed side by side (see paired); the engine in-process alone.

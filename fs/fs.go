@@ -88,6 +88,11 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			// write asks whether the file carries capabilities to drop. setxattr then fails
 			// EOPNOTSUPP, and cp -p restores a mode rather than an ACL.
 			DisableXAttrs: true,
+			// READDIRPLUS has go-fuse look every name up after listing it, and a listing renders
+			// every frozen file already (its inode number is its content's): each was rendered
+			// twice, and for names the kernel does not keep (holders, frozen files) the lookup
+			// bought nothing, the next stat or open looking the name up again.
+			DisableReadDirPlus: true,
 		},
 	}
 	raw := rawLayer{fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}

@@ -182,6 +182,13 @@ func main() {
 	r, _ = t.ratio("Health/least", "ns/op", "Health/floor", "ns/op", atLeast(0))
 	t.row("  least health can cost: that floor cat + the listener check", "Health/least", "ns/op", us, "µs", r+" of ports/HTTP + listener check", "", "")
 
+	t.row("list: a stack's directory, as ls lists it", "List", "ns/stack", us, "µs", "", "", "")
+	r, _ = t.ratio("List", "ns/stack", "List", "ns/base-stack", atLeast(0))
+	t.row("  the same by the base build, same run", "List", "ns/base-stack", us, "µs", "this build takes "+r+" its time", "", "")
+	t.row("list: holders/ and an lstat of each, as ls -l", "List", "ns/holders", us, "µs", "", "", "")
+	r, _ = t.ratio("List", "ns/holders", "List", "ns/base-holders", atLeast(0))
+	t.row("  the same by the base build, same run", "List", "ns/base-holders", us, "µs", "this build takes "+r+" its time", "", "")
+
 	r, v = t.ratio("Write/paired", "ns/cockpitfs", "Write/paired", "ns/floor", atMost(1.5))
 	t.row("write: cockpitfs claim+release cycle (create, unlink)", "Write/paired", "ns/cockpitfs", us, "µs", r+" of floor", "≤ 1.5× floor", v)
 	t.row("write: floor (2 FUSE writes + 2 write+fdatasync)", "Write/paired", "ns/floor", us, "µs", "", "", "")
