@@ -504,7 +504,7 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("setattr", f.path, "", &errno)
 	ctx = uninterrupted(ctx)
-	own, _ := f.callerOpen(ctx, fh)
+	own := f.callerOpen(ctx, fh)
 	// touch(1) of the holder its own open just created sets the times and nothing else: the
 	// claim bound the holder already.
 	if own != nil && own.created && in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_SIZE) == 0 && touchedNow(in) {
@@ -549,16 +549,17 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 
 // callerOpen is the open a SETATTR comes through: fh, or, since FUSE sends the SETATTR of
 // futimens and fchmod without the handle (only ftruncate's carries it), the caller's own open of
-// f when it has one (see threadOpens). touch(1) sets the times on the fd its open created; cp -p
-// restores a copy's times and mode on the fd it wrote.
-func (f *file) callerOpen(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
+// f when it has one (see threadOpens); nil when neither. touch(1) sets the times on the fd its
+// open created; cp -p restores a copy's times and mode on the fd it wrote.
+func (f *file) callerOpen(ctx context.Context, fh fs.FileHandle) *handle {
 	if h, ok := fh.(*handle); ok {
-		return h, true
+		return h
 	}
 	if fc, ok := fuse.FromContext(ctx); ok && fc.Pid != 0 {
-		return f.opens.of(fc.Pid)
+		h, _ := f.opens.of(fc.Pid)
+		return h
 	}
-	return nil, false
+	return nil
 }
 
 // opened keeps h under the thread that opened it until its release: a stat by path from that

@@ -721,7 +721,15 @@ func TestTimesSetThroughTheCreatingOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(fd)
+	// Closed once: by the test below, or, if it fails first, before the mount is taken down.
+	closed := false
+	closeFd := func() {
+		if !closed {
+			closed = true
+			unix.Close(fd)
+		}
+	}
+	t.Cleanup(closeFd)
 	if _, err := unix.Write(fd, []byte("checkout=/src/elsewhere\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -736,6 +744,6 @@ func TestTimesSetThroughTheCreatingOpen(t *testing.T) {
 		t.Fatalf("holder after futimens:\n%s", got)
 	}
 	// Once that open is closed, a touch from here is one from another checkout.
-	unix.Close(fd)
+	closeFd()
 	m.refused("touch "+holder, syscall.EINVAL)
 }
