@@ -46,7 +46,11 @@ type op struct{ run, undo func() error }
 // paired times each op once per iteration, in turn, and reports each op's median as
 // "ns/<name>": the VM's wake-up latencies drift by 2× over seconds, and ops timed side by side
 // see the same drift, so their ratio holds where sequential sub-benchmarks' did not.
-func paired(b *testing.B, ops map[string]op) {
+func paired(b *testing.B, ops map[string]op) { pairedAfterIdle(b, 0, ops) }
+
+// pairedAfterIdle is paired with the machine left idle for idle before each op, untimed: where a
+// user's claim comes, seconds after anything else ran, not right behind another operation.
+func pairedAfterIdle(b *testing.B, idle time.Duration, ops map[string]op) {
 	names := make([]string, 0, len(ops))
 	for name := range ops {
 		names = append(names, name)
@@ -62,6 +66,7 @@ func paired(b *testing.B, ops map[string]op) {
 	for range b.N {
 		order.Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
 		for _, name := range names {
+			time.Sleep(idle)
 			start := time.Now()
 			if err := ops[name].run(); err != nil {
 				b.Fatalf("%s: %v", name, err)
@@ -306,13 +311,6 @@ func writeEngine(b *testing.B) *engineFixture {
 // transaction on the same disk, and by the base build's daemon when there is one (baseBinary).
 // The release after each claim is not counted.
 func BenchmarkClaim(b *testing.B) {
-	// create claims holder c (the FUSE part alone on the floor); the release is untimed.
-	create := func(holder string) op {
-		return op{
-			run:  func() error { return writeFile(holder, unix.O_CREAT, "") },
-			undo: func() error { return retry(func() error { return unix.Unlink(holder) }) },
-		}
-	}
 	f, p := writeEngine(b), peer(b)
 	disk := diskFile(b)
 	defer disk.close()
@@ -334,7 +332,7 @@ func BenchmarkClaim(b *testing.B) {
 			},
 			undo: func() error { return f.eng.Release(ctx, caller("unlink"), "app", "s", "c") },
 		},
-		"peer": {run: func() error { return p.claim("c") }, undo: func() error { return p.release("c") }},
+		"peer": peerClaim(p),
 		// The parts a claim through the mount cannot skip, in the same run: one store commit,
 		// what the commit would cost at its physical limit, and the caller's identity.
 		"commit":    {run: func() error { return commitStore.Update(ctx, func(tx storage.Txn) error { return tx.Set("k", value) }) }},
@@ -347,6 +345,44 @@ func BenchmarkClaim(b *testing.B) {
 	paired(b, ops)
 	slices.Sort(engineWork)
 	b.ReportMetric(float64(engineWork[len(engineWork)/2].Nanoseconds()), "ns/engine-work")
+}
+
+// create claims holder (a create alone on the floor) as a shell's `: > holder` does; the release
+// is untimed.
+func create(holder string) op {
+	return op{
+		run:  func() error { return writeFile(holder, unix.O_CREAT, "") },
+		undo: func() error { return retry(func() error { return unix.Unlink(holder) }) },
+	}
+}
+
+// peerClaim is the peer's claim of holder c; its release is untimed.
+func peerClaim(p *peerStore) op {
+	return op{run: func() error { return p.claim("c") }, undo: func() error { return p.release("c") }}
+}
+
+// claimIdle is how long the machine idles before each op of BenchmarkClaimAfterIdle: long enough
+// for the CPUs to sleep and the disk's queue to drain (300 ms and 1 s measure alike), short
+// enough for a few minutes' run.
+const claimIdle = 30 * time.Millisecond
+
+// 6a. the claim after idle: BenchmarkClaim's claim, synced floor, write+fdatasync and peer, each
+// after claimIdle with nothing running. Back to back, as BenchmarkClaim times them, every cache
+// is warm and the device answers at once; a user claims after idle, where both are cold.
+func BenchmarkClaimAfterIdle(b *testing.B) {
+	disk := diskFile(b)
+	defer disk.close()
+	line := []byte("holder=c checkout=/src/c\n")
+	ops := map[string]op{
+		"cockpitfs": create(sharedDaemon(b).path("app", "stacks", "s", "holders", "c")),
+		"synced":    create(filepath.Join(floorDirFor(b), "app", "stacks", "s", "synced", "c")),
+		"fdatasync": {run: func() error { return disk.write(line) }},
+		"peer":      peerClaim(peer(b)),
+	}
+	if baseBinary != "" {
+		ops["base"] = create(baseDaemon(b).path("app", "stacks", "s", "holders", "c"))
+	}
+	pairedAfterIdle(b, claimIdle, ops)
 }
 
 // 6b. touch: a claim as touch(1) makes it — open(O_CREAT), futimens on that fd, close — and a

@@ -229,6 +229,17 @@ func main() {
 	r, _ = t.ratio("Claim", "ns/peer", "Claim/least-wal", "ns/claim", atLeast(0))
 	t.row("  the same with the commit at 1.15× write+fdatasync (a write-ahead log)", "Claim/least-wal", "ns/claim", us, "µs", "peer is "+r, "", "")
 
+	r, _ = t.ratio("ClaimAfterIdle", "ns/peer", "ClaimAfterIdle", "ns/cockpitfs", atLeast(0))
+	t.row("claim after 30 ms idle: cockpitfs through the mount", "ClaimAfterIdle", "ns/cockpitfs", us, "µs", "peer is "+r, "", "")
+	t.row("  the peer's claim after 30 ms idle", "ClaimAfterIdle", "ns/peer", us, "µs", "", "", "")
+	r, _ = t.ratio("ClaimAfterIdle", "ns/peer", "ClaimAfterIdle", "ns/synced", atLeast(0))
+	t.row("  the synced floor's create after 30 ms idle (FUSE create + one durable store commit, no engine)", "ClaimAfterIdle", "ns/synced", us, "µs", "peer is "+r, "", "")
+	r, _ = t.ratio("ClaimAfterIdle", "ns/cockpitfs", "ClaimAfterIdle", "ns/synced", atLeast(0))
+	t.row("  the claim after idle vs that synced floor create", "ClaimAfterIdle", "ns/cockpitfs", us, "µs", r, "", "")
+	t.row("  one write+fdatasync after 30 ms idle", "ClaimAfterIdle", "ns/fdatasync", us, "µs", "", "", "")
+	r, _ = t.ratio("ClaimAfterIdle", "ns/cockpitfs", "ClaimAfterIdle", "ns/base", atLeast(0))
+	t.row("  the same claim by the base build after idle, same run", "ClaimAfterIdle", "ns/base", us, "µs", "this build takes "+r+" its time", "", "")
+
 	r, _ = t.ratio("Touch", "ns/peer", "Touch", "ns/cockpitfs", atLeast(0))
 	t.row("touch: a claim as touch(1) makes it (open O_CREAT, futimens, close)", "Touch", "ns/cockpitfs", us, "µs", "peer is "+r, "", "")
 	r, _ = t.ratio("Touch", "ns/cockpitfs", "Touch", "ns/base", atLeast(0))
