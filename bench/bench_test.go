@@ -347,8 +347,8 @@ func BenchmarkClaim(b *testing.B) {
 	b.ReportMetric(float64(engineWork[len(engineWork)/2].Nanoseconds()), "ns/engine-work")
 }
 
-// create claims holder (a create alone on the floor) as a shell's `: > holder` does; the release
-// is untimed.
+// create claims holder with open(O_CREAT|O_WRONLY) and close (on the floor, a create alone); the
+// release is untimed.
 func create(holder string) op {
 	return op{
 		run:  func() error { return writeFile(holder, unix.O_CREAT, "") },
