@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -106,7 +107,20 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 			return r.Value, err
 		}
 	}
-	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, occupiedBy: reads.portOwner, listening: in.listening, hold: reads.hold})
+	var leased map[int]bool
+	if !v.Lease.Active() && active > 0 && active < cfg.Declaration.Count {
+		ports, known, err := reads.leasedPorts()
+		if err != nil {
+			return r.Value, err
+		}
+		if known {
+			leased = make(map[int]bool, len(ports))
+			for _, p := range ports {
+				leased[p] = true
+			}
+		}
+	}
+	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, leased: leased, occupiedBy: reads.portOwner, listening: in.listening, hold: reads.hold})
 	if err != nil {
 		return r.Value, err
 	}
@@ -298,9 +312,13 @@ func releaseDead(v Value, dead []Holder, successor *Holder, now time.Time) (Valu
 // host's listeners, both read inside the claim's transaction.
 type leaseInputs struct {
 	config       portdecl.Config
-	activeLeases int                              // active leases in the cockpit, other stacks
-	occupiedBy   func(port int) (string, error)   // owner ("cockpit/stack") of port in another active lease, "" if free
-	listening    func(ports []int) ([]int, error) // host TCP listeners among ports
+	activeLeases int // active leases in the cockpit, other stacks
+	// leased are the ports of the cockpit's active leases, given to a new lease when known (nil
+	// otherwise): a family with one of them is another stack's of this cockpit, passed without
+	// reading its index entry.
+	leased     map[int]bool
+	occupiedBy func(port int) (string, error)   // owner ("cockpit/stack") of port in another active lease, "" if free
+	listening  func(ports []int) ([]int, error) // host TCP listeners among ports
 	// hold takes the machine-wide holds of a family's ports, all or none, and says who holds the
 	// port it could not take (nil when it took them all); nil when the engine holds no ports.
 	hold func(ports map[string]int) (*portlock.Holder, int, error)
@@ -345,6 +363,10 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 	sawListener := false
 	for _, offset := range offsets {
 		ports := portsAt(offset)
+		if slices.ContainsFunc(ports, func(p int) bool { return in.leased[p] }) {
+			occupied = append(occupied, occupiedCandidate{offset: offset}) // its why only if refused
+			continue
+		}
 		owner, err := firstOwner(ports, in.occupiedBy)
 		if err != nil {
 			return nil, err
@@ -391,7 +413,18 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 	}
 	why := make([]string, len(occupied))
 	for i, o := range occupied {
-		why[i] = joinPorts(portsAt(o.offset)) + " (" + o.why + ")"
+		ports := portsAt(o.offset)
+		if o.why == "" {
+			owner, err := firstOwner(ports, in.occupiedBy)
+			if err != nil {
+				return nil, err
+			}
+			o.why = "leased by " + owner
+			if owner == "" { // the cockpit's leased ports disagree with the index: verify says where
+				o.why = "leased in this cockpit"
+			}
+		}
+		why[i] = joinPorts(ports) + " (" + o.why + ")"
 	}
 	return nil, refuse(code, "", "release an inactive stack, stop the named host listener, or extend the declared candidate range",
 		"no complete port family is free; occupied candidates: %s", strings.Join(why, "; "))

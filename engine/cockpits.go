@@ -42,7 +42,7 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 		if m.Stacks > 0 {
 			return refuse(NotEmpty, m.ID, "remove its stacks first", "cockpit %s still has %d stacks", name, m.Stacks)
 		}
-		for _, k := range []string{cockpitKey(name), leaseCountKey(name)} {
+		for _, k := range []string{cockpitKey(name), leaseCountKey(name), leasedPortsKey(name)} {
 			if err := tx.Delete(k); err != nil {
 				return err
 			}

@@ -57,6 +57,9 @@ type stepReads interface {
 	activeLeases() (int, error)         // active leases in the cockpit
 	leasesOf(uid uint32) (int, error)   // active leases taken by uid's claims, every cockpit
 	portOwner(port int) (string, error) // "cockpit/stack" of another stack's active lease of port, "" if none
+	// leasedPorts are the ports of the cockpit's active leases; known is false in a store that
+	// does not keep them yet (see leasedPorts in store.go).
+	leasedPorts() (ports []int, known bool, err error)
 	// hold takes the machine-wide holds of a candidate family's ports for the stack, all or none,
 	// and says who holds the port it could not take (nil: taken, or the engine holds no ports).
 	hold(ports map[string]int) (*portlock.Holder, int, error)
@@ -111,6 +114,8 @@ func (t txReads) leasesOf(uid uint32) (int, error) {
 	_, err := getJSON(t.tx, uidLeasesKey(uid), &n)
 	return n, err
 }
+
+func (t txReads) leasedPorts() ([]int, bool, error) { return leasedPorts(t.tx, t.cockpitName) }
 
 // portOwner reads the names in port's index entry where it can without decoding it: a claim
 // reads the entry of every occupied family it passes.

@@ -21,8 +21,11 @@ type fakeReads struct {
 	// uidLeases are the claimant uid's active leases.
 	uidLeases int
 	owners    map[int]string
-	err       error // returned by every index read
-	made      []string
+	// leased are the cockpit's leased ports; leasedKnown false: a store from before they were kept.
+	leased      []int
+	leasedKnown bool
+	err         error // returned by every index read
+	made        []string
 }
 
 func (f *fakeReads) cockpit() (cockpitMeta, error) {
@@ -46,6 +49,11 @@ func (f *fakeReads) leasesOf(uint32) (int, error) {
 func (f *fakeReads) hold(map[string]int) (*portlock.Holder, int, error) { return nil, 0, nil }
 
 func (f *fakeReads) releasedDead([]Holder) {}
+
+func (f *fakeReads) leasedPorts() ([]int, bool, error) {
+	f.made = append(f.made, "leasedPorts")
+	return f.leased, f.leasedKnown, f.err
+}
 
 func (f *fakeReads) portOwner(port int) (string, error) {
 	f.made = append(f.made, "portOwner")
@@ -101,6 +109,12 @@ func TestClaimHolderStep(t *testing.T) {
 			wantHolders: []string{"alice"}, wantOffset: 0, wantReads: []string{"cockpit", "activeLeases", "portOwner", "portOwner"}, wantProbes: 1},
 		{name: "a family in the index is skipped", claimant: "alice", reads: fakeReads{meta: declared(pureDecl), owners: map[int]string{20000: "other/s"}},
 			wantHolders: []string{"alice"}, wantOffset: 10, wantProbes: 1},
+		{name: "families the cockpit leases are passed without reading their index", claimant: "alice",
+			reads:       fakeReads{meta: declared(pureDecl), active: 2, leasedKnown: true, leased: []int{20000, 20010, 21000, 21010}},
+			wantHolders: []string{"alice"}, wantOffset: 20, wantReads: []string{"cockpit", "activeLeases", "leasedPorts", "portOwner", "portOwner"}, wantProbes: 1},
+		{name: "a store without the cockpit's leased ports reads each family's index", claimant: "alice",
+			reads:       fakeReads{meta: declared(pureDecl), active: 1, owners: map[int]string{20000: "app/t"}},
+			wantHolders: []string{"alice"}, wantOffset: 10, wantReads: []string{"cockpit", "activeLeases", "leasedPorts", "portOwner", "portOwner", "portOwner"}, wantProbes: 1},
 		{name: "a family with a host listener is skipped", claimant: "alice", reads: fakeReads{meta: declared(pureDecl)}, busy: []int{21000},
 			wantHolders: []string{"alice"}, wantOffset: 10, wantProbes: 2},
 		{name: "a released lease is leased anew", claimant: "alice", v: Value{Lease: released}, reads: fakeReads{meta: declared(pureDecl)},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 //	d/<cockpit>/<stack>      DeclaredValues of the stack (declared-values)
 //	p/<port, 5 digits>       PortOwner: the machine-wide index of active leases
 //	n/<cockpit>              number of active leases in the cockpit
+//	l/<cockpit>              the ports of the cockpit's active leases, sorted (see leasedPorts)
 //	u/<uid>                  number of active leases taken by the uid's claims, every cockpit
 //	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log
 //	q/<cockpit>/<stack|->    the next events seq
@@ -68,6 +70,7 @@ func portKey(port int) string {
 	return string(strconv.AppendInt(b, int64(port), 10))
 }
 func leaseCountKey(cockpit string) string            { return "n/" + cockpit }
+func leasedPortsKey(cockpit string) string           { return "l/" + cockpit }
 func uidLeasesKey(uid uint32) string                 { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
 func eventsPrefix(cockpit, stack string) string      { return allEventsPrefix + cockpit + "/" + stack + "/" }
 func eventsHeadKey(cockpit, stack string) string     { return "f/" + cockpit + "/" + stack }
@@ -694,6 +697,9 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 			}
 		}
 	}
+	if err := reindexLeasedPorts(tx, cockpit, before, after); err != nil {
+		return err
+	}
 	delta := 0
 	if after.Active() && !before.Active() {
 		delta = 1
@@ -715,6 +721,105 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 		return nil
 	}
 	return addCount(tx, uidLeasesKey(*charged.UID), delta)
+}
+
+// leasedPorts is the set of ports the cockpit's active leases hold, as kept at its
+// leasedPortsKey, so that a new lease passes the families its cockpit leases without reading
+// each one's index entry. A cockpit without active leases holds none, whatever the key says.
+// known is false for a store written before the key, where a cockpit with active leases has
+// none yet: its next lease change writes it (reindexLeasedPorts).
+func leasedPorts(tx storage.Txn, cockpit string) (ports []int, known bool, err error) {
+	var n int
+	if _, err := getJSON(tx, leaseCountKey(cockpit), &n); err != nil || n == 0 {
+		return nil, err == nil, err
+	}
+	data, err := tx.Get(leasedPortsKey(cockpit))
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	ports, err = decodePorts(data)
+	if err != nil {
+		return nil, false, fmt.Errorf("decode %s: %w", leasedPortsKey(cockpit), malformedValue{err})
+	}
+	return ports, true, nil
+}
+
+// reindexLeasedPorts keeps the cockpit's leasedPortsKey in step with a lease that goes from
+// before to after, once the port index has been changed: a set it does not know yet (an older
+// store) is read from that index instead, this change included.
+func reindexLeasedPorts(tx storage.Txn, cockpit string, before, after *Lease) error {
+	ports, known, err := leasedPorts(tx, cockpit)
+	if err != nil {
+		return err
+	}
+	if !known {
+		ports = nil
+		err := tx.Scan(portsPrefix, func(key string, value []byte) error {
+			// An entry that does not decode is verify's to report; a family it would have
+			// passed unread is then read as before.
+			var owner PortOwner
+			if decodeJSON(key, value, &owner) == nil && owner.Cockpit == cockpit {
+				ports = append(ports, owner.Port)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	} else {
+		if before.Active() {
+			gone := slices.Collect(maps.Values(before.Ports))
+			ports = slices.DeleteFunc(ports, func(p int) bool { return slices.Contains(gone, p) })
+		}
+		if after.Active() {
+			ports = slices.AppendSeq(ports, maps.Values(after.Ports))
+		}
+	}
+	slices.Sort(ports)
+	ports = slices.Compact(ports)
+	if len(ports) == 0 {
+		return tx.Delete(leasedPortsKey(cockpit))
+	}
+	return tx.Set(leasedPortsKey(cockpit), appendPorts(nil, ports))
+}
+
+// appendPorts appends ports as encoding/json encodes an []int (TestLeasedPortsJSON).
+func appendPorts(b []byte, ports []int) []byte {
+	b = append(b, '[')
+	for i, p := range ports {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(p), 10)
+	}
+	return append(b, ']')
+}
+
+// decodePorts reads what appendPorts writes without reflection (each port as decodeInteger reads
+// an integer), anything else with encoding/json.
+func decodePorts(data []byte) ([]int, error) {
+	if inner, ok := bytes.CutPrefix(data, []byte("[")); ok && len(inner) > 1 {
+		if inner, ok = bytes.CutSuffix(inner, []byte("]")); ok {
+			ports := make([]int, 0, bytes.Count(inner, []byte(","))+1)
+			for field := range bytes.SplitSeq(inner, []byte(",")) {
+				var p int
+				if !decodeInteger(field, &p) {
+					ok = false
+					break
+				}
+				ports = append(ports, p)
+			}
+			if ok {
+				return ports, nil
+			}
+		}
+	}
+	var ports []int
+	err := json.Unmarshal(data, &ports)
+	return ports, err
 }
 
 // addCount adds delta to the count kept at key, read with Get so concurrent changes conflict.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -22,7 +23,8 @@ func Verify(db storage.Store) ([]string, int, error) {
 	records := map[string]Record{}
 	stacks := map[string]int{}
 	leases := map[string]int{}
-	uidLeases := map[string]int{} // by uidLeasesKey
+	leasedBy := map[string][]int{} // the ports of each cockpit's active leases
+	uidLeases := map[string]int{}  // by uidLeasesKey
 	err := db.View(func(tx storage.Txn) error {
 		var keys []string
 		heads := map[string][]byte{}
@@ -58,6 +60,7 @@ func Verify(db storage.Store) ([]string, int, error) {
 			records[key] = r
 			if r.Value.Lease.Active() {
 				leases[cockpit]++
+				leasedBy[cockpit] = slices.AppendSeq(leasedBy[cockpit], maps.Values(r.Value.Lease.Ports))
 				if r.Value.Lease.UID != nil {
 					uidLeases[uidLeasesKey(*r.Value.Lease.UID)]++
 				}
@@ -148,6 +151,15 @@ func Verify(db storage.Store) ([]string, int, error) {
 			}
 			if n != leases[m.Name] {
 				bad(leaseCountKey(m.Name), "counts %d active leases, the store holds %d", n, leases[m.Name])
+			}
+			ports, known, err := leasedPorts(tx, m.Name)
+			if err != nil {
+				bad(leasedPortsKey(m.Name), "%v", err)
+				return nil
+			}
+			held := slices.Sorted(slices.Values(leasedBy[m.Name]))
+			if known && n == leases[m.Name] && !slices.Equal(ports, held) {
+				bad(leasedPortsKey(m.Name), "names ports %v, the cockpit's active leases hold %v", ports, held)
 			}
 			return nil
 		})
