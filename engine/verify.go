@@ -13,7 +13,7 @@ import (
 )
 
 // Verify checks the whole store offline: every record against checkRecord, the port index against the
-// active leases both ways, and the per-cockpit and per-uid counts. It returns one line per violation, naming
+// active leases both ways, the per-cockpit and per-uid counts, and each cockpit's leased ports. It returns one line per violation, naming
 // its key, and how many records it read.
 func Verify(db storage.Store) ([]string, int, error) {
 	var violations []string
