@@ -184,14 +184,15 @@ func TestVerifyFindsWrongLeasedPorts(t *testing.T) {
 	}
 }
 
-// A refusal still names the stack that leases each family it passed unread.
-func TestRefusalNamesFamiliesPassedUnread(t *testing.T) {
+// Passed families are named by the step as they are read at the refusal: a stack's, or, where
+// the index disagrees with the cockpit's leased ports (verify names the key), the cockpit.
+func TestRefusalStepNamesFamiliesPassedUnread(t *testing.T) {
 	reads := fakeReads{meta: declared(pureDecl), active: 2, leasedKnown: true, leased: []int{20000, 20010, 21000, 21010},
-		owners: map[int]string{20000: "app/a", 20010: "app/b"}}
+		owners: map[int]string{20000: "app/a"}}
 	p := &probes{busy: map[int]bool{20020: true}}
 	_, err := claimHolder(stepRecord(Value{}), claimInput{holder: newHolder("alice"), listening: p.listening}, &reads, claimNow.Add(time.Minute))
 	requireCode(t, err, PortFamilyCollision)
-	for _, want := range []string{"20000,21000 (leased by app/a)", "20010,21010 (leased by app/b)", "20020,21020 (host listener on 20020)"} {
+	for _, want := range []string{"20000,21000 (leased by app/a)", "20010,21010 (leased in this cockpit)", "20020,21020 (host listener on 20020)"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("refusal %q does not say %q", err, want)
 		}

@@ -756,7 +756,6 @@ func reindexLeasedPorts(tx storage.Txn, cockpit string, before, after *Lease) er
 		return err
 	}
 	if !known {
-		ports = nil
 		err := tx.Scan(portsPrefix, func(key string, value []byte) error {
 			// An entry that does not decode is verify's to report; a family it would have
 			// passed unread is then read as before.

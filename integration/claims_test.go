@@ -747,3 +747,26 @@ func TestTimesSetThroughTheCreatingOpen(t *testing.T) {
 	closeFd()
 	m.refused("touch "+holder, syscall.EINVAL)
 }
+
+// A new lease passes the families its own cockpit leases without reading their index entries
+// (engine: a cockpit's leased ports); refused for want of a free family, it still says ENOSPC,
+// names each family's stack, and changes nothing.
+func TestClaimsExhaustedPastItsCockpitsFamilies(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 34950}, "a", "b", "c")
+	m.ok("mkdir $M/web && mkdir $M/web/stacks/t")
+	claimsConfig(m, "web", "[ports]\nstep = 10\ncount = 1\n[ports.bases]\nWEB = 34970\n")
+	m.ok("touch $M/app/stacks/a/holders/me $M/app/stacks/b/holders/me $M/web/stacks/t/holders/me")
+	before := claimsSnapshot(m, "c")
+	m.refused("touch $M/app/stacks/c/holders/me", syscall.ENOSPC)
+	ev := claimsRefusalEvent(t, m, "app/stacks/c/events", "PORT_LEASE_EXHAUSTED", "ENOSPC")
+	for _, want := range []string{"34950 (leased by app/a)", "34960 (leased by app/b)", "34970 (leased by web/t)"} {
+		if msg, _ := ev["message"].(string); !strings.Contains(msg, want) {
+			t.Errorf("refusal message %q does not say %q", msg, want)
+		}
+	}
+	if after := claimsSnapshot(m, "c"); after != before {
+		t.Fatalf("a refused claim changed the stack:\n%s\n->\n%s", before, after)
+	}
+}
