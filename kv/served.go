@@ -2,7 +2,6 @@ package kv
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"log"
 	"math"
@@ -30,39 +29,76 @@ import (
 
 // tables are the handles, by table id, of the tables badger serves from. mu is held for a whole
 // check: a refresh closes the handles of tables badger dropped, which unmaps them.
+//
+// The handles map table files a second time, and badger deletes a dropped table's file by
+// truncating it first, when the table's last reference goes: a read through a map past a file's
+// end is SIGBUS, which no recover sees. So a check reads only tables it pinned (pin) for its
+// whole length, through badger's own reference counts.
 type tables struct {
 	mu   sync.Mutex
 	dir  string
 	open map[uint64]*table.Table
 }
 
-// current refreshes the handles to badger's tables now and returns them; mu is held.
-func (ts *tables) current(bdb *badger.DB) ([]*table.Table, error) {
+// pinAttempts bounds how often pin lists again when compactions change the tables under it.
+const pinAttempts = 3
+
+// pin holds a reference badger counts on each table it serves from, until release: a read
+// iterator counts one on every table in the tree when it is made. It returns the ids of the
+// tables pinned: those listed both before and after the iterator was made were in the tree
+// throughout (badger never puts a dropped table back, nor moves one between levels), so the
+// iterator counted them. A table a compaction wrote in between is left out when compactions
+// keep racing pin past its attempts; it was verified as badger wrote it, and the next check
+// reads it.
+func pin(bdb *badger.DB) (ids map[uint64]bool, release func()) {
+	for attempt := 1; ; attempt++ {
+		before := bdb.Tables()
+		btx := bdb.NewTransactionAt(math.MaxUint64, false)
+		it := btx.NewIterator(badger.IteratorOptions{}) // no prefix: it counts every table
+		release = func() {
+			it.Close()
+			btx.Discard()
+		}
+		after := bdb.Tables()
+		listed := make(map[uint64]bool, len(before))
+		for _, info := range before {
+			listed[info.ID] = true
+		}
+		ids = make(map[uint64]bool, len(after))
+		for _, info := range after {
+			if listed[info.ID] {
+				ids[info.ID] = true
+			}
+		}
+		if len(ids) == len(after) || attempt == pinAttempts {
+			return ids, release
+		}
+		release()
+	}
+}
+
+// current refreshes the handles to the pinned tables and returns them; mu is held.
+func (ts *tables) current(pinned map[uint64]bool) ([]*table.Table, error) {
 	if ts.open == nil {
 		ts.open = map[uint64]*table.Table{}
 	}
-	infos := bdb.Tables()
-	live := make(map[uint64]bool, len(infos))
-	out := make([]*table.Table, 0, len(infos))
-	for _, info := range infos {
-		live[info.ID] = true
-		t, ok := ts.open[info.ID]
-		if !ok {
-			var err error
-			if t, err = openServedTable(table.NewFilename(info.ID, ts.dir)); errors.Is(err, os.ErrNotExist) {
-				continue // compacted away since badger listed it
-			} else if err != nil {
-				return nil, err
-			}
-			ts.open[info.ID] = t
-		}
-		out = append(out, t)
-	}
 	for id, t := range ts.open {
-		if !live[id] {
+		if !pinned[id] {
 			t.Close(-1) // Close, not DecrRef: the last reference's DecrRef deletes the file
 			delete(ts.open, id)
 		}
+	}
+	out := make([]*table.Table, 0, len(pinned))
+	for id := range pinned {
+		t, ok := ts.open[id]
+		if !ok {
+			var err error
+			if t, err = openServedTable(table.NewFilename(id, ts.dir)); err != nil {
+				return nil, err
+			}
+			ts.open[id] = t
+		}
+		out = append(out, t)
 	}
 	return out, nil
 }
@@ -96,6 +132,9 @@ func (ts *tables) closeAll() {
 	}
 }
 
+// testHookChecking, when set, runs in each check between pinning the tables and reading them.
+var testHookChecking func()
+
 // checkMissing reads key again from every table that may hold it, after badger found none.
 func (db *DB) checkMissing(key []byte) error {
 	hash := y.Hash(key)
@@ -117,27 +156,31 @@ func (db *DB) checkTables(start []byte, want func(*table.Table) bool, prefix boo
 	var damaged string
 	defer func() {
 		if p := recover(); p != nil {
-			damaged, err = damaged+": "+oneLine(p), nil
-		}
-		if damaged != "" {
+			err = db.failClosed(fmt.Errorf("kv: %s is damaged (a read of %q failed: %s)", damaged, start, oneLine(p)))
+		} else if damaged != "" {
 			err = db.failClosed(fmt.Errorf("kv: %s is damaged (a read of %q met a block that fails its checksum)", damaged, start))
 		}
 	}()
-	open, err := ts.current(db.bdb)
+	pinned, release := pin(db.bdb)
+	defer release()
+	open, err := ts.current(pinned)
 	if err != nil {
 		damaged = err.Error()
 		return nil
 	}
+	if testHookChecking != nil {
+		testHookChecking()
+	}
 	for _, t := range open {
+		damaged = t.Filename()
 		if bytes.Compare(y.ParseKey(t.Biggest()), start) < 0 || !reaches(t, start, prefix) || !want(t) {
 			continue
 		}
-		damaged = t.Filename()
 		if !readsThrough(t, start, prefix) {
 			return nil
 		}
-		damaged = ""
 	}
+	damaged = ""
 	return nil
 }
 

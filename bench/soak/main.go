@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -22,8 +23,9 @@ func main() {
 	bin := flag.String("bin", "", "the cockpitfs binary")
 	ops := flag.Int("ops", 100000, "how many operations")
 	samples := flag.Int("samples", 10, "figures printed along the way, evenly spaced")
+	churn := flag.Int("churn", 3000, "cockpits with 60 KB configs made and removed first, beside 200 leased stacks")
 	flag.Parse()
-	if err := soak(*bin, *ops, max(1, *samples)); err != nil {
+	if err := soak(*bin, *ops, *churn, max(1, *samples)); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
 	}
@@ -48,7 +50,7 @@ func (f figures) row(name string) string {
 
 const header = "        ops      RSS     anon     file heap-live   next-gc   fds goroutines     disk (KiB)"
 
-func soak(bin string, ops, samples int) error {
+func soak(bin string, ops, churn, samples int) error {
 	base, err := os.MkdirTemp("", "cockpitfs-soak-")
 	if err != nil {
 		return err
@@ -66,8 +68,10 @@ func soak(bin string, ops, samples int) error {
 		return err
 	}
 	defer func() {
-		daemon.Process.Signal(syscall.SIGTERM)
-		daemon.Wait()
+		if daemon.ProcessState == nil {
+			daemon.Process.Signal(syscall.SIGTERM)
+			daemon.Wait()
+		}
 	}()
 	for !serving(mnt) {
 		if daemon.ProcessState != nil {
@@ -76,6 +80,9 @@ func soak(bin string, ops, samples int) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	w := &worker{mnt: mnt}
+	if err := churnCockpits(w, daemon.Process.Pid, data, logPath, churn); err != nil {
+		return err
+	}
 	w.mkdir("app")
 	w.write("app/config", "[ports]\nstep = 10\ncount = 50\n[ports.bases]\nHTTP = 26000\n")
 	const stacks = 8
@@ -143,6 +150,88 @@ func soak(bin string, ops, samples int) error {
 	end.ops = w.ops - startOps
 	fmt.Println(end.row("end"))
 	fmt.Printf("%d operations in %s\n", w.ops-startOps, time.Since(began).Round(time.Second))
+	daemon.Process.Signal(syscall.SIGTERM)
+	if err := daemon.Wait(); err != nil {
+		return fmt.Errorf("the daemon's exit: %w (its log: %s)", err, logPath)
+	}
+	out, err := exec.Command(bin, "verify", "--data", data).CombinedOutput()
+	fmt.Print(string(out))
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	return nil
+}
+
+// churnCockpits makes and removes n cockpits with 60 KB configs beside 200 stacks leased in one
+// cockpit, each preceded by the negative lookup of its name, while a second worker lists the
+// root and reads status: the churn that drives badger's compactions hardest, and the reads that
+// re-read its tables (kv/served.go). Before those reads pinned the tables, this killed the daemon
+// with SIGBUS within a few hundred cockpits. Every lease must read as it did before.
+func churnCockpits(w *worker, pid int, data, logPath string, n int) error {
+	if n == 0 {
+		return nil
+	}
+	w.mkdir("busy")
+	w.write("busy/config", "[ports]\nstep = 1\ncount = 210\n[ports.bases]\nHTTP = 41000\n")
+	leases := map[string]string{}
+	for i := range 200 {
+		s := fmt.Sprintf("busy/stacks/s%03d", i)
+		w.mkdir(s)
+		w.create(s + "/holders/h")
+		if got, err := os.ReadFile(filepath.Join(w.mnt, s, "ports/HTTP")); err == nil {
+			leases[s] = string(got)
+		}
+	}
+	if w.err != nil {
+		return w.err
+	}
+	before, err := measure(pid, data, logPath)
+	if err != nil {
+		return err
+	}
+	fmt.Println("churn: " + strconv.Itoa(n) + " cockpits of 60 KB configs beside 200 leased stacks")
+	fmt.Println(header)
+	fmt.Println(before.row("start"))
+	reader := &worker{mnt: w.mnt}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			reader.list(".")
+			reader.read("status")
+		}
+	}()
+	doc := "[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 40500\n#" + strings.Repeat("x", 60000) + "\n"
+	began := time.Now()
+	for i := 0; i < n && w.err == nil && reader.err == nil; i++ {
+		c := fmt.Sprintf("churn%d", i)
+		w.absent(c)
+		w.mkdir(c)
+		w.write(c+"/config", doc)
+		w.rmdir(c)
+	}
+	close(stop)
+	<-done
+	if err := errors.Join(w.err, reader.err); err != nil {
+		return fmt.Errorf("churn: %w", err)
+	}
+	for s, want := range leases {
+		if got, err := os.ReadFile(filepath.Join(w.mnt, s, "ports/HTTP")); err != nil || string(got) != want {
+			return fmt.Errorf("churn: %s's lease reads %q, %v after the churn; it was %q", s, got, err, want)
+		}
+	}
+	after, err := measure(pid, data, logPath)
+	if err != nil {
+		return err
+	}
+	fmt.Println(after.row("end"))
+	fmt.Printf("churn: %d cockpits in %s, every lease as it was\n\n", n, time.Since(began).Round(time.Second))
 	return nil
 }
 
@@ -245,6 +334,16 @@ func (w *worker) mkdir(rel string) {
 	w.do("mkdir", func(p string) error { return os.Mkdir(p, 0o755) }, rel)
 }
 func (w *worker) rmdir(rel string) { w.do("rmdir", os.Remove, rel) }
+
+// absent wants rel not to exist: a negative lookup.
+func (w *worker) absent(rel string) {
+	w.do("stat", func(p string) error {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("want ENOENT, got %v", err)
+		}
+		return nil
+	}, rel)
+}
 func (w *worker) remove(rel string) {
 	w.do("rm", os.Remove, rel)
 }
