@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // Help for the program and each command: exit 0, the usage on stdout, nothing on stderr, and no
@@ -70,9 +72,7 @@ func TestCLIUsageErrors(t *testing.T) {
 // commit.
 func TestCLIVersion(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed")
-	}
+	testtool.Need(t, "git")
 	// This working tree, committed in a repository of its own: what is tested is what is here.
 	repo := t.TempDir()
 	files, err := exec.Command("git", "-C", "..", "ls-files", "-co", "--exclude-standard").Output()
@@ -314,13 +314,8 @@ func TestMountDaemonFailureSaysWhy(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("runs as root to become uid 65534")
 	}
-	fusermount, err := exec.LookPath("fusermount3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("fusermount3 is missing (.ci/run installs fuse3)")
-		}
-		t.Skip("SKIPPING: fusermount3 is missing (apt-get install fuse3)")
-	}
+	testtool.Need(t, "fusermount3")
+	fusermount, _ := exec.LookPath("fusermount3")
 	conf, _ := os.ReadFile("/etc/fuse.conf")
 	allowOtherAllowed := strings.Contains("\n"+string(conf), "\nuser_allow_other")
 	for _, c := range []struct {

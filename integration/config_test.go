@@ -3,13 +3,14 @@ package integration
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // The port declaration (SPEC §3) written the ways people and tools write files. Port bases here
@@ -128,9 +129,7 @@ func TestConfigWriters(t *testing.T) {
 		accepted(t, doc(3))
 	})
 	t.Run("python fsync", func(t *testing.T) {
-		if _, err := exec.LookPath("python3"); err != nil {
-			t.Skip("python3 is missing")
-		}
+		testtool.Need(t, "python3")
 		py := "import os, sys\nwith open(sys.argv[1], 'w') as f:\n    f.write(sys.argv[2]); f.flush(); os.fsync(f.fileno())\n"
 		m.ok("python3 -c \"" + py + "\" $M/app/config '" + doc(4) + "'")
 		accepted(t, doc(4))

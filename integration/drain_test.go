@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // drainDir is a stack's directory as scripts name it.
@@ -733,9 +735,7 @@ func TestDrainReserveRefusals(t *testing.T) {
 // cockpitfs cannot resolve. It skips when unshare cannot make the namespace here.
 func drainServeInPidNamespace(t *testing.T, m *mount) {
 	t.Helper()
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("unshare is not installed")
-	}
+	testtool.Need(t, "unshare")
 	m.Stop()
 	var log strings.Builder
 	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child=SIGTERM", binary, "mount", "--data", m.Data, m.Dir)

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/cockpitfs/cockpitfs/internal/netns"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // One machine, several daemons (issue 11): every daemon holds the ports of its active leases
@@ -311,9 +313,7 @@ time.sleep(600)`, strconv.Itoa(port))
 // candidate the claim is refused (EADDRINUSE) and nothing changes.
 func TestMachineSquatterIsSkipped(t *testing.T) {
 	t.Parallel() // its daemons are in a network namespace of the test's own
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("SKIPPING: python3 is missing")
-	}
+	testtool.Need(t, "python3")
 	m := newMount(t)
 	const base = 47000
 	machineApp(m, 2, base, "s", "t")

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // nonrootDir makes a directory uid 65534 owns, below a world-traversable temp dir.
@@ -35,13 +37,8 @@ func nonrootDir(t *testing.T) string {
 // CI and skips elsewhere.
 func nonrootPath(t *testing.T) string {
 	t.Helper()
-	fusermount, err := exec.LookPath("fusermount3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("fusermount3 is missing (.ci/run installs fuse3)")
-		}
-		t.Skip("SKIPPING: fusermount3 is missing (apt-get install fuse3)")
-	}
+	testtool.Need(t, "fusermount3")
+	fusermount, _ := exec.LookPath("fusermount3")
 	return filepath.Dir(fusermount) + ":/usr/bin:/bin"
 }
 

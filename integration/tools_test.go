@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // Everyday tools on the tree, each the real binary, each judged by what its user sees.
@@ -35,31 +37,11 @@ func toolsHelper(t *testing.T, name string) string {
 	return path
 }
 
-// needTool skips a test whose program is not installed (.ci/run installs them all).
-func needTool(t *testing.T, names ...string) {
-	t.Helper()
-	for _, name := range names {
-		if _, err := exec.LookPath(name); err != nil {
-			missingTool(t, name)
-		}
-	}
-}
-
-// missingTool skips the test for a package that is not installed, or fails it in CI, which
-// installs them all: a test skipped there would prove nothing.
-func missingTool(t *testing.T, name string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is not installed and CI=true (.ci/run installs it)", name)
-	}
-	t.Skipf("%s is not installed (apt-get install it; .ci/run does)", name)
-}
-
 // Tree walkers read everything they list: none blocks, and `wait` still blocks when asked for by
 // name, for a stack and for a cockpit.
 func TestToolsTreeWalkersDoNotBlock(t *testing.T) {
 	t.Parallel()
-	needTool(t, "rg", "rsync", "tar")
+	testtool.Need(t, "rg", "rsync", "tar")
 	m := toolsSetup(t, 26600)
 	dest := t.TempDir()
 	for _, script := range []string{
@@ -235,7 +217,7 @@ func TestToolsRefusedAttributeChanges(t *testing.T) {
 // applied and logged once.
 func TestToolsEditorScratchNotLogged(t *testing.T) {
 	t.Parallel()
-	needTool(t, "vim")
+	testtool.Need(t, "vim")
 	m := toolsSetup(t, 26630)
 	n := claimsEventCount(m, "app/events")
 	// -i NONE: parallel tests running vim would otherwise race on ~/.viminfo, and vim -es exits 1 when it cannot write it.
@@ -300,7 +282,7 @@ func TestToolsHealthSaysPassOrFail(t *testing.T) {
 // a cockpit's.
 func TestToolsFollowEvents(t *testing.T) {
 	t.Parallel()
-	needTool(t, "less", "python3")
+	testtool.Need(t, "less", "python3")
 	m := toolsSetup(t, 26660)
 	for _, tc := range []struct{ events, refused string }{
 		{"app/stacks/s/events", "$M/app/stacks/s/"},
@@ -435,7 +417,7 @@ func toolsConfig(port int) string {
 // is done, and exit 0; nothing is left beside config.
 func TestToolsConfigEdits(t *testing.T) {
 	t.Parallel()
-	needTool(t, "vim", "nano", "perl", "python3")
+	testtool.Need(t, "vim", "nano", "perl", "python3")
 	m := newMount(t)
 	m.ok("mkdir $M/app")
 	claimsConfig(m, "app", toolsConfig(26700))
@@ -489,7 +471,7 @@ with open(sys.argv[1], "w", buffering=1) as f:
 // config as it was; scratch files are their writer's, bounded, and gone with the daemon.
 func TestToolsConfigEditRefusals(t *testing.T) {
 	t.Parallel()
-	needTool(t, "perl", "python3")
+	testtool.Need(t, "perl", "python3")
 	m := ownershipMount(t, "--allow-other")
 	m.ok("mkdir $M/app")
 	good := toolsConfig(26720)
@@ -675,9 +657,9 @@ mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
 	env := m.Path("app/stacks/s/env")
 	t.Run("python-dotenv", func(t *testing.T) {
 		// Debian's python3-dotenv is for Debian's python3, whatever python3 comes first on PATH.
-		needTool(t, "/usr/bin/python3")
+		testtool.Need(t, "/usr/bin/python3")
 		if r := m.sh("/usr/bin/python3 -c 'import dotenv'"); r.Code != 0 {
-			missingTool(t, "python3-dotenv")
+			testtool.Missing(t, "python3-dotenv")
 		}
 		got := m.ok(`/usr/bin/python3 -c 'import dotenv, sys; print(sorted(dotenv.dotenv_values(sys.argv[1]).items()))' ` + env)
 		if got != "[('CACHE_URL', 'redis://127.0.0.1:26751/0'), ('DATABASE', '26750'), ('DB_URL', 'postgres://127.0.0.1:26750/app'), ('REDIS', '26751')]\n" {
@@ -685,7 +667,7 @@ mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
 		}
 	})
 	t.Run("direnv", func(t *testing.T) {
-		needTool(t, "direnv")
+		testtool.Need(t, "direnv")
 		dir := t.TempDir()
 		// Its allow list in a HOME of its own: the test's, not the user's.
 		home := "HOME=" + dir + " XDG_DATA_HOME=" + dir + "/data XDG_CONFIG_HOME=" + dir + "/config "
@@ -696,7 +678,7 @@ mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
 		}
 	})
 	t.Run("docker-compose", func(t *testing.T) {
-		needTool(t, "docker-compose")
+		testtool.Need(t, "docker-compose")
 		dir := t.TempDir()
 		compose := "version: \"3.8\"\nservices:\n  db:\n    image: postgres\n    ports: [\"${DATABASE}:5432\"]\n" +
 			"  app:\n    image: app\n    environment:\n      DATABASE_URL: ${DB_URL}\n      CACHE: ${CACHE_URL:-none}\n"

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // commitsEnv names the directory TestHelperCommits writes to when the test binary runs as a
@@ -41,13 +43,8 @@ func TestHelperCommits(t *testing.T) {
 // the commit's record is, and after it an fdatasync (of the segment, or of the file a round
 // flushes the device with: flush.go).
 func TestAcknowledgedCommitIsSynced(t *testing.T) {
-	strace, err := exec.LookPath("strace")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("strace is missing (apt-get install strace)")
-		}
-		t.Skip("SKIPPED LOUDLY: strace is missing, so the syncs cannot be watched (apt-get install strace)")
-	}
+	testtool.Need(t, "strace")
+	strace, _ := exec.LookPath("strace")
 	trace := filepath.Join(t.TempDir(), "trace")
 	cmd := exec.Command(strace, "-f", "-y", "-qq", "-e", "trace=fdatasync,fsync,msync,write,pwrite64", "-o", trace,
 		os.Args[0], "-test.run=^TestHelperCommits$")

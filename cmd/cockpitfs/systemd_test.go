@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // The service definitions shipped in examples/systemd pass `systemd-analyze verify` (the user unit
@@ -13,13 +15,8 @@ import (
 // systemd-analyze checks that ExecStart's program exists, so the copy verified names this test's
 // executable where the unit names the installed cockpitfs.
 func TestSystemdUnitsVerify(t *testing.T) {
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("systemd-analyze is missing (.ci/run installs systemd)")
-		}
-		t.Skip("SKIPPING: systemd-analyze is missing (Debian: apt-get install systemd)")
-	}
+	testtool.Need(t, "systemd-analyze")
+	analyze, _ := exec.LookPath("systemd-analyze")
 	for _, tc := range []struct{ unit, program, want string }{
 		{"user", "%h/.local/bin/cockpitfs", "mount %h/cockpit"},
 		{"system", "/usr/local/bin/cockpitfs", "mount --allow-other --data /var/lib/cockpitfs /cockpit"},

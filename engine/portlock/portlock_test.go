@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // testSpace is this test process's own: other runs on the machine hold other names.
@@ -21,9 +23,7 @@ func testSpace(t *testing.T) Space {
 // listening (but never answering) or only bound. It returns the process once the name is bound.
 func squatter(t *testing.T, space Space, port int, listen bool) *exec.Cmd {
 	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("SKIPPING: python3 is missing")
-	}
+	testtool.Need(t, "python3")
 	script := `import socket, sys, time
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.bind(b"\0" + sys.argv[1].encode())
