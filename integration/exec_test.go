@@ -55,6 +55,34 @@ func TestExecRefusedClaim(t *testing.T) {
 	}
 }
 
+// A command exec cannot start (not on the PATH, not executable) exits 127 as a shell's would,
+// and leaves nothing behind: no holder, no lease, no events line of a claim.
+func TestExecCommandThatCannotStart(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 37680}, "s")
+	before := m.read("app/stacks/s/events")
+	notExecutable := t.TempDir() + "/script"
+	if err := os.WriteFile(notExecutable, []byte("echo ran\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, command := range []string{"nosuchcmd", notExecutable} {
+		r := shIn(t, t.TempDir(), `"$B" exec "$M/app/stacks/s" -- "$C"`, "M="+m.Dir, "B="+binary, "C="+command)
+		if r.Code != 127 || !strings.Contains(r.Stderr, command) || !strings.Contains(r.Stderr, "nothing was claimed") {
+			t.Errorf("exec -- %s: exit %d, want 127 naming it\nstderr: %s", command, r.Code, r.Stderr)
+		}
+	}
+	if got := m.ok("ls -A $M/app/stacks/s/holders"); got != "" {
+		t.Errorf("holders after exec of commands that cannot start: %q", got)
+	}
+	if got := m.read("app/stacks/s/lease"); strings.Contains(got, "37680") {
+		t.Errorf("a lease after exec of commands that cannot start:\n%s", got)
+	}
+	if got := m.read("app/stacks/s/events"); got != before {
+		t.Errorf("events changed by exec of commands that cannot start:\n%s", strings.TrimPrefix(got, before))
+	}
+}
+
 // exec of a directory that is no stack's (a typo, the cockpit's, a checkout's): exit 1 naming
 // what to give; nothing runs and nothing is created.
 func TestExecNotAStackDirectory(t *testing.T) {

@@ -45,6 +45,12 @@ func execCommand(args []string) error {
 	if st, err := os.Stat(filepath.Join(stack, "holders")); err != nil || !st.IsDir() {
 		return fmt.Errorf("%s is not a stack's directory (it has no holders/): give one like MOUNTPOINT/COCKPIT/stacks/STACK", stack)
 	}
+	// A command that cannot start is refused before anything is claimed: no holder, no lease.
+	path, err := exec.LookPath(args[sep+1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cockpitfs: exec:", err, "(nothing was claimed)")
+		return &exitError{code: 127}
+	}
 	holderPath := filepath.Join(stack, "holders", *holder)
 	if err := claimForExec(stack, holderPath); err != nil {
 		return err
@@ -61,7 +67,7 @@ func execCommand(args []string) error {
 	forward := make(chan os.Signal, 4)
 	signal.Notify(forward, syscall.SIGTERM, syscall.SIGHUP)
 
-	cmd, gate, err := startGated(args[sep+1:], append(os.Environ(), env...))
+	cmd, gate, err := startGated(path, args[sep+1:], append(os.Environ(), env...))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cockpitfs: exec:", err)
 		releaseAfterExec(holderPath)
@@ -95,13 +101,9 @@ func execCommand(args []string) error {
 // has written its pid to the holder and then becomes the command (execve keeps the pid).
 const gateCommand = "__exec-gate"
 
-// startGated starts argv with env as a process that runs argv only once gate is closed, so the
-// command never runs, nor reads its holder, before the holder names its pid.
-func startGated(argv, env []string) (cmd *exec.Cmd, gate *os.File, err error) {
-	path, err := exec.LookPath(argv[0])
-	if err != nil {
-		return nil, nil, err
-	}
+// startGated starts argv (its program at path) with env as a process that runs it only once gate
+// is closed, so the command never runs, nor reads its holder, before the holder names its pid.
+func startGated(path string, argv, env []string) (cmd *exec.Cmd, gate *os.File, err error) {
 	wait, gate, err := os.Pipe()
 	if err != nil {
 		return nil, nil, err
