@@ -3,7 +3,9 @@ package engine
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"path/filepath"
 	"sync"
+	"unicode/utf8"
 )
 
 func digest(s string) string {
@@ -77,6 +79,40 @@ func ValidName(s string) bool {
 		}
 	}
 	return true
+}
+
+// NameFor maps any text — a checkout folder's name, a user's name — to a valid name, the one
+// mapping exec, the README's Makefile (through `cockpitfs name`) and every other door share:
+// each character outside [A-Za-z0-9._-] becomes '_', a leading '.' or '-' becomes '_', empty
+// text is "_", and the result is cut to 128 bytes. A valid name maps to itself.
+func NameFor(s string) string {
+	b := make([]byte, 0, len(s))
+	for _, r := range s {
+		if r < utf8.RuneSelf && ValidName("a"+string(r)) {
+			b = append(b, byte(r))
+		} else {
+			b = append(b, '_')
+		}
+		if len(b) == maxNameBytes {
+			break
+		}
+	}
+	if len(b) == 0 {
+		return "_"
+	}
+	if b[0] == '.' || b[0] == '-' {
+		b[0] = '_'
+	}
+	return string(b)
+}
+
+// StackNameFor is the stack of the checkout at dir (an absolute path): NameFor its folder's
+// name, cut to leave room, then '-' and the first 8 hex digits of the SHA-256 of dir, so that
+// two checkouts whose folders share a name never share a stack.
+func StackNameFor(dir string) string {
+	folder := NameFor(filepath.Base(dir))
+	suffix := "-" + digest(dir)[:8]
+	return folder[:min(len(folder), maxNameBytes-len(suffix))] + suffix
 }
 
 // validCockpitName adds the names the root directory already uses.

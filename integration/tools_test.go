@@ -590,7 +590,7 @@ func TestToolsMakefileHoldsTheStack(t *testing.T) {
 	a, b := checkout("a"), checkout("b")
 	// make's session ends with this setsid: its holder is then dead.
 	run := func(dir, script string) string {
-		return m.ok("cd " + dir + " && setsid bash -c '" + script + "'")
+		return m.ok("export PATH=" + filepath.Dir(binary) + ":$PATH && cd " + dir + " && setsid bash -c '" + script + "'")
 	}
 	run(a, "make -s claim M=$M")
 	stacks := strings.Fields(m.ok("ls $M/app/stacks"))
@@ -621,6 +621,54 @@ func TestToolsMakefileHoldsTheStack(t *testing.T) {
 	ev := claimsRefusalEvent(t, m, "app/stacks/"+stacks[0]+"/events", "STATE_RECORD_MALFORMED", "EINVAL")
 	if !strings.Contains(ev["message"].(string), a) || claimsEventCount(m, "app/stacks/"+stacks[0]+"/events") != n+1 {
 		t.Fatalf("refusal %v (stderr %q)", ev, r.Stderr)
+	}
+}
+
+// The README's Makefile, exactly as shown, claims from a checkout folder of any name a filesystem
+// allows, for a user of any name: `cockpitfs name` maps both to valid names (engine.NameFor).
+func TestToolsMakefileAnyName(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(8, map[string]int{"HTTP": 26840})
+	makefile := toolsReadmeMakefile(t)
+	for folder, stack := range map[string]string{
+		"app@v2": "app_v2-", "app+fix": "app_fix-", "café": "caf_-", ".app": "_app-", "my app": "my_app-",
+	} {
+		dir := filepath.Join(t.TempDir(), folder)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "Makefile"), []byte(makefile), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := shIn(t, dir, `PATH="$BIN:$PATH" USER=jane@corp.example make -s claim M="$M" && ls "$M/app/stacks"`,
+			"M="+m.Dir, "BIN="+filepath.Dir(binary))
+		if r.Code != 0 {
+			t.Errorf("make claim in %q: exit %d\n%s%s", folder, r.Code, r.Stdout, r.Stderr)
+			continue
+		}
+		var got string
+		for _, s := range strings.Fields(r.Stdout) {
+			if strings.HasPrefix(s, stack) {
+				got = s
+			}
+		}
+		if got == "" {
+			t.Errorf("no stack %s… after make claim in %q: %s", stack, folder, r.Stdout)
+			continue
+		}
+		if holders := m.ok("ls $M/app/stacks/" + got + "/holders"); holders != "jane_corp.example\n" {
+			t.Errorf("holders of %s: %q", got, holders)
+		}
+	}
+	// Without cockpitfs on the PATH, make stops, saying so, and claims nothing.
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "Makefile"), []byte(makefile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := shIn(t, dir, `PATH=/usr/bin:/bin make -s claim M="$M"`, "M="+m.Dir)
+	if r.Code == 0 || !strings.Contains(r.Stderr, "cockpitfs is not on the PATH") {
+		t.Errorf("make without cockpitfs on the PATH: exit %d\n%s", r.Code, r.Stderr)
 	}
 }
 

@@ -8,12 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/cockpitfs/cockpitfs/engine"
 )
 
 // execCommand holds a stack for a command's lifetime (docs/spec.md §4, "Holding a stack for a
@@ -135,13 +136,9 @@ func execGate(args []string) error {
 	return &exitError{code: 126}
 }
 
-// defaultHolderName is exec-<user>, with what a holder name may not hold replaced.
+// defaultHolderName is exec-<user>, as engine.NameFor maps it.
 func defaultHolderName() string {
-	name := strconv.Itoa(os.Getuid())
-	if u, err := user.Current(); err == nil {
-		name = u.Username
-	}
-	return "exec-" + regexp.MustCompile(`[^A-Za-z0-9._-]`).ReplaceAllString(name, "_")
+	return engine.NameFor("exec-" + currentUserName())
 }
 
 // claimForExec creates the holder bound to this process (the command's pid follows once it

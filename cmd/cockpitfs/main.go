@@ -1,5 +1,5 @@
 // Command cockpitfs mounts the cockpitfs tree (docs/spec.md §1): mount, unmount, verify, backup,
-// restore, exec, completion, version, help.
+// restore, exec, name, completion, version, help.
 package main
 
 import (
@@ -87,6 +87,14 @@ the stack's last one (a running stack is stopped by a drain): then it stays, rea
 flags:
   --holder NAME   the holder's name (default exec-$USER)
 `, execCommand},
+		"name": {`usage: cockpitfs name stack [DIR] | holder [USER]
+
+Print the stack name of the checkout at DIR (default: the working directory), or the holder name
+of USER (default: this process's user), as exec and the README's Makefile choose them: any
+character outside [A-Za-z0-9._-] (and a leading '.' or '-') becomes '_'; a stack's name ends in
+'-' and 8 hex digits of its path's SHA-256, so checkouts whose folders share a name never share
+a stack. (docs/tools.md, "Names from folders and users")
+`, nameCommand},
 		"backup": {`usage: cockpitfs backup [--data DIR] FILE
 
 Write a backup of a stopped daemon's store to FILE. (A serving daemon keeps rolling backups of
@@ -132,6 +140,7 @@ commands:
   backup [--data DIR] FILE   back a stopped daemon's store up
   restore [--data DIR] [FILE]  restore a stopped daemon's store
   exec STACK_DIR -- CMD...   hold a stack for CMD's lifetime, with its env
+  name stack|holder          the stack name of a checkout, the holder name of a user
   completion bash            print bash completion
   version                    print the build's version
   help [COMMAND]             print a command's usage (also: COMMAND --help)
