@@ -226,6 +226,7 @@ func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno)
 
 func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer d.fsys.guard("getattr", d.path, "", &errno)
+	out.Gid = d.fsys.gid
 	out.Mode = syscall.S_IFDIR | 0o755
 	out.Nlink = 2
 	out.Uid = d.fsys.uid

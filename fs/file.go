@@ -436,6 +436,7 @@ func (f *file) ownOpen(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
 
 func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("getattr", f.path, "", &errno)
+	out.Gid = f.fsys.gid
 	var v view
 	origin := int64(-1) // where the size is counted from: the view's start unless an open says
 	if f.fixed != nil {

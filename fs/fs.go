@@ -30,6 +30,7 @@ type FS struct {
 	eng     *engine.Engine
 	started time.Time
 	uid     uint32 // the daemon's uid: owner of what no one else owns
+	gid     uint32 // the daemon's gid: every file's group (a user's own daemon shows theirs)
 	log     *log.Logger
 	byPath  sync.Map // cancel channels of the GETATTRs in flight that carry no file handle
 	// followers are the opens of events files (see file.follows).
@@ -66,7 +67,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	if logger == nil {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
-	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger}
+	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), log: logger}
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
 	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the
 	// exception: their nodes never change, and their names are looked up at every open (see

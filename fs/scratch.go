@@ -166,6 +166,7 @@ func (n *scratchFile) Write(ctx context.Context, _ fs.FileHandle, data []byte, o
 
 func (n *scratchFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer n.fsys.guard("getattr", n.path, "", &errno)
+	out.Gid = n.fsys.gid
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
 	out.Mode = syscall.S_IFREG | n.s.mode

@@ -96,6 +96,7 @@ func (w *waitFile) next(ctx context.Context, h *waitHandle) (string, error) {
 // Getattr reports size 0: what a read returns is not known until something changes.
 func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer w.fsys.guard("getattr", w.path, "", &errno)
+	out.Gid = w.fsys.gid
 	out.Mode = syscall.S_IFREG | 0o444
 	out.Nlink = 1
 	if w.stack == "" {

@@ -103,8 +103,9 @@ func TestNonRootMountServes(t *testing.T) {
 		return shIn(t, "/", `exec setpriv --reuid=65534 --regid=65534 --clear-groups bash -c "$S"`, "M="+mnt, "S="+script)
 	}
 	r := asUser(`mkdir $M/app && printf '[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 38880\n' | cat > $M/app/config &&
-mkdir $M/app/stacks/s && cd /tmp && touch $M/app/stacks/s/holders/me && cat $M/app/stacks/s/ports/HTTP && stat -c %u $M/app/stacks/s/holders/me`)
-	if r.Code != 0 || r.Stdout != "38880\n65534\n" {
+mkdir $M/app/stacks/s && cd /tmp && touch $M/app/stacks/s/holders/me && cat $M/app/stacks/s/ports/HTTP && stat -c %u:%g $M/app/stacks/s/holders/me $M/app/config $M/app $M/README`)
+	// Every file carries the user's group, not root's.
+	if r.Code != 0 || r.Stdout != "38880\n65534:65534\n65534:65534\n65534:65534\n65534:65534\n" {
 		t.Fatalf("as the mounting user: exit %d\n%s%s\n%s", r.Code, r.Stdout, r.Stderr, log)
 	}
 	// Not even root sees into another user's mount without allow_other.
