@@ -218,9 +218,26 @@ COMP_WORDS=(%s); COMP_CWORD=%d; _cockpitfs; echo "${COMPREPLY[*]}"`, binary, quo
 		"cockpitfs exec --h":              "--help --holder",
 		"cockpitfs exec /s -- basenam":    "basename",
 		"cockpitfs unmount --nonexistent": "",
+		"cockpitfs name h":                "holder",
 	} {
 		if got := complete(strings.Split(words, " ")...); got != want {
 			t.Errorf("%q completes to %q, want %q", words, got, want)
+		}
+	}
+}
+
+// A directory whose name holds a space completes as one word, wherever a path is completed.
+func TestCLICompletionSpaces(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "my cockpit"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, words := range [][]string{{"cockpitfs", "mount", "my"}, {"cockpitfs", "mount", "--data", "my"}, {"cockpitfs", "name", "stack", "my"}} {
+		script := fmt.Sprintf(`source <(%q completion bash) || exit 1
+COMP_WORDS=(%s); COMP_CWORD=%d; _cockpitfs; printf '%%s|' "${COMPREPLY[@]}"`, binary, quoteWords(words), len(words)-1)
+		if r := shIn(t, dir, script); r.Code != 0 || r.Stdout != "my cockpit|" {
+			t.Errorf("completion of %v: exit %d, %q (want one word, \"my cockpit\")\n%s", words, r.Code, r.Stdout, r.Stderr)
 		}
 	}
 }

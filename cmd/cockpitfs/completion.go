@@ -15,7 +15,8 @@ func completionCommand(args []string) error {
 }
 
 // bashCompletion completes commands, each command's flags, --log-level's values, directories
-// for paths, and after `exec STACK_DIR --` the command being run.
+// for paths, and after `exec STACK_DIR --` the command being run. Each reply is one line of
+// compgen's (mapfile), so a directory with a space is one word.
 func bashCompletion() string {
 	var names []string
 	for name := range commands {
@@ -30,34 +31,35 @@ func bashCompletion() string {
 _cockpitfs() {
 	local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} cmd=${COMP_WORDS[1]} flags i
 	if [ "$COMP_CWORD" -eq 1 ]; then
-		COMPREPLY=($(compgen -W "` + strings.Join(names, " ") + ` --help --version" -- "$cur"))
+		mapfile -t COMPREPLY < <(compgen -W "` + strings.Join(names, " ") + ` --help --version" -- "$cur")
 		return
 	fi
 	if [ "$cmd" = exec ]; then
 		for ((i = 2; i < COMP_CWORD; i++)); do
 			if [ "${COMP_WORDS[i]}" = -- ]; then
-				COMPREPLY=($(compgen -c -- "$cur" | sort -u))
-				[ $((i + 1)) -lt "$COMP_CWORD" ] && COMPREPLY=($(compgen -f -- "$cur"))
+				mapfile -t COMPREPLY < <(compgen -c -- "$cur" | sort -u)
+				[ $((i + 1)) -lt "$COMP_CWORD" ] && mapfile -t COMPREPLY < <(compgen -f -- "$cur")
 				return
 			fi
 		done
 	fi
 	case $prev in
-	--log-level) COMPREPLY=($(compgen -W "error info debug" -- "$cur")); return ;;
-	--data) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+	--log-level) mapfile -t COMPREPLY < <(compgen -W "error info debug" -- "$cur"); return ;;
+	--data) mapfile -t COMPREPLY < <(compgen -d -- "$cur"); return ;;
 	--holder) return ;;
 	esac
 	case $cmd in
 ` + cases.String() + `	*) return ;;
 	esac
 	case $cmd in
-	completion) COMPREPLY=($(compgen -W "bash" -- "$cur")); return ;;
-	help) COMPREPLY=($(compgen -W "` + strings.Join(names, " ") + `" -- "$cur")); return ;;
+	completion) mapfile -t COMPREPLY < <(compgen -W "bash" -- "$cur"); return ;;
+	name) [ "$COMP_CWORD" -eq 2 ] && mapfile -t COMPREPLY < <(compgen -W "stack holder" -- "$cur"); [ "$prev" = stack ] && mapfile -t COMPREPLY < <(compgen -d -- "$cur"); return ;;
+	help) mapfile -t COMPREPLY < <(compgen -W "` + strings.Join(names, " ") + `" -- "$cur"); return ;;
 	esac
 	if [[ $cur == -* ]]; then
-		COMPREPLY=($(compgen -W "$flags" -- "$cur"))
+		mapfile -t COMPREPLY < <(compgen -W "$flags" -- "$cur")
 	else
-		COMPREPLY=($(compgen -d -- "$cur"))
+		mapfile -t COMPREPLY < <(compgen -d -- "$cur")
 	fi
 }
 complete -o filenames -F _cockpitfs cockpitfs
