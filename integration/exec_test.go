@@ -2,8 +2,12 @@ package integration
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // `cockpitfs exec` claims the stack with the command's own process as the holder's pid, runs it
@@ -122,5 +126,41 @@ cat out`
 	r := shIn(t, t.TempDir(), run, "M="+m.Dir, "B="+binary)
 	if !strings.Contains(r.Stdout, "exit=130\n") || !strings.Contains(r.Stdout, "SigIgn:\t0000000000000000\n") {
 		t.Fatalf("exec under Ctrl-C:\nstdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	}
+}
+
+// The mount goes away under a running exec (unmounted, its daemon stopped): when the command
+// ends, exec says that is why nothing was released, not "no such file or directory".
+func TestExecMountWentAway(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 37690}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	done := filepath.Join(t.TempDir(), "done")
+	cmd := exec.Command(binary, "exec", "--holder", "job", m.Path("app/stacks/s"), "--",
+		"bash", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done`, "-", done)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if data, err := os.ReadFile(m.Path("app/stacks/s/holders/job")); err == nil && strings.Contains(string(data), "pid="+strconv.Itoa(cmd.Process.Pid)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("exec's holder never named its command\n%s", stderr.String())
+		}
+	}
+	m.Stop()
+	if err := os.WriteFile(done, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exec: %v\n%s", err, stderr.String())
+	}
+	if got := stderr.String(); !strings.Contains(got, "the mount it was on went away") || strings.Contains(got, "no such file or directory") {
+		t.Fatalf("exec's words when the mount went away: %q", got)
 	}
 }

@@ -77,7 +77,7 @@ func execCommand(args []string) error {
 	// The holder lives as long as the command itself from now on, and says so before the
 	// command runs.
 	if err := os.WriteFile(holderPath, []byte("pid="+strconv.Itoa(cmd.Process.Pid)+"\n"), 0); err != nil {
-		fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s keeps this process's pid: %v\n", holderPath, err)
+		fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s keeps this process's pid: %v\n", holderPath, mountGone(holderPath, err))
 	}
 	gate.Close()
 	go func() {
@@ -220,8 +220,22 @@ func releaseAfterExec(holderPath string) {
 		return
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "cockpitfs: exec: release:", err)
+		fmt.Fprintln(os.Stderr, "cockpitfs: exec: release:", mountGone(holderPath, err))
 	}
+}
+
+// mountGone says so when err came of the mount having gone away under path (unmounted: the
+// name is missing from the bare mountpoint; its daemon killed: ENOTCONN), instead of the bare
+// "no such file or directory".
+func mountGone(path string, err error) error {
+	if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTCONN) {
+		return err
+	}
+	stack := filepath.Dir(filepath.Dir(path))
+	if _, serr := os.Stat(filepath.Join(stack, "holders")); serr == nil {
+		return err
+	}
+	return fmt.Errorf("%s: the mount it was on went away (unmounted, or its daemon stopped): nothing was released; the holder reads dead once a daemon serves the store again", path)
 }
 
 // readEnv reads a stack's env file: KEY=value lines.
