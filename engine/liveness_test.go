@@ -162,6 +162,9 @@ func TestClaimDefaultsToCallerSession(t *testing.T) {
 	newCockpit(t, e, "app", exampleConfig, "main")
 	shell := sessionSleeper(t)
 	// The caller is the session leader itself here: a process that started its own session.
+	if err := e.ChmodStack(context.Background(), me("chmod", "app/stacks/main"), "app", "main", 0o777); err != nil {
+		t.Fatal(err)
+	}
 	c := Caller{PID: shell.Process.Pid, UID: 1000, Op: "create", Path: "h"}
 	if err := e.Claim(context.Background(), c, "app", "main", "term", nil); err != nil {
 		t.Fatal(err)

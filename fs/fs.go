@@ -153,7 +153,7 @@ func (f *FS) openedHandle(ctx context.Context, fh fs.FileHandle) (*handle, bool)
 func caller(ctx context.Context, op, path string) engine.Caller {
 	c := engine.Caller{Op: op, Path: path}
 	if fc, ok := fuse.FromContext(ctx); ok {
-		c.UID = fc.Uid
+		c.UID, c.GID = fc.Uid, fc.Gid
 		if pid, err := liveness.ProcessOf(int(fc.Pid)); err == nil {
 			c.PID = pid
 		}
