@@ -152,6 +152,7 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, stopSignals...)
 	signal.Ignore(syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGPIPE)
+	syscall.Umask(daemonUmask)
 	if os.Geteuid() != 0 {
 		if _, lerr := exec.LookPath("fusermount3"); lerr != nil {
 			if _, lerr := exec.LookPath("fusermount"); lerr != nil {
@@ -171,6 +172,9 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	}
 	discardStore := func() {}
 	if st.etcd == nil {
+		if err := checkDataDir(st.data); err != nil {
+			return err
+		}
 		discardStore = discardFresh(st.data)
 	}
 	eng, from, closeStore, err := openServed(mnt, st)
@@ -343,13 +347,17 @@ func readyPipe() *os.File {
 // DATA/cockpitfs.log, and returns once it reports it is serving (or why it is not). The child
 // keeps none of our standard streams, so a caller capturing them is not held open.
 func daemonize(args []string, data string) error {
+	if err := checkDataDir(data); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
 	}
 	logPath := filepath.Join(data, daemonLogName)
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// Never through a link, whatever was put there since the check.
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return err
+		return fmt.Errorf("the daemon's log: %w", err)
 	}
 	defer logFile.Close()
 	// Where this start's lines begin, to show them if it fails.
