@@ -135,6 +135,8 @@ type handle struct {
 	// read is how far this open has read, in the same terms as base (see follow).
 	read int64
 	tid  uint32 // the thread that opened it (see threadOpens)
+	// pin is this open's hold on the shared snapshot it took (nil: none; see snapshots).
+	pin *pin
 	// base is where this open's offset 0 lies in the file's history: the start of the window it
 	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
 	// read each new line once; a fresh open (`cat`) starts at the window it sees.
@@ -204,9 +206,11 @@ var (
 	_ = (fs.NodeFlusher)((*file)(nil))
 )
 
-// Release forgets a followed open, and the open its thread's stats and SETATTRs went through.
+// Release forgets a followed open, and the open its thread's stats and SETATTRs went through,
+// and lets go of its snapshot.
 func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {
 	if h, ok := fh.(*handle); ok {
+		f.fsys.snapshots.release(h.pin)
 		if f.follows {
 			f.fsys.followers.remove(f.path, h)
 		}
@@ -354,7 +358,16 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		}
 		openedFlags = fuse.FOPEN_DIRECT_IO // the close applies the document: FLUSH must come
 	}
-	h := &handle{view: v, base: v.start}
+	var uid uint32
+	if fc, ok := fuse.FromContext(ctx); ok {
+		uid = fc.Uid
+	}
+	data, p, err := f.fsys.snapshots.acquire(uid, f.path, v.data)
+	if err != nil {
+		return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
+	}
+	v.data = data
+	h := &handle{view: v, base: v.start, pin: p}
 	f.opened(ctx, h)
 	if f.follows {
 		f.fsys.followers.add(f.path, h)

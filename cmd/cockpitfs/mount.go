@@ -55,6 +55,7 @@ func mountCommand(args []string) error {
 	allowOther := fset.Bool("allow-other", false, "")
 	nonempty := fset.Bool("nonempty", false, "")
 	leasesPerUID := fset.Int("max-leases-per-uid", defaultLeasesPerUID, "")
+	openBytesPerUID := fset.Int64("max-open-bytes-per-uid", cfs.DefaultMaxOpenBytesPerUID, "")
 	level := fset.String("log-level", "info", "")
 	debug := fset.Bool("debug", false, "") // kept for scripts of earlier releases: --log-level debug
 	positional, err := parseInterspersed(fset, args)
@@ -80,6 +81,9 @@ func mountCommand(args []string) error {
 	if *leasesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-leases-per-uid %d is negative (0: no bound)", *leasesPerUID)}
 	}
+	if *openBytesPerUID < 0 {
+		return &usageError{command: "mount", msg: fmt.Sprintf("--max-open-bytes-per-uid %d is negative (0: no bound)", *openBytesPerUID)}
+	}
 	mnt, err := resolveMountpoint(positional[0])
 	if err != nil {
 		return err
@@ -104,7 +108,7 @@ func mountCommand(args []string) error {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
 	restart := restartCommand(mnt, st, sf, *allowOther)
-	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
+	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug, MaxOpenBytesPerUID: *openBytesPerUID})
 }
 
 // storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names; and
