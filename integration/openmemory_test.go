@@ -1,10 +1,10 @@
 package integration
 
 import (
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
-	"os"
 	"strings"
 	"testing"
 )

@@ -171,11 +171,12 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 	had, readErr := os.ReadFile(note)
 	if readErr != nil || string(had) != text {
 		os.Remove(note)
-		if err := os.WriteFile(note, []byte(text), 0o444); err == nil {
-			err = os.Chmod(note, 0o444) // whatever the umask: everyone reads it
+		werr := os.WriteFile(note, []byte(text), 0o444)
+		if werr == nil {
+			werr = os.Chmod(note, 0o444) // whatever the umask: everyone reads it
 		}
-		if err != nil {
-			log.Printf("leaving %s: %v", note, err)
+		if werr != nil {
+			log.Printf("leaving %s: %v", note, werr)
 		}
 		noteMade = os.IsNotExist(readErr)
 	}
