@@ -272,3 +272,33 @@ func TestDeadHoldersTrustWhatTheOperationObserved(t *testing.T) {
 		t.Fatalf("dead holders %+v, want both: another start is another process", dead)
 	}
 }
+
+// A drain request naming a new holder takes over a stack whose holders are dead only where its
+// uid may join: refused (PERMISSION_DENIED) and unchanged on a closed stack of another uid's, a
+// reservation for it once the stack is open.
+func TestTakeoverByDrainRequestFollowsTheStackMode(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	worker := sessionSleeper(t)
+	claimWithPID(t, e, "app", "main", "worker", worker.Process.Pid)
+	kill(t, worker)
+	q, err := ParseDrainRequest("sleep holder=alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const stranger = 1000
+	request := func() error {
+		return e.ReserveDrain(ctx, callerAs(stranger, "write", "app/stacks/main/drain/request"), "app", "main", q, stackRecord(t, e, "app", "main").Revision)
+	}
+	refusedUnchanged(t, e, "app", "main", PermissionDenied, request)
+	if err := e.ChmodStack(ctx, me("chmod", "app/stacks/main"), "app", "main", 0o757); err != nil {
+		t.Fatal(err)
+	}
+	if err := request(); err != nil {
+		t.Fatal(err)
+	}
+	if d := stackRecord(t, e, "app", "main").Value.Drain; d == nil || d.HolderName != "alice" || d.UID != stranger {
+		t.Fatalf("drain %+v, want alice's of uid %d", d, stranger)
+	}
+}
