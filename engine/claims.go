@@ -33,9 +33,9 @@ func (b leaseBound) of(uid uint32) int {
 	return b.perUID
 }
 
-// BoundLeases lets the claims of each uid but root and those listed hold at most perUID active
-// leases (0: no bound). A lease counts against the uid whose claim took it until it is released.
-// Call it before the engine serves.
+// BoundLeases lets each uid but root and those listed hold at most perUID active leases (0: no
+// bound). A lease counts against the uid that holds it now (see chargeLease) until it is
+// released. Call it before the engine serves.
 func (e *Engine) BoundLeases(perUID int, unbounded ...uint32) {
 	e.leaseBound = leaseBound{perUID: perUID, unbounded: map[uint32]bool{}}
 	for _, uid := range unbounded {
@@ -49,20 +49,29 @@ type claimInput struct {
 	holder    Holder // as proposed (see Holder.claimed)
 	dead      []Holder
 	listening func(ports []int) ([]int, error) // host TCP listeners among ports
-	// uidLeaseLimit bounds the active leases the claimant's uid may have taken (0: no bound).
+	// uidLeaseLimit bounds the active leases the claimant's uid may hold (0: no bound).
 	uidLeaseLimit int
+	// groups are the claimant's groups, read from its process when a stack open to its group
+	// asks (mayJoin).
+	groups func() []uint32
 }
 
 // claimHolder adds in.holder to the stack and leases the stack a port family if it has none (§4).
 // Holders observed dead are released first; when none would remain, the claimant takes the stack
 // over. A lease its holders kept is not probed for listeners: they are the stack's own.
 func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value, error) {
-	if r.Value.Drain != nil {
-		return r.Value, refuse(ClaimCoTenant, r.SubjectID, drainReservedFix, "claims are refused while a drain is reserved on the stack")
-	}
 	m, err := reads.cockpit()
 	if err != nil {
 		return r.Value, err
+	}
+	if _, held := r.Value.Holder(in.holder.Name); !held {
+		// Who may join comes before anything else of the claim (§6).
+		if err := mayJoin(r, m, in.holder.UID, in.groups); err != nil {
+			return r.Value, err
+		}
+	}
+	if r.Value.Drain != nil {
+		return r.Value, refuse(ClaimCoTenant, r.SubjectID, drainReservedFix, "claims are refused while a drain is reserved on the stack")
 	}
 	cfg, ok := m.config()
 	if !ok {
@@ -86,22 +95,20 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 		if !held && !v.Lease.Declaration.Equal(cfg.Declaration) {
 			return r.Value, declarationChanged(r.SubjectID)
 		}
+		if was, is := leaseUID(r.Value.Lease), leaseUID(chargeLease(v).Lease); is != nil && *is == in.holder.UID && (was == nil || *was != *is) {
+			// A takeover of dead holders' stack: its lease would count against the claimant now.
+			if err := withinLeaseBound(r, in, reads); err != nil {
+				return r.Value, err
+			}
+		}
 		return v, nil
 	}
 	var active int
 	if !v.Lease.Active() {
-		if in.uidLeaseLimit > 0 {
-			// Before anything else is read: past the bound, no family of any cockpit is the
-			// claimant's to take.
-			held, err := reads.leasesOf(in.holder.UID)
-			if err != nil {
-				return r.Value, err
-			}
-			if held >= in.uidLeaseLimit {
-				return r.Value, refuse(PortLeaseUIDLimit, r.SubjectID,
-					"drain a stack of yours you no longer need (echo down > drain/request), or ask the daemon's administrator to raise --max-leases-per-uid",
-					"uid %d already holds %d active leases, the most one user may hold on this daemon, so that other users find port families free", in.holder.UID, held)
-			}
+		// Before anything else is read: past the bound, no family of any cockpit is the
+		// claimant's to take.
+		if err := withinLeaseBound(r, in, reads); err != nil {
+			return r.Value, err
 		}
 		if active, err = reads.activeLeases(); err != nil {
 			return r.Value, err
@@ -130,6 +137,51 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 		v.Lease = lease
 	}
 	return v, nil
+}
+
+// withinLeaseBound refuses a claim that would make one more active lease count against a
+// claimant already holding as many as its uid may (in.uidLeaseLimit; 0: no bound).
+func withinLeaseBound(r Record, in claimInput, reads stepReads) error {
+	if in.uidLeaseLimit == 0 {
+		return nil
+	}
+	held, err := reads.leasesOf(in.holder.UID)
+	if err != nil {
+		return err
+	}
+	if held >= in.uidLeaseLimit {
+		return refuse(PortLeaseUIDLimit, r.SubjectID,
+			"drain a stack of yours you no longer need (echo down > drain/request), or ask the daemon's administrator to raise --max-leases-per-uid",
+			"uid %d already holds %d active leases, the most one user may hold on this daemon, so that other users find port families free", in.holder.UID, held)
+	}
+	return nil
+}
+
+// leaseUID is the uid an active lease counts against; nil for none (no active lease, or one
+// taken before leases were counted).
+func leaseUID(l *Lease) *uint32 {
+	if !l.Active() {
+		return nil
+	}
+	return l.UID
+}
+
+// chargeLease is v with its active lease counting against a uid that holds the stack now: the
+// uid it counts against while that uid still holds the stack, else its first holder's (in holder
+// order). So a takeover of a dead holder's stack counts against the taker, never against the
+// uid that first took it. Every commit passes through it (commit.go). A lease with no holders
+// (its drain's end releases both) or counted against no one is left as it is.
+func chargeLease(v Value) Value {
+	l := v.Lease
+	if !l.Active() || l.UID == nil || len(v.Holders) == 0 ||
+		slices.ContainsFunc(v.Holders, func(h Holder) bool { return h.UID == *l.UID }) {
+		return v
+	}
+	moved := *l
+	uid := v.Holders[0].UID
+	moved.UID = &uid
+	v.Lease = &moved
+	return v
 }
 
 // declarationChanged refuses a claim on a lease taken under another declaration than the
@@ -213,10 +265,13 @@ func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
 	return v, nil
 }
 
-// releaseOwn is an unlink of a holder file: only its owner may (§4, §6).
-func releaseOwn(r Record, c Caller, name string) (Value, error) {
-	if h, ok := r.Value.Holder(name); ok && !c.may(h.UID) {
-		return r.Value, c.denied("holder "+name, h.UID)
+// releaseOwn is an unlink of a holder file: its owner may, and so may the stack's creator and its
+// cockpit's owner (§4, §6), so that a holder another user added never locks them out.
+func releaseOwn(r Record, c Caller, name string, reads stepReads) (Value, error) {
+	if h, ok := r.Value.Holder(name); ok {
+		if err := c.mayActOn(r, reads, "holder "+name, h.UID); err != nil {
+			return r.Value, err
+		}
 	}
 	return releaseHolder(r.Value, name)
 }

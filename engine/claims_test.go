@@ -752,3 +752,52 @@ func TestTouchCommitsOnlyWhatItChanges(t *testing.T) {
 
 	refusedUnchanged(t, e, "app", "main", NotFound, func() error { return touch("nobody") })
 }
+
+// A lease counts against a uid that holds its stack now: when the uid that took it releases its
+// last holder while another uid's stays, the lease passes to that uid, which is then at its
+// bound, and the taker leases again; the counts agree with the records (Verify).
+func TestLeaseCountsAgainstItsHolderNow(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	e.BoundLeases(1)
+	const taker, joiner = 1000, 1001
+	newCockpit(t, e, "app", exampleConfig, "main", "other", "third")
+	if err := e.ChmodStack(ctx, me("chmod", "app/stacks/main"), "app", "main", 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []struct {
+		name string
+		uid  uint32
+	}{{"a", taker}, {"b", joiner}} {
+		if err := e.Claim(ctx, callerAs(h.uid, "create", "h"), "app", "main", h.name, untracked(h.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if uid := stackRecord(t, e, "app", "main").Value.Lease.UID; uid == nil || *uid != taker {
+		t.Fatalf("the lease counts against %v, want the taker %d", uid, taker)
+	}
+	if err := e.ChmodStack(ctx, me("chmod", "app/stacks/other"), "app", "other", 0o777); err != nil {
+		t.Fatal(err)
+	}
+	refusedUnchanged(t, e, "app", "other", PortLeaseUIDLimit, func() error {
+		return e.Claim(ctx, callerAs(taker, "create", "h"), "app", "other", "a", untracked("a"))
+	})
+	if err := e.Release(ctx, callerAs(taker, "unlink", "h"), "app", "main", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if uid := stackRecord(t, e, "app", "main").Value.Lease.UID; uid == nil || *uid != joiner {
+		t.Fatalf("after the taker's release the lease counts against %v, want %d", uid, joiner)
+	}
+	if err := e.Claim(ctx, callerAs(taker, "create", "h"), "app", "other", "a", untracked("a")); err != nil {
+		t.Fatalf("the taker, holding no lease now: %v", err)
+	}
+	if err := e.ChmodStack(ctx, me("chmod", "app/stacks/third"), "app", "third", 0o777); err != nil {
+		t.Fatal(err)
+	}
+	refusedUnchanged(t, e, "app", "third", PortLeaseUIDLimit, func() error {
+		return e.Claim(ctx, callerAs(joiner, "create", "h"), "app", "third", "b", untracked("b"))
+	})
+	if problems, _, err := Verify(e.db); err != nil || len(problems) > 0 {
+		t.Fatalf("verify: %v %v", problems, err)
+	}
+}

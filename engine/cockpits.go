@@ -144,7 +144,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 			return refuse(StateInventoryLimit, StackID(cockpit, stack), "remove a stack this cockpit no longer needs",
 				"cockpit %s already has %d stacks", cockpit, MaxStacks)
 		}
-		if _, err := saveRecord(tx, cachedRecord{}, newRecord(cockpit, stack, c.UID, now)); err != nil {
+		if _, err := saveRecord(tx, cachedRecord{}, newRecord(cockpit, stack, c.UID, c.GID, now)); err != nil {
 			return err
 		}
 		m.Stacks++
@@ -152,6 +152,34 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 			return err
 		}
 		return appendEvent(tx, cockpit, cockpitLevel, okEvent(c, now, 0))
+	})
+}
+
+// ChmodStack sets the permission bits of a stack's directory (chmod): only its group and other
+// write bits change, which say who else may join the stack (mayJoin); only its creator, its
+// cockpit's owner or root may change them.
+func (e *Engine) ChmodStack(ctx context.Context, c Caller, cockpit, stack string, mode uint32) error {
+	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+		m, err := e.loadCockpit(tx, cockpit)
+		if err != nil {
+			return err
+		}
+		r, err := e.readRecord(tx, cockpit, stack)
+		if err != nil {
+			return err
+		}
+		if creator := r.creator(m); !c.may(creator) && c.UID != m.UID {
+			return c.denied("stack "+cockpit+"/"+stack, creator)
+		}
+		if mode&^stackModeJoin != StackModeClosed {
+			return refuse(Unsupported, r.SubjectID, "chmod g+w or o+w to let others join the stack, g-w or o-w to close it again",
+				"a stack's mode is %04o with its group and other write bits as its creator chooses; %04o changes more", StackModeClosed, mode)
+		}
+		if mode == r.StackMode() {
+			return errUnchanged
+		}
+		r.Mode = &mode
+		return e.commit(tx, c, r, r.Value, now, "")
 	})
 }
 

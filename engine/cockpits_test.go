@@ -130,7 +130,14 @@ func TestOwnershipOfCockpitsAndHolders(t *testing.T) {
 	if err := e.SetConfig(ctx, callerAs(owner, "write", "app/config"), "app", []byte(exampleConfig+"\n")); err != nil {
 		t.Fatalf("the owner writes its config: %v", err)
 	}
-	if err := e.CreateStack(ctx, callerAs(stranger, "mkdir", "app/stacks/main"), "app", "main"); err != nil {
+	if err := e.CreateStack(ctx, callerAs(owner, "mkdir", "app/stacks/main"), "app", "main"); err != nil {
+		t.Fatal(err)
+	}
+	// Closed until its creator opens it.
+	refusedUnchanged(t, e, "app", "main", PermissionDenied, func() error {
+		return e.Claim(ctx, callerAs(stranger, "create", "h"), "app", "main", "eve", untracked("eve"))
+	})
+	if err := e.ChmodStack(ctx, callerAs(owner, "chmod", "app/stacks/main"), "app", "main", 0o757); err != nil {
 		t.Fatal(err)
 	}
 	for _, h := range []struct {

@@ -179,6 +179,7 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 // commit writes the next revision of r with value v, its port index and its events line, with
 // warning in the line ("" for none).
 func (e *Engine) commit(tx storage.Txn, c Caller, r cachedRecord, v Value, now time.Time, warning string) error {
+	v = chargeLease(v)
 	saved, err := saveRecord(tx, r, r.next(v, now))
 	if err != nil {
 		return err

@@ -33,8 +33,9 @@ type reserveInput struct {
 	caller        Caller
 	expected      int64
 	dead          []Holder
-	mine          map[int]bool // the caller's own processes: its own and its session's
-	successor     *Holder      // the holder a request names when it is not one yet, as the caller would claim it
+	mine          map[int]bool    // the caller's own processes: its own and its session's
+	successor     *Holder         // the holder a request names when it is not one yet, as the caller would claim it
+	groups        func() []uint32 // the caller's groups, for a successor joining (mayJoin)
 	generation    string
 	reservationID string
 }
@@ -49,7 +50,7 @@ func reserveDrain(r Record, in reserveInput, reads stepReads, now time.Time) (Va
 		return r.Value, malformedRequest("stackId %s is not this stack's %s", q.given.StackID, r.SubjectID)
 	}
 	if d := r.Value.Drain; d != nil {
-		return r.Value, resumeDrain(r, d, in)
+		return r.Value, resumeDrain(r, d, in, reads)
 	}
 	if in.expected != r.Revision {
 		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "re-open drain/request and write again",
@@ -57,11 +58,21 @@ func reserveDrain(r Record, in reserveInput, reads stepReads, now time.Time) (Va
 	}
 	// A request naming a new holder takes the stack over when every holder is dead, as a claim
 	// would: the drain is how a stack whose lease no claim may join is stopped.
+	if in.successor != nil {
+		// Taking the stack over from its dead holders is joining it.
+		m, err := reads.cockpit()
+		if err != nil {
+			return r.Value, err
+		}
+		if err := mayJoin(r, m, in.successor.UID, in.groups); err != nil {
+			return r.Value, err
+		}
+	}
 	v, released := releaseDead(r.Value, in.dead, in.successor, now)
 	if !v.Lease.Active() {
 		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "claim the stack first (touch holders/<name>)", "the stack has no active lease")
 	}
-	holder, err := drainRequester(v, q, in.caller, in.mine)
+	holder, err := drainRequester(r, v, q, in.caller, in.mine, reads)
 	if err != nil {
 		return r.Value, err
 	}
@@ -79,10 +90,10 @@ func reserveDrain(r Record, in reserveInput, reads stepReads, now time.Time) (Va
 // needs its outcome or a repair), planned at the current revision or the one the reservation
 // was planned at, and the same work — resuming a drain that reclaims other targets would claim
 // work not done.
-func resumeDrain(r Record, d *Drain, in reserveInput) error {
+func resumeDrain(r Record, d *Drain, in reserveInput, reads stepReads) error {
 	q, c := in.request, in.caller
-	if !c.may(d.UID) {
-		return c.denied("the drain of holder "+d.HolderName, d.UID)
+	if err := c.mayActOn(r, reads, "the drain of holder "+d.HolderName, d.UID); err != nil {
+		return err
 	}
 	if id := q.requesterID(); id != "" && id != d.HolderID {
 		return refuse(ClaimCoTenant, d.StackID, finishDrainFix,
@@ -109,15 +120,16 @@ func resumeDrain(r Record, d *Drain, in reserveInput) error {
 }
 
 // drainRequester is the holder a request names, or the stack's only holder, which must be the
-// only holder left after dead-holder release.
-func drainRequester(v Value, q DrainRequest, c Caller, mine map[int]bool) (Holder, error) {
+// only holder left after dead-holder release; c must be its owner or a steward of r's stack
+// (Caller.mayActOn).
+func drainRequester(r Record, v Value, q DrainRequest, c Caller, mine map[int]bool, reads stepReads) (Holder, error) {
 	const fix = "let the other holders release their claims (or stop them), then write the request again"
 	id := q.requesterID()
 	if id == "" {
 		switch len(v.Holders) {
 		case 1:
-			if !c.may(v.Holders[0].UID) {
-				return Holder{}, c.denied("holder "+v.Holders[0].Name, v.Holders[0].UID)
+			if err := c.mayActOn(r, reads, "holder "+v.Holders[0].Name, v.Holders[0].UID); err != nil {
+				return Holder{}, err
 			}
 			return v.Holders[0], nil
 		case 0:
@@ -155,8 +167,8 @@ func drainRequester(v Value, q DrainRequest, c Caller, mine map[int]bool) (Holde
 	}
 	// Whose the drain would be comes before who is in its way: the others' pids are not the
 	// caller's to end when the holder is not the caller's to drain for.
-	if !c.may(requester.UID) {
-		return Holder{}, c.denied("holder "+requester.Name, requester.UID)
+	if err := c.mayActOn(r, reads, "holder "+requester.Name, requester.UID); err != nil {
+		return Holder{}, err
 	}
 	if len(others) > 0 {
 		return Holder{}, refuse(ClaimCoTenant, id, fix, "%s", liveHolderMessage(others, mine))
@@ -278,14 +290,15 @@ func randomHex() string {
 	return hex.EncodeToString(b[:])
 }
 
-// ownDrain returns the stack's drain when c may act on it.
-func ownDrain(r Record, c Caller, missing error) (*Drain, error) {
+// ownDrain returns the stack's drain when c may act on it: its holder's uid, root, or a steward
+// of the stack (Caller.mayActOn).
+func ownDrain(r Record, c Caller, reads stepReads, missing error) (*Drain, error) {
 	d := r.Value.Drain
 	if d == nil {
 		return nil, missing
 	}
-	if !c.may(d.UID) {
-		return nil, c.denied("the drain of holder "+d.HolderName, d.UID)
+	if err := c.mayActOn(r, reads, "the drain of holder "+d.HolderName, d.UID); err != nil {
+		return nil, err
 	}
 	return d, nil
 }
@@ -299,8 +312,8 @@ func noActiveAttempt(r Record, what string) error {
 }
 
 // cancelDrain removes a reservation no attempt has started; a failed attempt counts as started.
-func cancelDrain(r Record, c Caller) (Value, error) {
-	d, err := ownDrain(r, c, noDrain(r))
+func cancelDrain(r Record, c Caller, reads stepReads) (Value, error) {
+	d, err := ownDrain(r, c, reads, noDrain(r))
 	if err != nil {
 		return r.Value, err
 	}
@@ -320,8 +333,8 @@ type executor struct {
 }
 
 // startAttempt commits an attempt of the next action: its first try, or a retry after a failure.
-func startAttempt(r Record, c Caller, ex executor, attemptID string, now time.Time) (Value, error) {
-	d, err := ownDrain(r, c, noDrain(r))
+func startAttempt(r Record, c Caller, reads stepReads, ex executor, attemptID string, now time.Time) (Value, error) {
+	d, err := ownDrain(r, c, reads, noDrain(r))
 	if err != nil {
 		return r.Value, err
 	}
@@ -380,8 +393,8 @@ func inOrder(r Record, now time.Time) error {
 }
 
 // activeAttempt returns the active attempt c may publish to; attemptID "" names whichever is active.
-func activeAttempt(r Record, c Caller, attemptID, what string) (*Drain, *Attempt, error) {
-	d, err := ownDrain(r, c, noActiveAttempt(r, what))
+func activeAttempt(r Record, c Caller, reads stepReads, attemptID, what string) (*Drain, *Attempt, error) {
+	d, err := ownDrain(r, c, reads, noActiveAttempt(r, what))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -397,11 +410,11 @@ func activeAttempt(r Record, c Caller, attemptID, what string) (*Drain, *Attempt
 }
 
 // publishOutcome is a drain/outcome write (the seeds' reduceDrainOutcome).
-func publishOutcome(r Record, c Caller, o Outcome, now time.Time) (Value, error) {
-	if o.Planned != nil && r.Value.Drain != nil && c.may(r.Value.Drain.UID) && continues(r, *o.Planned, o) {
+func publishOutcome(r Record, c Caller, reads stepReads, o Outcome, now time.Time) (Value, error) {
+	if o.Planned != nil && r.Value.Drain != nil && c.mayActOn(r, reads, "", r.Value.Drain.UID) == nil && continues(r, *o.Planned, o) {
 		return r.Value, errUnchanged // published already: a write repeated after a lost answer
 	}
-	d, a, err := activeAttempt(r, c, o.AttemptID, "publish an outcome for")
+	d, a, err := activeAttempt(r, c, reads, o.AttemptID, "publish an outcome for")
 	if err != nil {
 		return r.Value, err
 	}
@@ -542,8 +555,8 @@ type executorCheck struct {
 
 // repairAttempt records an interrupted attempt as failed once its executor is proven gone, or,
 // with no executor recorded, once the attempt's validity has passed.
-func repairAttempt(r Record, c Caller, seen executorCheck, now time.Time) (Value, error) {
-	d, a, err := activeAttempt(r, c, "", "repair")
+func repairAttempt(r Record, c Caller, reads stepReads, seen executorCheck, now time.Time) (Value, error) {
+	d, a, err := activeAttempt(r, c, reads, "", "repair")
 	if err != nil {
 		return r.Value, err
 	}

@@ -460,6 +460,9 @@ func TestDrainRefusals(t *testing.T) {
 		{"repair as stranger", active, func(t *testing.T, e *Engine) error { return e.Repair(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
 		{"cancel as stranger", reserved, func(t *testing.T, e *Engine) error { return e.CancelDrain(drainCtx, stranger, "app", "s") }, PermissionDenied, ""},
 		{"reserve for another uid's holder, one's own beside it", func(t *testing.T, e *Engine) {
+			if err := e.ChmodStack(drainCtx, drainCaller("chmod"), "app", "s", 0o757); err != nil {
+				t.Fatal(err)
+			}
 			if err := e.Claim(drainCtx, Caller{PID: os.Getpid(), UID: stranger.UID, Op: "create"}, "app", "s", "theirs", untracked("theirs")); err != nil {
 				t.Fatal(err)
 			}
@@ -536,10 +539,10 @@ func TestRepairOfReplacedAttempt(t *testing.T) {
 	r := mustStep(t, e, startExecutor(e, 0))
 	c := drainCaller("repair")
 	clock.advance(time.Hour)
-	if _, err := repairAttempt(r, c, executorCheck{attemptID: digest("earlier"), gone: true}, clock.now()); AsRefusal(err).Code != ExecutionPreconditionChanged {
+	if _, err := repairAttempt(r, c, &fakeReads{}, executorCheck{attemptID: digest("earlier"), gone: true}, clock.now()); AsRefusal(err).Code != ExecutionPreconditionChanged {
 		t.Fatalf("repair of a replaced attempt: %v", err)
 	}
-	v, err := repairAttempt(r, c, executorCheck{attemptID: r.Value.Drain.Attempt.AttemptID}, clock.now())
+	v, err := repairAttempt(r, c, &fakeReads{}, executorCheck{attemptID: r.Value.Drain.Attempt.AttemptID}, clock.now())
 	if err != nil || v.Drain.Attempt.Status != attemptFailed || checkRecord(r.next(v, clock.now())) != nil {
 		t.Fatalf("repair of the observed attempt: %+v %v", v.Drain, err)
 	}

@@ -138,7 +138,7 @@ func TestHolderJSONIsEncodingJSONs(t *testing.T) {
 func TestRecordJSONIsEncodingJSONs(t *testing.T) {
 	uid, creator, last := uint32(1000), uint32(0), holderID("gone")
 	now := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
-	fresh := newRecord("app", "s", 1000, now)
+	fresh := newRecord("app", "s", 1000, 1000, now)
 	lease := &Lease{Offset: 20, Ports: map[string]int{"HTTP": 20020, "DB": 20520, "a<b>&": 1, "é": 2}, Declaration: portdecl.Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 20000, "DB": 20500}}, UID: &uid}
 	held := fresh
 	held.Revision, held.Value = 7, Value{Lease: lease, LastReleasedHolder: &last}

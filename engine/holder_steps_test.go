@@ -64,10 +64,12 @@ func declared(d portdecl.Declaration) cockpitMeta {
 	return cockpitMeta{Name: "app", ID: cockpitID("app"), Declared: &portdecl.Config{Declaration: d}}
 }
 
-// stepRecord is stack app/s at revision 3 with value v.
+// stepRecord is root's stack app/s at revision 3 with value v, open to every uid (mode 0777): who
+// may join has tests of its own (TestJoinFollowsTheStackMode).
 func stepRecord(v Value) Record {
-	r := newRecord("app", "s", 0, claimNow)
-	r.Revision = 3
+	r := newRecord("app", "s", 0, 0, claimNow)
+	open := uint32(0o777)
+	r.Revision, r.Mode = 3, &open
 	if v.Holders == nil {
 		v.Holders = []Holder{}
 	}
@@ -131,7 +133,7 @@ func TestClaimHolderStep(t *testing.T) {
 		{name: "a dead co-holder is released beside the claim", claimant: "carol", v: Value{Holders: holders(alice, bob), Lease: lease0}, dead: []Holder{alice},
 			reads: fakeReads{meta: declared(pureDecl)}, wantHolders: []string{"bob", "carol"}, wantOffset: 0, wantReads: []string{"cockpit"}},
 		{name: "a drain is reserved", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0, Drain: &Drain{}},
-			reads: fakeReads{meta: declared(pureDecl)}, wantCode: ClaimCoTenant, wantReads: []string{}},
+			reads: fakeReads{meta: declared(pureDecl)}, wantCode: ClaimCoTenant, wantReads: []string{"cockpit"}},
 		{name: "the cockpit has no declaration", claimant: "alice", reads: fakeReads{meta: cockpitMeta{Name: "app"}}, wantCode: PortFamilyOutOfRange},
 		{name: "the cockpit is gone", claimant: "alice", reads: fakeReads{missing: true}, wantCode: NotFound},
 		{name: "a new holder on a lease of another declaration", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0},
@@ -284,7 +286,7 @@ func TestReleaseOwnStep(t *testing.T) {
 			}
 			r := stepRecord(v)
 			before := canonicalJSON(r)
-			got, err := releaseOwn(r, tc.c, tc.release)
+			got, err := releaseOwn(r, tc.c, tc.release, &fakeReads{})
 			if canonicalJSON(r) != before {
 				t.Fatalf("the step modified its input record")
 			}

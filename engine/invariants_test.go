@@ -41,7 +41,7 @@ func invariantHolder(name string, pid int) Holder {
 // validRecord is a record two holders share, one tracked and one not, with a declared
 // entrypoint and a previous holder released.
 func validRecord() Record {
-	r := newRecord("app", "main", 0, invariantsNow)
+	r := newRecord("app", "main", 0, 0, invariantsNow)
 	r.Revision = 5
 	holders := []Holder{invariantHolder("alice", 4242), invariantHolder("bob", 0)}
 	sortHolders(holders)
@@ -130,7 +130,7 @@ func TestCheckAcceptsValidRecords(t *testing.T) {
 	sleep.Value.Drain.Actions = sleep.Value.Drain.Actions[:1]
 	orphanLease := validRecord()
 	orphanLease.Value.Holders = []Holder{}
-	fresh := newRecord("app", "main", 0, invariantsNow)
+	fresh := newRecord("app", "main", 0, 0, invariantsNow)
 	for name, r := range map[string]Record{
 		"shared": validRecord(), "fresh": fresh, "active attempt": drainedRecord(), "failed attempt": failed,
 		"no attempt": noAttempt, "sleep": sleep, "lease kept after its holders died": orphanLease,

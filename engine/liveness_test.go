@@ -162,6 +162,9 @@ func TestClaimDefaultsToCallerSession(t *testing.T) {
 	newCockpit(t, e, "app", exampleConfig, "main")
 	shell := sessionSleeper(t)
 	// The caller is the session leader itself here: a process that started its own session.
+	if err := e.ChmodStack(context.Background(), me("chmod", "app/stacks/main"), "app", "main", 0o777); err != nil {
+		t.Fatal(err)
+	}
 	c := Caller{PID: shell.Process.Pid, UID: 1000, Op: "create", Path: "h"}
 	if err := e.Claim(context.Background(), c, "app", "main", "term", nil); err != nil {
 		t.Fatal(err)
@@ -267,5 +270,35 @@ func TestDeadHoldersTrustWhatTheOperationObserved(t *testing.T) {
 	other := Holder{PID: worker.Process.Pid, ProcessStart: start + "0"}
 	if dead := e.deadHolders(held, "", other); len(dead) != 2 {
 		t.Fatalf("dead holders %+v, want both: another start is another process", dead)
+	}
+}
+
+// A drain request naming a new holder takes over a stack whose holders are dead only where its
+// uid may join: refused (PERMISSION_DENIED) and unchanged on a closed stack of another uid's, a
+// reservation for it once the stack is open.
+func TestTakeoverByDrainRequestFollowsTheStackMode(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	worker := sessionSleeper(t)
+	claimWithPID(t, e, "app", "main", "worker", worker.Process.Pid)
+	kill(t, worker)
+	q, err := ParseDrainRequest("sleep holder=alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const stranger = 1000
+	request := func() error {
+		return e.ReserveDrain(ctx, callerAs(stranger, "write", "app/stacks/main/drain/request"), "app", "main", q, stackRecord(t, e, "app", "main").Revision)
+	}
+	refusedUnchanged(t, e, "app", "main", PermissionDenied, request)
+	if err := e.ChmodStack(ctx, me("chmod", "app/stacks/main"), "app", "main", 0o757); err != nil {
+		t.Fatal(err)
+	}
+	if err := request(); err != nil {
+		t.Fatal(err)
+	}
+	if d := stackRecord(t, e, "app", "main").Value.Drain; d == nil || d.HolderName != "alice" || d.UID != stranger {
+		t.Fatalf("drain %+v, want alice's of uid %d", d, stranger)
 	}
 }

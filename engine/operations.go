@@ -44,7 +44,7 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 	}
 	id := holderID(name)
 	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, id, nh), listening: listeners.Listening,
-		uidLeaseLimit: e.leaseBound.of(nh.UID)}
+		uidLeaseLimit: e.leaseBound.of(nh.UID), groups: func() []uint32 { return callerGroups(c) }}
 	var added *Claimed // of the step's last run, the one committed
 	err = e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
 		added = nil
@@ -117,11 +117,11 @@ func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name stri
 	})
 }
 
-// Release removes the caller's own holder (§4): only its owner may, never while a drain is
-// reserved, never the last one.
+// Release removes a holder (§4): its owner, the stack's creator or its cockpit's owner may,
+// never while a drain is reserved, never the last one.
 func (e *Engine) Release(ctx context.Context, c Caller, cockpit, stack, name string) error {
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
-		return releaseOwn(r, c, name)
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ time.Time) (Value, error) {
+		return releaseOwn(r, c, name, reads)
 	})
 }
 
@@ -146,7 +146,7 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 		dead = e.deadHolders(before.Value.Holders, except, Holder{})
 	}
 	in := reserveInput{request: req, caller: c, expected: expected, dead: dead, mine: callerProcesses(c),
-		generation: randomHex(), reservationID: randomHex()}
+		generation: randomHex(), reservationID: randomHex(), groups: func() []uint32 { return callerGroups(c) }}
 	if _, held := before.Value.Holder(req.Holder); req.Holder != "" && !held && len(dead) > 0 {
 		nh, err := observeClaimant(c, req.Holder, nil)
 		if err != nil {
@@ -161,8 +161,8 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 
 // CancelDrain applies an unlink of drain/request.
 func (e *Engine) CancelDrain(ctx context.Context, c Caller, cockpit, stack string) error {
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
-		return cancelDrain(r, c)
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ time.Time) (Value, error) {
+		return cancelDrain(r, c, reads)
 	})
 }
 
@@ -184,15 +184,15 @@ func (e *Engine) StartAttempt(ctx context.Context, c Caller, cockpit, stack stri
 		}
 	}
 	attemptID := randomHex()
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
-		return startAttempt(r, c, ex, attemptID, now)
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+		return startAttempt(r, c, reads, ex, attemptID, now)
 	})
 }
 
 // PublishOutcome applies an outcome write to drain/outcome.
 func (e *Engine) PublishOutcome(ctx context.Context, c Caller, cockpit, stack string, o Outcome) error {
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
-		return publishOutcome(r, c, o, now)
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+		return publishOutcome(r, c, reads, o, now)
 	})
 }
 
@@ -204,7 +204,7 @@ func (e *Engine) Repair(ctx context.Context, c Caller, cockpit, stack string) er
 		return err
 	}
 	seen := e.observeExecutor(before)
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, now time.Time) (Value, error) {
-		return repairAttempt(r, c, seen, now)
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+		return repairAttempt(r, c, reads, seen, now)
 	})
 }

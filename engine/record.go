@@ -27,6 +27,12 @@ type Record struct {
 	// Creator is the uid that made the stack, who (with root) may remove it; nil in a record
 	// written before creators were kept: such a stack is its cockpit's owner's (see creator).
 	Creator *uint32 `json:"creator,omitempty"`
+	// Mode is the stack directory's permission bits as its creator set them (chmod): who else
+	// may join it (see mayJoin); nil is StackModeClosed.
+	Mode *uint32 `json:"mode,omitempty"`
+	// GID is the stack's group, its creator's gid when it was made: with g+w its members may
+	// join it. nil in a record written before groups were kept: no group.
+	GID *uint32 `json:"gid,omitempty"`
 }
 
 // Value is what a transition changes.
@@ -158,9 +164,10 @@ func daysIn(month time.Month, year int) int {
 	return [...]int{31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31}[month-1]
 }
 
-func newRecord(cockpit, stack string, creator uint32, now time.Time) Record {
+func newRecord(cockpit, stack string, creator, gid uint32, now time.Time) Record {
 	return Record{
 		Creator:   &creator,
+		GID:       &gid,
 		Format:    recordFormat,
 		Kind:      recordKind,
 		CockpitID: cockpitID(cockpit),

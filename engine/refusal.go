@@ -44,6 +44,9 @@ const (
 	// LifecycleEvidenceInvalid: evidence a caller hands back (the planning record a reclaim's
 	// outcome names) is not what the engine issued for the step it applies to.
 	LifecycleEvidenceInvalid Code = "LIFECYCLE_EVIDENCE_INVALID"
+	// OpenSnapshotLimit: the opens of the caller's uid already hold as many snapshot bytes as one
+	// uid's may, so one user's open files cannot exhaust the daemon's memory.
+	OpenSnapshotLimit Code = "OPEN_SNAPSHOT_LIMIT"
 )
 
 // Refusal is why an operation changed nothing: a value the adapter maps to an errno and an events

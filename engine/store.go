@@ -545,6 +545,12 @@ func appendRecordJSON(b []byte, r Record) ([]byte, error) {
 	if r.Creator != nil {
 		b = strconv.AppendUint(appendJSONKey(b, ',', "creator"), uint64(*r.Creator), 10)
 	}
+	if r.Mode != nil {
+		b = strconv.AppendUint(appendJSONKey(b, ',', "mode"), uint64(*r.Mode), 10)
+	}
+	if r.GID != nil {
+		b = strconv.AppendUint(appendJSONKey(b, ',', "gid"), uint64(*r.GID), 10)
+	}
 	return append(b, '}'), nil
 }
 
@@ -669,10 +675,13 @@ func saveHolders(tx storage.Txn, prev cachedRecord, next Record) (storedHolders,
 	return stored, nil
 }
 
-// reindexLease moves the port index and the cockpit's active-lease count from before's lease to
-// after's. Every key is read with Get so a concurrent lease of the same port conflicts.
+// reindexLease moves the port index, the cockpit's active-lease count and the count of the uid
+// the lease counts against from before's lease to after's. Every key is read with Get so a concurrent lease of the same port conflicts.
 func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) error {
-	if before.Active() == after.Active() && (!before.Active() || before.Offset == after.Offset) {
+	if before.Active() && after.Active() && before.Offset == after.Offset {
+		return recharge(tx, leaseUID(before), leaseUID(after))
+	}
+	if before.Active() == after.Active() && !before.Active() {
 		return nil
 	}
 	if before.Active() {
@@ -712,7 +721,7 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 	if err := addCount(tx, leaseCountKey(cockpit), delta); err != nil {
 		return err
 	}
-	// The uid a lease counts against is the one it was taken by, also when it is released.
+	// A released lease leaves the count of the uid it counted against until then.
 	charged := after
 	if delta < 0 {
 		charged = before
@@ -721,6 +730,18 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 		return nil
 	}
 	return addCount(tx, uidLeasesKey(*charged.UID), delta)
+}
+
+// recharge moves an active lease's count from the uid it counted against to the one it counts
+// against now (chargeLease): a takeover's, or a release of the last holder of the first.
+func recharge(tx storage.Txn, was, is *uint32) error {
+	if was == nil || is == nil || *was == *is {
+		return nil
+	}
+	if err := addCount(tx, uidLeasesKey(*was), -1); err != nil {
+		return err
+	}
+	return addCount(tx, uidLeasesKey(*is), 1)
 }
 
 // leasedPorts is the set of ports the cockpit's active leases hold, as kept at its

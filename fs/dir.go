@@ -241,9 +241,14 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (
 		if r, err := d.fsys.eng.Stack(d.cockpit, d.stack); err == nil {
 			setTimes(&out.Attr, stamp(r.UpdatedAt))
 			if _, isStack := d.list.(stackListing); isStack {
-				// A stack's directory shows who may remove it.
+				// A stack's directory shows who may remove it, and by its mode and group who
+				// else may join it.
 				if uid, ok := d.fsys.eng.StackCreator(r); ok {
 					out.Uid = uid
+				}
+				out.Mode = syscall.S_IFDIR | r.StackMode()
+				if r.GID != nil {
+					out.Gid = *r.GID
 				}
 			}
 		}
@@ -253,6 +258,7 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (
 
 // Setattr refuses every change of a directory's attributes (EPERM, with an events line): its
 // mode, owner and times are derived from the record. `touch holders/` is a claim without a name.
+// A stack's directory takes a chmod of its group and other write bits: who else may join it.
 func (d *dir) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer d.fsys.guard("setattr", d.path, "", &errno)
 	ctx = uninterrupted(ctx)
@@ -261,6 +267,15 @@ func (d *dir) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, 
 	}
 	var current fuse.AttrOut
 	d.Getattr(ctx, nil, &current)
+	if mode, ok := in.GetMode(); ok && mode&0o7777 != current.Mode&0o7777 {
+		if _, isStack := d.list.(stackListing); isStack {
+			c := caller(ctx, "chmod", d.path)
+			if err := d.fsys.eng.ChmodStack(ctx, c, d.cockpit, d.stack, mode&0o7777); err != nil {
+				return d.fsys.fail(c, d.cockpit, d.stack, err)
+			}
+			d.Getattr(ctx, nil, &current) // the other attributes are checked against the new mode
+		}
+	}
 	op, refused := unsupportedAttrs(in, false, current.Attr)
 	if refused == nil && in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME) == 0 {
 		return d.Getattr(ctx, nil, out)

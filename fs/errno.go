@@ -42,6 +42,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.Exists:                       syscall.EEXIST,
 	engine.NotEmpty:                     syscall.ENOTEMPTY,
 	engine.Unsupported:                  syscall.EPERM,
+	engine.OpenSnapshotLimit:            syscall.ENOMEM,
 }
 
 // errGone: a name the kernel holds was gone when the operation reached it (a holder released
@@ -85,8 +86,9 @@ func errnoOf(err error) syscall.Errno {
 // of (cockpit, stack) — the nearest one; stack "" is the cockpit's, cockpit "" has none — and
 // anything else in the log, and in that events file under its code (STATE_ROOT_UNAVAILABLE, or
 // STATE_RECORD_MALFORMED for a stored value that does not decode). A refusal no events file
-// takes is logged: one the store could not serve (STATE_LOCKED: etcd without a quorum cannot
-// take the events line either) would otherwise leave no trace of its cause.
+// takes is logged when it would otherwise leave no trace of its cause: one the store could not
+// serve (STATE_LOCKED: etcd without a quorum cannot take the events line either), and an open
+// past its uid's snapshot bound (status.json has no events file).
 func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Errno {
 	errno := errnoOf(err)
 	if errors.Is(err, errGone) || errno == syscall.EINTR {
@@ -102,7 +104,7 @@ func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Err
 		if lerr := f.eng.LogRefusal(c, cockpit, stack, refusal, unix.ErrnoName(errno)); lerr != nil && !logged {
 			f.log.Printf("%s %s: %s %v (not in events: %v)", c.Op, c.Path, unix.ErrnoName(errno), refusal, lerr)
 		}
-	case refusal.Code == engine.StateLocked && !logged:
+	case (refusal.Code == engine.StateLocked || refusal.Code == engine.OpenSnapshotLimit) && !logged:
 		f.log.Printf("%s %s: %s %v", c.Op, c.Path, unix.ErrnoName(errno), refusal)
 	}
 	return errno

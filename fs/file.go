@@ -135,6 +135,8 @@ type handle struct {
 	// read is how far this open has read, in the same terms as base (see follow).
 	read int64
 	tid  uint32 // the thread that opened it (see threadOpens)
+	// pin is this open's hold on the shared snapshot it took (nil: none; see snapshots).
+	pin *pin
 	// base is where this open's offset 0 lies in the file's history: the start of the window it
 	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
 	// read each new line once; a fresh open (`cat`) starts at the window it sees.
@@ -204,9 +206,11 @@ var (
 	_ = (fs.NodeFlusher)((*file)(nil))
 )
 
-// Release forgets a followed open, and the open its thread's stats and SETATTRs went through.
+// Release forgets a followed open, and the open its thread's stats and SETATTRs went through,
+// and lets go of its snapshot.
 func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {
 	if h, ok := fh.(*handle); ok {
+		f.fsys.snapshots.release(h.pin)
 		if f.follows {
 			f.fsys.followers.remove(f.path, h)
 		}
@@ -340,7 +344,8 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		return nil, 0, syscall.EACCES
 	}
 	if f.fixed != nil {
-		return &handle{view: *f.fixed}, frozenOpenFlags, 0
+		h, errno := f.pinned(ctx, *f.fixed)
+		return h, frozenOpenFlags, errno
 	}
 	v, err := f.render()
 	if err != nil { // a holder released since the kernel looked it up, say: gone
@@ -354,7 +359,10 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		}
 		openedFlags = fuse.FOPEN_DIRECT_IO // the close applies the document: FLUSH must come
 	}
-	h := &handle{view: v, base: v.start}
+	h, errno := f.pinned(ctx, v)
+	if errno != 0 {
+		return nil, 0, errno
+	}
 	f.opened(ctx, h)
 	if f.follows {
 		f.fsys.followers.add(f.path, h)
@@ -366,6 +374,21 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		h.doc = append([]byte(nil), v.data...)
 	}
 	return h, openedFlags, 0
+}
+
+// pinned is a new open's handle on v, its content shared with every open of the same content and
+// held for the caller's uid (see snapshots), or the refusal past that uid's bound.
+func (f *file) pinned(ctx context.Context, v view) (*handle, syscall.Errno) {
+	var uid uint32
+	if fc, ok := fuse.FromContext(ctx); ok {
+		uid = fc.Uid
+	}
+	data, p, err := f.fsys.snapshots.acquire(uid, f.path, v.data)
+	if err != nil {
+		return nil, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
+	}
+	v.data = data
+	return &handle{view: v, base: v.start, pin: p}, 0
 }
 
 func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {

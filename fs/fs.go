@@ -39,6 +39,8 @@ type FS struct {
 	scratch scratchFiles
 	// contentTimes keep a record-derived file's mtime while its content stays.
 	contentTimes contentTimes
+	// snapshots are the opens' shared contents and what each uid's opens hold.
+	snapshots snapshots
 }
 
 // Options configure a mount.
@@ -46,6 +48,9 @@ type Options struct {
 	AllowOther bool
 	Debug      bool
 	Logger     *log.Logger // nil: stderr
+	// MaxOpenBytesPerUID bounds the snapshot bytes one uid's opens may hold (see snapshots.go);
+	// 0: no bound.
+	MaxOpenBytesPerUID int64
 }
 
 // fsName is every cockpitfs mount's source and FUSE subtype.
@@ -67,7 +72,8 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	if logger == nil {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
-	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), log: logger}
+	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), log: logger,
+		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}}
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
 	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the
 	// exception: their nodes never change, and their names are looked up at every open (see
@@ -154,7 +160,7 @@ func (f *FS) openedHandle(ctx context.Context, fh fs.FileHandle) (*handle, bool)
 func caller(ctx context.Context, op, path string) engine.Caller {
 	c := engine.Caller{Op: op, Path: path}
 	if fc, ok := fuse.FromContext(ctx); ok {
-		c.UID = fc.Uid
+		c.UID, c.GID = fc.Uid, fc.Gid
 		if pid, err := liveness.ProcessOf(int(fc.Pid)); err == nil {
 			c.PID = pid
 		}

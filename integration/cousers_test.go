@@ -21,7 +21,7 @@ import (
 func TestCoUserHolderPIDsAndJunk(t *testing.T) {
 	m := ownershipMount(t, "--allow-other")
 	m.setupApp(20, map[string]int{"HTTP": 33700}, "s1")
-	m.ok("touch $M/app/stacks/s1/holders/rootholder")
+	m.ok("touch $M/app/stacks/s1/holders/rootholder && chmod o+w $M/app/stacks/s1")
 	const stack = "app/stacks/s1/"
 	ownershipNobodyOK(m, "touch $M/app/stacks/s1/holders/nob")
 

@@ -107,7 +107,8 @@ func drainRefused(t *testing.T, m *mount, stack, script string, errno syscall.Er
 // errnoName is the symbolic name events lines use.
 func errnoName(e syscall.Errno) string {
 	names := map[syscall.Errno]string{syscall.EBUSY: "EBUSY", syscall.ESTALE: "ESTALE",
-		syscall.ENOTRECOVERABLE: "ENOTRECOVERABLE", syscall.EINVAL: "EINVAL", syscall.ENOENT: "ENOENT"}
+		syscall.ENOTRECOVERABLE: "ENOTRECOVERABLE", syscall.EINVAL: "EINVAL", syscall.ENOENT: "ENOENT",
+		syscall.EACCES: "EACCES", syscall.EDQUOT: "EDQUOT", syscall.EPERM: "EPERM", syscall.EMFILE: "EMFILE"}
 	if n, ok := names[e]; ok {
 		return n
 	}

@@ -170,6 +170,7 @@ func TestFidelityDeclaredValuesOwnership(t *testing.T) {
 	if got := m.read("app/stacks/s/declared-values"); got != before {
 		t.Fatalf("declared-values after nobody's refused write = %q, want %q", got, before)
 	}
+	m.ok("chmod o+w $M/app/stacks/s") // root's stack, open to nobody's claim
 	ownershipNobodyOK(m, "touch $M/app/stacks/s/holders/nob && echo web=http://localhost:2/ > $M/app/stacks/s/declared-values")
 	if got := m.read("app/stacks/s/declared-values"); got != "web=http://localhost:2/\n" {
 		t.Fatalf("declared-values written by a holder = %q", got)

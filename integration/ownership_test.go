@@ -84,7 +84,11 @@ func TestOwnershipAllowOther(t *testing.T) {
 		t.Fatalf("nobody reads holders/rootholder = %q", got)
 	}
 
-	// Anyone may claim; the holder is theirs.
+	// A stack is closed to other users until its creator opens it (chmod o+w); then anyone may
+	// claim, and the holder is theirs.
+	ownershipNobodyRefused(m, "touch $M/app/stacks/s1/holders/nob", syscall.EACCES)
+	ownershipDenied(m, stack+"events")
+	m.ok("chmod o+w $M/app/stacks/s1")
 	ownershipNobodyOK(m, "touch $M/app/stacks/s1/holders/nob")
 	if got := m.ok("stat -c %u $M/app/stacks/s1/holders/nob $M/app/stacks/s1/holders/rootholder"); got != ownershipNobody+"\n0\n" {
 		t.Fatalf("st_uid of holders nob, rootholder = %q, want 65534 and 0", got)
@@ -127,8 +131,8 @@ func TestOwnershipAllowOther(t *testing.T) {
 	if got := m.ok("ls $M/app/stacks/s1/holders"); got != "rootholder\n" {
 		t.Fatalf("holders after root released nob = %q", got)
 	}
-	if got := m.read(stack + "revision"); got != "4\n" {
-		t.Fatalf("revision after claim, claim, write, release = %q, want 4", got)
+	if got := m.read(stack + "revision"); got != "5\n" {
+		t.Fatalf("revision after claim, chmod, claim, write, release = %q, want 5", got)
 	}
 }
 

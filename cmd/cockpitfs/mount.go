@@ -55,6 +55,7 @@ func mountCommand(args []string) error {
 	allowOther := fset.Bool("allow-other", false, "")
 	nonempty := fset.Bool("nonempty", false, "")
 	leasesPerUID := fset.Int("max-leases-per-uid", defaultLeasesPerUID, "")
+	openBytesPerUID := fset.Int64("max-open-bytes-per-uid", cfs.DefaultMaxOpenBytesPerUID, "")
 	level := fset.String("log-level", "info", "")
 	debug := fset.Bool("debug", false, "") // kept for scripts of earlier releases: --log-level debug
 	positional, err := parseInterspersed(fset, args)
@@ -80,6 +81,9 @@ func mountCommand(args []string) error {
 	if *leasesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-leases-per-uid %d is negative (0: no bound)", *leasesPerUID)}
 	}
+	if *openBytesPerUID < 0 {
+		return &usageError{command: "mount", msg: fmt.Sprintf("--max-open-bytes-per-uid %d is negative (0: no bound)", *openBytesPerUID)}
+	}
 	mnt, err := resolveMountpoint(positional[0])
 	if err != nil {
 		return err
@@ -104,7 +108,7 @@ func mountCommand(args []string) error {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
 	restart := restartCommand(mnt, st, sf, *allowOther)
-	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug})
+	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug, MaxOpenBytesPerUID: *openBytesPerUID})
 }
 
 // storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names; and
@@ -152,6 +156,7 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, stopSignals...)
 	signal.Ignore(syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGPIPE)
+	syscall.Umask(daemonUmask)
 	if os.Geteuid() != 0 {
 		if _, lerr := exec.LookPath("fusermount3"); lerr != nil {
 			if _, lerr := exec.LookPath("fusermount"); lerr != nil {
@@ -171,6 +176,9 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	}
 	discardStore := func() {}
 	if st.etcd == nil {
+		if err := checkDataDir(st.data); err != nil {
+			return err
+		}
 		discardStore = discardFresh(st.data)
 	}
 	eng, from, closeStore, err := openServed(mnt, st)
@@ -343,13 +351,17 @@ func readyPipe() *os.File {
 // DATA/cockpitfs.log, and returns once it reports it is serving (or why it is not). The child
 // keeps none of our standard streams, so a caller capturing them is not held open.
 func daemonize(args []string, data string) error {
+	if err := checkDataDir(data); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
 	}
 	logPath := filepath.Join(data, daemonLogName)
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// Never through a link, whatever was put there since the check.
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return err
+		return fmt.Errorf("the daemon's log: %w", err)
 	}
 	defer logFile.Close()
 	// Where this start's lines begin, to show them if it fails.

@@ -140,6 +140,15 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		return nil, nil, err
 	}
+	// Made 0755 whatever the daemon's umask (daemonUmask is for its data): others reach the mount.
+	for p := mnt; made != ""; p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			return nil, nil, err
+		}
+		if p == made {
+			break
+		}
+	}
 	if dir, err = os.Open(mnt); err != nil {
 		return nil, nil, err
 	}
@@ -162,8 +171,12 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 	had, readErr := os.ReadFile(note)
 	if readErr != nil || string(had) != text {
 		os.Remove(note)
-		if err := os.WriteFile(note, []byte(text), 0o444); err != nil {
-			log.Printf("leaving %s: %v", note, err)
+		werr := os.WriteFile(note, []byte(text), 0o444)
+		if werr == nil {
+			werr = os.Chmod(note, 0o444) // whatever the umask: everyone reads it
+		}
+		if werr != nil {
+			log.Printf("leaving %s: %v", note, werr)
 		}
 		noteMade = os.IsNotExist(readErr)
 	}

@@ -1,0 +1,149 @@
+package fs
+
+import (
+	"bytes"
+	"fmt"
+	"hash/fnv"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+)
+
+// Open snapshots are the daemon's memory that its callers choose: every open keeps the content
+// it saw until it is closed. Opens of the same content of a file (one revision) share one
+// buffer, counted once however many opens hold it; what the opens of one uid hold is bounded, so
+// one user's opens cannot exhaust the daemon that serves everybody; and once opens let go of
+// much, the memory is handed back to the system rather than kept for the next burst.
+
+// DefaultMaxOpenBytesPerUID is the most snapshot bytes the opens of one uid may hold: many times
+// what a machine's largest file (status.json of a thousand stacks, under 1 MiB) takes, so only
+// opens of many distinct contents reach it.
+const DefaultMaxOpenBytesPerUID = 64 << 20
+
+// freeAfter is how many bytes the released snapshots must reach before the heap is returned to
+// the system at once, and freeEvery how often at most: the runtime's own scavenger returns it
+// only gradually, and a burst of opens would otherwise stay in the daemon's RSS.
+const (
+	freeAfter = 32 << 20
+	freeEvery = 5 * time.Second
+)
+
+// snapshots are the shared buffers of open snapshots and what each uid's opens hold.
+type snapshots struct {
+	limit int64 // per uid; 0: no bound
+	// mu guards the fields below; it is a leaf (held for map accesses only).
+	mu       sync.Mutex
+	byKey    map[snapshotKey][]*snapshot
+	uids     map[uint32]*uidSnapshots
+	released int64     // bytes no open holds any more since the heap was last returned
+	freedAt  time.Time // when the heap was last returned
+}
+
+type snapshotKey struct {
+	path string
+	sum  uint64
+}
+
+// snapshot is one shared buffer: opens holds how many opens refer to it.
+type snapshot struct {
+	key   snapshotKey
+	data  []byte
+	opens int
+}
+
+// uidSnapshots are the snapshots one uid's opens hold, each with how many of its opens do, and
+// their bytes, each snapshot counted once.
+type uidSnapshots struct {
+	held  map[*snapshot]int
+	bytes int64
+}
+
+// pin is an open's hold on a snapshot, released at the open's release.
+type pin struct {
+	uid uint32
+	s   *snapshot
+}
+
+// acquire returns the shared buffer of data, path's content an open of uid took, and the pin the
+// open releases at its end; a refusal (OPEN_SNAPSHOT_LIMIT) when it would make uid's opens hold
+// more than the limit.
+func (ss *snapshots) acquire(uid uint32, path string, data []byte) ([]byte, *pin, error) {
+	sum := fnv.New64a()
+	sum.Write(data)
+	key := snapshotKey{path, sum.Sum64()} // equal contents are compared too: a sum may collide
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var s *snapshot
+	for _, c := range ss.byKey[key] {
+		if bytes.Equal(c.data, data) {
+			s = c
+			break
+		}
+	}
+	u := ss.uids[uid]
+	if u == nil {
+		u = &uidSnapshots{held: map[*snapshot]int{}}
+	}
+	if s == nil || u.held[s] == 0 {
+		if ss.limit > 0 && u.bytes+int64(len(data)) > ss.limit {
+			return nil, nil, &engine.Refusal{Code: engine.OpenSnapshotLimit,
+				Message: fmt.Sprintf("uid %d's open files already hold %d bytes of snapshots; this open would take %d more, past the %d one user's opens may hold", uid, u.bytes, len(data), ss.limit),
+				Fix:     "close files you no longer read (an open file keeps the content it saw), or ask the daemon's administrator to raise --max-open-bytes-per-uid"}
+		}
+	}
+	if s == nil {
+		if ss.byKey == nil {
+			ss.byKey, ss.uids = map[snapshotKey][]*snapshot{}, map[uint32]*uidSnapshots{}
+		}
+		s = &snapshot{key: key, data: data}
+		ss.byKey[key] = append(ss.byKey[key], s)
+	}
+	if u.held[s] == 0 {
+		u.bytes += int64(len(s.data))
+	}
+	u.held[s]++
+	ss.uids[uid] = u
+	s.opens++
+	return s.data, &pin{uid: uid, s: s}, nil
+}
+
+// release ends p's hold. A snapshot no open holds is dropped; when enough bytes were dropped,
+// the heap is returned to the system (at most every freeEvery).
+func (ss *snapshots) release(p *pin) {
+	if p == nil {
+		return
+	}
+	ss.mu.Lock()
+	u, s := ss.uids[p.uid], p.s
+	if u.held[s]--; u.held[s] == 0 {
+		delete(u.held, s)
+		u.bytes -= int64(len(s.data))
+		if len(u.held) == 0 {
+			delete(ss.uids, p.uid)
+		}
+	}
+	free := false
+	if s.opens--; s.opens == 0 {
+		kept := ss.byKey[s.key][:0]
+		for _, c := range ss.byKey[s.key] {
+			if c != s {
+				kept = append(kept, c)
+			}
+		}
+		if len(kept) == 0 {
+			delete(ss.byKey, s.key)
+		} else {
+			ss.byKey[s.key] = kept
+		}
+		ss.released += int64(len(s.data))
+		if now := time.Now(); ss.released >= freeAfter && now.Sub(ss.freedAt) >= freeEvery {
+			ss.released, ss.freedAt, free = 0, now, true
+		}
+	}
+	ss.mu.Unlock()
+	if free {
+		go debug.FreeOSMemory()
+	}
+}

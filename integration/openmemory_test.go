@@ -1,0 +1,91 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Issue 34: one user's open files cannot exhaust the daemon's memory. Opens of one content of a
+// file share one snapshot, counted once; past --max-open-bytes-per-uid of distinct snapshots a
+// uid's open is refused (ENOMEM, OPEN_SNAPSHOT_LIMIT) while another uid opens the same file; once
+// the opens close, the uid opens again.
+func TestCoUserOpensAreBounded(t *testing.T) {
+	t.Parallel()
+	const limit = 16384
+	m := ownershipMount(t, "--allow-other", "--max-open-bytes-per-uid", strconv.Itoa(limit))
+	m.setupApp(20, map[string]int{"HTTP": 34800})
+	asUIDOK(m, 65534, "mkdir $M/app/stacks/n && echo pid=none checkout=/srv/n > $M/app/stacks/n/holders/h")
+
+	// nobody holds 200 opens of one revision of its stack's record, then one open of each new
+	// revision (a holder added or removed between them) until one is refused, and keeps them
+	// until its input closes. Its sizes are read through the descriptors it holds: no other open
+	// of nobody's is in flight.
+	script := `S=$M/app/stacks/n
+		for i in $(seq 200); do exec {fd}<$S/record || exit 1; done
+		held=$(wc -c <&$fd)
+		for i in $(seq 100); do
+			if (( i % 2 )); then echo pid=none checkout=/tmp/b > $S/holders/b; else rm $S/holders/b; fi || exit 1
+			if ! exec {fd}<$S/record; then echo "refused held=$held"; read -r; exit 0; fi
+			held=$((held + $(wc -c <&$fd)))
+		done
+		echo "never refused held=$held"`
+	nobody := &reader{cmd: exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c", script),
+		out: &syncBuffer{}, exit: make(chan struct{})}
+	nobody.cmd.Env = append(nobody.cmd.Environ(), "M="+m.Dir)
+	nobody.cmd.Stdout, nobody.cmd.Stderr = nobody.out, nobody.out
+	stdin, release, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody.cmd.Stdin = stdin
+	defer release.Close()
+	if err := nobody.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { nobody.cmd.Wait(); close(nobody.exit) }()
+	t.Cleanup(func() { nobody.cmd.Process.Kill(); <-nobody.exit })
+	waitFor(t, func() string { return "nobody's opens: " + nobody.output() }, func() bool {
+		return strings.Contains(nobody.output(), "refused") || nobody.done()
+	})
+	out := nobody.output()
+	found := regexp.MustCompile(`(?m)^refused held=(\d+)$`).FindStringSubmatch(out)
+	if found == nil || !strings.Contains(out, "Cannot allocate memory") {
+		t.Fatalf("nobody's opens were never refused ENOMEM:\n%s", out)
+	}
+	held, _ := strconv.Atoi(found[1])
+	if held > limit {
+		t.Fatalf("nobody's opens held %d bytes before the refusal, past the bound of %d", held, limit)
+	}
+
+	// The daemon counted what nobody held as nobody did: 200 opens of one revision once.
+	const stack = "app/stacks/n/"
+	ev := m.lastEvent(stack + "events")
+	for _, want := range []string{`"result":"refused"`, `"code":"OPEN_SNAPSHOT_LIMIT"`, `"errno":"ENOMEM"`, `"uid":65534,`, `"op":"open"`,
+		"uid 65534's open files already hold " + found[1] + " bytes of snapshots"} {
+		if !strings.Contains(ev, want) {
+			t.Fatalf("events: want %s in %s", want, ev)
+		}
+	}
+	record := m.read(stack + "record")
+	// Another uid is unaffected: uid 4321 and root read the record nobody may not open again.
+	if got := asUIDOK(m, pinningUser, "cat $M/app/stacks/n/record"); got != record {
+		t.Fatalf("uid 4321 reads %q, root %q", got, record)
+	}
+	if r := asUID(m, 65534, "cat $M/app/stacks/n/record"); r.Code == 0 || !strings.Contains(r.Stderr, "Cannot allocate memory") {
+		t.Fatalf("nobody's next open at its bound: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if got := m.read(stack + "record"); got != record {
+		t.Fatalf("the record changed by refused opens:\nbefore %s\nafter  %s", record, got)
+	}
+
+	// Closed, they hold nothing: nobody opens again once the kernel has released them.
+	release.Close()
+	nobody.wait(t)
+	waitFor(t, func() string { return "nobody's open after its opens closed" }, func() bool {
+		return asUID(m, 65534, "cat $M/app/stacks/n/record >/dev/null").Code == 0
+	})
+}
