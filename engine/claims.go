@@ -379,6 +379,10 @@ type leaseInputs struct {
 	hold func(ports map[string]int) (*portlock.Holder, int, error)
 }
 
+// fullCockpit ends the refusal of a lease past the cockpit's count; the claim names the stacks
+// that hold the cockpit's families (nameFullCockpit).
+const fullCockpit = " concurrent stacks is already active in this cockpit"
+
 // leaseFamily keeps an active lease or leases the first free family (the seeds' leasePortFamily).
 // retained says holders kept the lease before this claim, so its ports are the stack's own
 // listeners and are not probed.
@@ -398,7 +402,7 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 		offsets = []int{current.Offset}
 	} else if in.activeLeases >= decl.Count {
 		return nil, refuse(PortLeaseExhausted, "", "release an inactive stack or extend the declared port-family count after checking host capacity",
-			"maximum %d concurrent stacks is already active in this cockpit", decl.Count)
+			"maximum %d"+fullCockpit, decl.Count)
 	} else if decl.Validate() == nil {
 		offsets = make([]int, decl.Count)
 		for i := range offsets {

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
@@ -56,10 +58,53 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 		}
 		return v, err
 	})
+	if rf := (*Refusal)(nil); errors.As(err, &rf) && rf.Code == PortLeaseExhausted && strings.HasSuffix(rf.Message, fullCockpit) {
+		return nil, e.nameFullCockpit(cockpit, stack, rf)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return added, nil
+}
+
+// nameFullCockpit adds to the refusal of a lease past the cockpit's count the stacks whose
+// leases fill it, which of them have only dead holders (observed now, after the refusal), and
+// what frees one: a claim of such a stack takes it over, releasing its dead holders.
+func (e *Engine) nameFullCockpit(cockpit, stack string, rf *Refusal) error {
+	stacks, err := e.Stacks(cockpit)
+	if err != nil {
+		return rf
+	}
+	var held, dead []string
+	for _, s := range stacks {
+		r, err := e.Stack(cockpit, s)
+		if err != nil || s == stack || !r.Value.Lease.Active() {
+			continue
+		}
+		live := false // a holder not known dead (untracked, another machine's) keeps the stack
+		for _, h := range r.Value.Holders {
+			live = live || e.HolderState(h) != "dead"
+		}
+		if live {
+			held = append(held, s)
+		} else {
+			dead = append(dead, s)
+		}
+	}
+	named := *rf
+	named.Message += fmt.Sprintf(": held by %s; with only dead holders: %s", stackList(held), stackList(dead))
+	if len(dead) > 0 {
+		named.Fix = fmt.Sprintf("claim %s/stacks/%s instead (a claim takes over a stack whose holders are all dead), or drain it to free its family; or extend the declared port-family count after checking host capacity", cockpit, dead[0])
+	}
+	return &named
+}
+
+// stackList names stacks for a message, "none" for none.
+func stackList(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
 }
 
 // MayWriteHolder refuses, before its content is even parsed, a write to another uid's holder.
