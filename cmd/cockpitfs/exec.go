@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 )
 
 // execCommand holds a stack for a command's lifetime (docs/spec.md §4, "Holding a stack for a
@@ -225,7 +227,9 @@ func releaseAfterExec(holderPath string) {
 	}
 }
 
-// readEnv reads a stack's env file: KEY=value lines.
+// readEnv reads a stack's env file: KEY=value lines. A name the command's own programs read to
+// decide what to run or load (PATH, LD_PRELOAD …: portdecl.CheckExported) is never set, whatever
+// served the file: it is named on stderr and the caller's value stays.
 func readEnv(path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -235,9 +239,16 @@ func readEnv(path string) ([]string, error) {
 	var env []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if line := sc.Text(); strings.Contains(line, "=") && !strings.HasPrefix(line, "#") {
-			env = append(env, line)
+		line := sc.Text()
+		name, _, ok := strings.Cut(line, "=")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
 		}
+		if err := portdecl.CheckExported(name); err != nil {
+			fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s: not setting %v\n", path, err)
+			continue
+		}
+		env = append(env, line)
 	}
 	return env, sc.Err()
 }

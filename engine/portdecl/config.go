@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/BurntSushi/toml"
 )
@@ -118,7 +116,28 @@ func parse(text []byte, partial bool) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	// A prefix may still follow in a partial document, and would change every name.
+	if _, given := document["env"]; later == nil || given || !later("prefix", "env") {
+		if err := checkExported(prefix, declaration.Bases, entrypoints); err != nil {
+			return Config{}, err
+		}
+	}
 	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix}, nil
+}
+
+// checkExported refuses a config whose env file would export a name CheckExported refuses.
+func checkExported(prefix string, bases map[string]int, entrypoints []Entrypoint) error {
+	for _, key := range slices.Sorted(maps.Keys(bases)) {
+		if err := CheckExported(prefix + key); err != nil {
+			return fmt.Errorf("ports.bases.%s: the env file would export %w", key, err)
+		}
+	}
+	for _, e := range entrypoints {
+		if err := CheckExported(prefix + EnvName(e.Name)); err != nil {
+			return fmt.Errorf("entrypoints.%s: the env file would export %w", quoteKey(e.Name), err)
+		}
+	}
+	return nil
 }
 
 // parseEnv reads the optional [env] table: prefix, upper-case letters, digits and '_', not
@@ -282,11 +301,9 @@ func parseEntrypoint(name string, raw any, where string, bases map[string]int, l
 	if !strings.HasPrefix(entrypoint.Path, "/") {
 		return Entrypoint{}, fmt.Errorf("%s.path: %q does not start with \"/\"", where, entrypoint.Path)
 	}
-	// The path ends up in a URL line and an env file line.
-	if i := strings.IndexFunc(entrypoint.Path, func(r rune) bool {
-		return unicode.IsSpace(r) || unicode.IsControl(r) || r == utf8.RuneError
-	}); i >= 0 {
-		return Entrypoint{}, fmt.Errorf("%s.path: %q has white space or a control character at byte %d", where, entrypoint.Path, i)
+	// The path ends up in a URL line and an env file line that other users' shells read.
+	if err := checkPath(entrypoint.Path); err != nil {
+		return Entrypoint{}, fmt.Errorf("%s.path: %w", where, err)
 	}
 	if _, given := fields["scheme"]; given {
 		scheme, err := text(fields, "scheme", where+".scheme")

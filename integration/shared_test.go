@@ -1,0 +1,155 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// A shared machine, attacked by a co-user (nobody) who owns a cockpit another user (root, the
+// victim) runs stacks of: docs/env.md, docs/machines.md.
+
+// sharedSafeConfig declares an entrypoint whose path holds every byte a path may (docs/env.md).
+const sharedSafeConfig = `[ports]
+step = 10
+count = 4
+[ports.bases]
+HTTP = 33950
+[entrypoints.web]
+port = "HTTP"
+path = "/a-b.c_d~e/f:g@h+i,j=k*l?m=%24n"
+`
+
+const sharedWebURL = "http://127.0.0.1:33950/a-b.c_d~e/f:g@h+i,j=k*l?m=%24n"
+
+// A cockpit's owner cannot make another user's env reader run anything or read another value:
+// every config that would is refused at the write (EINVAL, one events line, config unchanged),
+// and what is accepted reads as written in every reader docs/env.md names.
+func TestSharedEnvRunsNothing(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	mark := filepath.Join(t.TempDir(), "ran")
+	os.Chmod(filepath.Dir(mark), 0o777) // nobody's id> may write there, had anything run it
+	ownershipNobodyOK(m, "mkdir $M/evil && cat > $M/evil/config <<'EOF'\n"+sharedSafeConfig+"EOF")
+	web := func(path string) string {
+		return "[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 33950\n[entrypoints.web]\nport = \"HTTP\"\npath = " + path + "\n"
+	}
+	bases := func(lines string) string { return "[ports]\nstep = 10\ncount = 4\n[ports.bases]\n" + lines + "\n" }
+	attacks := map[string]string{
+		"command substitution":  web("'/$(id>" + mark + ")'"),
+		"backquotes":            web("'/`id>" + mark + "`'"),
+		"semicolon":             web("'/;id>" + mark + "'"),
+		"ampersand":             web("'/&id>" + mark + "'"),
+		"pipe":                  web("'/|id>" + mark + "'"),
+		"newline":               web(`"/\nid>` + mark + `"`),
+		"ESC":                   web(`"/\u001b]0;pwned\u0007"`),
+		"double quote":          web(`'/"'`),
+		"single quote":          web(`"/'"`),
+		"backslash":             web(`'/a\b'`),
+		"dollar":                web(`'/$HOME'`),
+		"hash":                  web(`'/a#b'`),
+		"tilde after colon":     web(`'/x:~root'`),
+		"port key PATH":         bases("PATH = 33950"),
+		"port key BASH_ENV":     bases("BASH_ENV = 33950"),
+		"port key LD_PRELOAD":   bases("LD_PRELOAD = 33950"),
+		"port key HOME":         bases("HOME = 33950"),
+		"port key NODE_OPTIONS": bases("NODE_OPTIONS = 33950"),
+		"name with a dot":       bases("HTTP = 33950") + "[entrypoints.\"a.b\"]\nport = \"HTTP\"\npath = \"/\"\n",
+		"prefix LD_":            bases("PRELOAD = 33950") + "[env]\nprefix = \"LD_\"\n",
+	}
+	for name, config := range attacks {
+		lines := claimsEventCount(m, "evil/events")
+		ownershipNobodyRefused(m, "cat > $M/evil/config <<'EOF'\n"+config+"EOF", syscall.EINVAL)
+		ev := claimsRefusalEvent(t, m, "evil/events", "PORT_FAMILY_OUT_OF_RANGE", "EINVAL")
+		if claimsEventCount(m, "evil/events") != lines+1 || ev["uid"] != float64(65534) {
+			t.Errorf("%s: want one refusal line of nobody's, got %v", name, ev)
+		}
+		if got := m.read("evil/config"); got != sharedSafeConfig {
+			t.Fatalf("%s: the refused config changed it to:\n%s", name, got)
+		}
+	}
+
+	// The victim claims a stack of nobody's cockpit and reads its env with each reader.
+	m.ok("mkdir $M/evil/stacks/s && touch $M/evil/stacks/s/holders/me")
+	env := m.Path("evil/stacks/s/env")
+	if got, want := m.read("evil/stacks/s/env"), "HTTP=33950\nWEB_URL="+sharedWebURL+"\n"; got != want {
+		t.Fatalf("env = %q, want %q", got, want)
+	}
+	want := "33950 " + sharedWebURL + "\n"
+	for _, sh := range []string{"bash", "dash", "zsh"} {
+		t.Run(sh, func(t *testing.T) {
+			needTool(t, sh)
+			if got := m.ok(sh + ` -c 'set -a; . "$0"; set +a; echo "$HTTP $WEB_URL"' ` + env); got != want {
+				t.Fatalf("%s reads %q, want %q", sh, got, want)
+			}
+		})
+	}
+	t.Run("python-dotenv", func(t *testing.T) {
+		needTool(t, "/usr/bin/python3")
+		if r := m.sh("/usr/bin/python3 -c 'import dotenv'"); r.Code != 0 {
+			missingTool(t, "python3-dotenv")
+		}
+		got := m.ok(`/usr/bin/python3 -c 'import dotenv, sys; v = dotenv.dotenv_values(sys.argv[1]); print(v["HTTP"], v["WEB_URL"])' ` + env)
+		if got != want {
+			t.Fatalf("python-dotenv reads %q, want %q", got, want)
+		}
+	})
+	t.Run("direnv", func(t *testing.T) {
+		needTool(t, "direnv")
+		dir := t.TempDir()
+		home := "HOME=" + dir + " XDG_DATA_HOME=" + dir + "/data XDG_CONFIG_HOME=" + dir + "/config "
+		m.ok("cd " + dir + " && echo 'dotenv " + env + "' > .envrc && " + home + "direnv allow .")
+		if got := m.ok("cd " + dir + " && " + home + `direnv exec . sh -c 'echo "$HTTP $WEB_URL"' 2>/dev/null`); got != want {
+			t.Fatalf("direnv reads %q, want %q", got, want)
+		}
+	})
+	t.Run("node", func(t *testing.T) {
+		needTool(t, "node")
+		if got := m.ok("node --env-file=" + env + ` -e 'console.log(process.env.HTTP + " " + process.env.WEB_URL)'`); got != want {
+			t.Fatalf("node reads %q, want %q", got, want)
+		}
+	})
+	t.Run("docker-compose", func(t *testing.T) {
+		needTool(t, "docker-compose")
+		dir := t.TempDir()
+		compose := "version: \"3.8\"\nservices:\n  app:\n    image: app\n    environment:\n      WEB: ${WEB_URL}\n      PORT: ${HTTP}\n"
+		if err := os.WriteFile(filepath.Join(dir, "compose.yml"), []byte(compose), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got := m.ok("cd " + dir + " && DOCKER_HOST=unix://" + dir + "/no-daemon.sock docker-compose --env-file " + env + " -f compose.yml config")
+		for _, line := range []string{"WEB: " + sharedWebURL + "\n", "PORT: '33950'\n"} {
+			if !strings.Contains(got, line) {
+				t.Fatalf("docker-compose config shows no %q:\n%s", line, got)
+			}
+		}
+	})
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatal("a reader of the env ran nobody's command")
+	}
+}
+
+// `cockpitfs exec` sets only names an env may export on top of the caller's environment: an env
+// file naming PATH, LD_PRELOAD or a name no shell assigns (served by a daemon from before the
+// rules, or any directory given as the stack) changes none of them, and exec says so.
+func TestSharedExecSetsOnlyDeclaredNames(t *testing.T) {
+	t.Parallel()
+	stack := t.TempDir()
+	if err := os.Mkdir(filepath.Join(stack, "holders"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := "PATH=25060\nLD_PRELOAD=/tmp/evil.so\nBASH_ENV=/tmp/evil\nA.B_URL=x\nHTTP=25060\n"
+	if err := os.WriteFile(filepath.Join(stack, "env"), []byte(env), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := shIn(t, t.TempDir(), `"$B" exec --holder job "$S" -- /bin/sh -c 'echo "$PATH|${LD_PRELOAD-unset}|${BASH_ENV-unset}|$HTTP"'`, "B="+binary, "S="+stack)
+	if want := os.Getenv("PATH") + "|unset|unset|25060\n"; r.Code != 0 || r.Stdout != want {
+		t.Fatalf("exec: exit %d, stdout %q, want %q\nstderr: %s", r.Code, r.Stdout, want, r.Stderr)
+	}
+	for _, name := range []string{"not setting PATH, which", "not setting LD_PRELOAD", "not setting BASH_ENV", `not setting "A.B_URL"`} {
+		if !strings.Contains(r.Stderr, name) {
+			t.Errorf("exec does not say %q:\n%s", name, r.Stderr)
+		}
+	}
+}
