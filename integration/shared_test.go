@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -151,5 +152,49 @@ func TestSharedExecSetsOnlyDeclaredNames(t *testing.T) {
 		if !strings.Contains(r.Stderr, name) {
 			t.Errorf("exec does not say %q:\n%s", name, r.Stderr)
 		}
+	}
+}
+
+// A drain target names nothing outside what the executor reclaims: "..", an absolute path, an
+// option or a control byte is refused at the request (EINVAL, one events line, nothing changed),
+// and the shipped executor, given WORK, removes nothing outside it, a link in WORK included.
+func TestSharedDrainTargetsStayInWork(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(20, map[string]int{"HTTP": 33980}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	root := t.TempDir()
+	work, victim := filepath.Join(root, "a", "b", "work"), filepath.Join(root, "victimdir")
+	for _, dir := range []string{work, filepath.Join(victim, "x")} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, target := range []string{"volume:../../../victimdir", "volume:db/../../x", "volume:" + victim, victim,
+		"volume:-rf", `$'volume:\e[2Jdb'`, "volume:", "volume:."} {
+		ev := drainRefused(t, m, "s", "echo down "+target+" > $M/app/stacks/s/drain/request", syscall.EINVAL, "STATE_RECORD_MALFORMED")
+		if !strings.Contains(fmt.Sprint(ev["message"]), "target") {
+			t.Errorf("%s: the refusal does not say why: %v", target, ev["message"])
+		}
+	}
+
+	// A link in WORK leads out of it: the executor refuses that reclaim (its outcome failure)
+	// and the directory it leads to stays.
+	if err := os.Symlink(victim, filepath.Join(work, "link")); err != nil {
+		t.Fatal(err)
+	}
+	script, err := filepath.Abs("../examples/drain-executor.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := m.sh(fmt.Sprintf("DRAIN='down volume:link/x' WORK=%s %s %s", work, script, drainDir("s")))
+	if r.Code == 0 || !strings.Contains(r.Stderr, "is not inside "+work) {
+		t.Fatalf("the executor reclaimed through a link out of WORK: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(victim, "x")); err != nil {
+		t.Fatalf("the directory outside WORK is gone: %v", err)
+	}
+	if att := drainJSON(t, m, "app/stacks/s/drain/attempt"); att["status"] != "failed" || att["currentTarget"] != "volume:link/x" {
+		t.Fatalf("attempt after the refused reclaim: %v", att)
 	}
 }
