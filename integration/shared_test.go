@@ -1,12 +1,17 @@
 package integration
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // A shared machine, attacked by a co-user (nobody) who owns a cockpit another user (root, the
@@ -32,7 +37,6 @@ func TestSharedEnvRunsNothing(t *testing.T) {
 	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
 	mark := filepath.Join(t.TempDir(), "ran")
-	os.Chmod(filepath.Dir(mark), 0o777) // nobody's id> may write there, had anything run it
 	ownershipNobodyOK(m, "mkdir $M/evil && cat > $M/evil/config <<'EOF'\n"+sharedSafeConfig+"EOF")
 	web := func(path string) string {
 		return "[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 33950\n[entrypoints.web]\nport = \"HTTP\"\npath = " + path + "\n"
@@ -197,4 +201,148 @@ func TestSharedDrainTargetsStayInWork(t *testing.T) {
 	if att := drainJSON(t, m, "app/stacks/s/drain/attempt"); att["status"] != "failed" || att["currentTarget"] != "volume:link/x" {
 		t.Fatalf("attempt after the refused reclaim: %v", att)
 	}
+}
+
+// sharedControlBytes says whether text holds a byte a terminal acts on, a newline aside.
+func sharedControlBytes(text string) bool {
+	return strings.ContainsFunc(text, func(r rune) bool { return r != '\n' && (r < ' ' || r == 0x7f) })
+}
+
+// A co-user's checkout path (its working directory, or checkout= in a write) with a newline, ESC
+// or BEL stays one escaped line in its holder file and in status, writes nothing a terminal acts
+// on, and reads back exactly from status.json.
+func TestSharedCheckoutIsOneEscapedLine(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	m.setupApp(4, map[string]int{"HTTP": 33990}, "s")
+	base, err := os.MkdirTemp("/tmp", "cockpitfs-shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	os.Chmod(base, 0o777) // nobody makes its working directory there
+	cwd := filepath.Join(base, "x\nstate=dead\nuid=0\x1b[31m")
+	named := "/tmp/\x1b]0;pwned\x07"
+	ownershipNobodyOK(m, `d=$(printf '`+filepath.Join(base, `x\nstate=dead\nuid=0\033[31m`)+`') && mkdir "$d" && cd "$d" && touch $M/app/stacks/s/holders/nob`)
+	ownershipNobodyOK(m, `echo "checkout=$(printf '/tmp/\033]0;pwned\007')" > $M/app/stacks/s/holders/nob2`)
+
+	for holder, path := range map[string]string{"nob": cwd, "nob2": named} {
+		text := m.read("app/stacks/s/holders", holder)
+		if sharedControlBytes(text) || strings.Count(text, "\nstate=") != 1 || strings.Count(text, "\nuid=") != 1 || !strings.Contains(text, "\nuid=65534\n") {
+			t.Fatalf("holders/%s reads %q", holder, text)
+		}
+		if want := "\ncheckout_path=" + strconv.QuoteToASCII(path)[1:len(strconv.QuoteToASCII(path))-1] + "\n"; !strings.Contains(text, want) {
+			t.Fatalf("holders/%s reads %q, want a line %q", holder, text, want)
+		}
+	}
+	status := m.read("status")
+	if sharedControlBytes(status) || strings.Count(status, "\n") != 3 { // the header and a row per holder
+		t.Fatalf("status reads %q", status)
+	}
+	var st struct {
+		Cockpits []struct {
+			Stacks []struct {
+				Holders []struct{ Name, Checkout string }
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(m.read("status.json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	holders := st.Cockpits[0].Stacks[0].Holders
+	if len(holders) != 2 || holders[0].Checkout != cwd || holders[1].Checkout != named {
+		t.Fatalf("status.json holders: %+v", holders)
+	}
+}
+
+// sharedSquat runs, as nobody and in the daemon's network namespace, one python3 process holding
+// the names of ports: silent (listening, never accepting), or answering each asker as a daemon
+// would, naming its own pid and root's uid, data directory and lease.
+func sharedSquat(m *mount, answer bool, ports ...int) *exec.Cmd {
+	m.t.Helper()
+	// Debian's python3: one on root's PATH may be root's alone.
+	args := []string{"--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", `import json, os, select, socket, sys
+answer = sys.argv[1] == "answer"
+socks = {}
+for port in sys.argv[2:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(b"\0cockpitfs/port/" + port.encode())
+    s.listen(1)
+    socks[s] = int(port)
+print("bound", flush=True)
+while True:
+    ready, _, _ = select.select(list(socks) if answer else [], [], [], 600)
+    for s in ready:
+        c, _ = s.accept()
+        try:
+            c.sendall(json.dumps({"daemon": "cockpitfs", "pid": os.getpid(), "uid": 0, "data": "/var/lib/cockpitfs\x1b[31m",
+                "mount": "/cockpit", "cockpit": "app", "stack": "prod", "key": "HTTP", "port": socks[s]}).encode() + b"\n")
+        except OSError:
+            pass  # an asker that did not wait for the answer
+        c.close()`, map[bool]string{true: "answer", false: "silent"}[answer]}
+	for _, port := range ports {
+		args = append(args, strconv.Itoa(port))
+	}
+	cmd := exec.Command("setpriv", args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if err := m.ns.Do(cmd.Start); err != nil {
+		m.t.Fatal(err)
+	}
+	m.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
+		m.t.Fatalf("squatter: %q %v", line, err)
+	}
+	return cmd
+}
+
+// A co-user's process holding a port's name is named by the kernel — its pid and uid — however
+// it answers: a forger's words (root's uid, a data directory, a lease, ESC) are in no refusal and
+// no ports/ file, and its family is in the way as a listener's is (EADDRINUSE). Holders that never
+// answer cost no wait per name: 60 squatted families are passed at once.
+func TestSharedPortHolderIsWhatTheKernelSays(t *testing.T) {
+	t.Parallel()
+	needTool(t, "/usr/bin/python3")
+	m := ownershipMount(t, "--allow-other")
+	const base = 34000
+	m.setupApp(1, map[string]int{"HTTP": base}, "s")
+	forger := sharedSquat(m, true, base)
+	pid := strconv.Itoa(forger.Process.Pid)
+	if got := m.read("ports", strconv.Itoa(base)); got != "daemon=none pid="+pid+" uid=65534\n" {
+		t.Fatalf("ports/%d reads %q", base, got)
+	}
+	before := claimsSnapshot(m, "s")
+	m.refused("touch $M/app/stacks/s/holders/me", syscall.EADDRINUSE)
+	ev := claimsRefusalEvent(t, m, "app/stacks/s/events", "PORT_FAMILY_COLLISION", "EADDRINUSE")
+	if msg := fmt.Sprint(ev["message"]); !strings.Contains(msg, "port "+strconv.Itoa(base)+" held by process "+pid+" uid 65534, not a cockpitfs daemon") ||
+		strings.Contains(msg, "/var/lib/cockpitfs") || strings.Contains(msg, "prod") {
+		t.Fatalf("the refusal: %s", msg)
+	}
+	if after := claimsSnapshot(m, "s"); after != before {
+		t.Fatalf("a refused claim changed state:\n%s\n---\n%s", before, after)
+	}
+
+	// 60 families held by one process that never answers, the 61st free.
+	const families = 60
+	m.ok("mkdir $M/wide && printf '[ports]\\nstep = 10\\ncount = 61\\n[ports.bases]\\nHTTP = 35000\\n' > $M/wide/config && mkdir $M/wide/stacks/s")
+	var ports []int
+	for i := range families {
+		ports = append(ports, 35000+10*i)
+	}
+	silent := sharedSquat(m, false, ports...)
+	start := time.Now()
+	listing := m.ok("cat $M/ports/*")
+	listed := time.Since(start)
+	if strings.Count(listing, "daemon=none pid="+strconv.Itoa(silent.Process.Pid)+" uid=65534\n") != families {
+		t.Fatalf("ports/ lists:\n%s", listing)
+	}
+	start = time.Now()
+	m.ok("touch $M/wide/stacks/s/holders/me")
+	claimed := time.Since(start)
+	if got := m.read("wide/stacks/s/ports/HTTP"); got != strconv.Itoa(35000+10*families)+"\n" {
+		t.Fatalf("past %d squatted families, HTTP = %q", families, got)
+	}
+	t.Logf("%d squatted names: cat ports/* %v, a claim past them %v", families, listed, claimed)
 }
