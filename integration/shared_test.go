@@ -349,3 +349,33 @@ func TestSharedPortHolderIsWhatTheKernelSays(t *testing.T) {
 	}
 	t.Logf("%d squatted names: cat ports/* %v, a claim past them %v", families, listed, claimed)
 }
+
+// The documents a user's cat shows as another user wrote them — a cockpit's config, a stack's
+// declared-values, which any of its holders may write — hold no control character a terminal
+// acts on: a co-user's ESC, BEL or C1 CSI, comments included, is refused (EINVAL, one events
+// line, the document unchanged).
+func TestSharedDocumentsHoldNoTerminalControls(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	m.setupApp(4, map[string]int{"HTTP": 34100}, "s")
+	ownershipNobodyOK(m, "touch $M/app/stacks/s/holders/nob && echo 'web=http://localhost:1/' > $M/app/stacks/s/declared-values")
+	// coreutils' printf reports the close's errno, at which a whole document is judged.
+	for _, doc := range []string{`# \033]0;pwned\007\nweb=x`, `# \302\2332J\nweb=x`, `# fine\rforged\nweb=x`} {
+		lines := claimsEventCount(m, "app/stacks/s/events")
+		ownershipNobodyRefused(m, `/usr/bin/printf '`+doc+`\n' > $M/app/stacks/s/declared-values`, syscall.EINVAL)
+		ev := claimsRefusalEvent(t, m, "app/stacks/s/events", "STATE_RECORD_MALFORMED", "EINVAL")
+		if claimsEventCount(m, "app/stacks/s/events") != lines+1 || !strings.Contains(fmt.Sprint(ev["message"]), "control character") {
+			t.Fatalf("%s: %v", doc, ev)
+		}
+		if got := m.read("app/stacks/s/declared-values"); got != "web=http://localhost:1/\n" {
+			t.Fatalf("%s: declared-values reads %q", doc, got)
+		}
+	}
+	ownershipNobodyOK(m, "mkdir $M/nob && printf '[ports]\\nstep = 1\\ncount = 1\\n[ports.bases]\\nA = 34200\\n' > $M/nob/config")
+	config := m.read("nob/config")
+	ownershipNobodyRefused(m, `/usr/bin/printf '# \302\2332J\n[ports]\nstep = 1\ncount = 1\n[ports.bases]\nA = 34200\n' > $M/nob/config`, syscall.EINVAL)
+	claimsRefusalEvent(t, m, "nob/events", "PORT_FAMILY_OUT_OF_RANGE", "EINVAL")
+	if got := m.read("nob/config"); got != config {
+		t.Fatalf("config reads %q", got)
+	}
+}

@@ -1,6 +1,7 @@
 package portdecl
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/BurntSushi/toml"
 )
@@ -78,6 +80,9 @@ func parse(text []byte, partial bool) (Config, error) {
 	if len(text) > MaxDocumentBytes {
 		return Config{}, fmt.Errorf("config: the document is %d bytes, more than %d", len(text), MaxDocumentBytes)
 	}
+	if err := CheckText(text); err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
 	if err := checkNesting(text); err != nil {
 		return Config{}, err
 	}
@@ -135,6 +140,20 @@ func checkExported(prefix string, bases map[string]int, entrypoints []Entrypoint
 	for _, e := range entrypoints {
 		if err := CheckExported(prefix + EnvName(e.Name)); err != nil {
 			return fmt.Errorf("entrypoints.%s: the env file would export %w", quoteKey(e.Name), err)
+		}
+	}
+	return nil
+}
+
+// CheckText refuses a document another user's `cat` shows as it was written (a config,
+// declared values) when it holds a control character a terminal acts on: anything but tab and
+// newline, a carriage return only before a newline. TOML refuses most of them; C1 controls
+// (U+0080-U+009F) it lets through in comments.
+func CheckText(text []byte) error {
+	for i, r := range string(text) {
+		if unicode.IsControl(r) && r != '\t' && r != '\n' && !(r == '\r' && i+1 < len(text) && text[i+1] == '\n') {
+			line := 1 + bytes.Count(text[:i], []byte{'\n'})
+			return fmt.Errorf("line %d: control character %U, which a terminal reading the document would act on", line, r)
 		}
 	}
 	return nil

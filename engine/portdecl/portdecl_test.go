@@ -134,6 +134,9 @@ func TestParseRefuses(t *testing.T) {
 		// The document.
 		{"over 64 KiB", ports + "#" + strings.Repeat("x", MaxDocumentBytes), "more than 65536"},
 		{"TOML syntax error", "[ports\nstep = 1\n", "config: toml:"},
+		{"C1 control in a comment", "# \u009b2J\n" + ports, "config: line 1: control character U+009B, which a terminal reading the document would act on"},
+		{"ESC in a comment", ports + "# \x1b]0;pwned\x07\n", "control character U+001B"},
+		{"lone carriage return", ports + "# fine\rforged\n", "control character U+000D"},
 		{"an integer TOML cannot hold", portsWith("9223372036854775808", "1", "A = 1"), "config: toml:"},
 		{"empty document", "", "config: no [ports] table"},
 		{"only entrypoints", entrypoint("web", `port = "HTTP"`, `path = "/"`), "config: no [ports] table"},
