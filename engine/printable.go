@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -39,4 +41,32 @@ func Printable(s string) string {
 		i += size
 	}
 	return b.String()
+}
+
+// PrintableJSON is JSON data with each rune Printable would escape and JSON leaves as it is (DEL,
+// C1 controls, other runes unicode.IsPrint refuses) written as a \u escape: the same value to
+// every JSON reader, and nothing a terminal acts on. Such runes occur only inside strings.
+func PrintableJSON(data []byte) []byte {
+	plain := true
+	for i := 0; i < len(data) && plain; i++ {
+		plain = data[i] < 0x7f
+	}
+	if plain {
+		return data
+	}
+	out := make([]byte, 0, len(data)+32)
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		switch {
+		case r == utf8.RuneError && size == 1, r < 0x7f, unicode.IsPrint(r):
+			out = append(out, data[i:i+size]...)
+		case r > 0xffff:
+			hi, lo := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, hi, lo)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		i += size
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,5 +36,22 @@ func TestPrintable(t *testing.T) {
 		if back, err := strconv.Unquote(`"` + strings.ReplaceAll(got, `"`, `\"`) + `"`); err != nil || back != in {
 			t.Errorf("Printable(%q) = %q unquotes to %q, %v", in, got, back, err)
 		}
+	}
+}
+
+// PrintableJSON escapes what a terminal acts on and JSON leaves raw; a JSON reader reads the same.
+func TestPrintableJSON(t *testing.T) {
+	value := map[string]string{"checkout": "/del\x7f/csi\u009b2J/rlo\u202e/tag\U000e0001/é ok"}
+	data, err := json.Marshal(value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := PrintableJSON(data)
+	if want := `{"checkout":"/del\u007f/csi\u009b2J/rlo\u202e/tag\udb40\udc01/é ok"}`; string(got) != want {
+		t.Fatalf("PrintableJSON = %s, want %s", got, want)
+	}
+	var back map[string]string
+	if err := json.Unmarshal(got, &back); err != nil || back["checkout"] != value["checkout"] {
+		t.Fatalf("PrintableJSON reads back as %q, %v", back, err)
 	}
 }

@@ -196,10 +196,10 @@ func (st Status) Table() ([]byte, error) {
 	return b.Bytes(), err
 }
 
-// JSON renders the status for scripts.
+// JSON renders the status for scripts, as PrintableJSON.
 func (st Status) JSON() ([]byte, error) {
 	data, err := json.MarshalIndent(st, "", "  ")
-	return append(data, '\n'), err
+	return append(PrintableJSON(data), '\n'), err
 }
 
 // dash is s as a cell shows it (Printable: one line, no tab, nothing a terminal acts on), "-"

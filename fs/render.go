@@ -328,9 +328,11 @@ func renderLease(r engine.Record) []byte {
 	return b.Bytes()
 }
 
+// renderRecord is the record as JSON, engine.PrintableJSON: a checkout path's C1 control
+// reaches no terminal.
 func renderRecord(r engine.Record) []byte {
 	data, _ := json.MarshalIndent(r, "", "  ")
-	return append(data, '\n')
+	return append(engine.PrintableJSON(data), '\n')
 }
 
 func renderRevision(r engine.Record) []byte {

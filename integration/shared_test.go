@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 )
 
 // A shared machine, attacked by a co-user (nobody) who owns a cockpit another user (root, the
@@ -206,9 +207,10 @@ func TestSharedDrainTargetsStayInWork(t *testing.T) {
 	}
 }
 
-// sharedControlBytes says whether text holds a byte a terminal acts on, a newline aside.
+// sharedControlBytes says whether text holds a character a terminal acts on (C0, DEL, C1), a
+// newline aside.
 func sharedControlBytes(text string) bool {
-	return strings.ContainsFunc(text, func(r rune) bool { return r != '\n' && (r < ' ' || r == 0x7f) })
+	return strings.ContainsFunc(text, func(r rune) bool { return r != '\n' && unicode.IsControl(r) })
 }
 
 // A co-user's checkout path (its working directory, or checkout= in a write) with a newline, ESC
@@ -224,9 +226,9 @@ func TestSharedCheckoutIsOneEscapedLine(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
 	os.Chmod(base, 0o777) // nobody makes its working directory there
-	cwd := filepath.Join(base, "x\nstate=dead\nuid=0\x1b[31m")
+	cwd := filepath.Join(base, "x\nstate=dead\nuid=0\x1b[31m\u009b2J")
 	named := "/tmp/\x1b]0;pwned\x07"
-	ownershipNobodyOK(m, `d=$(printf '`+filepath.Join(base, `x\nstate=dead\nuid=0\033[31m`)+`') && mkdir "$d" && cd "$d" && touch $M/app/stacks/s/holders/nob`)
+	ownershipNobodyOK(m, `d=$(printf '`+filepath.Join(base, `x\nstate=dead\nuid=0\033[31m\302\2332J`)+`') && mkdir "$d" && cd "$d" && touch $M/app/stacks/s/holders/nob`)
 	ownershipNobodyOK(m, `echo "checkout=$(printf '/tmp/\033]0;pwned\007')" > $M/app/stacks/s/holders/nob2`)
 
 	for holder, path := range map[string]string{"nob": cwd, "nob2": named} {
@@ -241,6 +243,12 @@ func TestSharedCheckoutIsOneEscapedLine(t *testing.T) {
 	status := m.read("status")
 	if sharedControlBytes(status) || strings.Count(status, "\n") != 3 { // the header and a row per holder
 		t.Fatalf("status reads %q", status)
+	}
+	// The JSON views escape what JSON itself leaves raw: DEL and C1 controls (\u009b is CSI).
+	for _, view := range []string{"status.json", "app/stacks/s/record"} {
+		if text := m.read(view); sharedControlBytes(text) {
+			t.Fatalf("%s reads %q", view, text)
+		}
 	}
 	var st struct {
 		Cockpits []struct {
