@@ -363,30 +363,58 @@ func (s Space) inode(port int) (string, bool) {
 }
 
 // owner finds the process with socket inode open, among those whose fds this process may read
-// (all of them as root), and its uid; unknown when none is found.
+// (all of them as root), and its uid; unknown when none is found. One scan of /proc serves every
+// owner asked for within ownersFreshFor: names held by processes that do not listen cost one
+// scan, not one per name.
 func owner(inode string) Holder {
 	if inode == "" {
 		return Holder{}
 	}
-	want := "socket:[" + inode + "]"
+	owners.mu.Lock()
+	defer owners.mu.Unlock()
+	if h, ok := owners.byInode[inode]; ok && time.Since(owners.at) < ownersFreshFor {
+		return h
+	}
+	owners.byInode, owners.at = scanSockets(), time.Now()
+	return owners.byInode[inode]
+}
+
+// ownersFreshFor is how long a scan of /proc names the owners of the sockets it saw. A socket
+// bound since is not in it, and makes the next owner scan again.
+const ownersFreshFor = time.Second
+
+var owners struct {
+	mu      sync.Mutex
+	at      time.Time
+	byInode map[string]Holder // GUARDED_BY(mu)
+}
+
+// scanSockets maps the inode of every socket a process this one may read has open to that
+// process (the first /proc lists, when several share it) and its uid.
+func scanSockets() map[string]Holder {
+	byInode := map[string]Holder{}
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil {
 			continue
 		}
+		var st unix.Stat_t
+		if unix.Stat("/proc/"+p.Name(), &st) != nil {
+			continue
+		}
 		fds, _ := os.ReadDir("/proc/" + p.Name() + "/fd")
 		for _, fd := range fds {
-			if link, _ := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name()); link == want {
-				var st unix.Stat_t
-				if unix.Stat("/proc/"+p.Name(), &st) != nil {
-					return Holder{}
+			link, _ := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name())
+			if inode, ok := strings.CutPrefix(link, "socket:["); ok {
+				inode = strings.TrimSuffix(inode, "]")
+				if _, seen := byInode[inode]; !seen {
+					byInode[inode] = Holder{PID: pid, UID: st.Uid, Known: true}
 				}
-				return Holder{PID: pid, UID: st.Uid, Known: true}
 			}
 		}
 	}
-	return Holder{}
+	return byInode
 }
 
 // name is the abstract name of port (Go writes the leading NUL for "@").
