@@ -122,7 +122,7 @@ func parse(text []byte, partial bool) (Config, error) {
 		return Config{}, err
 	}
 	// A prefix may still follow in a partial document, and would change every name.
-	if _, given := document["env"]; later == nil || given || !later("prefix", "env") {
+	if later == nil || prefix != "" || !later("prefix", "env") {
 		if err := checkExported(prefix, declaration.Bases, entrypoints); err != nil {
 			return Config{}, err
 		}

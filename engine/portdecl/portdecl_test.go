@@ -596,3 +596,21 @@ func BenchmarkParsePrefixEveryLine(b *testing.B) {
 		})
 	}
 }
+
+// A name the env file may not export is refused in a prefix of a document only once no [env]
+// prefix can follow to change it.
+func TestParsePrefixWaitsForAPrefix(t *testing.T) {
+	path := portsWith("10", "2", "PATH = 25060")
+	for doc, refused := range map[string]bool{
+		path:                                   false, // [env] may follow
+		path + "[env]\n":                       false, // prefix may follow in [env]
+		path + "[env]\nprefix = \"APP_\"\n":    false,
+		path + "[env]\nprefix = \"LD_\"\n":     true,
+		path + "[env]\n[entrypoints]\n":        true, // [env] is closed without a prefix
+		portsWith("10", "2", "LD_PRELOAD = 1"): false,
+	} {
+		if err := ParsePrefix([]byte(doc)); (err != nil) != refused {
+			t.Errorf("ParsePrefix(%q) = %v, want refused %t", doc, err, refused)
+		}
+	}
+}
