@@ -22,7 +22,7 @@ MARKER=${2:-}
 DRAIN=${DRAIN:-down volume:db volume:cache}
 WORK=${WORK:-.}
 FAIL_TARGET=${FAIL_TARGET:-volume:cache}
-WORK_REAL=$(realpath -e -- "$WORK")
+WORK_REAL=$(realpath -m -- "$WORK")
 
 echo "$DRAIN" > "$S/drain/request"
 

@@ -205,6 +205,18 @@ func TestSharedDrainTargetsStayInWork(t *testing.T) {
 	if att := drainJSON(t, m, "app/stacks/s/drain/attempt"); att["status"] != "failed" || att["currentTarget"] != "volume:link/x" {
 		t.Fatalf("attempt after the refused reclaim: %v", att)
 	}
+	// The Makefile resumes the same drain and refuses the same.
+	makefile, err := filepath.Abs("../examples/Makefile.drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = m.sh(fmt.Sprintf("make -s -f %s down S=%s WORK=%s VOLUMES=link/x", makefile, drainDir("s"), work))
+	if r.Code == 0 || !strings.Contains(r.Stderr, "is not inside "+work) {
+		t.Fatalf("make down reclaimed through a link out of WORK: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(victim, "x")); err != nil {
+		t.Fatalf("the directory outside WORK is gone: %v", err)
+	}
 }
 
 // sharedControlBytes says whether text holds a character a terminal acts on (C0, DEL, C1), a
