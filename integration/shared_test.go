@@ -276,6 +276,11 @@ func TestSharedCheckoutIsOneEscapedLine(t *testing.T) {
 	if len(holders) != 2 || holders[0].Checkout != cwd || holders[1].Checkout != named {
 		t.Fatalf("status.json holders: %+v", holders)
 	}
+	// A name with a control character is refused, and the events line that says so holds none.
+	ownershipNobodyRefused(m, `touch "$M/app/stacks/s/holders/$(printf 'a\302\2332J')"`, syscall.EINVAL)
+	if ev := m.lastEvent("app/stacks/s/events"); sharedControlBytes(ev) || !strings.Contains(ev, `"errno":"EINVAL"`) {
+		t.Fatalf("the refusal's line: %q", ev)
+	}
 }
 
 // sharedSquat runs, as nobody and in the daemon's network namespace, one python3 process holding
