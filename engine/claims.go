@@ -210,7 +210,7 @@ func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
 		// not an identity yet: any later write of the owner's may name it.
 		if !w.createdHere && h.CheckoutPath != "" {
 			return r.Value, refuse(StateRecordMalformed, h.HolderID, "claim under another holder name for another checkout",
-				"holder %s is bound to checkout %s; a checkout is part of a holder's identity", w.Name, h.CheckoutPath)
+				"holder %s is bound to checkout %s; a checkout is part of a holder's identity", w.Name, Printable(h.CheckoutPath))
 		}
 		changed.CheckoutPath, changed.CheckoutID = w.CheckoutPath, checkoutID(w.CheckoutPath)
 	}
@@ -249,8 +249,8 @@ func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
 		return r.Value, refuse(ClaimCoTenant, h.HolderID, drainReservedFix, "holders cannot change while a drain is reserved")
 	}
 	if !h.mayBeFrom(nh.CheckoutPath) {
-		return r.Value, refuse(StateRecordMalformed, h.HolderID, fmt.Sprintf("touch it from %s, or give this checkout a stack of its own", h.CheckoutPath),
-			"holder %s is bound to checkout %s, not %s", nh.Name, h.CheckoutPath, nh.CheckoutPath)
+		return r.Value, refuse(StateRecordMalformed, h.HolderID, fmt.Sprintf("touch it from %s, or give this checkout a stack of its own", Printable(h.CheckoutPath)),
+			"holder %s is bound to checkout %s, not %s", nh.Name, Printable(h.CheckoutPath), Printable(nh.CheckoutPath))
 	}
 	if h.PID == nh.PID && h.ProcessStart == nh.ProcessStart {
 		return r.Value, errUnchanged
@@ -296,7 +296,7 @@ func addHolder(v Value, h Holder, now time.Time) (Value, bool, error) {
 	if existing, ok := v.Holder(h.Name); ok {
 		if !existing.mayBeFrom(h.CheckoutPath) {
 			return v, false, refuse(StateRecordMalformed, holderID(h.Name), "use another holder name for another checkout",
-				"holder %s already claims this stack from %s", h.Name, existing.CheckoutPath)
+				"holder %s already claims this stack from %s", h.Name, Printable(existing.CheckoutPath))
 		}
 		return v, false, nil
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Parsers of the drain control files (SPEC §7). Every refusal here is STATE_RECORD_MALFORMED.
@@ -163,7 +165,33 @@ func checkReclaimTargets(purpose string, targets []string) error {
 		case seen[t]:
 			return malformedRequest("target %q is named twice", t)
 		}
+		if err := checkTargetName(t); err != nil {
+			return err
+		}
 		seen[t] = true
+	}
+	return nil
+}
+
+// checkTargetName refuses a target an executor would take outside what it reclaims: what names
+// the resource (after a kind such as "volume:", or the whole target) is a relative path — not
+// absolute, no "." or ".." component, no empty one, not starting with "-" (an option to a
+// command) — and the target is printable UTF-8, no control byte (docs/spec.md §7).
+func checkTargetName(t string) error {
+	if !utf8.ValidString(t) || strings.ContainsFunc(t, unicode.IsControl) {
+		return malformedRequest("target %q has a control character or is not UTF-8", t)
+	}
+	name := t
+	if kind, rest, ok := strings.Cut(t, ":"); ok && kind != "" {
+		name = rest
+	}
+	if strings.HasPrefix(name, "-") {
+		return malformedRequest("target %q starts its name with \"-\", which a command would read as an option", t)
+	}
+	for _, part := range strings.Split(name, "/") {
+		if part == "" || part == "." || part == ".." {
+			return malformedRequest("target %q names no relative path below the executor's own (no leading \"/\", no empty, \".\" or \"..\" component)", t)
+		}
 	}
 	return nil
 }

@@ -19,8 +19,9 @@ func TestParseDrainRequest(t *testing.T) {
 		{"down volume:db volume:cache", DrainRequest{Purpose: "down", Targets: []string{"volume:db", "volume:cache"}}},
 		{"reset target=volume:db holder=me revision=12 valid_for=60000",
 			DrainRequest{Purpose: "reset", Targets: []string{"volume:db"}, Holder: "me", Revision: revisionOf(12), ValidFor: 60000}},
-		{"down\nvalid_for=1\tdir:/tmp/x\n target=a=b revision=0",
-			DrainRequest{Purpose: "down", Targets: []string{"dir:/tmp/x", "a=b"}, Revision: revisionOf(0), ValidFor: 1}},
+		{"down\nvalid_for=1\tdir:tmp/x\n target=a=b revision=0",
+			DrainRequest{Purpose: "down", Targets: []string{"dir:tmp/x", "a=b"}, Revision: revisionOf(0), ValidFor: 1}},
+		{"down volume:db/data.v2 :x café", DrainRequest{Purpose: "down", Targets: []string{"volume:db/data.v2", ":x", "café"}}},
 		{"down target=" + strings.Repeat("x", 512) + " valid_for=300000",
 			DrainRequest{Purpose: "down", Targets: []string{strings.Repeat("x", 512)}, ValidFor: 300000}},
 	} {
@@ -38,6 +39,11 @@ func TestParseDrainRequestRefusals(t *testing.T) {
 		"down holder=me holder=you", "down revision=1 revision=1", "down valid_for=1 valid_for=1",
 		"down holder=", "down holder=-me", "down holder=a/b",
 		"down volume:\x00db", "down target=",
+		// Names outside what the executor reclaims, or that a terminal or a command would read.
+		"down volume:../../../victimdir", "down volume:db/../../x", "down volume:..", "down volume:.",
+		"down volume:", "down volume:/etc", "down /etc", "down dir:/tmp/x", "down volume:a//b", "down volume:db/",
+		"down volume:-rf", "down -rf", "down volume:\x1b[31mdb", "down volume:d\x7fb", "down volume:\xffdb",
+		"down volume:d\u009bb",
 		"down " + strings.Repeat("x", 513),
 		"down volume:db volume:db", "down volume:db target=volume:db",
 		"sleep volume:db", "sleep target=volume:db",

@@ -131,6 +131,9 @@ func parseDeclaredValues(text []byte) (map[string]string, error) {
 	if !utf8.Valid(text) {
 		return nil, refuse(StateRecordMalformed, "", fix, "declared values are not UTF-8")
 	}
+	if err := portdecl.CheckText(text); err != nil {
+		return nil, refuse(StateRecordMalformed, "", fix, "declared values: %v", err)
+	}
 	values := map[string]string{}
 	for i, line := range strings.Split(string(text), "\n") {
 		line = strings.TrimSpace(line)

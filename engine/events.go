@@ -157,7 +157,9 @@ func appendEvent(tx storage.Txn, cockpit, stack string, e event) error {
 		return err
 	}
 	e.Path, e.Message, e.Fix, e.Warning = clip(e.Path), clip(e.Message), clip(e.Fix), clip(e.Warning)
-	line := appendEventJSON(make([]byte, 0, 256), e)
+	// PrintableJSON: a path or message with a C1 control (a name refused for it) reaches no
+	// terminal that follows the file.
+	line := PrintableJSON(appendEventJSON(make([]byte, 0, 256), e))
 	seq := head.Seq
 	if err := tx.Set(eventKey(cockpit, stack, seq), line); err != nil {
 		return err

@@ -254,13 +254,19 @@ func (r Record) Entrypoints(declared []portdecl.Entrypoint) []portdecl.Resolved 
 type EnvVar struct{ Name, Value string }
 
 // EnvFor is the env the stack exports under its cockpit's current config: Env of its declared
-// entrypoints, every name starting with the config's [env] prefix.
+// entrypoints, every name starting with the config's [env] prefix. A line another user's shell
+// would not read as written, or that names what their programs read (portdecl.CheckExported,
+// CheckValue), is left out: a config accepted before those rules may declare one.
 func (r Record) EnvFor(info CockpitInfo) []EnvVar {
 	env := r.env(info.Entrypoints)
-	for i := range env {
-		env[i].Name = info.EnvPrefix + env[i].Name
+	kept := env[:0]
+	for _, v := range env {
+		v.Name = info.EnvPrefix + v.Name
+		if portdecl.CheckExported(v.Name) == nil && portdecl.CheckValue(v.Value) == nil {
+			kept = append(kept, v)
+		}
 	}
-	return env
+	return kept // nil without a lease, as env
 }
 
 // env is the stack's environment while it holds a lease: each port by key in key order, then

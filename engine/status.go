@@ -161,12 +161,6 @@ func commandLine(pid int) string {
 		return ""
 	}
 	s := strings.TrimSpace(strings.ReplaceAll(string(bytes.TrimRight(data, "\x00")), "\x00", " "))
-	s = strings.Map(func(r rune) rune {
-		if r < ' ' || r == 0x7f {
-			return '?'
-		}
-		return r
-	}, s)
 	if len([]rune(s)) > maxCommandLine {
 		s = string([]rune(s)[:maxCommandLine-1]) + "…"
 	}
@@ -202,17 +196,19 @@ func (st Status) Table() ([]byte, error) {
 	return b.Bytes(), err
 }
 
-// JSON renders the status for scripts.
+// JSON renders the status for scripts, as PrintableJSON.
 func (st Status) JSON() ([]byte, error) {
 	data, err := json.MarshalIndent(st, "", "  ")
-	return append(data, '\n'), err
+	return append(PrintableJSON(data), '\n'), err
 }
 
+// dash is s as a cell shows it (Printable: one line, no tab, nothing a terminal acts on), "-"
+// for none.
 func dash(s string) string {
 	if s == "" {
 		return "-"
 	}
-	return strings.ReplaceAll(s, "\t", " ")
+	return Printable(s)
 }
 
 // portsText is KEY=port pairs in key order, joined by commas.
@@ -248,5 +244,5 @@ func drainText(d *drainStatus) string {
 	if d.Attempt != "" {
 		s += " (" + d.Attempt + ")"
 	}
-	return strings.ReplaceAll(s, "\t", " ")
+	return Printable(s)
 }

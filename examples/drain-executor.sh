@@ -7,7 +7,8 @@
 #                     the loop shows how a failed action is retried
 # environment:
 #   DRAIN        the request to reserve (default: "down volume:db volume:cache")
-#   WORK         where volume:<name> lives, as the directory $WORK/<name> (default: .)
+#   WORK         where volume:<name> lives, as the directory $WORK/<name> (default: .); nothing
+#                outside it is ever removed, whatever the target or a link in WORK says
 #   FAIL_TARGET  the target FAIL_ONCE_MARKER fails (default: volume:cache)
 #
 # Each write to a drain file is one command whose refusal the write itself reports, so `set -e`
@@ -21,6 +22,7 @@ MARKER=${2:-}
 DRAIN=${DRAIN:-down volume:db volume:cache}
 WORK=${WORK:-.}
 FAIL_TARGET=${FAIL_TARGET:-volume:cache}
+WORK_REAL=$(realpath -m -- "$WORK")
 
 echo "$DRAIN" > "$S/drain/request"
 
@@ -40,8 +42,19 @@ while [ -n "$(cat "$S/drain/request")" ]; do
 			echo failure > "$S/drain/outcome"
 			continue
 		fi
+		# The daemon refuses a target with "..", "/…" or a control byte; links inside WORK could
+		# still lead out, so what is removed is resolved first and must lie below WORK.
+		path=$(realpath -m -- "$WORK/${target#volume:}")
+		case $path in
+		"$WORK_REAL"/?*) ;;
+		*)
+			echo "reclaim $target: $path is not inside $WORK_REAL: refused" >&2
+			echo failure > "$S/drain/outcome"
+			exit 1
+			;;
+		esac
 		echo "reclaim $target"
-		rm -rf -- "$WORK/${target#volume:}" # e.g. docker volume rm
+		rm -rf -- "$path" # e.g. docker volume rm
 		;;
 	*)
 		echo "unknown stage $stage" >&2

@@ -52,7 +52,7 @@ func (drainListing) unlink(ctx context.Context, d *dir, name string) syscall.Err
 
 func jsonLine(v any) []byte {
 	data, _ := json.Marshal(v)
-	return append(data, '\n')
+	return append(engine.PrintableJSON(data), '\n')
 }
 
 func showRequest(r engine.Record) []byte {

@@ -193,11 +193,12 @@ func (f *FS) holderView(cockpit, stack, name string, claimed *engine.Claimed) re
 }
 
 // renderHolder is a holder file's content, appended without fmt (the created holder's open renders
-// one at every claim; TestRenderHolderIsFmts).
+// one at every claim; TestRenderHolderIsFmts), each value engine.Printable: a checkout path with a
+// newline or ESC in it stays one line, which no terminal acts on.
 func renderHolder(h engine.Holder, state string) []byte {
 	b := make([]byte, 0, 256+len(h.CheckoutPath))
 	for _, f := range [...]struct{ key, value string }{{"name=", h.Name}, {"\nid=", h.HolderID}, {"\ncheckout=", h.CheckoutID},
-		{"\ncheckout_path=", h.CheckoutPath}, {"\nclaimed_at=", h.ClaimedAt}} {
+		{"\ncheckout_path=", engine.Printable(h.CheckoutPath)}, {"\nclaimed_at=", h.ClaimedAt}} {
 		b = append(append(b, f.key...), f.value...)
 	}
 	if h.PID == 0 {
@@ -327,9 +328,11 @@ func renderLease(r engine.Record) []byte {
 	return b.Bytes()
 }
 
+// renderRecord is the record as JSON, engine.PrintableJSON: a checkout path's C1 control
+// reaches no terminal.
 func renderRecord(r engine.Record) []byte {
 	data, _ := json.MarshalIndent(r, "", "  ")
-	return append(data, '\n')
+	return append(engine.PrintableJSON(data), '\n')
 }
 
 func renderRevision(r engine.Record) []byte {

@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 )
 
 // execCommand holds a stack for a command's lifetime (docs/spec.md §4, "Holding a stack for a
@@ -238,7 +239,9 @@ func mountGone(path string, err error) error {
 	return fmt.Errorf("%s: the mount it was on went away (unmounted, or its daemon stopped): nothing was released; the holder reads dead once a daemon serves the store again", path)
 }
 
-// readEnv reads a stack's env file: KEY=value lines.
+// readEnv reads a stack's env file: KEY=value lines. A name the command's own programs read to
+// decide what to run or load (PATH, LD_PRELOAD …: portdecl.CheckExported) is never set, whatever
+// served the file: it is named on stderr and the caller's value stays.
 func readEnv(path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -248,9 +251,16 @@ func readEnv(path string) ([]string, error) {
 	var env []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if line := sc.Text(); strings.Contains(line, "=") && !strings.HasPrefix(line, "#") {
-			env = append(env, line)
+		line := sc.Text()
+		name, _, ok := strings.Cut(line, "=")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
 		}
+		if err := portdecl.CheckExported(name); err != nil {
+			fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s: not setting %v\n", path, err)
+			continue
+		}
+		env = append(env, line)
 	}
 	return env, sc.Err()
 }

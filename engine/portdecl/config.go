@@ -1,6 +1,7 @@
 package portdecl
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -9,7 +10,6 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/BurntSushi/toml"
 )
@@ -80,6 +80,9 @@ func parse(text []byte, partial bool) (Config, error) {
 	if len(text) > MaxDocumentBytes {
 		return Config{}, fmt.Errorf("config: the document is %d bytes, more than %d", len(text), MaxDocumentBytes)
 	}
+	if err := CheckText(text); err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
 	if err := checkNesting(text); err != nil {
 		return Config{}, err
 	}
@@ -118,7 +121,42 @@ func parse(text []byte, partial bool) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	// A prefix may still follow in a partial document, and would change every name.
+	if later == nil || prefix != "" || !later("prefix", "env") {
+		if err := checkExported(prefix, declaration.Bases, entrypoints); err != nil {
+			return Config{}, err
+		}
+	}
 	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix}, nil
+}
+
+// checkExported refuses a config whose env file would export a name CheckExported refuses.
+func checkExported(prefix string, bases map[string]int, entrypoints []Entrypoint) error {
+	for _, key := range slices.Sorted(maps.Keys(bases)) {
+		if err := CheckExported(prefix + key); err != nil {
+			return fmt.Errorf("ports.bases.%s: the env file would export %w", key, err)
+		}
+	}
+	for _, e := range entrypoints {
+		if err := CheckExported(prefix + EnvName(e.Name)); err != nil {
+			return fmt.Errorf("entrypoints.%s: the env file would export %w", quoteKey(e.Name), err)
+		}
+	}
+	return nil
+}
+
+// CheckText refuses a document another user's `cat` shows as it was written (a config,
+// declared values) when it holds a control character a terminal acts on: anything but tab and
+// newline, a carriage return only before a newline. TOML refuses most of them; C1 controls
+// (U+0080-U+009F) it lets through in comments.
+func CheckText(text []byte) error {
+	for i, r := range string(text) {
+		if unicode.IsControl(r) && r != '\t' && r != '\n' && !(r == '\r' && i+1 < len(text) && text[i+1] == '\n') {
+			line := 1 + bytes.Count(text[:i], []byte{'\n'})
+			return fmt.Errorf("line %d: control character %U, which a terminal reading the document would act on", line, r)
+		}
+	}
+	return nil
 }
 
 // parseEnv reads the optional [env] table: prefix, upper-case letters, digits and '_', not
@@ -282,11 +320,9 @@ func parseEntrypoint(name string, raw any, where string, bases map[string]int, l
 	if !strings.HasPrefix(entrypoint.Path, "/") {
 		return Entrypoint{}, fmt.Errorf("%s.path: %q does not start with \"/\"", where, entrypoint.Path)
 	}
-	// The path ends up in a URL line and an env file line.
-	if i := strings.IndexFunc(entrypoint.Path, func(r rune) bool {
-		return unicode.IsSpace(r) || unicode.IsControl(r) || r == utf8.RuneError
-	}); i >= 0 {
-		return Entrypoint{}, fmt.Errorf("%s.path: %q has white space or a control character at byte %d", where, entrypoint.Path, i)
+	// The path ends up in a URL line and an env file line that other users' shells read.
+	if err := checkPath(entrypoint.Path); err != nil {
+		return Entrypoint{}, fmt.Errorf("%s.path: %w", where, err)
 	}
 	if _, given := fields["scheme"]; given {
 		scheme, err := text(fields, "scheme", where+".scheme")

@@ -58,12 +58,12 @@ func TestParseAccepts(t *testing.T) {
 			Declaration: Declaration{Step: 1, Count: 1, Bases: map[string]int{"A": 1}},
 		}},
 		{"defaults filled in, sorted by name", ports +
-			entrypoint("zeta", `port = "DB"`, `path = "/z?x=1#f"`, `kind = "oauth-callback"`) +
-			entrypoint(`"Admin.v2"`, `port = "HTTP"`, `path = "/admin/"`, `scheme = "https"`), Config{
+			entrypoint("zeta", `port = "DB"`, `path = "/z?x=1,y=%23f"`, `kind = "oauth-callback"`) +
+			entrypoint(`"Admin-v2"`, `port = "HTTP"`, `path = "/admin/"`, `scheme = "https"`), Config{
 			Declaration: Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 8080, "DB": 5432}},
 			Entrypoints: []Entrypoint{
-				{Name: "Admin.v2", Port: "HTTP", Path: "/admin/", Scheme: "https", Hostname: "127.0.0.1", Kind: "entrypoint"},
-				{Name: "zeta", Port: "DB", Path: "/z?x=1#f", Scheme: "http", Hostname: "127.0.0.1", Kind: "oauth-callback"},
+				{Name: "Admin-v2", Port: "HTTP", Path: "/admin/", Scheme: "https", Hostname: "127.0.0.1", Kind: "entrypoint"},
+				{Name: "zeta", Port: "DB", Path: "/z?x=1,y=%23f", Scheme: "http", Hostname: "127.0.0.1", Kind: "oauth-callback"},
 			},
 		}},
 		{"loopback hostnames; IPv6 kept bracketed", ports +
@@ -79,16 +79,12 @@ func TestParseAccepts(t *testing.T) {
 				{Name: "d", Port: "HTTP", Path: "/", Scheme: "http", Hostname: "[::1]", Kind: "entrypoint"},
 			},
 		}},
-		{"dots, brackets and quotes in strings and comments do not nest", ports +
-			"# [[[[[[[[[[[[[[[[[[ a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r\n" +
-			entrypoint("w", `port = "HTTP"`, `path = '/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r/[[[[[[[[[[[[[[[[[[{{{{{{{{{{{{{{{{{{{'`) +
-			entrypoint("x", `port = "HTTP"`, `path = "/\"[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r"`) +
-			entrypoint("y", `port = "HTTP"`, `path = """/""[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r"""""`), Config{
+		{"dots and brackets in comments do not nest", ports +
+			"# [[[[[[[[[[[[[[[[[[ a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r {{{{{{{{{{{{{{{{{{{\n" +
+			entrypoint("w", `port = "HTTP"`, `path = '/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r/'`), Config{
 			Declaration: Declaration{Step: 10, Count: 20, Bases: map[string]int{"HTTP": 8080, "DB": 5432}},
 			Entrypoints: []Entrypoint{
-				{Name: "w", Port: "HTTP", Path: "/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r/[[[[[[[[[[[[[[[[[[{{{{{{{{{{{{{{{{{{{", Scheme: "http", Hostname: "127.0.0.1", Kind: "entrypoint"},
-				{Name: "x", Port: "HTTP", Path: `/"[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r`, Scheme: "http", Hostname: "127.0.0.1", Kind: "entrypoint"},
-				{Name: "y", Port: "HTTP", Path: `/""[[[[[[[[[[[[[[[[[[.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r""`, Scheme: "http", Hostname: "127.0.0.1", Kind: "entrypoint"},
+				{Name: "w", Port: "HTTP", Path: "/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r/", Scheme: "http", Hostname: "127.0.0.1", Kind: "entrypoint"},
 			},
 		}},
 		{"ports as an inline table", "ports = {step = 10, count = 2, bases = {HTTP = 8080}}\n", Config{
@@ -138,6 +134,9 @@ func TestParseRefuses(t *testing.T) {
 		// The document.
 		{"over 64 KiB", ports + "#" + strings.Repeat("x", MaxDocumentBytes), "more than 65536"},
 		{"TOML syntax error", "[ports\nstep = 1\n", "config: toml:"},
+		{"C1 control in a comment", "# \u009b2J\n" + ports, "config: line 1: control character U+009B, which a terminal reading the document would act on"},
+		{"ESC in a comment", ports + "# \x1b]0;pwned\x07\n", "control character U+001B"},
+		{"lone carriage return", ports + "# fine\rforged\n", "control character U+000D"},
 		{"an integer TOML cannot hold", portsWith("9223372036854775808", "1", "A = 1"), "config: toml:"},
 		{"empty document", "", "config: no [ports] table"},
 		{"only entrypoints", entrypoint("web", `port = "HTTP"`, `path = "/"`), "config: no [ports] table"},
@@ -206,12 +205,50 @@ func TestParseRefuses(t *testing.T) {
 		{"path missing", web(`port = "HTTP"`), "entrypoints.web.path: required"},
 		{"path is empty", web(`port = "HTTP"`, `path = ""`), `entrypoints.web.path: "" does not start with "/"`},
 		{"path is relative", web(`port = "HTTP"`, `path = "app"`), `entrypoints.web.path: "app" does not start with "/"`},
-		{"path has a space", web(`port = "HTTP"`, `path = "/a b"`), "entrypoints.web.path: \"/a b\" has white space or a control character at byte 2"},
-		{"path has a tab", web(`port = "HTTP"`, `path = "/a\tb"`), "has white space or a control character"},
-		{"path has a newline", web(`port = "HTTP"`, `path = "/a\nWEB_URL=x"`), "has white space or a control character"},
-		{"path has DEL", web(`port = "HTTP"`, `path = "/a\u007f"`), "has white space or a control character"},
-		{"path has a line separator", web(`port = "HTTP"`, `path = "/a\u2028"`), "has white space or a control character"},
-		{"path has a no-break space", web(`port = "HTTP"`, `path = "/a\u00a0"`), "has white space or a control character"},
+		{"path has a space", web(`port = "HTTP"`, `path = "/a b"`), `entrypoints.web.path: "/a b" has byte 0x20 at byte 2: a path is ASCII letters, digits`},
+		{"path has a tab", web(`port = "HTTP"`, `path = "/a\tb"`), "has byte 0x09 at byte 2"},
+		{"path has a newline", web(`port = "HTTP"`, `path = "/a\nWEB_URL=x"`), "has byte 0x0a at byte 2"},
+		{"path has DEL", web(`port = "HTTP"`, `path = "/a\u007f"`), "has byte 0x7f at byte 2"},
+		{"path has ESC", web(`port = "HTTP"`, `path = "/a\u001b[31m"`), "has byte 0x1b at byte 2"},
+		{"path has a line separator", web(`port = "HTTP"`, `path = "/a\u2028"`), "has byte 0xe2 at byte 2"},
+		{"path has a no-break space", web(`port = "HTTP"`, `path = "/a\u00a0"`), "has byte 0xc2 at byte 2"},
+		// What a shell would run or expand, or a dotenv reader would cut.
+		{"path has a command substitution", web(`port = "HTTP"`, `path = "/$(id>/tmp/x)"`), `has "$" at byte 1`},
+		{"path has backquotes", web(`port = "HTTP"`, "path = \"/`id`\""), "has \"`\" at byte 1"},
+		{"path has a semicolon", web(`port = "HTTP"`, `path = "/a;id"`), `has ";" at byte 2`},
+		{"path has an ampersand", web(`port = "HTTP"`, `path = "/?a=1&b=2"`), `has "&" at byte 5`},
+		{"path has a pipe", web(`port = "HTTP"`, `path = "/a|id"`), `has "|" at byte 2`},
+		{"path has a single quote", web(`port = "HTTP"`, `path = "/a'b"`), `has "'" at byte 2`},
+		{"path has a double quote", web(`port = "HTTP"`, `path = '/a"b'`), `has "\"" at byte 2`},
+		{"path has a backslash", web(`port = "HTTP"`, `path = '/a\b'`), `has "\\" at byte 2`},
+		{"path has parentheses", web(`port = "HTTP"`, `path = "/a(b)"`), `has "(" at byte 2`},
+		{"path has a redirection", web(`port = "HTTP"`, `path = "/a>b"`), `has ">" at byte 2`},
+		{"path has a fragment", web(`port = "HTTP"`, `path = "/#/login"`), `has "#" at byte 1`},
+		{"path has a brace", web(`port = "HTTP"`, `path = "/{a}"`), `has "{" at byte 1`},
+		{"path has a bracket", web(`port = "HTTP"`, `path = "/[a]"`), `has "[" at byte 1`},
+		{"path has a bang", web(`port = "HTTP"`, `path = "/a!b"`), `has "!" at byte 2`},
+		{"path has a tilde after a colon", web(`port = "HTTP"`, `path = "/a:~root"`), `"/a:~root" has "~" after ":" at byte 3`},
+		{"path has a bare percent", web(`port = "HTTP"`, `path = "/100%"`), `has "%" at byte 4`},
+		{"path has a percent without hex", web(`port = "HTTP"`, `path = "/%zz"`), `has "%" at byte 1`},
+		// Names a shell cannot assign, or that change how the reader's programs run.
+		{"entrypoint's variable has a dot", ports + entrypoint(`"Admin.v2"`, `port = "HTTP"`, `path = "/"`),
+			`entrypoints."Admin.v2": the env file would export "ADMIN.V2_URL", which is not a variable name a shell assigns`},
+		{"entrypoint's variable starts with a digit", ports + entrypoint("2web", `port = "HTTP"`, `path = "/"`),
+			`entrypoints.2web: the env file would export "2WEB_URL", which is not a variable name`},
+		{"port key PATH", portsWith("10", "2", "PATH = 25060"), "ports.bases.PATH: the env file would export PATH, which shells, loaders or interpreters read (docs/env.md)"},
+		{"port key BASH_ENV", portsWith("10", "2", "BASH_ENV = 25060"), "ports.bases.BASH_ENV: the env file would export BASH_ENV, which"},
+		{"port key LD_PRELOAD", portsWith("10", "2", "LD_PRELOAD = 25060"), "ports.bases.LD_PRELOAD: the env file would export LD_PRELOAD"},
+		{"port key HOME", portsWith("10", "2", "HOME = 25060"), "ports.bases.HOME: the env file would export HOME"},
+		{"port key HTTP_PROXY", portsWith("10", "2", "HTTP_PROXY = 25060"), "ports.bases.HTTP_PROXY: the env file would export HTTP_PROXY"},
+		{"port key IFS", portsWith("10", "2", "IFS = 25060"), "ports.bases.IFS: the env file would export IFS"},
+		{"entrypoint PIP_INDEX_URL", ports + entrypoint("pip-index", `port = "HTTP"`, `path = "/simple"`),
+			"entrypoints.pip-index: the env file would export PIP_INDEX_URL, which"},
+		{"prefix LD_ makes LD_PRELOAD", portsWith("10", "2", "PRELOAD = 25060") + "[env]\nprefix = \"LD_\"\n",
+			"ports.bases.PRELOAD: the env file would export LD_PRELOAD, which"},
+		{"prefix NODE_ makes NODE_OPTIONS", portsWith("10", "2", "OPTIONS = 25060") + "[env]\nprefix = \"NODE_\"\n",
+			"ports.bases.OPTIONS: the env file would export NODE_OPTIONS"},
+		{"prefix GIT_ with an entrypoint", ports + entrypoint("proxy", `port = "HTTP"`, `path = "/"`) + "[env]\nprefix = \"GIT_\"\n",
+			"ports.bases.DB: the env file would export GIT_DB"},
 		{"scheme with a colon", web(`port = "HTTP"`, `path = "/"`, `scheme = "ftp:"`), `entrypoints.web.scheme: "ftp:" is not a URL scheme`},
 		{"scheme is upper-case", web(`port = "HTTP"`, `path = "/"`, `scheme = "HTTP"`), `entrypoints.web.scheme: "HTTP" is not a URL scheme`},
 		{"scheme is empty", web(`port = "HTTP"`, `path = "/"`, `scheme = ""`), `entrypoints.web.scheme: "" is not a URL scheme`},
@@ -246,7 +283,11 @@ func TestParseRefuses(t *testing.T) {
 	// What only the whole document shows: something it lacks, which a further line may add (in
 	// the section the document ends in, or under a header not used yet).
 	judgedWhole := map[string]bool{"empty document": true, "only entrypoints": true, "no [ports.bases]": true,
-		"empty [ports.bases]": true, "port missing": true, "path missing": true}
+		"empty [ports.bases]": true, "port missing": true, "path missing": true,
+		// An [env] prefix may still change every name.
+		"entrypoint's variable has a dot": true, "entrypoint's variable starts with a digit": true,
+		"port key PATH": true, "port key BASH_ENV": true, "port key LD_PRELOAD": true, "port key HOME": true,
+		"port key HTTP_PROXY": true, "port key IFS": true, "entrypoint PIP_INDEX_URL": true}
 	for _, test := range tests {
 		t.Run(test.name, func(t *testing.T) {
 			got, err := Parse([]byte(test.doc))
@@ -553,5 +594,23 @@ func BenchmarkParsePrefixEveryLine(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A name the env file may not export is refused in a prefix of a document only once no [env]
+// prefix can follow to change it.
+func TestParsePrefixWaitsForAPrefix(t *testing.T) {
+	path := portsWith("10", "2", "PATH = 25060")
+	for doc, refused := range map[string]bool{
+		path:                                   false, // [env] may follow
+		path + "[env]\n":                       false, // prefix may follow in [env]
+		path + "[env]\nprefix = \"APP_\"\n":    false,
+		path + "[env]\nprefix = \"LD_\"\n":     true,
+		path + "[env]\n[entrypoints]\n":        true, // [env] is closed without a prefix
+		portsWith("10", "2", "LD_PRELOAD = 1"): false,
+	} {
+		if err := ParsePrefix([]byte(doc)); (err != nil) != refused {
+			t.Errorf("ParsePrefix(%q) = %v, want refused %t", doc, err, refused)
+		}
 	}
 }

@@ -10,8 +10,11 @@
 // own. Nothing on disk can be pre-created to lock others out, and nobody polls.
 //
 // A held name listens: whoever connects learns the holder's pid and uid from the kernel
-// (SO_PEERCRED), and a cockpitfs daemon answers one JSON line saying who it is and which lease the
-// port belongs to. A holder that does not answer is not a cockpitfs daemon (a squatter).
+// (SO_PEERCRED), and a cockpitfs daemon answers one JSON line saying which daemon it is and which
+// lease the port belongs to. The owner is what the kernel says, never what the holder answers: the
+// answer is read only when /proc shows the holder runs this very program (the same executable
+// file), and then only as which data directory and lease, never as who. Anything else holding a
+// name is not a cockpitfs daemon this process can vouch for (a squatter).
 //
 // The package binds, releases and asks; whether a family may be leased is the engine's rule.
 package portlock
@@ -26,6 +29,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -41,8 +46,16 @@ const Machine Space = "cockpitfs/port/"
 var ErrHeld = errors.New("port is held by another process")
 
 // answerTimeout bounds how long Ask waits for a holder's answer; a daemon answers at once, a
-// squatter may never.
-const answerTimeout = 200 * time.Millisecond
+// stopped one never. Once a process has let Ask wait that long, Ask does not wait for it again
+// for quietFor (an answer already there is still read): a holder that never answers costs one
+// wait, not one per name it holds.
+const (
+	answerTimeout = 200 * time.Millisecond
+	quietFor      = 10 * time.Second
+)
+
+// silent maps the pid of a process that did not answer to when Ask may wait for it again.
+var silent sync.Map // int -> time.Time
 
 // Identity is what a daemon's hold answers: the daemon and the lease the port belongs to.
 type Identity struct {
@@ -59,13 +72,13 @@ type Identity struct {
 
 const daemonName = "cockpitfs"
 
-// Holder is who holds a port: the kernel's pid and uid of the socket's owner (0 and false when it
-// does not listen), and the daemon's own answer when it is a cockpitfs daemon.
+// Holder is who holds a port: the kernel's pid and uid of the socket's owner (0 and false when
+// it cannot be told), and the daemon's own answer when the kernel shows it runs this program.
 type Holder struct {
 	PID      int
 	UID      uint32
 	Known    bool      // PID and UID come from the kernel
-	Identity *Identity // nil: not a cockpitfs daemon
+	Identity *Identity // nil: not a cockpitfs daemon this process can vouch for
 }
 
 // String names the holder for a message: "cockpitfs daemon pid 12 uid 1000 (data /d, lease app/s)"
@@ -220,25 +233,62 @@ func (s Space) Ask(port int) (holder Holder, ok bool, err error) {
 		return Holder{}, true, err
 	}
 	holder = Holder{PID: int(cred.Pid), UID: cred.Uid, Known: true}
-	if id, ok := readIdentity(fd); ok && id.Port == port && id.PID == holder.PID {
+	if !sameProgram(holder.PID) {
+		return holder, true, nil
+	}
+	if id, ok := readIdentity(fd, holder.PID); ok && id.Port == port && id.PID == holder.PID && id.UID == holder.UID && id.printable() {
 		holder.Identity = &id
 	}
 	return holder, true, nil
 }
 
-// readIdentity reads a daemon's one-line answer, waiting at most answerTimeout for it.
-func readIdentity(fd int) (Identity, bool) {
+// sameProgram says the kernel shows process pid running the executable file this process runs
+// (/proc/<pid>/exe, which only root and the process's own user may follow).
+func sameProgram(pid int) bool {
+	var self, other unix.Stat_t
+	if unix.Stat("/proc/self/exe", &self) != nil || unix.Stat("/proc/"+strconv.Itoa(pid)+"/exe", &other) != nil {
+		return false
+	}
+	return self.Dev == other.Dev && self.Ino == other.Ino
+}
+
+// printable says every text of the answer is one a line shows as it is: names of the tree's
+// alphabet, and paths of printable UTF-8.
+func (id Identity) printable() bool {
+	for _, name := range []string{id.Cockpit, id.Stack, id.Key} {
+		if strings.ContainsFunc(name, func(r rune) bool {
+			return !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-')
+		}) {
+			return false
+		}
+	}
+	for _, path := range []string{id.Data, id.Mount} {
+		if !utf8.ValidString(path) || strings.ContainsFunc(path, func(r rune) bool { return r == '\\' || !unicode.IsPrint(r) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// readIdentity reads the one-line answer of process pid, waiting at most answerTimeout for it,
+// and not at all while it is silent (see quietFor).
+func readIdentity(fd, pid int) (Identity, bool) {
 	var line []byte
 	buf := make([]byte, 1024)
 	deadline := time.Now().Add(answerTimeout)
+	if until, ok := silent.Load(pid); ok && until.(time.Time).After(time.Now()) {
+		deadline = time.Now()
+	} else if ok {
+		silent.Delete(pid)
+	}
 	for len(line) < 64<<10 && !strings.Contains(string(line), "\n") {
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return Identity{}, false
-		}
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(wait.Milliseconds())+1)
+		wait := max(time.Until(deadline), 0)
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int((wait+time.Millisecond-1)/time.Millisecond))
 		if errors.Is(err, unix.EINTR) {
 			continue
+		}
+		if err == nil && n == 0 && wait > 0 {
+			silent.Store(pid, time.Now().Add(quietFor))
 		}
 		if err != nil || n == 0 {
 			return Identity{}, false
@@ -313,30 +363,58 @@ func (s Space) inode(port int) (string, bool) {
 }
 
 // owner finds the process with socket inode open, among those whose fds this process may read
-// (all of them as root), and its uid; unknown when none is found.
+// (all of them as root), and its uid; unknown when none is found. One scan of /proc serves every
+// owner asked for within ownersFreshFor: names held by processes that do not listen cost one
+// scan, not one per name.
 func owner(inode string) Holder {
 	if inode == "" {
 		return Holder{}
 	}
-	want := "socket:[" + inode + "]"
+	owners.mu.Lock()
+	defer owners.mu.Unlock()
+	if h, ok := owners.byInode[inode]; ok && time.Since(owners.at) < ownersFreshFor {
+		return h
+	}
+	owners.byInode, owners.at = scanSockets(), time.Now()
+	return owners.byInode[inode]
+}
+
+// ownersFreshFor is how long a scan of /proc names the owners of the sockets it saw. A socket
+// bound since is not in it, and makes the next owner scan again.
+const ownersFreshFor = time.Second
+
+var owners struct {
+	mu      sync.Mutex
+	at      time.Time
+	byInode map[string]Holder // GUARDED_BY(mu)
+}
+
+// scanSockets maps the inode of every socket a process this one may read has open to that
+// process (the first /proc lists, when several share it) and its uid.
+func scanSockets() map[string]Holder {
+	byInode := map[string]Holder{}
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil {
 			continue
 		}
+		var st unix.Stat_t
+		if unix.Stat("/proc/"+p.Name(), &st) != nil {
+			continue
+		}
 		fds, _ := os.ReadDir("/proc/" + p.Name() + "/fd")
 		for _, fd := range fds {
-			if link, _ := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name()); link == want {
-				var st unix.Stat_t
-				if unix.Stat("/proc/"+p.Name(), &st) != nil {
-					return Holder{}
+			link, _ := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name())
+			if inode, ok := strings.CutPrefix(link, "socket:["); ok {
+				inode = strings.TrimSuffix(inode, "]")
+				if _, seen := byInode[inode]; !seen {
+					byInode[inode] = Holder{PID: pid, UID: st.Uid, Known: true}
 				}
-				return Holder{PID: pid, UID: st.Uid, Known: true}
 			}
 		}
 	}
-	return Holder{}
+	return byInode
 }
 
 // name is the abstract name of port (Go writes the leading NUL for "@").

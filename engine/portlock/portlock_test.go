@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
@@ -128,5 +130,88 @@ func TestSquatterIsNamedAndDiesWithItsProcess(t *testing.T) {
 			t.Fatalf("Take after the squatter's SIGKILL: %v", err)
 		}
 		h.Release()
+	}
+}
+
+// A process of another program that answers as a daemon would, naming its own pid, is not
+// believed: the holder is its kernel pid and uid, not a cockpitfs daemon, and none of its words.
+func TestForgedAnswerIsNotBelieved(t *testing.T) {
+	testtool.Need(t, "python3")
+	space := testSpace(t)
+	cmd := exec.Command("python3", "-c", `import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(b"\0" + sys.argv[1].encode())
+s.listen(16)
+print("bound", flush=True)
+while True:
+    c, _ = s.accept()
+    try:
+        c.sendall(json.dumps({"daemon": "cockpitfs", "pid": os.getpid(), "uid": 0, "data": "/forged\x1b[31m",
+            "cockpit": "app", "stack": "x", "key": "HTTP", "port": int(sys.argv[2])}).encode() + b"\n")
+    except OSError:
+        pass  # an asker that did not wait for the answer
+    c.close()`, fmt.Sprintf("%s%d", space, 40300), "40300")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
+		t.Fatalf("forger did not bind: %q %v", line, err)
+	}
+	holder, ok, err := space.Ask(40300)
+	if err != nil || !ok || !holder.Known || holder.PID != cmd.Process.Pid || holder.UID != uint32(os.Getuid()) || holder.Identity != nil {
+		t.Fatalf("Ask = %+v %+v %v %v, want pid %d, uid %d, no identity", holder, holder.Identity, ok, err, cmd.Process.Pid, os.Getuid())
+	}
+	if s := holder.String(); s != fmt.Sprintf("process %d uid %d, not a cockpitfs daemon", cmd.Process.Pid, os.Getuid()) {
+		t.Fatalf("holder reads %q", s)
+	}
+}
+
+// A hold of this very program is believed only for what a line shows as it is: an answer with a
+// control byte in its data directory names the holder by the kernel alone.
+func TestAnswerWithAControlByteIsNotBelieved(t *testing.T) {
+	space := testSpace(t)
+	h, err := space.Take(40400, Identity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: "/d\x1b[2J", Cockpit: "app", Stack: "s", Key: "HTTP"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	holder, ok, err := space.Ask(40400)
+	if err != nil || !ok || holder.PID != os.Getpid() || holder.Identity != nil {
+		t.Fatalf("Ask = %+v %+v %v %v", holder, holder.Identity, ok, err)
+	}
+}
+
+// A process of this program that holds names and never answers costs one wait: Ask then
+// remembers it as silent, and reads only what is already there from it.
+func TestSilentHolderIsWaitedForOnce(t *testing.T) {
+	space := testSpace(t)
+	t.Cleanup(func() { silent.Delete(os.Getpid()) }) // the other tests' holds are this process's
+	for _, port := range []int{40500, 40501} {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if err := unix.Bind(fd, &unix.SockaddrUnix{Name: space.name(port)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Listen(fd, 16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, port := range []int{40500, 40501} {
+		holder, ok, err := space.Ask(port)
+		if err != nil || !ok || holder.PID != os.Getpid() || holder.Identity != nil {
+			t.Fatalf("Ask(%d) = %+v %v %v", port, holder, ok, err)
+		}
+		until, remembered := silent.Load(os.Getpid())
+		if !remembered || !until.(time.Time).After(time.Now()) {
+			t.Fatalf("after ask %d, this process is not remembered as silent", i)
+		}
 	}
 }
