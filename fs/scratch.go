@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -15,7 +16,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 )
 
-// Scratch files: what sed -i, perl -pi, python's tempfile.mkstemp(dir=…) and `cp new.toml` make
+// Scratch files: what sed -i, perl -pi, rsync, python's tempfile.mkstemp(dir=…) and `cp new.toml` make
 // beside a cockpit's config before renaming it onto config. They live only in the daemon's memory,
 // belong to the uid that created them (nobody else may open them), hold at most maxCommand bytes,
 // at most maxScratch of them per cockpit, and vanish with the daemon. Renaming one onto config
@@ -245,8 +246,10 @@ func (cockpitListing) lookup(ctx context.Context, d *dir, name string) (entry, b
 }
 
 // create makes a scratch file; editors' own scratch names stay refused, so they save in place.
+// A name may be hidden (rsync's `.config.XXXXXX`, mkstemp(prefix=".config.")): a dot, then a
+// valid name.
 func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint32) (render, error) {
-	if editorScratch(name) || !engine.ValidName(name) {
+	if editorScratch(name) || !engine.ValidName(strings.TrimPrefix(name, ".")) {
 		return nil, errUndefined
 	}
 	c := caller(ctx, "create", d.child(name))

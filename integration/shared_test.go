@@ -234,6 +234,7 @@ func TestSharedCheckoutIsOneEscapedLine(t *testing.T) {
 	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
 	m.setupApp(4, map[string]int{"HTTP": 33990}, "s")
+	m.ok("chmod o+w $M/app/stacks/s") // open to nobody's holders
 	base, err := os.MkdirTemp("/tmp", "cockpitfs-shared")
 	if err != nil {
 		t.Fatal(err)
@@ -390,6 +391,7 @@ func TestSharedDocumentsHoldNoTerminalControls(t *testing.T) {
 	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
 	m.setupApp(4, map[string]int{"HTTP": 34100}, "s")
+	m.ok("chmod o+w $M/app/stacks/s") // open to nobody's holders
 	ownershipNobodyOK(m, "touch $M/app/stacks/s/holders/nob && echo 'web=http://localhost:1/' > $M/app/stacks/s/declared-values")
 	// coreutils' printf reports the close's errno, at which a whole document is judged.
 	for _, doc := range []string{`# \033]0;pwned\007\nweb=x`, `# \302\2332J\nweb=x`, `# fine\rforged\nweb=x`} {

@@ -417,7 +417,7 @@ func toolsConfig(port int) string {
 // is done, and exit 0; nothing is left beside config.
 func TestToolsConfigEdits(t *testing.T) {
 	t.Parallel()
-	testtool.Need(t, "vim", "nano", "perl", "python3")
+	testtool.Need(t, "vim", "nano", "perl", "python3", "rsync")
 	m := newMount(t)
 	m.ok("mkdir $M/app")
 	claimsConfig(m, "app", toolsConfig(26700))
@@ -432,6 +432,15 @@ fd, tmp = tempfile.mkstemp(dir=sys.argv[1])
 os.write(fd, open(cfg).read().replace("FROM", "TO").encode())
 os.close(fd)
 os.replace(tmp, cfg)' $M/app`},
+		{"hidden mkstemp and os.replace", `python3 -c 'import os, sys, tempfile
+cfg = sys.argv[1] + "/config"
+fd, tmp = tempfile.mkstemp(dir=sys.argv[1], prefix=".config.")
+os.write(fd, open(cfg).read().replace("FROM", "TO").encode())
+os.close(fd)
+os.replace(tmp, cfg)' $M/app`},
+		// rsync writes .config.XXXXXX beside config, then renames it onto config. (Its quick check
+		// skips a file of config's size and second: new.toml is an older file here.)
+		{"rsync new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/rsync.toml && touch -d @0 " + dir + "/rsync.toml && rsync " + dir + "/rsync.toml $M/app/config"},
 		{"mv new.toml config", "sed s/FROM/TO/ $M/app/config > $M/app/new.toml && mv $M/app/new.toml $M/app/config"},
 		{"cp new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/new.toml && cp " + dir + "/new.toml $M/app/config"},
 		// Its times and mode restored through the fd it wrote, which FUSE sends without the handle.
