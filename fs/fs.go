@@ -41,6 +41,8 @@ type FS struct {
 	contentTimes contentTimes
 	// snapshots are the opens' shared contents and what each uid's opens hold.
 	snapshots snapshots
+	// made are the stacks just made, and by whom (see nested.go).
+	made madeStacks
 }
 
 // Options configure a mount.

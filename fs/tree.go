@@ -166,6 +166,7 @@ func (stacksListing) mkdir(ctx context.Context, d *dir, name string) syscall.Err
 	if err := d.fsys.eng.CreateStack(ctx, c, d.cockpit, name); err != nil {
 		return d.fsys.fail(c, d.cockpit, "", err)
 	}
+	d.fsys.made.note(d.child(name), c.PID)
 	return 0
 }
 
