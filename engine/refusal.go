@@ -44,6 +44,9 @@ const (
 	// LifecycleEvidenceInvalid: evidence a caller hands back (the planning record a reclaim's
 	// outcome names) is not what the engine issued for the step it applies to.
 	LifecycleEvidenceInvalid Code = "LIFECYCLE_EVIDENCE_INVALID"
+	// WriteAbandoned: a writer killed by a signal before it closed a document or ended a command's
+	// line; nothing of what it wrote is applied.
+	WriteAbandoned Code = "WRITE_ABANDONED"
 )
 
 // Refusal is why an operation changed nothing: a value the adapter maps to an errno and an events

@@ -42,6 +42,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.Exists:                       syscall.EEXIST,
 	engine.NotEmpty:                     syscall.ENOTEMPTY,
 	engine.Unsupported:                  syscall.EPERM,
+	engine.WriteAbandoned:               syscall.ECANCELED,
 }
 
 // errGone: a name the kernel holds was gone when the operation reached it (a holder released

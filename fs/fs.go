@@ -38,6 +38,8 @@ type FS struct {
 	scratch scratchFiles
 	// contentTimes keep a record-derived file's mtime while its content stays.
 	contentTimes contentTimes
+	// dir is the mount point, absolute: a path of the tree as /proc/<pid>/fd names it is under it.
+	dir string
 }
 
 // Options configure a mount.
@@ -66,7 +68,10 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	if logger == nil {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
-	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger}
+	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger, dir: dir}
+	if abs, err := filepath.Abs(dir); err == nil {
+		fsys.dir = abs
+	}
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
 	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the
 	// exception: their nodes never change, and their names are looked up at every open (see
