@@ -29,11 +29,16 @@ func backupCommand(args []string) error {
 		return err
 	}
 	defer db.Close()
-	n, err := db.Backup(positional[0])
+	// Numbered after the store's rolling backups: copied among them, it is the newest.
+	seq, err := kv.NextBackupSeq(*data)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s backed up to %s\n", plural(n, "record"), positional[0])
+	n, err := db.Backup(positional[0], seq)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s backed up to %s (backup %d of %s)\n", plural(n, "record"), positional[0], seq, *data)
 	return nil
 }
 
@@ -124,16 +129,24 @@ func heldHint(err error) error {
 // store changed, until stop is closed. A failed backup is logged and leaves the previous ones.
 func keepBackups(db *kv.DB, data string, stop <-chan struct{}) {
 	backup := func() {
-		path, n, err := db.KeepBackup(data)
+		r, err := db.KeepBackup(data)
 		if errors.Is(err, storage.ErrCorrupt) {
 			log.Printf("the store is damaged, every operation now answers EIO; stop the daemon, then `cockpitfs verify --data %s` and `cockpitfs restore --data %s`: %v", data, data, err)
 			return
 		}
+		if r.Path != "" {
+			log.Printf("backup: %s in %s (backup %d)", plural(r.Records, "record"), r.Path, r.Seq)
+		}
+		for _, removed := range r.Removed {
+			log.Printf("backup: removed %s, older than the newest %d", removed, kv.BackupsKept)
+		}
+		if r.Kept != "" {
+			log.Printf("backup: kept %s (%s) beside the newest %d, which hold fewer: restore it with `cockpitfs restore --data %s %s`, or remove it once it is not needed",
+				r.Kept, plural(r.KeptRecords, "record"), kv.BackupsKept, data, r.Kept)
+		}
 		if err != nil {
 			log.Printf("backup: %v", err)
-			return
 		}
-		log.Printf("backup: %s in %s", plural(n, "record"), path)
 	}
 	backup()
 	ticker := time.NewTicker(backupEvery)
