@@ -3,7 +3,6 @@ package kv
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -338,109 +337,4 @@ func readField(r *bytes.Reader) ([]byte, error) {
 	b := make([]byte, n)
 	_, err = io.ReadFull(r, b)
 	return b, err
-}
-
-// RestoreReport says what a restore did and what it could not bring back.
-type RestoreReport struct {
-	Backup   string
-	Taken    time.Time
-	Restored int
-	// MovedTo is where the store that was replaced now lies, untouched.
-	MovedTo string
-	// Salvaged is false when the replaced store could not be read at all; everything committed
-	// after Taken is then lost.
-	Salvaged   bool
-	SalvageErr error
-	// Unreadable names the replaced store's files that could not be read (or only in part):
-	// what only they held is lost too.
-	Unreadable []string
-	// Lost lists the keys the replaced store held (as far as it could be read) that the backup
-	// does not hold with the same value: "key: missing" or "key: differs".
-	Lost []string
-}
-
-// Restore replaces the store in dir by the backup at path. The store it replaces is moved, whole
-// and unchanged, into dir/damaged-<time>; its readable records are compared with the backup to
-// report what is lost. It refuses with *HeldError while a daemon holds dir.
-func Restore(dir, path string) (*RestoreReport, error) {
-	backup, err := ReadBackup(path)
-	if err != nil {
-		return nil, err
-	}
-	lock, err := lockDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.Close()
-	report := &RestoreReport{Backup: path, Taken: backup.Taken, Restored: len(backup.Records)}
-	current, unreadable, salvageErr := salvage(dir)
-	report.Salvaged, report.SalvageErr, report.Unreadable = salvageErr == nil, salvageErr, unreadable
-	for _, key := range sortedKeys(current) {
-		if value, ok := backup.Records[key]; !ok {
-			report.Lost = append(report.Lost, key+": missing from the backup")
-		} else if !bytes.Equal(value, current[key]) {
-			report.Lost = append(report.Lost, key+": differs in the backup")
-		}
-	}
-	moved, err := moveStoreAside(dir)
-	if err != nil {
-		return nil, err
-	}
-	report.MovedTo = moved
-	db, err := openLocked(dir, lock)
-	if err != nil {
-		return nil, err
-	}
-	keys := sortedKeys(backup.Records)
-	for len(keys) > 0 {
-		batch := keys[:min(len(keys), 256)]
-		keys = keys[len(batch):]
-		if err := db.Update(context.Background(), func(tx storage.Txn) error {
-			for _, k := range batch {
-				if err := tx.Set(k, backup.Records[k]); err != nil {
-					return err
-				}
-			}
-			return nil
-		}); err != nil {
-			db.closeStore()
-			return nil, fmt.Errorf("kv: restore: %w", err)
-		}
-	}
-	if err := db.closeStore(); err != nil {
-		return nil, fmt.Errorf("kv: restore: %w", err)
-	}
-	return report, nil
-}
-
-func sortedKeys(m map[string][]byte) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-// moveStoreAside moves badger's files into a new dir/damaged-<time> and returns its path.
-func moveStoreAside(dir string) (string, error) {
-	aside := filepath.Join(dir, "damaged-"+time.Now().UTC().Format("20060102T150405Z"))
-	if err := os.Mkdir(aside, 0o700); err != nil {
-		return "", fmt.Errorf("kv: %w", err)
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return "", fmt.Errorf("kv: %w", err)
-	}
-	for _, e := range entries {
-		if e.Type().IsRegular() && (isStoreFile(e.Name()) || e.Name() == "LOCK") {
-			if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(aside, e.Name())); err != nil {
-				return "", fmt.Errorf("kv: move the store aside: %w", err)
-			}
-		}
-	}
-	if err := syncDir(dir); err != nil {
-		return "", fmt.Errorf("kv: %w", err)
-	}
-	return aside, nil
 }

@@ -59,8 +59,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // log record damaged where a later record shows it was durable, and no badger log with a valid
 // entry the last checkpoint made durable after a bad one (a torn tail, a bad entry followed by
 // nothing, or by entries only the write-ahead log vouches for, is what a crash leaves and is
-// fine). It returns a *CorruptError for the first damage found.
+// fine). It returns a *CorruptError for the first damage found, and an *UnfinishedRestoreError
+// for a directory a killed restore left half replaced.
 func Inspect(dir string) error {
+	if err := UnfinishedRestore(dir); err != nil {
+		return err
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("kv: %w", err)

@@ -51,24 +51,42 @@ func restoreCommand(args []string) error {
 	if err != nil {
 		return err
 	}
+	if len(positional) > 1 {
+		return &usageError{command: "restore", msg: "restore takes at most one FILE"}
+	}
+	var unfinished *kv.UnfinishedRestoreError
+	if errors.As(kv.UnfinishedRestore(*data), &unfinished) {
+		// A killed restore is finished, never started over: the store it replaced lies aside.
+		if len(positional) == 1 && positional[0] != unfinished.Backup {
+			return fmt.Errorf("%w; finish it first with `cockpitfs restore --data %s`, then restore %s", unfinished, *data, positional[0])
+		}
+		report, err := kv.FinishRestore(*data)
+		if err != nil {
+			return heldHint(err)
+		}
+		fmt.Printf("finished the restore of %s that was stopped before it ended\n", report.Backup)
+		return printRestore(report)
+	}
 	var path string
-	switch len(positional) {
-	case 0:
+	if len(positional) == 1 {
+		path = positional[0]
+	} else {
 		if path, err = kv.NewestBackup(*data); err != nil {
 			return err
 		}
 		if path == "" {
 			return fmt.Errorf("no backup in %s/%s: name a backup file (cockpitfs restore --data %s FILE)", *data, kv.BackupDirName, *data)
 		}
-	case 1:
-		path = positional[0]
-	default:
-		return &usageError{command: "restore", msg: "restore takes at most one FILE"}
 	}
 	report, err := kv.Restore(*data, path)
 	if err != nil {
 		return heldHint(err)
 	}
+	return printRestore(report)
+}
+
+// printRestore says what a restore did and what is lost.
+func printRestore(report *kv.RestoreReport) error {
 	fmt.Printf("restored %s from %s (taken %s)\n", plural(report.Restored, "record"), report.Backup, report.Taken.Format(time.RFC3339))
 	fmt.Printf("the replaced store is kept, unchanged, in %s\n", report.MovedTo)
 	for _, f := range report.Unreadable {
@@ -95,6 +113,9 @@ func openOffline(data string) (*kv.DB, error) {
 	if err := isStore(data); err != nil {
 		return nil, err
 	}
+	if err := unfinishedMigration(data); err != nil {
+		return nil, err
+	}
 	db, err := kv.OpenReadOnly(data)
 	if err != nil {
 		return nil, heldHint(damageHint(err, data))
@@ -102,8 +123,13 @@ func openOffline(data string) (*kv.DB, error) {
 	return db, nil
 }
 
-// damageHint adds the way out to a refusal to open a damaged store.
+// damageHint adds the way out to a refusal to open a damaged store, or one a killed restore left
+// half replaced.
 func damageHint(err error, data string) error {
+	var unfinished *kv.UnfinishedRestoreError
+	if errors.As(err, &unfinished) {
+		return fmt.Errorf("%w; nothing was changed: finish the restore with `cockpitfs restore --data %s`", err, data)
+	}
 	var corrupt *kv.CorruptError
 	if !errors.As(err, &corrupt) {
 		return err

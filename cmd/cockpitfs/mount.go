@@ -233,6 +233,9 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return nil, "", nil, err
 	}
+	if err := unfinishedMigration(data); err != nil {
+		return nil, "", nil, err
+	}
 	db, err := kv.Open(data)
 	if err != nil {
 		return nil, "", nil, damageHint(err, data)
