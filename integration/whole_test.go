@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/cockpitfs/cockpitfs/kv"
 )
 
 // Whole or nothing (docs/integrity.md#whole-or-nothing): a control file applies whole lines, a
@@ -186,5 +188,71 @@ os._exit(0)' $M/app/config`)
 	ev = claimsEvent(t, m, "app/events")
 	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 39520") || ev["revision"].(float64) != rev.(float64)+1 {
 		t.Fatalf("config %q applied at revision %v after %v: want it applied once", got, ev["revision"], rev)
+	}
+}
+
+// Backups are ordered by the sequence each holds, never by name or clock. With three backups
+// named in the future (a clock that ran ahead, then was corrected), the backup just written is
+// kept, restore without a file picks the newest content, and a store emptied by mistake does not
+// push the fuller backups out without a word: the fullest older one is kept, and the log says so.
+func TestBackupsOrderedByWhatTheyHold(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 39530}, "s1")
+	m.Stop()
+	backups := filepath.Join(m.Data, "backups")
+	for range 2 {
+		m.start()
+		m.Stop()
+	}
+	names, _ := filepath.Glob(filepath.Join(backups, "*.backup"))
+	if len(names) != 3 {
+		t.Fatalf("three starts left %v", names)
+	}
+	for i, name := range names {
+		if err := os.Rename(name, filepath.Join(backups, fmt.Sprintf("2099010%dT000000.000000000Z.backup", i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.start()
+	m.ok("mkdir $M/app/stacks/s2 $M/app/stacks/s3")
+	m.Stop()
+	m.start() // its backup holds s1, s2 and s3
+	m.Stop()  // which waits for the backup the start began
+	var written string
+	names, _ = filepath.Glob(filepath.Join(backups, "*.backup"))
+	for _, name := range names {
+		if b, err := kv.ReadBackup(name); err == nil {
+			for key := range b.Records {
+				if strings.HasSuffix(key, "/s3") {
+					written = name
+				}
+			}
+		}
+	}
+	if written == "" {
+		t.Fatalf("the backup just written, of s1, s2 and s3, is gone: %v\n%s", names, m.log)
+	}
+	r := cockpitfs(t, "restore", "--data", m.Data)
+	if r.code != 0 || !strings.Contains(r.out, "from "+written) {
+		t.Fatalf("restore without a file did not pick %s:\n%s", written, r.out)
+	}
+	m.start()
+	if got := m.ok("ls $M/app/stacks"); got != "s1\ns2\ns3\n" {
+		t.Fatalf("restored stacks %q", got)
+	}
+	// Emptied by mistake: four backups of fewer records each.
+	m.ok("rmdir $M/app/stacks/s1 $M/app/stacks/s2 $M/app/stacks/s3 && rmdir $M/app")
+	for range 4 {
+		m.Stop()
+		m.start()
+	}
+	m.Stop()
+	log := m.log.String()
+	if !strings.Contains(log, "backup: kept ") || !strings.Contains(log, "beside the newest 3, which hold fewer") {
+		t.Fatalf("the rotation did not keep the fuller backup, or said nothing:\n%s", log)
+	}
+	if names, _ := filepath.Glob(filepath.Join(backups, "*.backup")); len(names) != 4 {
+		t.Fatalf("backups after the rotation: %v", names)
 	}
 }
