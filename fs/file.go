@@ -36,7 +36,8 @@ type view struct {
 // render produces a file's current view; a NotFound refusal means the file does not exist now.
 type render func() (view, error)
 
-// writer applies one write(2) to a writable file: a command, or the config document so far.
+// writer takes one write(2) to a writable file: a command's line or a piece of it (see
+// commandWriter), or a piece of a document (see documentWriter).
 type writer interface {
 	write(ctx context.Context, f *file, h *handle, data []byte, off int64) error
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -25,11 +26,12 @@ import (
 // and O_TRUNC among its other uses).
 var faultSyscalls = []string{"renameat", "renameat2", "unlinkat", "mkdirat", "openat", "write", "pwrite64", "ftruncate", "fallocate", "fsync", "fdatasync"}
 
-// faultLimit is how many positions of syscall a run tries: the suite tries every rename (each
-// step of a restore, a backup or a migration that moves a file is one) and the first call of the
-// rest; COCKPITFS_FAULTS=all every call.
-func faultLimit(syscall string) int {
-	if os.Getenv("COCKPITFS_FAULTS") == "all" || syscall == "renameat" || syscall == "renameat2" {
+// faultLimit is how many positions of syscall a run tries: every position of the calls in every
+// (each step of a restore or a backup that moves a file is a rename; each commit of a migration's
+// batches a pwrite64 of the write-ahead log) and the first of the rest; COCKPITFS_FAULTS=all
+// every position of every call.
+func faultLimit(syscall string, every []string) int {
+	if os.Getenv("COCKPITFS_FAULTS") == "all" || slices.Contains(every, syscall) {
 		return 1 << 16
 	}
 	return 1
@@ -62,11 +64,11 @@ func killedAt(t *testing.T, syscall string, n int, args ...string) (bool, string
 // faultLoop kills cockpitfs args (after prepare) at each position faultLimit allows, and hands
 // each outcome to check, with where the kill came ("renameat#3") or "" for the run that ended
 // unkilled. It returns how many runs were killed.
-func faultLoop(t *testing.T, prepare func(), check func(at string, killed bool, out string), args ...string) int {
+func faultLoop(t *testing.T, every []string, prepare func(), check func(at string, killed bool, out string), args ...string) int {
 	t.Helper()
 	kills := 0
 	for _, sc := range faultSyscalls {
-		for n := 1; n <= faultLimit(sc); n++ {
+		for n := 1; n <= faultLimit(sc, every); n++ {
 			prepare()
 			killed, out := killedAt(t, sc, n, args...)
 			at := fmt.Sprintf("%s#%d", sc, n)
@@ -159,7 +161,7 @@ func TestRestoreKilledAtEachDiskCall(t *testing.T) {
 	pristine := filepath.Join(t.TempDir(), "pristine")
 	replaceDir(t, m.Data, pristine)
 	seen := map[string]int{}
-	kills := faultLoop(t, func() { replaceDir(t, pristine, m.Data) }, func(at string, killed bool, out string) {
+	kills := faultLoop(t, []string{"renameat"}, func() { replaceDir(t, pristine, m.Data) }, func(at string, killed bool, out string) {
 		if !killed {
 			if !strings.Contains(out, fmt.Sprintf("restored %d records", len(restored))) {
 				t.Fatalf("the restore run to its end: %s", out)
@@ -215,7 +217,7 @@ func TestBackupKilledAtEachDiskCall(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "taken.backup")
 	temps := 0
-	kills := faultLoop(t, func() {
+	kills := faultLoop(t, []string{"renameat"}, func() {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			os.Remove(filepath.Join(dir, e.Name()))
@@ -249,7 +251,7 @@ func TestVerifyKilledAtEachDiskCall(t *testing.T) {
 	t.Parallel()
 	m, _ := faultStores(t)
 	before := storeFingerprint(t, m.Data)
-	kills := faultLoop(t, func() {}, func(at string, killed bool, out string) {
+	kills := faultLoop(t, []string{"renameat"}, func() {}, func(at string, killed bool, out string) {
 		if !killed && !strings.Contains(out, "records clean") {
 			t.Fatalf("verify run to its end: %s", out)
 		}
@@ -272,7 +274,7 @@ func TestMigrateKilledAtEachDiskCall(t *testing.T) {
 	records := storeRecords(t, m.Data)
 	dst := filepath.Join(t.TempDir(), "copy")
 	seen := map[string]int{}
-	kills := faultLoop(t, func() { os.RemoveAll(dst) }, func(at string, killed bool, out string) {
+	kills := faultLoop(t, []string{"renameat", "pwrite64"}, func() { os.RemoveAll(dst) }, func(at string, killed bool, out string) {
 		if !killed && !strings.Contains(out, "copied ") {
 			t.Fatalf("migrate run to its end: %s", out)
 		}
