@@ -69,8 +69,12 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
 	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), log: logger, dir: dir}
+	// As the kernel names it in /proc/<pid>/fd: absolute, through no symbolic link.
 	if abs, err := filepath.Abs(dir); err == nil {
 		fsys.dir = abs
+		if real, err := filepath.EvalSymlinks(abs); err == nil {
+			fsys.dir = real
+		}
 	}
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
 	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the

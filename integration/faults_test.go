@@ -309,4 +309,7 @@ func TestMigrateKilledAtEachDiskCall(t *testing.T) {
 		}
 	}, "migrate", m.Data, dst)
 	t.Logf("migrate killed %d times: %v", kills, seen)
+	if seen["refused"] == 0 {
+		t.Fatalf("the kills never met the migration between its first key and its end: %v", seen)
+	}
 }
