@@ -39,12 +39,12 @@ func faultLimit(syscall string, every []string) int {
 
 // killedAt runs cockpitfs args killed at the n-th call of syscall; it reports whether the kill
 // came, and the command's output.
-func killedAt(t *testing.T, syscall string, n int, args ...string) (bool, string) {
+func killedAt(t *testing.T, tmp, syscall string, n int, args ...string) (bool, string) {
 	t.Helper()
 	cmd := exec.Command("strace", append([]string{"-f", "-qq", "-o", "/dev/null", "-e", "trace=" + syscall,
 		"-e", fmt.Sprintf("inject=%s:signal=KILL:when=%d", syscall, n), binary}, args...)...)
 	// The race detector's second at exit, in every one of hundreds of runs.
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
+	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", "TMPDIR="+tmp)
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	switch {
@@ -63,14 +63,15 @@ func killedAt(t *testing.T, syscall string, n int, args ...string) (bool, string
 
 // faultLoop kills cockpitfs args (after prepare) at each position faultLimit allows, and hands
 // each outcome to check, with where the kill came ("renameat#3") or "" for the run that ended
-// unkilled. It returns how many runs were killed.
-func faultLoop(t *testing.T, every []string, prepare func(), check func(at string, killed bool, out string), args ...string) int {
+// unkilled. It returns how many runs were killed, and the TMPDIR they ran with.
+func faultLoop(t *testing.T, every []string, prepare func(), check func(at string, killed bool, out string), args ...string) (int, string) {
 	t.Helper()
+	tmp := t.TempDir()
 	kills := 0
 	for _, sc := range faultSyscalls {
 		for n := 1; n <= faultLimit(sc, every); n++ {
 			prepare()
-			killed, out := killedAt(t, sc, n, args...)
+			killed, out := killedAt(t, tmp, sc, n, args...)
 			at := fmt.Sprintf("%s#%d", sc, n)
 			if !killed {
 				check("", false, out)
@@ -80,7 +81,7 @@ func faultLoop(t *testing.T, every []string, prepare func(), check func(at strin
 			check(at, true, out)
 		}
 	}
-	return kills
+	return kills, tmp
 }
 
 // storeRecords is every record of the stopped store in data, read through `cockpitfs backup`.
@@ -161,7 +162,7 @@ func TestRestoreKilledAtEachDiskCall(t *testing.T) {
 	pristine := filepath.Join(t.TempDir(), "pristine")
 	replaceDir(t, m.Data, pristine)
 	seen := map[string]int{}
-	kills := faultLoop(t, []string{"renameat"}, func() { replaceDir(t, pristine, m.Data) }, func(at string, killed bool, out string) {
+	kills, _ := faultLoop(t, []string{"renameat"}, func() { replaceDir(t, pristine, m.Data) }, func(at string, killed bool, out string) {
 		if !killed {
 			if !strings.Contains(out, fmt.Sprintf("restored %d records", len(restored))) {
 				t.Fatalf("the restore run to its end: %s", out)
@@ -217,7 +218,7 @@ func TestBackupKilledAtEachDiskCall(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "taken.backup")
 	temps := 0
-	kills := faultLoop(t, []string{"renameat"}, func() {
+	kills, _ := faultLoop(t, []string{"renameat"}, func() {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			os.Remove(filepath.Join(dir, e.Name()))
@@ -251,7 +252,7 @@ func TestVerifyKilledAtEachDiskCall(t *testing.T) {
 	t.Parallel()
 	m, _ := faultStores(t)
 	before := storeFingerprint(t, m.Data)
-	kills := faultLoop(t, []string{"renameat"}, func() {}, func(at string, killed bool, out string) {
+	kills, tmp := faultLoop(t, []string{"renameat"}, func() {}, func(at string, killed bool, out string) {
 		if !killed && !strings.Contains(out, "records clean") {
 			t.Fatalf("verify run to its end: %s", out)
 		}
@@ -259,8 +260,14 @@ func TestVerifyKilledAtEachDiskCall(t *testing.T) {
 			t.Fatalf("killed at %s: the store changed:\n%s\n%s", at, before, after)
 		}
 	}, "verify", "--data", m.Data)
-	if v := cockpitfs(t, "verify", "--data", m.Data); v.code != 0 {
-		t.Fatalf("verify after the kills: %s", v.out)
+	// The next verify removes the copies the killed ones left in TMPDIR.
+	v := exec.Command(binary, "verify", "--data", m.Data)
+	v.Env = append(os.Environ(), "TMPDIR="+tmp)
+	if out, err := v.CombinedOutput(); err != nil {
+		t.Fatalf("verify after the kills: %v\n%s", err, out)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "cockpitfs-inspect-*")); len(left) != 0 {
+		t.Fatalf("verify killed %d times left %d copies of the store after the next verify: %v", kills, len(left), left)
 	}
 	t.Logf("verify killed %d times", kills)
 }
@@ -274,7 +281,7 @@ func TestMigrateKilledAtEachDiskCall(t *testing.T) {
 	records := storeRecords(t, m.Data)
 	dst := filepath.Join(t.TempDir(), "copy")
 	seen := map[string]int{}
-	kills := faultLoop(t, []string{"renameat", "pwrite64"}, func() { os.RemoveAll(dst) }, func(at string, killed bool, out string) {
+	kills, _ := faultLoop(t, []string{"renameat", "pwrite64"}, func() { os.RemoveAll(dst) }, func(at string, killed bool, out string) {
 		if !killed && !strings.Contains(out, "copied ") {
 			t.Fatalf("migrate run to its end: %s", out)
 		}
