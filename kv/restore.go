@@ -127,6 +127,9 @@ func Restore(dir, path string) (*RestoreReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs // finished later, maybe from another directory
+	}
 	intent := restoreIntent{Backup: path, Taken: backup.Taken, Aside: asideName(dir), Staged: files}
 	if err := writeRestoreIntent(dir, intent); err != nil {
 		return nil, err
