@@ -40,7 +40,7 @@ const restoreStagedName = "restore-staged"
 type restoreIntent struct {
 	Backup string    `json:"backup"`
 	Taken  time.Time `json:"taken"`
-	Aside  string    `json:"aside"`  // the directory the replaced store moves to
+	Aside  string    `json:"aside"`  // the directory of dir the replaced store moves to, its name
 	Staged []string  `json:"staged"` // the restored store's files, in dir/restore-staged
 }
 
@@ -63,7 +63,7 @@ func UnfinishedRestore(dir string) error {
 	case err != nil:
 		return err
 	}
-	return &UnfinishedRestoreError{Dir: dir, Backup: intent.Backup, Aside: intent.Aside}
+	return &UnfinishedRestoreError{Dir: dir, Backup: intent.Backup, Aside: filepath.Join(dir, intent.Aside)}
 }
 
 func readRestoreIntent(dir string) (restoreIntent, error) {
@@ -130,7 +130,7 @@ func Restore(dir, path string) (*RestoreReport, error) {
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs // finished later, maybe from another directory
 	}
-	intent := restoreIntent{Backup: path, Taken: backup.Taken, Aside: asideName(dir), Staged: files}
+	intent := restoreIntent{Backup: path, Taken: backup.Taken, Aside: filepath.Base(asideName(dir)), Staged: files}
 	if err := writeRestoreIntent(dir, intent); err != nil {
 		return nil, err
 	}
@@ -204,10 +204,11 @@ func finishRestore(dir string, intent restoreIntent, backup *BackupFile) (*Resto
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	report := &RestoreReport{Backup: intent.Backup, Taken: intent.Taken, Restored: len(backup.Records), MovedTo: intent.Aside}
+	aside := filepath.Join(dir, intent.Aside)
+	report := &RestoreReport{Backup: intent.Backup, Taken: intent.Taken, Restored: len(backup.Records), MovedTo: aside}
 	if len(left) == len(intent.Staged) {
 		// Nothing staged moved in yet: every store file in dir is the replaced store's.
-		if err := moveStoreFiles(dir, intent.Aside, true); err != nil {
+		if err := moveStoreFiles(dir, aside, true); err != nil {
 			return nil, err
 		}
 	}
@@ -224,7 +225,7 @@ func finishRestore(dir string, intent restoreIntent, backup *BackupFile) (*Resto
 		return nil, fmt.Errorf("kv: restore: %w", err)
 	}
 	// What the replaced store held, read where it now lies, against the backup.
-	current, unreadable, salvageErr := salvage(intent.Aside)
+	current, unreadable, salvageErr := salvage(aside)
 	report.Salvaged, report.SalvageErr, report.Unreadable = salvageErr == nil, salvageErr, unreadable
 	for _, key := range sortedKeys(current) {
 		if value, ok := backup.Records[key]; !ok {
