@@ -178,9 +178,11 @@ func TestRestoreKilledAtEachDiskCall(t *testing.T) {
 			if !strings.Contains(v.out, "unfinished restore of "+backup) || !strings.Contains(v.out, want) {
 				t.Fatalf("killed at %s: verify refused without naming the restore and %s:\n%s", at, want, v.out)
 			}
-			mnt := filepath.Join(t.TempDir(), "mnt")
-			if r := cockpitfs(t, "mount", "--data", m.Data, mnt); r.code == 0 || !strings.Contains(r.out, want) {
-				t.Fatalf("killed at %s: mount (exit %d) did not refuse naming %s:\n%s", at, r.code, want, r.out)
+			if seen["refused"] == 0 { // mount opens the store as verify does: once is enough
+				mnt := filepath.Join(t.TempDir(), "mnt")
+				if r := cockpitfs(t, "mount", "--data", m.Data, mnt); r.code == 0 || !strings.Contains(r.out, want) {
+					t.Fatalf("killed at %s: mount (exit %d) did not refuse naming %s:\n%s", at, r.code, want, r.out)
+				}
 			}
 			seen["refused"]++
 			if r := cockpitfs(t, "restore", "--data", m.Data); r.code != 0 || !strings.Contains(r.out, "finished the restore of "+backup) {
