@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
 // Offline commands killed at each system call that changes the disk (docs/integrity.md#what-a-kill-leaves):
@@ -43,8 +46,9 @@ func killedAt(t *testing.T, tmp, syscall string, n int, args ...string) (bool, s
 	t.Helper()
 	cmd := exec.Command("strace", append([]string{"-f", "-qq", "-o", "/dev/null", "-e", "trace=" + syscall,
 		"-e", fmt.Sprintf("inject=%s:signal=KILL:when=%d", syscall, n), binary}, args...)...)
-	// The race detector's second at exit, in every one of hundreds of runs.
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", "TMPDIR="+tmp)
+	// The race detector's second at exit, in every one of hundreds of runs, goes; one P keeps
+	// the calls on few threads, so the per-thread counts reach the command's later calls.
+	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", "GOMAXPROCS=1", "TMPDIR="+tmp)
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	switch {
@@ -318,6 +322,67 @@ func TestMigrateKilledAtEachDiskCall(t *testing.T) {
 		}
 	}, "migrate", m.Data, dst)
 	t.Logf("migrate killed %d times: %v", kills, seen)
+	if seen["refused"] == 0 {
+		t.Fatalf("the kills never met the migration between its first key and its end: %v", seen)
+	}
+}
+
+// migrate from a data directory into an etcd prefix, killed at each write (its requests to etcd
+// among them): the prefix holds nothing, or every key, or verify refuses it naming the
+// migration and the command that copies it anew; never part of the keys unmarked.
+func TestMigrateToEtcdKilledAtEachCall(t *testing.T) {
+	t.Parallel()
+	m, _ := faultStores(t)
+	records := storeRecords(t, m.Data)
+	cluster := etcdtest.Start(t, 1)
+	url := cluster.URL("faults")
+	store := cluster.Open(t, "faults")
+	held := func() map[string][]byte {
+		got := map[string][]byte{}
+		if err := store.View(func(tx storage.Txn) error {
+			return tx.Scan("", func(k string, v []byte) error { got[k] = v; return nil })
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	empty := func() {
+		for k := range held() {
+			if err := store.Update(context.Background(), func(tx storage.Txn) error { return tx.Delete(k) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	seen := map[string]int{}
+	kills, _ := faultLoop(t, []string{"write"}, empty, func(at string, killed bool, out string) {
+		if !killed && !strings.Contains(out, "copied ") {
+			t.Fatalf("migrate run to its end: %s", out)
+		}
+		got := held()
+		if _, marked := got["migrating"]; marked {
+			again := fmt.Sprintf("`cockpitfs migrate %s %s` again", m.Data, url)
+			if v := cockpitfs(t, "verify", "--store", url, "--command-timeout", "10s"); v.code == 0 || !strings.Contains(v.out, again) {
+				t.Fatalf("killed at %s: verify (exit %d) did not refuse naming %s:\n%s", at, v.code, again, v.out)
+			}
+			if r := cockpitfs(t, "migrate", "--command-timeout", "10s", m.Data, url); r.code != 0 {
+				t.Fatalf("killed at %s: migrating again: %s", at, r.out)
+			}
+			if got := held(); !sameRecords(got, records) {
+				t.Fatalf("killed at %s, migrated again: %s", at, keysOf(got))
+			}
+			seen["refused"]++
+			return
+		}
+		switch {
+		case len(got) == 0:
+			seen["empty"]++
+		case sameRecords(got, records):
+			seen["whole"]++
+		default:
+			t.Fatalf("killed at %s (acknowledged: %v): the prefix holds %s of the %d keys", at, !killed, keysOf(got), len(records))
+		}
+	}, "migrate", "--command-timeout", "10s", m.Data, url)
+	t.Logf("migrate into etcd killed %d times: %v", kills, seen)
 	if seen["refused"] == 0 {
 		t.Fatalf("the kills never met the migration between its first key and its end: %v", seen)
 	}

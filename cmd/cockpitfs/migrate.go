@@ -56,11 +56,14 @@ func migrateCommand(args []string) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", positional[0], err)
 	}
-	if to.dir != "" && unfinishedMigration(to.dir) != nil {
-		// What a killed migration copied is copied anew: the directory was empty before it.
+	var unfinished *unfinishedMigrationError
+	if err := to.unfinished(positional[1]); errors.As(err, &unfinished) {
+		// What a killed migration copied is copied anew: the store was empty before it.
 		if err := emptyStore(to.store); err != nil {
 			return fmt.Errorf("%s: empty what the unfinished migration copied: %w", positional[1], err)
 		}
+	} else if err != nil {
+		return fmt.Errorf("%s: %w; nothing was changed", positional[1], err)
 	}
 	if n, err := countKeys(to.store); err != nil || n != 0 {
 		if err == nil {
@@ -68,10 +71,8 @@ func migrateCommand(args []string) error {
 		}
 		return fmt.Errorf("%s: %w; nothing was changed", positional[1], err)
 	}
-	if to.dir != "" {
-		if err := markMigrating(to.dir, source(positional[0])); err != nil {
-			return err
-		}
+	if err := to.mark(source(positional[0])); err != nil {
+		return fmt.Errorf("mark %s as being migrated into: %w; nothing was copied", positional[1], err)
 	}
 	for i := 0; i < len(keys); i += migrateBatch {
 		batch := keys[i:min(i+migrateBatch, len(keys))]
@@ -85,8 +86,8 @@ func migrateCommand(args []string) error {
 		})
 		if err != nil {
 			undone := undoMigration(to.store, keys[:i])
-			if to.dir != "" && strings.HasSuffix(undone, "left empty") {
-				os.Remove(filepath.Join(to.dir, migratingName))
+			if strings.HasSuffix(undone, "left empty") {
+				to.unmark()
 			}
 			return fmt.Errorf("write %s: %w; %s", positional[1], err, undone)
 		}
@@ -98,10 +99,8 @@ func migrateCommand(args []string) error {
 	if n, err := countKeys(to.store); err != nil || n != len(keys) {
 		return fmt.Errorf("%s holds %d keys after copying %d (%v)", positional[1], n, len(keys), err)
 	}
-	if to.dir != "" {
-		if err := unmarkMigrating(to.dir); err != nil {
-			return err
-		}
+	if err := to.unmark(); err != nil {
+		return fmt.Errorf("the copy in %s is whole, but its mark stays: %w", positional[1], err)
 	}
 	for _, v := range violations {
 		fmt.Println(v)
@@ -132,10 +131,16 @@ func undoMigration(s storage.Store, written []string) string {
 	return "the destination was left empty"
 }
 
+// countKeys counts s's keys but a migration's mark.
 func countKeys(s storage.Store) (int, error) {
 	n := 0
 	err := s.View(func(tx storage.Txn) error {
-		return tx.Scan("", func(string, []byte) error { n++; return nil })
+		return tx.Scan("", func(k string, _ []byte) error {
+			if k != migratingKey {
+				n++
+			}
+			return nil
+		})
 	})
 	return n, err
 }
@@ -146,10 +151,21 @@ type migrating struct {
 	dir   string // a data directory's path ("" for etcd)
 }
 
-// migratingName marks a data directory a migration copies into, from before its first key to
-// after the copy is verified: it names the source. mount, verify and backup refuse such a
-// directory (a kill may have left part of the keys), and migrating into it again copies anew.
-const migratingName = "MIGRATING"
+// migratingName marks a data directory a migration copies into, and migratingKey an etcd prefix,
+// from before its first key to after the copy is verified: it names the source. mount, verify
+// and backup refuse such a store (a kill may have left part of the keys), and migrating into it
+// again copies anew. (No record's key is without a slash: see engine/store.go.)
+const (
+	migratingName = "MIGRATING"
+	migratingKey  = "migrating"
+)
+
+// unfinishedMigrationError is a store a migration into did not finish.
+type unfinishedMigrationError struct{ to, from string }
+
+func (e *unfinishedMigrationError) Error() string {
+	return fmt.Sprintf("%s holds an unfinished migration from %s (it was stopped before it ended and may hold part of the keys); nothing was changed: run `cockpitfs migrate %s %s` again, which copies everything anew", e.to, e.from, e.from, e.to)
+}
 
 // unfinishedMigration refuses a data directory a migration into it did not finish.
 func unfinishedMigration(dir string) error {
@@ -160,8 +176,24 @@ func unfinishedMigration(dir string) error {
 	case err != nil:
 		return err
 	}
-	src := strings.TrimSpace(string(from))
-	return fmt.Errorf("%s holds an unfinished migration from %s (it was stopped before it ended and may hold part of the keys); nothing was changed: run `cockpitfs migrate %s %s` again, which copies everything anew", dir, src, src, dir)
+	return &unfinishedMigrationError{to: dir, from: strings.TrimSpace(string(from))}
+}
+
+// unfinishedMigrationIn refuses an etcd prefix, where, a migration into it did not finish.
+func unfinishedMigrationIn(s storage.Store, where string) error {
+	var from []byte
+	err := s.View(func(tx storage.Txn) error {
+		v, err := tx.Get(migratingKey)
+		if errors.Is(err, storage.ErrNotFound) {
+			return nil
+		}
+		from = v
+		return err
+	})
+	if err != nil || from == nil {
+		return err
+	}
+	return &unfinishedMigrationError{to: where, from: string(from)}
 }
 
 // source is where as a later command names it: a data directory's absolute path, an etcd URL.
@@ -172,28 +204,39 @@ func source(where string) string {
 	return where
 }
 
-// markMigrating writes dir's marker naming from (a temporary file, synced, renamed, dir synced).
-func markMigrating(dir, from string) error {
-	tmp := filepath.Join(dir, migratingName+".tmp")
-	err := writeSynced(tmp, []byte(from+"\n"))
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, migratingName))
+// unfinished refuses m when a migration into it did not finish.
+func (m migrating) unfinished(where string) error {
+	if m.dir != "" {
+		return unfinishedMigration(m.dir)
 	}
-	if err == nil {
-		err = syncDir(dir)
-	}
-	if err != nil {
-		return fmt.Errorf("mark %s as being migrated into: %w; nothing was copied", dir, err)
-	}
-	return nil
+	return unfinishedMigrationIn(m.store, where)
 }
 
-// unmarkMigrating removes dir's marker once the copy is whole and verified.
-func unmarkMigrating(dir string) error {
-	if err := os.Remove(filepath.Join(dir, migratingName)); err != nil {
-		return fmt.Errorf("the copy is whole, but its marker stays: %w", err)
+// mark marks m as being migrated into from from: a file written whole and synced, or a key.
+func (m migrating) mark(from string) error {
+	if m.dir == "" {
+		return m.store.Update(context.Background(), func(tx storage.Txn) error { return tx.Set(migratingKey, []byte(from)) })
 	}
-	return syncDir(dir)
+	tmp := filepath.Join(m.dir, migratingName+".tmp")
+	err := writeSynced(tmp, []byte(from+"\n"))
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(m.dir, migratingName))
+	}
+	if err == nil {
+		err = syncDir(m.dir)
+	}
+	return err
+}
+
+// unmark removes m's mark once the copy is whole and verified.
+func (m migrating) unmark() error {
+	if m.dir == "" {
+		return m.store.Update(context.Background(), func(tx storage.Txn) error { return tx.Delete(migratingKey) })
+	}
+	if err := os.Remove(filepath.Join(m.dir, migratingName)); err != nil {
+		return err
+	}
+	return syncDir(m.dir)
 }
 
 func writeSynced(path string, data []byte) error {
@@ -248,6 +291,12 @@ func openMigrating(where string, sf *storeFlags, source bool) (migrating, error)
 		s, err := openEtcd(cfg)
 		if err != nil {
 			return migrating{}, err
+		}
+		if source {
+			if err := unfinishedMigrationIn(s, where); err != nil {
+				s.Close()
+				return migrating{}, err
+			}
 		}
 		return migrating{s, s.Close, ""}, nil
 	}

@@ -222,6 +222,10 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 		if err != nil {
 			return nil, "", nil, err
 		}
+		if err := unfinishedMigrationIn(db, st.url); err != nil {
+			db.Close()
+			return nil, "", nil, err
+		}
 		if eng, err = engine.NewShared(db); err != nil {
 			db.Close()
 			return nil, "", nil, err
