@@ -403,6 +403,7 @@ func TestMigrateToEtcdKilledAtEachCall(t *testing.T) {
 	t.Logf("migrate into etcd killed %d times: %v", kills, seen)
 	// Which writes fall between the first key and the end depends on the threads they run on: a
 	// prefix as such a kill leaves it (marked, part of the keys) is refused for certain.
+	empty()
 	if r := cockpitfs(t, "migrate", "--command-timeout", "10s", m.Data, url); r.code != 0 {
 		t.Fatal(r.out)
 	}
