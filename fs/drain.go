@@ -85,14 +85,19 @@ func showPlanning(r engine.Record) []byte {
 
 func showNothing(engine.Record) []byte { return []byte{} }
 
-// drainWriter applies one drain command per write(2).
+// drainWriter applies drain commands, each whole lines (see pendingCommand).
 type drainWriter struct{ drainFile }
 
 func (w drainWriter) write(ctx context.Context, f *file, h *handle, data []byte, _ int64) error {
-	if len(data) > maxCommand {
-		return tooLarge(len(data))
+	text, whole, err := pendingCommand(h, data)
+	if err != nil || !whole {
+		return err
 	}
-	return w.apply(ctx, f, h, caller(ctx, "write", f.path), string(data))
+	return w.command(ctx, f, h, text)
+}
+
+func (w drainWriter) command(ctx context.Context, f *file, h *handle, text string) error {
+	return w.apply(ctx, f, h, caller(ctx, "write", f.path), text)
 }
 
 func reserveDrain(ctx context.Context, f *file, h *handle, c engine.Caller, text string) error {

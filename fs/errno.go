@@ -43,6 +43,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.NotEmpty:                     syscall.ENOTEMPTY,
 	engine.Unsupported:                  syscall.EPERM,
 	engine.OpenSnapshotLimit:            syscall.ENOMEM,
+	engine.WriteAbandoned:               syscall.ECANCELED,
 }
 
 // errGone: a name the kernel holds was gone when the operation reached it (a holder released

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"path/filepath"
 	"sort"
 	"sync"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
@@ -34,7 +36,8 @@ type view struct {
 // render produces a file's current view; a NotFound refusal means the file does not exist now.
 type render func() (view, error)
 
-// writer applies one write(2) to a writable file: a command, or the config document so far.
+// writer takes one write(2) to a writable file: a command's line or a piece of it (see
+// commandWriter), or a piece of a document (see documentWriter).
 type writer interface {
 	write(ctx context.Context, f *file, h *handle, data []byte, off int64) error
 }
@@ -121,11 +124,15 @@ type handle struct {
 	view    view
 	created bool   // this open created the holder it writes
 	doc     []byte // config: everything written through this open
+	// line is a command's text written through this open that no write has ended yet: the
+	// pieces of a line a writer's buffer cut (see pendingCommand).
+	line []byte
 	// dirty: doc was written since it was last applied (see documentWriter).
 	dirty bool
 	// refused: a write of doc was refused (its line in events written then). The document is
 	// never applied; every later write and fsync of this open returns the same errno without
-	// another events line, until a truncation starts a new document.
+	// another events line, until a truncation starts a new document. For a command: a piece of
+	// a line was refused, and so is the rest of that line, up to the write that ends it.
 	refused syscall.Errno
 	// scattered: doc was not written front to back (see configWriter).
 	scattered bool
@@ -207,8 +214,11 @@ var (
 )
 
 // Release forgets a followed open, and the open its thread's stats and SETATTRs went through,
-// and lets go of its snapshot.
-func (f *file) Release(_ context.Context, fh fs.FileHandle) syscall.Errno {
+// and lets go of its snapshot. It applies what is still pending: a close that held back for
+// another descriptor of its process (see applyPending), where that descriptor was of another open.
+func (f *file) Release(ctx context.Context, fh fs.FileHandle) (errno syscall.Errno) {
+	defer f.fsys.guard("release", f.path, "", &errno)
+	f.applyPending(ctx, fh, "release")
 	if h, ok := fh.(*handle); ok {
 		f.fsys.snapshots.release(h.pin)
 		if f.follows {
@@ -298,10 +308,14 @@ func (o *followers) sizeOf(path string, v *view, tid uint32) (uint64, view, bool
 	return uint64(largest), largestView, found
 }
 
-// openFlags are every open's but a frozen file's: direct I/O, so every read reaches the handle's
-// snapshot and never a page cache of another; no FLUSH at close, since nothing waits for one (a
-// command applies at its write(2), and its errno is that write's).
+// openFlags are every read-only open's but a frozen file's: direct I/O, so every read reaches the
+// handle's snapshot and never a page cache of another; no FLUSH at close, since nothing waits for
+// one. An open for writing has FLUSH (writeOpenFlags): its close applies what is pending.
 const openFlags = fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH
+
+// writeOpenFlags are an open for writing's: the close applies a document, or a command whose line
+// no write ended, and sees whether its writer was killed (see applyPending).
+const writeOpenFlags = fuse.FOPEN_DIRECT_IO
 
 // frozenOpenFlags are a frozen file's opens: its content never changes, so the pages the kernel
 // keeps are right for every open of it.
@@ -352,12 +366,14 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint3
 		return nil, 0, f.fsys.failNoEvent("open", f.path, gone(err))
 	}
 	openedFlags := uint32(openFlags)
-	if _, isDocument := f.writer.(documentWriter); isDocument && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		// Who may write it is known now: refused here, even bash's echo reports it.
-		if err := f.writer.(documentWriter).mayOpen(caller(ctx, "open", f.path), f); err != nil {
-			return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		if d, isDocument := f.writer.(documentWriter); isDocument {
+			// Who may write it is known now: refused here, even bash's echo reports it.
+			if err := d.mayOpen(caller(ctx, "open", f.path), f); err != nil {
+				return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
+			}
 		}
-		openedFlags = fuse.FOPEN_DIRECT_IO // the close applies the document: FLUSH must come
+		openedFlags = writeOpenFlags
 	}
 	h, errno := f.pinned(ctx, v)
 	if errno != 0 {
@@ -431,8 +447,13 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	_, isCommand := f.writer.(commandWriter)
 	if h.refused != 0 {
-		return 0, h.refused
+		errno := h.refused
+		if isCommand && endsLine(data) {
+			h.refused = 0 // the refused line ends here: the next one is a command of its own
+		}
+		return 0, errno
 	}
 	if err := f.writer.write(ctx, f, h, data, off); err != nil {
 		errno := f.fsys.fail(caller(ctx, "write", f.path), f.cockpit, f.stack, err)
@@ -440,6 +461,10 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 			// A document missing this write is not the one written: it is never applied.
 			h.refused, h.dirty = errno, false
 		}
+		if isCommand && !endsLine(data) {
+			h.refused = errno // the rest of this line is not a command of its own
+		}
+		h.line = h.line[:0]
 		return 0, errno
 	}
 	return uint32(len(data)), 0
@@ -499,6 +524,9 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		out.Mode = syscall.S_IFREG | 0o644
 	}
 	out.Nlink = 1
+	// glibc's stdio (bash's builtins, printf, python) sizes its buffer by st_blksize: a command
+	// or document of up to 64 KiB leaves a fresh buffer in one write(2).
+	out.Blksize = maxCommand
 	// An open's size runs from its own offset 0; a stat's is the window a new open would read.
 	byPath := origin < 0
 	if byPath {
@@ -657,19 +685,20 @@ func timesDerived(path string) error {
 		Fix: "touch a holder (without -d) to re-bind it to your session; other files change only by writing them"}
 }
 
-// Fsync succeeds: an acknowledged change is already durable.
-// Fsync applies a document written on this open (vim fsyncs before it closes); otherwise it
-// succeeds: an acknowledged change is already durable.
+// Fsync applies what was written on this open and is pending (vim fsyncs before it closes): a
+// document, or a command whose line no write ended; otherwise it succeeds, since an acknowledged
+// change is already durable.
 func (f *file) Fsync(ctx context.Context, fh fs.FileHandle, _ uint32) (errno syscall.Errno) {
 	defer f.fsys.guard("fsync", f.path, "", &errno)
-	return f.applyDocument(ctx, fh, "fsync")
+	return f.applyPending(ctx, fh, "fsync")
 }
 
-// Flush is a close (of each descriptor of the open): it applies a document written on this
-// open. cat, cp, dd, tee, python, sed and editors report its errno; bash's builtins do not.
+// Flush is a close (of each descriptor of the open): it applies what was written on this open
+// and is pending, unless the writer was killed. cat, cp, dd, tee, python, sed and editors report
+// its errno; bash's builtins do not.
 func (f *file) Flush(ctx context.Context, fh fs.FileHandle) (errno syscall.Errno) {
 	defer f.fsys.guard("flush", f.path, "", &errno)
-	return f.applyDocument(ctx, fh, "write")
+	return f.applyPending(ctx, fh, "write")
 }
 
 // documentWriter is a writer of a whole document (config): writes collect it, and it is applied
@@ -680,29 +709,85 @@ type documentWriter interface {
 	apply(ctx context.Context, f *file, h *handle) error
 }
 
-func (f *file) applyDocument(ctx context.Context, fh fs.FileHandle, op string) syscall.Errno {
+// commandWriter is a writer of commands (holder attributes, drain/*): a command is whole lines,
+// applied when a write(2) ends a line, or at close (see pendingCommand).
+type commandWriter interface {
+	command(ctx context.Context, f *file, h *handle, text string) error
+}
+
+// applyPending applies what this open wrote and nothing has applied yet: a document, or a
+// command's unended line. At a close (op "write") by a writer a signal killed, it applies
+// nothing: what it wrote may stop anywhere (`HTTP = 2` of `HTTP = 26500`). One events line says
+// so; the writer is gone and reads no errno. A writer that exits without closing closes at its
+// exit, unkilled, and what it wrote applies.
+func (f *file) applyPending(ctx context.Context, fh fs.FileHandle, op string) syscall.Errno {
 	ctx = uninterrupted(ctx)
-	d, isDocument := f.writer.(documentWriter)
 	h, ok := fh.(*handle)
-	if !isDocument || !ok {
+	if !ok {
 		return 0
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.refused != 0 && op == "fsync" {
+	d, isDocument := f.writer.(documentWriter)
+	w, isCommand := f.writer.(commandWriter)
+	switch {
+	case isDocument && h.refused != 0 && op == "fsync":
 		return h.refused // what was written cannot be made durable
-	}
-	if h.refused != 0 {
+	case isDocument && h.refused != 0:
 		return 0 // the writer was told at the write that was refused (cat would say it twice)
-	}
-	if !h.dirty {
+	case isDocument && !h.dirty, isCommand && len(h.line) == 0, !isDocument && !isCommand:
 		return 0 // never apply on a flush nothing was written before (every close flushes)
 	}
-	h.dirty = false // refused or applied, it is reported once
-	if err := d.apply(ctx, f, h); err != nil {
+	pending := len(h.line)
+	if isDocument {
+		pending = len(h.doc)
+	}
+	if op == "release" {
+		op = "write" // the last close's, which held back: nobody is left to read its errno
+	} else if op == "write" {
+		if errno := f.abandoned(ctx, pending); errno != 0 {
+			h.dirty, h.line = false, h.line[:0]
+			return errno
+		}
+		if f.stillOpen(ctx) {
+			return 0 // bash's `printf … >&3` closes a duplicate of fd 3: the writer is not done
+		}
+	}
+	var err error
+	if isDocument {
+		h.dirty = false // refused or applied, it is reported once
+		err = d.apply(ctx, f, h)
+	} else {
+		text := string(h.line)
+		h.line = h.line[:0]
+		err = w.command(ctx, f, h, text)
+	}
+	if err != nil {
 		return f.fsys.fail(caller(ctx, op, f.path), f.cockpit, f.stack, err)
 	}
 	return 0
+}
+
+// stillOpen says whether the process closing a descriptor of f holds another one on it: that
+// close is not its writer's last.
+func (f *file) stillOpen(ctx context.Context) bool {
+	fc, ok := fuse.FromContext(ctx)
+	return ok && liveness.HoldsOpen(int(fc.Pid), filepath.Join(f.fsys.dir, f.path))
+}
+
+// abandoned refuses, with its events line, what a close by a killed writer leaves pending.
+func (f *file) abandoned(ctx context.Context, pending int) syscall.Errno {
+	fc, ok := fuse.FromContext(ctx)
+	if !ok {
+		return 0
+	}
+	sig, killed := liveness.KilledBy(int(fc.Pid))
+	if !killed {
+		return 0
+	}
+	return f.fsys.fail(caller(ctx, "write", f.path), f.cockpit, f.stack, &engine.Refusal{Code: engine.WriteAbandoned,
+		Message: fmt.Sprintf("its writer was killed (%s) before it closed %s: nothing of the %d bytes it wrote and had not applied was applied", unix.SignalName(sig), f.path, pending),
+		Fix:     "write it again, whole"})
 }
 
 // tooLarge refuses a write of n bytes past the 64 KiB a command may take (EFBIG).

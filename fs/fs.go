@@ -43,6 +43,8 @@ type FS struct {
 	snapshots snapshots
 	// made are the stacks just made, and by whom (see nested.go).
 	made madeStacks
+	// dir is the mount point, absolute: a path of the tree as /proc/<pid>/fd names it is under it.
+	dir string
 }
 
 // Options configure a mount.
@@ -75,7 +77,14 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
 	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), log: logger,
-		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}}
+		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}, dir: dir}
+	// As the kernel names it in /proc/<pid>/fd: absolute, through no symbolic link.
+	if abs, err := filepath.Abs(dir); err == nil {
+		fsys.dir = abs
+		if real, err := filepath.EvalSymlinks(abs); err == nil {
+			fsys.dir = real
+		}
+	}
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
 	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the
 	// exception: their nodes never change, and their names are looked up at every open (see

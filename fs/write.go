@@ -7,20 +7,44 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 )
 
-// holderWriter applies `pid=<n>|none checkout=<path>` writes to a holder file.
+// holderWriter applies `pid=<n>|none checkout=<path>` commands to a holder file.
 type holderWriter struct{ name string }
 
 func (w holderWriter) write(ctx context.Context, f *file, h *handle, data []byte, _ int64) error {
-	if len(data) > maxCommand {
-		return tooLarge(len(data))
-	}
-	c := caller(ctx, "write", f.path)
-	// Another user's junk is refused for whose it is, not for what it says.
-	if err := f.fsys.eng.MayWriteHolder(c, f.cockpit, f.stack, w.name); err != nil {
+	// Another user's junk is refused for whose it is, not for what it says, from its first piece.
+	if err := f.fsys.eng.MayWriteHolder(caller(ctx, "write", f.path), f.cockpit, f.stack, w.name); err != nil {
 		return err
 	}
-	return f.fsys.eng.SetHolder(ctx, c, f.cockpit, f.stack, w.name, string(data), h.created)
+	text, whole, err := pendingCommand(h, data)
+	if err != nil || !whole {
+		return err
+	}
+	return w.command(ctx, f, h, text)
 }
+
+func (w holderWriter) command(ctx context.Context, f *file, h *handle, text string) error {
+	return f.fsys.eng.SetHolder(ctx, caller(ctx, "write", f.path), f.cockpit, f.stack, w.name, text, h.created)
+}
+
+// pendingCommand adds one write(2) to the command this open writes and returns the command once
+// whole: when the write ends a line, everything written since the last command. A write that
+// stops mid-line is a piece (bash's echo writes a long line in pieces of its buffer's size, 4 KiB
+// when its buffer was sized before the redirection), joined with the rest; the close applies a
+// last line no newline ended (see file.applyPending).
+func pendingCommand(h *handle, data []byte) (string, bool, error) {
+	if n := len(h.line) + len(data); n > maxCommand {
+		return "", false, tooLarge(n)
+	}
+	h.line = append(h.line, data...)
+	if !endsLine(data) {
+		return "", false, nil
+	}
+	text := string(h.line)
+	h.line = h.line[:0]
+	return text, true, nil
+}
+
+func endsLine(data []byte) bool { return len(data) > 0 && data[len(data)-1] == '\n' }
 
 // touch re-binds the holder to the toucher's session (see engine.Rebind).
 func (w holderWriter) touch(ctx context.Context, f *file) error {

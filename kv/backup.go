@@ -3,7 +3,6 @@ package kv
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -21,43 +20,53 @@ import (
 
 // A backup is every key and value of one consistent snapshot, in key order:
 //
-//	"cockpitfs-backup 1 <unix nanoseconds>\n", then per record uvarint(len key) key
-//	uvarint(len value) value, then uvarint(0), then the SHA-256 of everything before it.
+//	"cockpitfs-backup 2 <unix nanoseconds> seq=<n> records=<n>\n", then per record uvarint(len
+//	key) key uvarint(len value) value, then uvarint(0), then the SHA-256 of everything before it.
 //
-// The checksum makes a damaged backup refuse to restore instead of restoring damage.
-const backupMagic = "cockpitfs-backup 1"
+// The checksum makes a damaged backup refuse to restore instead of restoring damage. seq orders
+// the backups of one data directory: each is one past the highest its backups directory held
+// when it was written, so the order is what they hold, whatever their names or the clock said.
+// A version 1 backup ("cockpitfs-backup 1 <unix nanoseconds>\n") has seq 0.
+const (
+	backupMagic   = "cockpitfs-backup"
+	backupVersion = 2
+)
 
 // BackupDirName is where the daemon keeps its rolling backups, inside the data directory.
 const BackupDirName = "backups"
 
-// backupsKept is how many rolling backups a data directory keeps: the newest ones.
-const backupsKept = 3
+// BackupsKept is how many rolling backups a data directory keeps: the newest ones.
+const BackupsKept = 3
 
 // Backup writes every record of one snapshot to path atomically (a temporary file, synced, then
-// renamed) and returns how many it wrote. A read that meets damage fails the backup, so a backup
-// never holds what the store could not vouch for.
-func (db *DB) Backup(path string) (int, error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".backup-*")
+// renamed) as backup number seq, and returns how many records it wrote. A read that meets damage
+// fails the backup, so a backup never holds what the store could not vouch for.
+func (db *DB) Backup(path string, seq uint64) (int, error) {
+	var keys []string
+	var values [][]byte
+	err := db.View(func(tx storage.Txn) error {
+		return tx.Scan("", func(key string, value []byte) error {
+			keys, values = append(keys, key), append(values, bytes.Clone(value))
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("kv: backup to %s: %w", path, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), backupTempPrefix+"*")
 	if err != nil {
 		return 0, fmt.Errorf("kv: backup: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
 	hash := sha256.New()
 	w := bufio.NewWriter(io.MultiWriter(tmp, hash))
-	fmt.Fprintf(w, "%s %d\n", backupMagic, time.Now().UnixNano())
-	count := 0
-	err = db.View(func(tx storage.Txn) error {
-		return tx.Scan("", func(key string, value []byte) error {
-			count++
-			writeField(w, []byte(key))
-			writeField(w, value)
-			return nil
-		})
-	})
-	if err == nil {
-		writeField(w, nil)
-		err = w.Flush()
+	fmt.Fprintf(w, "%s %d %d seq=%d records=%d\n", backupMagic, backupVersion, time.Now().UnixNano(), seq, len(keys))
+	for i, key := range keys {
+		writeField(w, []byte(key))
+		writeField(w, values[i])
 	}
+	writeField(w, nil)
+	err = w.Flush()
 	if err == nil {
 		_, err = tmp.Write(hash.Sum(nil))
 	}
@@ -76,8 +85,12 @@ func (db *DB) Backup(path string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("kv: backup to %s: %w", path, err)
 	}
-	return count, nil
+	return len(keys), nil
 }
+
+// backupTempPrefix names a backup being written; one a killed writer left in a backups directory
+// is removed by the next rolling backup.
+const backupTempPrefix = ".backup-"
 
 func writeField(w *bufio.Writer, b []byte) {
 	var n [binary.MaxVarintLen64]byte
@@ -94,61 +107,178 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// KeepBackup writes a rolling backup into dir/backups and removes all but the newest few.
-func (db *DB) KeepBackup(dir string) (string, int, error) {
+// Rotation is what a rolling backup did.
+type Rotation struct {
+	Path    string
+	Seq     uint64
+	Records int
+	Removed []string // the backups rotated out
+	// Kept is a backup older than the newest few, kept because it holds more records than any
+	// of them (a store emptied by mistake does not push its last good backups out), "" when none.
+	Kept        string
+	KeptRecords int
+}
+
+// KeepBackup writes a rolling backup into dir/backups and removes all but the newest few (by
+// sequence, see Backup), keeping also the older backup holding the most records when it holds
+// more than any of them.
+func (db *DB) KeepBackup(dir string) (Rotation, error) {
 	// A damaged table reads as missing records: such a backup would rotate good ones out.
 	if err := db.VerifyTables(); err != nil {
-		return "", 0, err
+		return Rotation{}, err
 	}
 	backups := filepath.Join(dir, BackupDirName)
 	if err := os.MkdirAll(backups, 0o700); err != nil {
-		return "", 0, fmt.Errorf("kv: %w", err)
+		return Rotation{}, fmt.Errorf("kv: %w", err)
 	}
-	path := filepath.Join(backups, time.Now().UTC().Format("20060102T150405.000000000Z")+".backup")
-	n, err := db.Backup(path)
+	removeStaleTemps(backups)
+	seq, err := NextBackupSeq(dir)
 	if err != nil {
-		return "", 0, err
+		return Rotation{}, err
 	}
-	names, err := filepath.Glob(filepath.Join(backups, "*.backup"))
+	// The name is for people; nothing orders by it. A clock set back may repeat one.
+	name := time.Now().UTC().Format("20060102T150405.000000000Z")
+	path := filepath.Join(backups, name+".backup")
+	if _, err := os.Lstat(path); err == nil {
+		path = filepath.Join(backups, fmt.Sprintf("%s-%d.backup", name, seq))
+	}
+	n, err := db.Backup(path, seq)
 	if err != nil {
-		return "", 0, fmt.Errorf("kv: %w", err)
+		return Rotation{}, err
 	}
-	sort.Strings(names) // timestamps sort by time
-	for len(names) > backupsKept {
-		if err := os.Remove(names[0]); err != nil {
-			return "", 0, fmt.Errorf("kv: rotate backups: %w", err)
+	r := Rotation{Path: path, Seq: seq, Records: n}
+	list, err := listBackups(backups)
+	if err != nil {
+		return r, err
+	}
+	newest := list[max(0, len(list)-BackupsKept):]
+	most := 0
+	for _, b := range newest {
+		most = max(most, b.records)
+	}
+	older := list[:max(0, len(list)-BackupsKept)]
+	keep := -1
+	for i, b := range older {
+		if b.records > most && (keep < 0 || b.records >= older[keep].records) {
+			keep = i
 		}
-		names = names[1:]
 	}
-	return path, n, nil
+	for i, b := range older {
+		if i == keep {
+			r.Kept, r.KeptRecords = b.path, b.records
+			continue
+		}
+		if err := os.Remove(b.path); err != nil {
+			return r, fmt.Errorf("kv: rotate backups: %w", err)
+		}
+		r.Removed = append(r.Removed, b.path)
+	}
+	return r, nil
 }
 
-// NewestBackup is the newest rolling backup in dir/backups, or "" when there is none. A directory
-// that cannot be listed is an error, not "none": a store another user owns has backups too.
-func NewestBackup(dir string) (string, error) {
-	backups := filepath.Join(dir, BackupDirName)
-	entries, err := os.ReadDir(backups)
+// removeStaleTemps removes the temporary files of backups whose writer died: the caller holds
+// the data directory, so no other writer is alive.
+func removeStaleTemps(backups string) {
+	temps, _ := filepath.Glob(filepath.Join(backups, backupTempPrefix+"*"))
+	for _, t := range temps {
+		os.Remove(t)
+	}
+}
+
+// listedBackup is a backup as its header describes it.
+type listedBackup struct {
+	path    string
+	seq     uint64
+	taken   time.Time
+	records int
+}
+
+// listBackups lists the backups in dir, oldest first: by sequence; backups of version 1 (seq 0)
+// by the time they say they were taken, the only order they carry. A file whose header cannot
+// be read is not a backup. A directory that cannot be listed is an error.
+func listBackups(dir string) ([]listedBackup, error) {
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil
+		return nil, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("kv: list the backups: %w", err)
+		return nil, fmt.Errorf("kv: list the backups: %w", err)
 	}
-	newest := "" // timestamps sort by time
+	var list []listedBackup
 	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".backup") && e.Name() > newest {
-			newest = e.Name()
+		if !strings.HasSuffix(e.Name(), ".backup") || !e.Type().IsRegular() {
+			continue
 		}
+		path := filepath.Join(dir, e.Name())
+		h, err := readBackupHeader(path)
+		if err != nil {
+			continue
+		}
+		list = append(list, h)
 	}
-	if newest == "" {
-		return "", nil
+	sort.Slice(list, func(i, j int) bool {
+		if list[i].seq != list[j].seq {
+			return list[i].seq < list[j].seq
+		}
+		return list[i].taken.Before(list[j].taken)
+	})
+	return list, nil
+}
+
+// NextBackupSeq is the sequence number of dir's next backup: one past the highest in
+// dir/backups.
+func NextBackupSeq(dir string) (uint64, error) {
+	list, err := listBackups(filepath.Join(dir, BackupDirName))
+	if err != nil || len(list) == 0 {
+		return 1, err
 	}
-	return filepath.Join(backups, newest), nil
+	return list[len(list)-1].seq + 1, nil
+}
+
+// NewestBackup is the rolling backup in dir/backups holding the newest content (the highest
+// sequence), or "" when there is none. A directory that cannot be listed is an error, not
+// "none": a store another user owns has backups too.
+func NewestBackup(dir string) (string, error) {
+	list, err := listBackups(filepath.Join(dir, BackupDirName))
+	if err != nil || len(list) == 0 {
+		return "", err
+	}
+	return list[len(list)-1].path, nil
+}
+
+// readBackupHeader reads the first line of the backup at path.
+func readBackupHeader(path string) (listedBackup, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return listedBackup{}, err
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(io.LimitReader(f, 256)).ReadString('\n')
+	if err != nil {
+		return listedBackup{}, errors.New("no backup header")
+	}
+	return parseBackupHeader(path, strings.TrimSuffix(line, "\n"))
+}
+
+// parseBackupHeader reads a backup's first line, without its newline.
+func parseBackupHeader(path, line string) (listedBackup, error) {
+	b := listedBackup{path: path, records: -1}
+	var nanos int64
+	if _, err := fmt.Sscanf(line, backupMagic+" 1 %d", &nanos); err == nil && !strings.Contains(line, "seq=") {
+		b.taken = time.Unix(0, nanos)
+		return b, nil
+	}
+	if _, err := fmt.Sscanf(line, backupMagic+" 2 %d seq=%d records=%d", &nanos, &b.seq, &b.records); err != nil {
+		return listedBackup{}, errors.New("no backup header")
+	}
+	b.taken = time.Unix(0, nanos)
+	return b, nil
 }
 
 // BackupFile is a backup read back and verified against its checksum.
 type BackupFile struct {
 	Taken   time.Time
+	Seq     uint64 // 0 for a version 1 backup
 	Records map[string][]byte
 }
 
@@ -167,14 +297,14 @@ func ReadBackup(path string) (*BackupFile, error) {
 		return nil, bad("its checksum does not match (the file is damaged)")
 	}
 	line, rest, ok := bytes.Cut(body, []byte("\n"))
-	var nanos int64
-	if !ok || !strings.HasPrefix(string(line), backupMagic+" ") {
+	if !ok {
 		return nil, bad("no backup header")
 	}
-	if _, err := fmt.Sscanf(string(line[len(backupMagic)+1:]), "%d", &nanos); err != nil {
-		return nil, bad("no backup time")
+	header, err := parseBackupHeader(path, string(line))
+	if err != nil {
+		return nil, bad(err.Error())
 	}
-	b := &BackupFile{Taken: time.Unix(0, nanos), Records: map[string][]byte{}}
+	b := &BackupFile{Taken: header.taken, Seq: header.seq, Records: map[string][]byte{}}
 	r := bytes.NewReader(rest)
 	for {
 		key, err := readField(r)
@@ -193,6 +323,9 @@ func ReadBackup(path string) (*BackupFile, error) {
 	if r.Len() != 0 {
 		return nil, bad("data after its end")
 	}
+	if header.records >= 0 && header.records != len(b.Records) {
+		return nil, bad(fmt.Sprintf("it holds %d records where its header says %d", len(b.Records), header.records))
+	}
 	return b, nil
 }
 
@@ -204,109 +337,4 @@ func readField(r *bytes.Reader) ([]byte, error) {
 	b := make([]byte, n)
 	_, err = io.ReadFull(r, b)
 	return b, err
-}
-
-// RestoreReport says what a restore did and what it could not bring back.
-type RestoreReport struct {
-	Backup   string
-	Taken    time.Time
-	Restored int
-	// MovedTo is where the store that was replaced now lies, untouched.
-	MovedTo string
-	// Salvaged is false when the replaced store could not be read at all; everything committed
-	// after Taken is then lost.
-	Salvaged   bool
-	SalvageErr error
-	// Unreadable names the replaced store's files that could not be read (or only in part):
-	// what only they held is lost too.
-	Unreadable []string
-	// Lost lists the keys the replaced store held (as far as it could be read) that the backup
-	// does not hold with the same value: "key: missing" or "key: differs".
-	Lost []string
-}
-
-// Restore replaces the store in dir by the backup at path. The store it replaces is moved, whole
-// and unchanged, into dir/damaged-<time>; its readable records are compared with the backup to
-// report what is lost. It refuses with *HeldError while a daemon holds dir.
-func Restore(dir, path string) (*RestoreReport, error) {
-	backup, err := ReadBackup(path)
-	if err != nil {
-		return nil, err
-	}
-	lock, err := lockDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.Close()
-	report := &RestoreReport{Backup: path, Taken: backup.Taken, Restored: len(backup.Records)}
-	current, unreadable, salvageErr := salvage(dir)
-	report.Salvaged, report.SalvageErr, report.Unreadable = salvageErr == nil, salvageErr, unreadable
-	for _, key := range sortedKeys(current) {
-		if value, ok := backup.Records[key]; !ok {
-			report.Lost = append(report.Lost, key+": missing from the backup")
-		} else if !bytes.Equal(value, current[key]) {
-			report.Lost = append(report.Lost, key+": differs in the backup")
-		}
-	}
-	moved, err := moveStoreAside(dir)
-	if err != nil {
-		return nil, err
-	}
-	report.MovedTo = moved
-	db, err := openLocked(dir, lock)
-	if err != nil {
-		return nil, err
-	}
-	keys := sortedKeys(backup.Records)
-	for len(keys) > 0 {
-		batch := keys[:min(len(keys), 256)]
-		keys = keys[len(batch):]
-		if err := db.Update(context.Background(), func(tx storage.Txn) error {
-			for _, k := range batch {
-				if err := tx.Set(k, backup.Records[k]); err != nil {
-					return err
-				}
-			}
-			return nil
-		}); err != nil {
-			db.closeStore()
-			return nil, fmt.Errorf("kv: restore: %w", err)
-		}
-	}
-	if err := db.closeStore(); err != nil {
-		return nil, fmt.Errorf("kv: restore: %w", err)
-	}
-	return report, nil
-}
-
-func sortedKeys(m map[string][]byte) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-// moveStoreAside moves badger's files into a new dir/damaged-<time> and returns its path.
-func moveStoreAside(dir string) (string, error) {
-	aside := filepath.Join(dir, "damaged-"+time.Now().UTC().Format("20060102T150405Z"))
-	if err := os.Mkdir(aside, 0o700); err != nil {
-		return "", fmt.Errorf("kv: %w", err)
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return "", fmt.Errorf("kv: %w", err)
-	}
-	for _, e := range entries {
-		if e.Type().IsRegular() && (isStoreFile(e.Name()) || e.Name() == "LOCK") {
-			if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(aside, e.Name())); err != nil {
-				return "", fmt.Errorf("kv: move the store aside: %w", err)
-			}
-		}
-	}
-	if err := syncDir(dir); err != nil {
-		return "", fmt.Errorf("kv: %w", err)
-	}
-	return aside, nil
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/dgraph-io/badger/v4"
@@ -59,8 +60,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // log record damaged where a later record shows it was durable, and no badger log with a valid
 // entry the last checkpoint made durable after a bad one (a torn tail, a bad entry followed by
 // nothing, or by entries only the write-ahead log vouches for, is what a crash leaves and is
-// fine). It returns a *CorruptError for the first damage found.
+// fine). It returns a *CorruptError for the first damage found, and an *UnfinishedRestoreError
+// for a directory a killed restore left half replaced.
 func Inspect(dir string) error {
+	if err := UnfinishedRestore(dir); err != nil {
+		return err
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("kv: %w", err)
@@ -323,7 +328,8 @@ func entryAt(data []byte, off int) (int, bool) {
 // holes, so badger can replay and flush there while dir stays exactly as it is. (Hard links will
 // not do: badger truncates a table before deleting it.)
 func copyForInspection(dir string) (string, error) {
-	tmp, err := os.MkdirTemp("", "cockpitfs-inspect-")
+	removeDeadInspections()
+	tmp, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", inspectPrefix, os.Getpid()))
 	if err != nil {
 		return "", fmt.Errorf("kv: %w", err)
 	}
@@ -343,6 +349,26 @@ func copyForInspection(dir string) (string, error) {
 		}
 	}
 	return tmp, nil
+}
+
+// inspectPrefix names the copies copyForInspection makes: the prefix, the pid of the process that
+// made it, a dash.
+const inspectPrefix = "cockpitfs-inspect-"
+
+// removeDeadInspections removes the copies of processes that are gone (a verify killed before it
+// removed its own). A copy whose pid is alive, whoever now has that pid, stays.
+func removeDeadInspections() {
+	copies, _ := filepath.Glob(filepath.Join(os.TempDir(), inspectPrefix+"*"))
+	for _, c := range copies {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(c), inspectPrefix), "-")
+		n, err := strconv.Atoi(pid)
+		if !ok || err != nil || n <= 0 {
+			continue
+		}
+		if unix.Kill(n, 0) == unix.ESRCH {
+			os.RemoveAll(c)
+		}
+	}
 }
 
 // isStoreFile reports whether name is one of the store's files: badger's and the write-ahead

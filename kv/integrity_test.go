@@ -378,12 +378,12 @@ func TestTableDamagedWhileOpenFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, _, err := db.KeepBackup(dir); err != nil {
+	if _, err := db.KeepBackup(dir); err != nil {
 		t.Fatalf("a backup of a sound store: %v", err)
 	}
 	damageInPlace(t, dir)
 	backups, _ := filepath.Glob(filepath.Join(dir, BackupDirName, "*.backup"))
-	if _, _, err := db.KeepBackup(dir); !errors.Is(err, storage.ErrCorrupt) {
+	if _, err := db.KeepBackup(dir); !errors.Is(err, storage.ErrCorrupt) {
 		t.Fatalf("a backup of a damaged store: want ErrCorrupt, got %v", err)
 	}
 	if after, _ := filepath.Glob(filepath.Join(dir, BackupDirName, "*.backup")); len(after) != len(backups) {

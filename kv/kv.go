@@ -89,6 +89,9 @@ func Open(dir string) (*DB, error) {
 		lock.Close()
 		return nil, err
 	}
+	// A restore killed before its intent leaves its staged store and intent beside the store.
+	os.RemoveAll(filepath.Join(dir, restoreStagedName))
+	os.Remove(filepath.Join(dir, restoreIntentName+".tmp"))
 	// Opening replays the logs into tables badger writes through memory maps: on a full disk,
 	// SIGBUS.
 	if err := checkSpace(lock, dir); err != nil {

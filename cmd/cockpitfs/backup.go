@@ -29,11 +29,16 @@ func backupCommand(args []string) error {
 		return err
 	}
 	defer db.Close()
-	n, err := db.Backup(positional[0])
+	// Numbered after the store's rolling backups: copied among them, it is the newest.
+	seq, err := kv.NextBackupSeq(*data)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s backed up to %s\n", plural(n, "record"), positional[0])
+	n, err := db.Backup(positional[0], seq)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s backed up to %s (backup %d of %s)\n", plural(n, "record"), positional[0], seq, *data)
 	return nil
 }
 
@@ -46,24 +51,42 @@ func restoreCommand(args []string) error {
 	if err != nil {
 		return err
 	}
+	if len(positional) > 1 {
+		return &usageError{command: "restore", msg: "restore takes at most one FILE"}
+	}
+	var unfinished *kv.UnfinishedRestoreError
+	if errors.As(kv.UnfinishedRestore(*data), &unfinished) {
+		// A killed restore is finished, never started over: the store it replaced lies aside.
+		if len(positional) == 1 && positional[0] != unfinished.Backup {
+			return fmt.Errorf("%w; finish it first with `cockpitfs restore --data %s`, then restore %s", unfinished, *data, positional[0])
+		}
+		report, err := kv.FinishRestore(*data)
+		if err != nil {
+			return heldHint(err)
+		}
+		fmt.Printf("finished the restore of %s that was stopped before it ended\n", report.Backup)
+		return printRestore(report)
+	}
 	var path string
-	switch len(positional) {
-	case 0:
+	if len(positional) == 1 {
+		path = positional[0]
+	} else {
 		if path, err = kv.NewestBackup(*data); err != nil {
 			return err
 		}
 		if path == "" {
 			return fmt.Errorf("no backup in %s/%s: name a backup file (cockpitfs restore --data %s FILE)", *data, kv.BackupDirName, *data)
 		}
-	case 1:
-		path = positional[0]
-	default:
-		return &usageError{command: "restore", msg: "restore takes at most one FILE"}
 	}
 	report, err := kv.Restore(*data, path)
 	if err != nil {
 		return heldHint(err)
 	}
+	return printRestore(report)
+}
+
+// printRestore says what a restore did and what is lost.
+func printRestore(report *kv.RestoreReport) error {
 	fmt.Printf("restored %s from %s (taken %s)\n", plural(report.Restored, "record"), report.Backup, report.Taken.Format(time.RFC3339))
 	fmt.Printf("the replaced store is kept, unchanged, in %s\n", report.MovedTo)
 	for _, f := range report.Unreadable {
@@ -90,6 +113,9 @@ func openOffline(data string) (*kv.DB, error) {
 	if err := isStore(data); err != nil {
 		return nil, err
 	}
+	if err := unfinishedMigration(data); err != nil {
+		return nil, err
+	}
 	db, err := kv.OpenReadOnly(data)
 	if err != nil {
 		return nil, heldHint(damageHint(err, data))
@@ -97,8 +123,13 @@ func openOffline(data string) (*kv.DB, error) {
 	return db, nil
 }
 
-// damageHint adds the way out to a refusal to open a damaged store.
+// damageHint adds the way out to a refusal to open a damaged store, or one a killed restore left
+// half replaced.
 func damageHint(err error, data string) error {
+	var unfinished *kv.UnfinishedRestoreError
+	if errors.As(err, &unfinished) {
+		return fmt.Errorf("%w; nothing was changed: finish the restore with `cockpitfs restore --data %s`", err, data)
+	}
 	var corrupt *kv.CorruptError
 	if !errors.As(err, &corrupt) {
 		return err
@@ -124,16 +155,24 @@ func heldHint(err error) error {
 // store changed, until stop is closed. A failed backup is logged and leaves the previous ones.
 func keepBackups(db *kv.DB, data string, stop <-chan struct{}) {
 	backup := func() {
-		path, n, err := db.KeepBackup(data)
+		r, err := db.KeepBackup(data)
 		if errors.Is(err, storage.ErrCorrupt) {
 			log.Printf("the store is damaged, every operation now answers EIO; stop the daemon, then `cockpitfs verify --data %s` and `cockpitfs restore --data %s`: %v", data, data, err)
 			return
 		}
+		if r.Path != "" {
+			log.Printf("backup: %s in %s (backup %d)", plural(r.Records, "record"), r.Path, r.Seq)
+		}
+		for _, removed := range r.Removed {
+			log.Printf("backup: removed %s, older than the newest %d", removed, kv.BackupsKept)
+		}
+		if r.Kept != "" {
+			log.Printf("backup: kept %s (%s) beside the newest %d, which hold fewer: restore it with `cockpitfs restore --data %s %s`, or remove it once it is not needed",
+				r.Kept, plural(r.KeptRecords, "record"), kv.BackupsKept, data, r.Kept)
+		}
 		if err != nil {
 			log.Printf("backup: %v", err)
-			return
 		}
-		log.Printf("backup: %s in %s", plural(n, "record"), path)
 	}
 	backup()
 	ticker := time.NewTicker(backupEvery)

@@ -109,8 +109,10 @@ flags:
 `, backupCommand},
 		"restore": {`usage: cockpitfs restore [--data DIR] [FILE]
 
-Replace a stopped daemon's store by a backup (default: the newest rolling one), keeping the
-replaced store aside, and say what is lost.
+Replace a stopped daemon's store by a backup (default: the newest rolling one, by the sequence
+it holds), keeping the replaced store aside, and say what is lost. A restore that was killed
+before it ended is finished by running restore again (mount and verify refuse the store until
+then).
 
 flags:
   --data DIR   the store (default $XDG_STATE_HOME/cockpitfs, else ~/.local/state/cockpitfs)

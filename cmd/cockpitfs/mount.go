@@ -230,6 +230,10 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 		if err != nil {
 			return nil, "", nil, err
 		}
+		if err := unfinishedMigrationIn(db, st.url); err != nil {
+			db.Close()
+			return nil, "", nil, err
+		}
 		if eng, err = engine.NewShared(db); err != nil {
 			db.Close()
 			return nil, "", nil, err
@@ -239,6 +243,9 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 	}
 	data := st.data
 	if err := os.MkdirAll(data, 0o700); err != nil {
+		return nil, "", nil, err
+	}
+	if err := unfinishedMigration(data); err != nil {
 		return nil, "", nil, err
 	}
 	db, err := kv.Open(data)

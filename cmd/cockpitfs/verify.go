@@ -29,7 +29,7 @@ func verifyCommand(args []string) error {
 		return &usageError{command: "verify", msg: err.Error()}
 	}
 	if isEtcd {
-		return verifyEtcd(etcdCfg)
+		return verifyEtcd(etcdCfg, *sf.store)
 	}
 	// Refused before the store is opened, which would create what is missing.
 	if err := isStore(*data); err != nil {
@@ -55,12 +55,15 @@ func verifyCommand(args []string) error {
 
 // verifyEtcd checks an etcd prefix, which daemons may be serving meanwhile: Verify reads one
 // consistent snapshot. Port holds are per machine and not taken over etcd: none to check.
-func verifyEtcd(cfg etcdstore.Config) error {
+func verifyEtcd(cfg etcdstore.Config, url string) error {
 	db, err := openEtcd(cfg)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	if err := unfinishedMigrationIn(db, url); err != nil {
+		return err
+	}
 	violations, checked, err := engine.Verify(db)
 	if err != nil {
 		return err

@@ -456,3 +456,55 @@ func Signalable(uid uint32, pid int) bool {
 	}
 	return false
 }
+
+// pfExiting is the kernel's PF_EXITING task flag (include/linux/sched.h): the task is in do_exit.
+const pfExiting = 0x4
+
+// KilledBy says whether thread tid is exiting because a signal killed it, and which: the kernel
+// sets an exiting task's exit code (the signal's number in its low 7 bits, or the exit status
+// shifted left by 8) before it closes the task's files, so a FUSE FLUSH sent by that close sees
+// it in /proc/<tid>/stat (field 9, the flags, and field 52, the exit code). The exit code reads
+// 0 to a reader without ptrace access to the task (another user's, for a daemon that is not
+// root): then, as for any task not exiting, false.
+func KilledBy(tid int) (unix.Signal, bool) {
+	stat, err := readProc(procFile(tid, "stat"))
+	if err != nil {
+		return 0, false
+	}
+	text := string(stat)
+	end := strings.LastIndexByte(text, ')')
+	if end < 0 {
+		return 0, false
+	}
+	// After the name, index 0 is field 3: the flags (field 9) are index 6, the exit code (field
+	// 52, the last) index 49.
+	fields := strings.Fields(text[end+1:])
+	if len(fields) < 50 {
+		return 0, false
+	}
+	flags, err := strconv.ParseUint(fields[6], 10, 64)
+	if err != nil || flags&pfExiting == 0 {
+		return 0, false
+	}
+	code, err := strconv.Atoi(fields[49])
+	if err != nil || code&0x7f == 0 {
+		return 0, false
+	}
+	return unix.Signal(code & 0x7f), true
+}
+
+// HoldsOpen says whether thread tid's process has a descriptor open on path, as the links of
+// /proc/<tid>/fd name their files (a readlink: no request to the file's own file system).
+func HoldsOpen(tid int, path string) bool {
+	dir := procFile(tid, "fd")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		if link, err := os.Readlink(dir + "/" + e.Name()); err == nil && link == path {
+			return true
+		}
+	}
+	return false
+}
