@@ -176,3 +176,35 @@ func TestDataDirFilesAreTheDaemons(t *testing.T) {
 		t.Fatalf("%d files in the data directory:\n%s", files, listing(t, data))
 	}
 }
+
+// verify, backup and restore, run by root, refuse a store another user controls as mount does:
+// each writes there (its lock, the restored store), and would write through a planted link.
+func TestDataDirOfAnotherUserRefusedOffline(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	m.Stop()
+	if err := filepath.WalkDir(m.Data, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, 65534, 65534)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m.corrupted = true // verify after the test would refuse it too
+	before := listing(t, m.Data)
+	out := filepath.Join(t.TempDir(), "out.backup")
+	for _, args := range [][]string{{"verify", "--data", m.Data}, {"backup", "--data", m.Data, out}, {"restore", "--data", m.Data}} {
+		r := lifecycleRun(t, args...)
+		if r.Code != 1 || !strings.Contains(r.Stderr, "refusing the data directory: "+m.Data) {
+			t.Errorf("%s as root of a store uid 65534 owns: exit %d\nstdout: %s\nstderr: %s", args[0], r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	if after := listing(t, m.Data); after != before {
+		t.Errorf("the refused commands changed the store:\n%s\nnow:\n%s", before, after)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a refused backup wrote its file")
+	}
+}

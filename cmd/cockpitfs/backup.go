@@ -54,6 +54,10 @@ func restoreCommand(args []string) error {
 	if len(positional) > 1 {
 		return &usageError{command: "restore", msg: "restore takes at most one FILE"}
 	}
+	// restore writes the whole store there: only into a directory no other user controls.
+	if err := checkDataDir(*data); err != nil {
+		return err
+	}
 	var unfinished *kv.UnfinishedRestoreError
 	if errors.As(kv.UnfinishedRestore(*data), &unfinished) {
 		// A killed restore is finished, never started over: the store it replaced lies aside.
@@ -111,6 +115,11 @@ func printRestore(report *kv.RestoreReport) error {
 // in use.
 func openOffline(data string) (*kv.DB, error) {
 	if err := isStore(data); err != nil {
+		return nil, err
+	}
+	// Its lock file is written there, and root's verify or backup of a directory another user
+	// controls would write through a link that user planted, as a daemon would.
+	if err := checkDataDir(data); err != nil {
 		return nil, err
 	}
 	if err := unfinishedMigration(data); err != nil {
