@@ -209,7 +209,7 @@ type Status struct {
 		Stacks []struct {
 			Name     string         `json:"name"`
 			Revision int64          `json:"revision"`
-			Ports    map[string]int `json:"ports" jsonschema:"the active lease's ports; null without one"`
+			Ports    map[string]int `json:"ports,omitempty" jsonschema:"the active lease's ports; absent without one"`
 			Holders  []struct {
 				Name     string `json:"name"`
 				State    string `json:"state"`
@@ -225,7 +225,7 @@ type Status struct {
 				Attempt   string `json:"attempt"`
 				Stage     string `json:"stage,omitempty"`
 				Target    string `json:"target,omitempty"`
-			} `json:"drain" jsonschema:"the reserved drain; null without one"`
+			} `json:"drain,omitempty" jsonschema:"the reserved drain; absent without one"`
 		} `json:"stacks"`
 	} `json:"cockpits"`
 	UpdatedAt string `json:"updatedAt"`
@@ -257,8 +257,8 @@ type DrainArgs struct {
 type Drain struct {
 	Cockpit string         `json:"cockpit"`
 	Stack   string         `json:"stack"`
-	Request map[string]any `json:"request" jsonschema:"the reservation (drain/request); null when there is none"`
-	Attempt map[string]any `json:"attempt" jsonschema:"the current attempt with its status and outcome (drain/attempt); null before the first start"`
+	Request map[string]any `json:"request,omitempty" jsonschema:"the reservation (drain/request); absent when there is none"`
+	Attempt map[string]any `json:"attempt,omitempty" jsonschema:"the current attempt with its status and outcome (drain/attempt); absent before the first start"`
 }
 
 func (s *Server) drain(ctx context.Context, _ *mcp.CallToolRequest, in DrainArgs) (*mcp.CallToolResult, Drain, error) {
