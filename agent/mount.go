@@ -191,26 +191,25 @@ func (s *Server) missingStack(r stackRef) error {
 	return &toolError{Errno: "ENOENT", Message: fmt.Sprintf("there is no stack %s/%s", r.cockpit, r.stack), Fix: "claim it (claim creates it)"}
 }
 
-// readPorts reads a ports directory: the stack's (KEY files) as key → port.
-func readPorts(dir string) (map[string]int, error) {
-	entries, err := os.ReadDir(dir)
+// readLease reads the ports of a stack's active lease from its lease file: key=value lines, the
+// ports' keys upper-case (docs/spec.md §2), the lease's own fields lower-case. One file, where
+// ports/ takes a listing and a read per key.
+func readLease(path string) (map[string]int, error) {
+	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return map[string]int{}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	ports := make(map[string]int, len(entries))
-	for _, e := range entries {
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if errors.Is(err, os.ErrNotExist) {
-			continue // the lease went between the listing and the read
+	ports := map[string]int{}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		if k == "released" && v == "true" {
+			return map[string]int{}, nil
 		}
-		if err != nil {
-			return nil, err
-		}
-		if p, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
-			ports[e.Name()] = p
+		if p, err := strconv.Atoi(v); err == nil && k != "" && k == strings.ToUpper(k) && k[0] >= 'A' && k[0] <= 'Z' {
+			ports[k] = p
 		}
 	}
 	return ports, nil

@@ -85,7 +85,7 @@ func (s *Server) check(port int) (PortCheck, error) {
 	own := s.last
 	s.mu.Unlock()
 	if own != "" {
-		if c.UseInstead, err = readPorts(filepath.Join(own, "ports")); err != nil {
+		if c.UseInstead, err = readLease(filepath.Join(own, "lease")); err != nil {
 			return PortCheck{}, s.mountErr(filepath.Join(own, "events"), err)
 		}
 	}

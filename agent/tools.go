@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sys/unix"
 )
 
 // StackArgs name a stack; both default (the server's --cockpit, the stack of its working
@@ -81,19 +82,25 @@ func (s *Server) claim(ctx context.Context, _ *mcp.CallToolRequest, in StackArgs
 		return nil, Lease{}, err
 	}
 	dir := s.stackDir(r)
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, Lease{}, s.missingCockpit(r)
-		}
-		return nil, Lease{}, s.mountErr(filepath.Join(s.cockpitDir(r), "events"), err)
-	}
 	path := filepath.Join(dir, "holders", s.opts.Holder)
 	self := []byte("pid=" + strconv.Itoa(s.pid) + "\n")
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if errors.Is(err, os.ErrNotExist) {
+		// No such stack yet: made, then claimed.
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, Lease{}, s.missingCockpit(r)
+			}
+			return nil, Lease{}, s.mountErr(filepath.Join(s.cockpitDir(r), "events"), err)
+		}
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	}
 	if errors.Is(err, os.ErrExist) {
-		// The session's own holder (a second claim), or one a process of the same holder name
-		// left: taken over only when that process is gone.
-		if h := s.holderOf(dir); h.State == "live" && h.PID != s.pid {
+		// The session's own holder: a second claim, or the first one's create retried after
+		// EINTR (its holder then names this process's session leader, as a new holder does). One
+		// a process of the same holder name left is taken over only when that process is gone.
+		sid, _ := unix.Getsid(0)
+		if h := s.holderOf(dir); h.State == "live" && h.PID != s.pid && h.PID != sid {
 			return nil, Lease{}, &toolError{Errno: "EEXIST", Message: fmt.Sprintf("holder %s of %s/%s is held by the live process %d", s.opts.Holder, r.cockpit, r.stack, h.PID),
 				Fix: "start cockpitfs mcp with another --holder"}
 		}
@@ -149,7 +156,7 @@ func (s *Server) lease(r stackRef) (Lease, error) {
 			l.Holder = h.Name
 		}
 	}
-	if l.Ports, err = readPorts(filepath.Join(dir, "ports")); err != nil {
+	if l.Ports, err = readLease(filepath.Join(dir, "lease")); err != nil {
 		return fail(err)
 	}
 	if l.Env, err = readEnv(filepath.Join(dir, "env")); err != nil {
