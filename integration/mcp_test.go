@@ -213,6 +213,17 @@ func TestMCPClaim(t *testing.T) {
 		t.Errorf("holders: %+v", l.Holders)
 	}
 
+	// Another session under the same holder name is refused while this one lives.
+	other := m.mcpAgent(t.TempDir(), "--cockpit", "app", "--holder", l.Holder)
+	r = other.refused("claim", map[string]any{"stack": l.Stack})
+	if r.Errno != "EEXIST" || !strings.Contains(r.Message, "held by the live process "+pid) || !strings.Contains(r.Fix, "--holder") {
+		t.Errorf("claim of a live session's holder name: %+v", r)
+	}
+	if got := m.read("app", "stacks", l.Stack, "holders", l.Holder); got != holder {
+		t.Errorf("the refused claim changed the holder:\n%s", got)
+	}
+	other.session.Close()
+
 	// check_port: the session's own port, another stack's, a listener's, a free one.
 	m.ok("mkdir $M/app/stacks/other && touch $M/app/stacks/other/holders/me")
 	var c agent.PortCheck
@@ -279,6 +290,20 @@ func TestMCPWaitDrain(t *testing.T) {
 	a := m.mcpAgent(t.TempDir(), "--cockpit", "app")
 	var l agent.Lease
 	a.call("claim", map[string]any{"stack": "s"}, &l)
+
+	// Arguments the server refuses itself, before anything reaches the mount.
+	for tool, args := range map[string]map[string]any{
+		"wait":       {"stack": "s", "timeout_seconds": 0},
+		"drain":      {"stack": "s", "action": "hibernate"},
+		"check_port": {"port": 70000},
+	} {
+		if r := a.refused(tool, args); r.Errno != "EINVAL" || r.Fix == "" {
+			t.Errorf("%s(%v): %+v", tool, args, r)
+		}
+	}
+	if req := m.read("app", "stacks", "s", "drain", "request"); req != "" {
+		t.Errorf("the refused drain reserved: %s", req)
+	}
 
 	var w agent.Waited
 	a.call("wait", map[string]any{"stack": "s", "timeout_seconds": 0.2}, &w)
