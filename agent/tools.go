@@ -100,13 +100,17 @@ func (s *Server) claim(ctx context.Context, _ *mcp.CallToolRequest, in StackArgs
 		// EINTR (its holder then names this process's session leader, as a new holder does). One
 		// a process of the same holder name left is taken over only when that process is gone.
 		sid, _ := unix.Getsid(0)
-		if h := s.holderOf(dir); h.State == "live" && h.PID != s.pid && h.PID != sid {
+		switch h := s.holderOf(dir); {
+		case h.State == "live" && h.PID == s.pid:
+			f, err = nil, nil // held already: nothing to change
+		case h.State == "live" && h.PID != sid:
 			return nil, Lease{}, &toolError{Errno: "EEXIST", Message: fmt.Sprintf("holder %s of %s/%s is held by the live process %d", s.opts.Holder, r.cockpit, r.stack, h.PID),
 				Fix: "start cockpitfs mcp with another --holder"}
+		default:
+			f, err = os.OpenFile(path, os.O_WRONLY, 0)
 		}
-		f, err = os.OpenFile(path, os.O_WRONLY, 0)
 	}
-	if err == nil {
+	if f != nil {
 		_, err = f.Write(self)
 		if cerr := f.Close(); err == nil {
 			err = cerr

@@ -213,6 +213,14 @@ func TestMCPClaim(t *testing.T) {
 		t.Errorf("holders: %+v", l.Holders)
 	}
 
+	// Claiming again changes nothing.
+	rev := m.read("app", "stacks", l.Stack, "revision")
+	var again agent.Lease
+	a.call("claim", nil, &again)
+	if got := m.read("app", "stacks", l.Stack, "revision"); got != rev || again.Ports["HTTP"] != 49020 || again.Holder != l.Holder {
+		t.Errorf("a second claim: revision %s → %s, %+v", strings.TrimSpace(rev), strings.TrimSpace(got), again)
+	}
+
 	// Another session under the same holder name is refused while this one lives.
 	other := m.mcpAgent(t.TempDir(), "--cockpit", "app", "--holder", l.Holder)
 	r = other.refused("claim", map[string]any{"stack": l.Stack})
