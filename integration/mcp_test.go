@@ -281,6 +281,18 @@ func TestMCPClaim(t *testing.T) {
 		t.Errorf("events: %s", ev)
 	}
 
+	// A session ended by SIGTERM releases its holders too.
+	b := m.mcpAgent(t.TempDir(), "--cockpit", "app")
+	var lb agent.Lease
+	b.call("claim", map[string]any{"stack": "other"}, &lb)
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	b.session.Close() // waits for the server to exit
+	if ls := m.ok("ls $M/app/stacks/other/holders"); ls != "me\n" {
+		t.Errorf("holders after SIGTERM: %q", ls)
+	}
+
 	// With a second holder the session's holder is released when its client goes away.
 	m.ok("touch $M/app/stacks/" + l.Stack + "/holders/human")
 	a.session.Close()
