@@ -176,7 +176,7 @@ func (s *Server) ports(ctx context.Context, _ *mcp.CallToolRequest, _ Empty) (*m
 // listening reads the kernel's TCP socket tables of this network namespace for sockets listening
 // on port (0: any), and names the process of each where /proc lets this user see it.
 func listening(port int) ([]Listener, error) {
-	var found []Listener
+	found := []Listener{}
 	inodes := map[string][]int{} // socket inode → indexes into found
 	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		data, err := os.ReadFile(table)

@@ -310,6 +310,11 @@ func TestMCPWaitDrain(t *testing.T) {
 	a := m.mcpAgent(t.TempDir(), "--cockpit", "app")
 	var l agent.Lease
 	a.call("claim", map[string]any{"stack": "s"}, &l)
+	// Nothing listens in the daemon's fresh network namespace: an empty list, not null.
+	var ports agent.Ports
+	if res := a.call("ports", nil, &ports); len(ports.Leased) != 1 || ports.Listening == nil || len(ports.Listening) != 0 {
+		t.Errorf("ports: %s", text(res))
+	}
 
 	// Arguments the server refuses itself, before anything reaches the mount.
 	for tool, args := range map[string]map[string]any{
