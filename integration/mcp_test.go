@@ -282,9 +282,22 @@ func TestMCPClaim(t *testing.T) {
 	}
 
 	// A session ended by SIGTERM releases its holders too.
-	b := m.mcpAgent(t.TempDir(), "--cockpit", "app")
+	// Its checkout given by --dir, as a host that starts servers elsewhere passes it.
+	checkout := filepath.Join(t.TempDir(), "feature-y")
+	if err := os.Mkdir(checkout, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := m.mcpAgent(t.TempDir(), "--cockpit", "app", "--dir", checkout)
+	if r := b.refused("env", nil); r.Message != "there is no stack app/"+strings.TrimSpace(m.ok("cd "+checkout+" && "+binary+" name stack")) {
+		t.Errorf("the default stack of --dir %s: %+v", checkout, r)
+	}
 	var lb agent.Lease
 	b.call("claim", map[string]any{"stack": "other"}, &lb)
+	for _, h := range lb.Holders {
+		if h.Yours && h.Checkout != checkout {
+			t.Errorf("the session's holder's checkout: %+v", h)
+		}
+	}
 	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -91,17 +91,19 @@ the stack's last one (a running stack is stopped by a drain): then it stays, rea
 flags:
   --holder NAME   the holder's name (default exec-$USER)
 `, execCommand},
-		"mcp": {`usage: cockpitfs mcp [--mount DIR] [--cockpit NAME] [--holder NAME]
+		"mcp": {`usage: cockpitfs mcp [--mount DIR] [--dir DIR] [--cockpit NAME] [--holder NAME]
 
 Serve the Model Context Protocol on standard input and output for one coding agent's session
 (docs/agents.md): the agent host starts it, and the agent claims stacks, checks a port before
 binding it, waits and drains through its tools, over the mount at DIR. The session's holders are
 bound to this process: released when the host closes standard input (or sends SIGTERM), read dead
-if it is killed. Started in a checkout, its stack defaults to the checkout's, as cockpitfs name
-stack names it.
+if it is killed. Its stack defaults to the checkout's it works from, as cockpitfs name stack names
+it.
 
 flags:
   --mount DIR      the cockpitfs mount (default $COCKPITFS_MOUNT, else ~/cockpit)
+  --dir DIR        the checkout to work from (default: the working directory), for a host
+                   that starts servers elsewhere: its stack is the default stack
   --cockpit NAME   the cockpit a call that names none means (default: each call names one)
   --holder NAME    the session's holder name (default mcp-$USER-<this process's pid>)
 `, mcpCommand},

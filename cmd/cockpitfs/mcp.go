@@ -21,12 +21,20 @@ func mcpCommand(args []string) error {
 	mount := fset.String("mount", defaultMount(), "")
 	cockpit := fset.String("cockpit", "", "")
 	holder := fset.String("holder", engine.NameFor("mcp-"+currentUserName()+"-"+strconv.Itoa(os.Getpid())), "")
+	checkout := fset.String("dir", "", "")
 	positional, err := parseInterspersed(fset, args)
 	if err != nil {
 		return err
 	}
 	if len(positional) != 0 {
 		return &usageError{command: "mcp", msg: "mcp takes no arguments but its flags"}
+	}
+	// The server works from the checkout: a claim records the creating process's working
+	// directory as the holder's checkout.
+	if *checkout != "" {
+		if err := os.Chdir(*checkout); err != nil {
+			return err
+		}
 	}
 	dir, err := os.Getwd()
 	if err != nil {
