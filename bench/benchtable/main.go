@@ -250,6 +250,13 @@ func main() {
 	r, _ = t.ratio("Touch", "ns/again", "Touch", "ns/base-again", atLeast(0))
 	t.row("  the same by the base build, same run", "Touch", "ns/base-again", us, "µs", "this build takes "+r+" its time", "", "")
 
+	r, _ = t.ratio("MCP", "ns/stdio", "MCP", "ns/mount", atLeast(0))
+	t.row("agent's claim: one MCP claim call to cockpitfs mcp over stdio (round trip, lease read back)", "MCP", "ns/stdio", us, "µs", r+" of a claim through the mount", "", "")
+	t.row("  a claim through the mount (open O_CREAT, close), same run", "MCP", "ns/mount", us, "µs", "", "", "")
+	r, _ = t.ratio("MCP", "ns/inmemory", "MCP", "ns/files", atLeast(0))
+	t.row("  the same MCP claim in-process (the Go SDK's in-memory transports)", "MCP", "ns/inmemory", us, "µs", r+" of its file operations", "", "")
+	t.row("  part: the claim tool's file operations alone (create, pid, holders, lease, env, entrypoints)", "MCP", "ns/files", us, "µs", "", "", "")
+
 	r, v = t.ratio("EtcdClaim", "ns/claim", "EtcdClaim", "ns/bare", atMost(1.5))
 	t.row("etcd: claim in an engine over 3 members on loopback", "EtcdClaim", "ns/claim", us, "µs", r+" of bare Get+Txn", "≤ 1.5× bare", v)
 	t.row("etcd: bare linearizable Get + Txn compare-and-swap, same cluster", "EtcdClaim", "ns/bare", us, "µs", "", "", "")

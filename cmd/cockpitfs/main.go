@@ -1,5 +1,5 @@
 // Command cockpitfs mounts the cockpitfs tree (docs/spec.md §1): mount, unmount, verify, backup,
-// restore, exec, name, completion, version, help.
+// restore, exec, mcp, name, completion, version, help.
 package main
 
 import (
@@ -91,6 +91,22 @@ the stack's last one (a running stack is stopped by a drain): then it stays, rea
 flags:
   --holder NAME   the holder's name (default exec-$USER)
 `, execCommand},
+		"mcp": {`usage: cockpitfs mcp [--mount DIR] [--dir DIR] [--cockpit NAME] [--holder NAME]
+
+Serve the Model Context Protocol on standard input and output for one coding agent's session
+(docs/agents.md): the agent host starts it, and the agent claims stacks, checks a port before
+binding it, waits and drains through its tools, over the mount at DIR. The session's holders are
+bound to this process: released when the host closes standard input (or sends SIGTERM), read dead
+if it is killed. Its stack defaults to the checkout's it works from, as cockpitfs name stack names
+it.
+
+flags:
+  --mount DIR      the cockpitfs mount (default $COCKPITFS_MOUNT, else ~/cockpit)
+  --dir DIR        the checkout to work from (default: the working directory), for a host
+                   that starts servers elsewhere: its stack is the default stack
+  --cockpit NAME   the cockpit a call that names none means (default: each call names one)
+  --holder NAME    the session's holder name (default mcp-$USER-<this process's pid>)
+`, mcpCommand},
 		"name": {`usage: cockpitfs name stack [DIR] | holder [USER]
 
 Print the stack name of the checkout at DIR (default: the working directory), or the holder name
@@ -146,6 +162,7 @@ commands:
   backup [--data DIR] FILE   back a stopped daemon's store up
   restore [--data DIR] [FILE]  restore a stopped daemon's store
   exec STACK_DIR -- CMD...   hold a stack for CMD's lifetime, with its env
+  mcp [--mount DIR]          serve the Model Context Protocol to a coding agent (stdio)
   name stack|holder          the stack name of a checkout, the holder name of a user
   completion bash            print bash completion
   version                    print the build's version

@@ -1,0 +1,260 @@
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/agent"
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
+)
+
+// tsAgent is an agent session as a host runs one with the official TypeScript SDK
+// (testdata/mcp-client/client.mjs): node starts `cockpitfs mcp` in dir over stdio, in the
+// daemon's network namespace. Its first answer is readTools'.
+type tsAgent struct {
+	t     *testing.T
+	in    io.WriteCloser
+	out   *bufio.Reader
+	tools []struct {
+		Name         string
+		InputSchema  map[string]any
+		OutputSchema map[string]any
+	}
+}
+
+// tsAnswer is client.mjs's answer to one request.
+type tsAnswer struct {
+	IsError    bool
+	Structured json.RawMessage
+	Text       string
+	Status     int
+	Body       string
+	Exception  string
+}
+
+func (m *mount) tsAgent(dir string) *tsAgent {
+	m.t.Helper()
+	cmd := exec.Command("node", "testdata/mcp-client/client.mjs", dir, "--", binary, "mcp", "--mount", m.Dir, "--cockpit", "app")
+	cmd.Env = append(os.Environ(), mcpRace)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if err := m.ns.Do(cmd.Start); err != nil {
+		m.t.Fatal(err)
+	}
+	m.t.Cleanup(func() {
+		in.Close()
+		cmd.Wait()
+	})
+	return &tsAgent{t: m.t, in: in, out: bufio.NewReader(out)}
+}
+
+// readTools reads the client's first line: the tools it listed once connected.
+func (a *tsAgent) readTools() {
+	a.t.Helper()
+	var first struct{ Tools json.RawMessage }
+	a.read(&first)
+	if err := json.Unmarshal(first.Tools, &a.tools); err != nil {
+		a.t.Fatalf("the MCP client's tools: %v", err)
+	}
+}
+
+// read decodes the client's next line into v.
+func (a *tsAgent) read(v any) {
+	a.t.Helper()
+	line, err := a.out.ReadBytes('\n')
+	if err != nil {
+		a.t.Fatalf("the MCP client: %v", err)
+	}
+	if err := json.Unmarshal(line, v); err != nil {
+		a.t.Fatalf("the MCP client: %v in %s", err, line)
+	}
+}
+
+// send writes one request; answer reads its answer.
+func (a *tsAgent) send(req map[string]any) {
+	a.t.Helper()
+	b, _ := json.Marshal(req)
+	if _, err := a.in.Write(append(b, '\n')); err != nil {
+		a.t.Fatalf("the MCP client: %v", err)
+	}
+}
+
+func (a *tsAgent) answer() tsAnswer {
+	a.t.Helper()
+	var ans tsAnswer
+	a.read(&ans)
+	if ans.Exception != "" {
+		a.t.Fatalf("the MCP client: %s", ans.Exception)
+	}
+	return ans
+}
+
+// call calls a tool that must succeed and decodes its structured result into out.
+func (a *tsAgent) call(tool string, args map[string]any, out any) {
+	a.t.Helper()
+	a.send(map[string]any{"tool": tool, "args": args})
+	a.decode(tool, a.answer(), out)
+}
+
+func (a *tsAgent) decode(tool string, ans tsAnswer, out any) {
+	a.t.Helper()
+	if ans.IsError {
+		a.t.Fatalf("%s: tool error %s", tool, ans.Text)
+	}
+	if err := json.Unmarshal(ans.Structured, out); err != nil {
+		a.t.Fatalf("%s: %v in %s", tool, err, ans.Structured)
+	}
+}
+
+// fetch gets url from the client's process, as an agent's own tools would.
+func (a *tsAgent) fetch(url string) tsAnswer {
+	a.t.Helper()
+	a.send(map[string]any{"fetch": url})
+	var ans tsAnswer
+	a.read(&ans)
+	return ans
+}
+
+// TestMCPTypeScriptClient: the official TypeScript SDK, as agent hosts run it, drives two agent
+// sessions in two git worktrees of one repository. Both claim at once and get distinct ports,
+// each serves HTTP on its own and the other agent fetches it by the URL its env tool gives; one
+// session killed leaves a dead holder the next claim releases; a refusal carries its code.
+func TestMCPTypeScriptClient(t *testing.T) {
+	testtool.Need(t, "node", "git", "python3")
+	if _, err := os.Stat("testdata/mcp-client/node_modules/@modelcontextprotocol/sdk"); err != nil {
+		testtool.Missing(t, "the MCP client's npm packages (npm ci --prefix integration/testdata/mcp-client)")
+	}
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 49060})
+	m.ok("mkdir $M/bare")
+	base := t.TempDir()
+	shIn(t, base, "git init -q app && cd app && git -c user.name=t -c user.email=t@example.com commit -q --allow-empty -m init"+
+		" && git worktree add -q ../app-a && git worktree add -q ../app-b")
+	dirs := []string{filepath.Join(base, "app-a"), filepath.Join(base, "app-b")}
+	// Both start at once; each lists its tools once connected.
+	agents := []*tsAgent{m.tsAgent(dirs[0]), m.tsAgent(dirs[1])}
+	for _, a := range agents {
+		a.readTools()
+	}
+
+	var names []string
+	for _, tool := range agents[0].tools {
+		names = append(names, tool.Name)
+		if tool.InputSchema["type"] != "object" || tool.OutputSchema["type"] != "object" {
+			t.Errorf("tool %s: input schema %v, output schema %v", tool.Name, tool.InputSchema, tool.OutputSchema)
+		}
+	}
+	sort.Strings(names)
+	if got := strings.Join(names, " "); got != "check_port claim drain env ports release status wait" {
+		t.Errorf("tools: %s", got)
+	}
+
+	// Both claim at once, each its worktree's stack.
+	for _, a := range agents {
+		a.send(map[string]any{"tool": "claim", "args": map[string]any{}})
+	}
+	leases := make([]agent.Lease, 2)
+	for i, a := range agents {
+		a.decode("claim", a.answer(), &leases[i])
+	}
+	if leases[0].Stack == leases[1].Stack || leases[0].Ports["HTTP"] == leases[1].Ports["HTTP"] {
+		t.Fatalf("two worktrees share a stack or a port: %+v %+v", leases[0], leases[1])
+	}
+	for i, l := range leases {
+		if want := strings.TrimSpace(shIn(t, dirs[i], binary+" name stack").Stdout); l.Stack != want {
+			t.Errorf("agent %d claimed %s, its worktree's stack is %s", i, l.Stack, want)
+		}
+	}
+
+	// Each serves HTTP on its own port; the other fetches it by the URL its env tool gives.
+	for i, l := range leases {
+		if err := os.WriteFile(filepath.Join(dirs[i], "who"), []byte(l.Stack), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		srv := exec.Command("python3", "-m", "http.server", "--bind", "127.0.0.1", "--directory", dirs[i], strconv.Itoa(l.Ports["HTTP"]))
+		if err := m.ns.Do(srv.Start); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	}
+	for i, a := range agents {
+		other := leases[1-i]
+		var env agent.Lease
+		a.call("env", map[string]any{"stack": other.Stack}, &env)
+		url := env.Env["HTTP_URL"]
+		for _, ep := range env.Entrypoints {
+			if ep.Name == "http" {
+				url = ep.URL
+			}
+		}
+		// The server may not listen yet: fetch until it answers.
+		got := a.fetch(url + "who")
+		for deadline := time.Now().Add(10 * time.Second); got.Exception != "" && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+			got = a.fetch(url + "who")
+		}
+		if got.Status != 200 || got.Body != other.Stack {
+			t.Errorf("agent %d fetching %swho: %+v", i, url, got)
+		}
+		var c agent.PortCheck
+		a.call("check_port", map[string]any{"port": other.Ports["HTTP"]}, &c)
+		if c.Free || c.LeasedBy == nil || c.LeasedBy.Stack != other.Stack || len(c.Listeners) != 1 || c.Listeners[0].Command != "python3" ||
+			c.UseInstead["HTTP"] != leases[i].Ports["HTTP"] {
+			t.Errorf("agent %d checking the other's port: %+v", i, c)
+		}
+	}
+
+	// Agent b's session is killed: its holder reads dead, and a's claim of b's stack releases it.
+	var pid int
+	for _, h := range leases[1].Holders {
+		if h.Yours {
+			pid = h.PID
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	holder := m.Path("app", "stacks", leases[1].Stack, "holders", leases[1].Holder)
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(m.read("app", "stacks", leases[1].Stack, "holders", leases[1].Holder), "state=dead\n"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed session's holder is not dead:\n%s", m.read("app", "stacks", leases[1].Stack, "holders", leases[1].Holder))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var taken agent.Lease
+	agents[0].call("claim", map[string]any{"stack": leases[1].Stack}, &taken)
+	if len(taken.Holders) != 1 || taken.Holders[0].Name != leases[0].Holder || taken.Ports["HTTP"] != leases[1].Ports["HTTP"] {
+		t.Errorf("claim after the kill: %+v", taken)
+	}
+	if _, err := os.Stat(holder); !os.IsNotExist(err) {
+		t.Errorf("the dead holder is still there: %v", err)
+	}
+	if ev := m.read("app", "stacks", leases[1].Stack, "events"); !strings.Contains(ev, "released dead holders: "+leases[1].Holder+" (process "+strconv.Itoa(pid)+")") {
+		t.Errorf("events:\n%s", ev)
+	}
+
+	// A refusal carries its errno, code, message and fix.
+	agents[0].send(map[string]any{"tool": "claim", "args": map[string]any{"cockpit": "bare", "stack": "s"}})
+	ans := agents[0].answer()
+	var r refusal
+	if !ans.IsError || json.Unmarshal([]byte(ans.Text), &r) != nil || r.Errno != "EINVAL" || r.Code != "PORT_FAMILY_OUT_OF_RANGE" || r.Fix != "write bare/config first" {
+		t.Errorf("claim without a config: %+v", ans)
+	}
+}
