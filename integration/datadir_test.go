@@ -177,8 +177,9 @@ func TestDataDirFilesAreTheDaemons(t *testing.T) {
 	}
 }
 
-// verify, backup and restore, run by root, refuse a store another user controls as mount does:
-// each writes there (its lock, the restored store), and would write through a planted link.
+// restore, run by root, refuses a store another user controls as mount does: it writes the whole
+// store there, and would write through a link that user planted. verify and backup, which only
+// read it, check it as they would root's.
 func TestDataDirOfAnotherUserRefusedOffline(t *testing.T) {
 	t.Parallel()
 	m := newMount(t)
@@ -192,19 +193,15 @@ func TestDataDirOfAnotherUserRefusedOffline(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	m.corrupted = true // verify after the test would refuse it too
 	before := listing(t, m.Data)
-	out := filepath.Join(t.TempDir(), "out.backup")
-	for _, args := range [][]string{{"verify", "--data", m.Data}, {"backup", "--data", m.Data, out}, {"restore", "--data", m.Data}} {
-		r := lifecycleRun(t, args...)
-		if r.Code != 1 || !strings.Contains(r.Stderr, "refusing the data directory: "+m.Data) {
-			t.Errorf("%s as root of a store uid 65534 owns: exit %d\nstdout: %s\nstderr: %s", args[0], r.Code, r.Stdout, r.Stderr)
-		}
+	r := lifecycleRun(t, "restore", "--data", m.Data)
+	if r.Code != 1 || !strings.Contains(r.Stderr, "refusing the data directory: "+m.Data) {
+		t.Errorf("restore as root of a store uid 65534 owns: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
 	}
 	if after := listing(t, m.Data); after != before {
-		t.Errorf("the refused commands changed the store:\n%s\nnow:\n%s", before, after)
+		t.Errorf("the refused restore changed the store:\n%s\nnow:\n%s", before, after)
 	}
-	if _, err := os.Stat(out); err == nil {
-		t.Error("a refused backup wrote its file")
+	if r := lifecycleRun(t, "verify", "--data", m.Data); r.Code != 0 {
+		t.Errorf("verify as root of a store uid 65534 owns: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }

@@ -297,6 +297,13 @@ s.bind(b"\0cockpitfs/port/" + sys.argv[1].encode())
 s.listen(1)
 print("bound", flush=True)
 time.sleep(600)`, strconv.Itoa(port))
+	return m.startBound(cmd)
+}
+
+// startBound starts cmd in the daemon's network namespace and returns once it prints "bound"
+// (its names are bound); it is killed when the test ends.
+func (m *mount) startBound(cmd *exec.Cmd) *exec.Cmd {
+	m.t.Helper()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		m.t.Fatal(err)

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -317,18 +316,7 @@ while True:
 		args = append(args, strconv.Itoa(port))
 	}
 	cmd := exec.Command("setpriv", args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	if err := m.ns.Do(cmd.Start); err != nil {
-		m.t.Fatal(err)
-	}
-	m.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
-		m.t.Fatalf("squatter: %q %v", line, err)
-	}
-	return cmd
+	return m.startBound(cmd)
 }
 
 // A co-user's process holding a port's name is named by the kernel — its pid and uid — however

@@ -38,6 +38,14 @@ time.sleep(600)`
 		mode = "listen"
 	}
 	cmd := exec.Command("python3", "-c", script, fmt.Sprintf("%s%d", space, port), mode)
+	startBound(t, cmd)
+	return cmd
+}
+
+// startBound starts cmd and returns once it prints "bound" (its names are bound); it is killed
+// when the test ends.
+func startBound(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -47,9 +55,8 @@ time.sleep(600)`
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
-		t.Fatalf("squatter did not bind: %q %v", line, err)
+		t.Fatalf("%s did not bind: %q %v", cmd.Args[0], line, err)
 	}
-	return cmd
 }
 
 func TestTakeIsExclusiveUntilRelease(t *testing.T) {
@@ -151,17 +158,7 @@ while True:
     except OSError:
         pass  # an asker that did not wait for the answer
     c.close()`, fmt.Sprintf("%s%d", space, 40300), "40300")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
-		t.Fatalf("forger did not bind: %q %v", line, err)
-	}
+	startBound(t, cmd)
 	holder, ok, err := space.Ask(40300)
 	if err != nil || !ok || !holder.Known || holder.PID != cmd.Process.Pid || holder.UID != uint32(os.Getuid()) || holder.Identity != nil {
 		t.Fatalf("Ask = %+v %+v %v %v, want pid %d, uid %d, no identity", holder, holder.Identity, ok, err, cmd.Process.Pid, os.Getuid())
