@@ -308,6 +308,9 @@ func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 func (d *dir) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
 	defer d.fsys.guard("rmdir", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
+	if d.stack != "" && d.walkerRemoval(ctx) {
+		return 0 // see walker.go
+	}
 	if r, ok := d.list.(rmdirer); ok {
 		return r.rmdir(ctx, d, name)
 	}
@@ -352,6 +355,9 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 	defer d.fsys.guard("unlink", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
+	if d.stack != "" && d.walkerRemoval(ctx) {
+		return 0 // see walker.go
+	}
 	if u, ok := d.list.(unlinker); ok {
 		return u.unlink(ctx, d, name)
 	}
