@@ -566,6 +566,15 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if sized && f.writer == nil {
 		return syscall.EACCES
 	}
+	if sized && size != 0 && own != nil && own.wrote {
+		// A writer in place that ends its document at what it wrote (rsync --inplace: ftruncate
+		// to the new length) cuts nothing it did not write: the document is what it wrote.
+		own.mu.Lock()
+		if fits := uint64(len(own.doc)) >= size; fits {
+			own.doc, sized = own.doc[:size], false
+		}
+		own.mu.Unlock()
+	}
 	var current fuse.AttrOut
 	if errno := f.Getattr(ctx, fh, &current); errno != 0 {
 		return errno

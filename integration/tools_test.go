@@ -441,6 +441,8 @@ os.replace(tmp, cfg)' $M/app`},
 		// rsync writes .config.XXXXXX beside config, then renames it onto config. (Its quick check
 		// skips a file of config's size and second: new.toml is an older file here.)
 		{"rsync new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/rsync.toml && touch -d @0 " + dir + "/rsync.toml && rsync " + dir + "/rsync.toml $M/app/config"},
+		// rsync --inplace writes config in place, then ftruncates it to the length it wrote.
+		{"rsync --inplace new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/inplace.toml && touch -d @0 " + dir + "/inplace.toml && rsync --inplace " + dir + "/inplace.toml $M/app/config"},
 		{"mv new.toml config", "sed s/FROM/TO/ $M/app/config > $M/app/new.toml && mv $M/app/new.toml $M/app/config"},
 		{"cp new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/new.toml && cp " + dir + "/new.toml $M/app/config"},
 		// Its times and mode restored through the fd it wrote, which FUSE sends without the handle.
