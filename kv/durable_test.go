@@ -268,8 +268,8 @@ func TestApplierAppliesABatchAfterItsDelay(t *testing.T) {
 	}
 }
 
-// within fails the test if fn fails or has not returned after d.
-// within fails t if fn has not returned after d: a guard against a stall, never a timing.
+// within fails the test if fn fails or has not returned after d: a guard against a stall, never a
+// timing.
 func within(t *testing.T, d time.Duration, fn func() error) {
 	t.Helper()
 	done := make(chan error, 1)
