@@ -197,9 +197,15 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 
 // Cockpit returns one cockpit.
 func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
+	m, err := e.cockpitMeta(name)
+	return m.info(), err
+}
+
+// cockpitMeta reads one cockpit, from the cache when it is current.
+func (e *Engine) cockpitMeta(name string) (cockpitMeta, error) {
 	key := cockpitKey(name)
 	if m, ok := e.cockpits.current(key); ok && !e.shared {
-		return m.info(), nil
+		return m, nil
 	}
 	at := e.cockpits.since()
 	var m cockpitMeta
@@ -211,7 +217,7 @@ func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 	if err == nil {
 		e.cockpits.read(key, raw, at)
 	}
-	return m.info(), err
+	return m, err
 }
 
 // Stacks lists a cockpit's stack names in order.
