@@ -168,6 +168,8 @@ type CockpitInfo struct {
 	Entrypoints []portdecl.Entrypoint
 	// EnvPrefix starts every name the stacks' env files export (see portdecl.Config).
 	EnvPrefix string
+	// BaseOrder is the config's port keys in the order it declares them (portdecl.Config).
+	BaseOrder []string
 }
 
 func (m cockpitMeta) info() CockpitInfo {
@@ -175,6 +177,7 @@ func (m cockpitMeta) info() CockpitInfo {
 	if m.Declared != nil {
 		info.Entrypoints = m.Declared.Entrypoints
 		info.EnvPrefix = m.Declared.EnvPrefix
+		info.BaseOrder = m.Declared.BaseOrder
 	}
 	return info
 }
