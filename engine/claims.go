@@ -85,6 +85,13 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 	if err != nil {
 		return r.Value, err
 	}
+	if held {
+		// The seeds' claim by a holder the stack has already changes nothing, but only under the
+		// declaration its lease was taken with.
+		if err := leaseDeclared(r, m, nil); err != nil {
+			return r.Value, err
+		}
+	}
 	if !added && len(released) == 0 {
 		return r.Value, errUnchanged
 	}
@@ -184,6 +191,15 @@ func chargeLease(v Value) Value {
 	return v
 }
 
+// leaseDeclared is ok, or the refusal of a claim by a holder r has already when r's active lease
+// was taken under another declaration than m's.
+func leaseDeclared(r Record, m cockpitMeta, ok error) error {
+	if cfg, declared := m.config(); declared && r.Value.Lease.Active() && !r.Value.Lease.Declaration.Equal(cfg.Declaration) {
+		return declarationChanged(r.SubjectID)
+	}
+	return ok
+}
+
 // declarationChanged refuses a claim on a lease taken under another declaration than the
 // cockpit's: its ports would not be the family the config now declares.
 func declarationChanged(target string) error {
@@ -234,7 +250,11 @@ func setHolder(r Record, c Caller, w holderWrite) (Value, error) {
 // checkout (so a checkout whose stack name collides with another's cannot take over its holder),
 // never while a drain is reserved. An untracked holder (pid=none) stays as its owner chose:
 // nothing ends it, so a touch has nothing to renew.
-func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
+//
+// A touch is the holder claiming again (a Makefile's claim re-run), so like the seeds' claim of an
+// existing holder it is refused when the lease was taken under another declaration than m's:
+// the ports it holds are not the ones the config now declares.
+func rebindHolder(r Record, c Caller, nh Holder, m cockpitMeta) (Value, error) {
 	h, ok := r.Value.Holder(nh.Name)
 	if !ok {
 		return r.Value, refuse(NotFound, holderID(nh.Name), "", "holder %s does not claim this stack", nh.Name)
@@ -243,7 +263,7 @@ func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
 		return r.Value, c.denied("holder "+nh.Name, h.UID)
 	}
 	if h.PID == 0 {
-		return r.Value, errUnchanged
+		return r.Value, leaseDeclared(r, m, errUnchanged)
 	}
 	if r.Value.Drain != nil {
 		return r.Value, refuse(ClaimCoTenant, h.HolderID, drainReservedFix, "holders cannot change while a drain is reserved")
@@ -251,6 +271,9 @@ func rebindHolder(r Record, c Caller, nh Holder) (Value, error) {
 	if !h.mayBeFrom(nh.CheckoutPath) {
 		return r.Value, refuse(StateRecordMalformed, h.HolderID, fmt.Sprintf("touch it from %s, or give this checkout a stack of its own", Printable(h.CheckoutPath)),
 			"holder %s is bound to checkout %s, not %s", nh.Name, Printable(h.CheckoutPath), Printable(nh.CheckoutPath))
+	}
+	if err := leaseDeclared(r, m, nil); err != nil {
+		return r.Value, err
 	}
 	if h.PID == nh.PID && h.ProcessStart == nh.ProcessStart {
 		return r.Value, errUnchanged

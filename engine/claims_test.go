@@ -613,8 +613,8 @@ func TestClaimAfterConfigChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, func() error { return claimErr(e, "app", "main", "bob") })
-	// The lease keeps its declaration; its existing holder re-claiming changes nothing.
-	claim(t, e, "app", "main", "alice")
+	// The lease keeps its declaration; its existing holder claiming again is refused too
+	// (TestLeasePortFamilyExistingHolderAfterDeclarationChange).
 	r := stackRecord(t, e, "app", "main")
 	requirePorts(t, r, map[string]int{"HTTP": 18080, "DB": 15432})
 	if r.Value.Lease.Declaration.Bases["HTTP"] != 18080 || r.Revision != 1 {
@@ -682,15 +682,15 @@ func TestUnknownCheckoutIsNoOtherCheckout(t *testing.T) {
 	sortHolders(holders)
 	r := Record{Value: Value{Holders: holders}}
 
-	v, err := rebindHolder(r, c, Holder{Name: "alice", UID: c.UID, PID: 2, ProcessStart: "b"})
+	v, err := rebindHolder(r, c, Holder{Name: "alice", UID: c.UID, PID: 2, ProcessStart: "b"}, cockpitMeta{})
 	if h, _ := v.Holder("alice"); err != nil || h.PID != 2 || h.CheckoutPath != "/src/alice" {
 		t.Errorf("touch of alice from an unknown cwd: %v, holder %+v", err, h)
 	}
-	v, err = rebindHolder(r, c, Holder{Name: "bob", UID: c.UID, CheckoutPath: "/src/anywhere", PID: 2, ProcessStart: "b"})
+	v, err = rebindHolder(r, c, Holder{Name: "bob", UID: c.UID, CheckoutPath: "/src/anywhere", PID: 2, ProcessStart: "b"}, cockpitMeta{})
 	if h, _ := v.Holder("bob"); err != nil || h.PID != 2 || h.CheckoutPath != "" {
 		t.Errorf("touch of bob (checkout unknown) from /src/anywhere: %v, holder %+v", err, h)
 	}
-	_, err = rebindHolder(r, c, Holder{Name: "alice", UID: c.UID, CheckoutPath: "/src/other", PID: 2, ProcessStart: "b"})
+	_, err = rebindHolder(r, c, Holder{Name: "alice", UID: c.UID, CheckoutPath: "/src/other", PID: 2, ProcessStart: "b"}, cockpitMeta{})
 	requireCode(t, err, StateRecordMalformed)
 
 	if _, added, err := addHolder(r.Value, Holder{Name: "alice", UID: c.UID}, now); err != nil || added {
@@ -800,4 +800,39 @@ func TestLeaseCountsAgainstItsHolderNow(t *testing.T) {
 	if problems, _, err := Verify(e.db); err != nil || len(problems) > 0 {
 		t.Fatalf("verify: %v %v", problems, err)
 	}
+}
+
+// The seeds' leasePortFamily refuses a holder the stack has already with
+// CONFIG_CHANGED_DURING_EXECUTION when the lease was taken under another declaration, as it
+// refuses a new one: here that holder's claim and its touch (a claim run again), tracked or not.
+// The record stays as it was.
+func TestLeasePortFamilyExistingHolderAfterDeclarationChange(t *testing.T) {
+	e := newEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "main")
+	if err := e.Claim(ctx, me("create", "app/stacks/main/holders/me"), "app", "main", "me", nil); err != nil {
+		t.Fatal(err)
+	}
+	claim(t, e, "app", "main", "alice") // untracked: pid=none
+	touch := func(name string) func() error {
+		return func() error { return e.Rebind(ctx, me("touch", "app/stacks/main/holders/"+name), "app", "main", name) }
+	}
+	// Unchanged declaration: a touch and a claim again both change nothing.
+	before := recordSnapshot(t, e, "app", "main")
+	if err := touch("me")(); err != nil {
+		t.Fatal(err)
+	}
+	if err := claimErr(e, "app", "main", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if after := recordSnapshot(t, e, "app", "main"); after != before {
+		t.Fatalf("a touch and a claim again changed the stack:\nbefore %s\nafter  %s", before, after)
+	}
+	counted := strings.Replace(exampleConfig, "count = 20", "count = 21", 1)
+	if err := e.SetConfig(ctx, me("write", "app/config"), "app", []byte(counted)); err != nil {
+		t.Fatal(err)
+	}
+	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, touch("me"))
+	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, touch("alice"))
+	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, func() error { return claimErr(e, "app", "main", "alice") })
 }

@@ -52,6 +52,11 @@ func reserveDrain(r Record, in reserveInput, reads stepReads, now time.Time) (Va
 	if d := r.Value.Drain; d != nil {
 		return r.Value, resumeDrain(r, d, in, reads)
 	}
+	if in.expected != r.Revision && q.given != nil {
+		// The seeds' own request: the seeds' reserveDrain answers a revision it did not issue last.
+		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "read record and plan again at its revision",
+			"drain reservation requires the exact current coordination revision: the request names %d, the stack is at %d", in.expected, r.Revision)
+	}
 	if in.expected != r.Revision {
 		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "re-open drain/request and write again",
 			"the request was planned at revision %d but the stack is now at revision %d", in.expected, r.Revision)
@@ -157,6 +162,12 @@ func drainRequester(r Record, v Value, q DrainRequest, c Caller, mine map[int]bo
 		} else {
 			others = append(others, h)
 		}
+	}
+	if g := q.given; g != nil && (requester.HolderID == "" || g.RequesterID != g.HolderID) {
+		// The seeds' reserveDrain refuses a request whose holder is not the stack's one holder, or
+		// whose requester is not that holder, as one: the requester must own what it drains.
+		return Holder{}, refuse(ClaimCoTenant, r.SubjectID, "name the stack's one holder as both holderId and requesterId",
+			"drain reservation requires retained holder and lease ownership: holder %s, requester %s", g.HolderID, g.RequesterID)
 	}
 	if requester.HolderID == "" {
 		name := q.Holder
@@ -270,9 +281,11 @@ func canonicalJSON(v any) string {
 	return string(out)
 }
 
+// sortedCopy orders targets as the seeds' JavaScript sorts them (UTF-16 code units), so a plan
+// a caller built there is the order it is checked in here.
 func sortedCopy(s []string) []string {
 	out := append([]string{}, s...)
-	sort.Strings(out)
+	sort.Slice(out, func(i, j int) bool { return lessUTF16(out[i], out[j]) })
 	return out
 }
 

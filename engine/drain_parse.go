@@ -29,10 +29,11 @@ type DrainRequest struct {
 
 // givenPlan is what a JSON request names by identity rather than by name.
 type givenPlan struct {
-	StackID   string
-	HolderID  string
-	TargetIDs []string
-	Actions   []drainAction
+	StackID     string
+	HolderID    string
+	RequesterID string // the seeds' requesterId: a reservation needs it to be the holder
+	TargetIDs   []string
+	Actions     []drainAction
 }
 
 // requesterID is the identity of the holder the request names, "" when it names none.
@@ -60,7 +61,7 @@ func (q DrainRequest) holderName() string {
 // seeds' sameDrainRequest but for the revision, which the caller checks).
 func (q DrainRequest) samePlan(d *Drain) bool {
 	if g := q.given; g != nil {
-		return g.StackID == d.StackID && q.ConfigSha256 == d.ConfigSha256 && q.PlanDigest == d.PlanDigest &&
+		return g.StackID == d.StackID && g.RequesterID == d.RequesterID && q.ConfigSha256 == d.ConfigSha256 && q.PlanDigest == d.PlanDigest &&
 			q.OperationBasis == d.OperationBasis && q.Generation == d.Generation &&
 			equalStrings(g.TargetIDs, d.TargetIDs) && canonicalJSON(g.Actions) == canonicalJSON(d.Actions)
 	}
@@ -226,8 +227,8 @@ func parseDrainRequestJSON(data []byte) (DrainRequest, error) {
 		return DrainRequest{}, malformedRequest("purpose %q is not sleep, down or reset", j.Purpose)
 	case !isStackID(j.StackID):
 		return DrainRequest{}, malformedRequest("stackId %q is not a stack identity", j.StackID)
-	case !isHolderID(j.HolderID) || j.RequesterID != j.HolderID:
-		return DrainRequest{}, malformedRequest("holderId and requesterId must be the same holder identity")
+	case !isHolderID(j.HolderID) || !isHolderID(j.RequesterID):
+		return DrainRequest{}, malformedRequest("holderId and requesterId must be holder identities")
 	case !isSHA256Hex(j.ConfigSha256) || !isSHA256Hex(j.PlanDigest) ||
 		!isSHA256Hex(j.OperationBasis) || !isSHA256Hex(j.Generation):
 		return DrainRequest{}, malformedRequest("configSha256, planDigest, operationBasis and generation must be sha256 hex")
@@ -255,7 +256,7 @@ func parseDrainRequestJSON(data []byte) (DrainRequest, error) {
 		PlanDigest:     j.PlanDigest,
 		OperationBasis: j.OperationBasis,
 		Generation:     j.Generation,
-		given:          &givenPlan{StackID: j.StackID, HolderID: j.HolderID, TargetIDs: j.TargetIDs, Actions: j.Actions},
+		given:          &givenPlan{StackID: j.StackID, HolderID: j.HolderID, RequesterID: j.RequesterID, TargetIDs: j.TargetIDs, Actions: j.Actions},
 	}, nil
 }
 

@@ -99,7 +99,7 @@ func TestParseDrainRequestJSON(t *testing.T) {
 		"extra key":         func(m map[string]any) { m["holder"] = "me" },
 		"bad purpose":       func(m map[string]any) { m["purpose"] = "stop" },
 		"bad stackId":       func(m map[string]any) { m["stackId"] = "app/s" },
-		"requester differs": func(m map[string]any) { m["requesterId"] = holderID("you") },
+		"bad requesterId":   func(m map[string]any) { m["requesterId"] = "you" },
 		"bad holderId":      func(m map[string]any) { m["holderId"], m["requesterId"] = "me", "me" },
 		"bad digest":        func(m map[string]any) { m["planDigest"] = "ABC" },
 		"negative revision": func(m map[string]any) { m["expectedCoordinationRevision"] = -1 },

@@ -408,9 +408,6 @@ func TestDrainJSONRequest(t *testing.T) {
 			mustRefuse(t, e, StateRecordMalformed, func() error { return reserveText(t, e, text(change)) })
 		})
 	}
-	mustRefuse(t, e, NotFound, func() error {
-		return reserveText(t, e, text(func(m map[string]any) { m["holderId"], m["requesterId"] = holderID("ghost"), holderID("ghost") }))
-	})
 	d := mustStep(t, e, reserveText(t, e, text(func(map[string]any) {}))).Value.Drain
 	if d.ConfigSha256 != digest("config") || d.PlanDigest != digest("plan") || d.OperationBasis != digest("basis") ||
 		d.Generation != digest("generation") || canonicalJSON(d.Actions) != canonicalJSON(planned.Actions) || d.HolderName != "me" {
@@ -756,4 +753,86 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// jsonRequest is the seeds' drain request for stack s held by "me", as change leaves it.
+func jsonRequest(t *testing.T, e *Engine, change func(map[string]any)) string {
+	t.Helper()
+	r := stackOf(t, e)
+	id := holderID("me")
+	m := map[string]any{
+		"purpose": "sleep", "stackId": r.SubjectID, "holderId": id, "requesterId": id,
+		"configSha256": digest("config"), "planDigest": digest("plan"), "operationBasis": digest("basis"), "generation": digest("generation"),
+		"targetIds":                    []string{r.SubjectID},
+		"actions":                      []drainAction{{Stage: stageRuntimeStop, TargetID: r.SubjectID, ValidForMs: 1000}},
+		"expectedCoordinationRevision": r.Revision,
+	}
+	change(m)
+	data, _ := json.Marshal(m)
+	return string(data)
+}
+
+// The seeds' reserveDrain answers its own request at a revision it is not at, older or never
+// issued, with CLAIM_CO_TENANT: a script written against it checks that code.
+func TestReserveDrainStaleRevision(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	rev := stackOf(t, e).Revision
+	for _, at := range []int64{rev - 1, rev + 1} {
+		ref := mustRefuse(t, e, ClaimCoTenant, func() error {
+			return reserveText(t, e, jsonRequest(t, e, func(m map[string]any) { m["expectedCoordinationRevision"] = at }))
+		})
+		if !strings.Contains(ref.Message, "requires the exact current coordination revision") {
+			t.Fatalf("refusal %q does not say the seeds' reason", ref.Message)
+		}
+	}
+}
+
+// Targets are ordered as the seeds' JavaScript orders strings, by UTF-16 code units: U+1F600
+// (0xD83D 0xDE00) sorts before U+FF01 there, after it by bytes.
+func TestReserveDrainTargetOrderUTF16(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	stackID := stackOf(t, e).SubjectID
+	astral, high := "volume:\U0001F600x", "volume:\uFF01x"
+	targets := sortedCopy([]string{stackID, high, astral})
+	actions := []drainAction{{Stage: stageRuntimeStop, TargetID: stackID, ValidForMs: 1000}}
+	for _, target := range targets {
+		if target != stackID {
+			actions = append(actions, drainAction{Stage: stageReclaim, TargetID: target, ValidForMs: 1000, TargetCommitment: commitTo(stackID, target)})
+		}
+	}
+	if actions[1].TargetID != astral {
+		t.Fatalf("reclaims in order %s, %s: want U+1F600 first, as JavaScript sorts", actions[1].TargetID, actions[2].TargetID)
+	}
+	d := mustStep(t, e, reserveText(t, e, jsonRequest(t, e, func(m map[string]any) {
+		m["purpose"], m["targetIds"], m["actions"] = "down", targets, actions
+	}))).Value.Drain
+	if !equalStrings(d.TargetIDs, targets) {
+		t.Fatalf("reserved targets %q, want %q", d.TargetIDs, targets)
+	}
+	// The text form derives the same order.
+	mustStep(t, e, cancelStack(e))
+	d = mustStep(t, e, reserveText(t, e, "down "+high+" "+astral)).Value.Drain
+	if !equalStrings(d.TargetIDs, targets) {
+		t.Fatalf("text request reserved targets %q, want %q", d.TargetIDs, targets)
+	}
+}
+
+// The seeds' reserveDrain refuses with CLAIM_CO_TENANT a requester that is not the holder, and
+// a holder that is not the stack's: "drain reservation requires retained holder and lease
+// ownership".
+func TestReserveDrainRetainedHolderOwnership(t *testing.T) {
+	e, _ := newDrainEngine(t)
+	for name, change := range map[string]func(map[string]any){
+		"requester is another holder": func(m map[string]any) { m["requesterId"] = holderID("other") },
+		"holder is not on the stack": func(m map[string]any) {
+			m["holderId"], m["requesterId"] = holderID("ghost"), holderID("ghost")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ref := mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, jsonRequest(t, e, change)) })
+			if !strings.Contains(ref.Message, "requires retained holder and lease ownership") {
+				t.Fatalf("refusal %q does not say the seeds' reason", ref.Message)
+			}
+		})
+	}
 }

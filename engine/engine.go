@@ -168,6 +168,8 @@ type CockpitInfo struct {
 	Entrypoints []portdecl.Entrypoint
 	// EnvPrefix starts every name the stacks' env files export (see portdecl.Config).
 	EnvPrefix string
+	// BaseOrder is the config's port keys in the order it declares them (portdecl.Config).
+	BaseOrder []string
 }
 
 func (m cockpitMeta) info() CockpitInfo {
@@ -175,6 +177,7 @@ func (m cockpitMeta) info() CockpitInfo {
 	if m.Declared != nil {
 		info.Entrypoints = m.Declared.Entrypoints
 		info.EnvPrefix = m.Declared.EnvPrefix
+		info.BaseOrder = m.Declared.BaseOrder
 	}
 	return info
 }
@@ -197,9 +200,15 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 
 // Cockpit returns one cockpit.
 func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
+	m, err := e.cockpitMeta(name)
+	return m.info(), err
+}
+
+// cockpitMeta reads one cockpit, from the cache when it is current.
+func (e *Engine) cockpitMeta(name string) (cockpitMeta, error) {
 	key := cockpitKey(name)
 	if m, ok := e.cockpits.current(key); ok && !e.shared {
-		return m.info(), nil
+		return m, nil
 	}
 	at := e.cockpits.since()
 	var m cockpitMeta
@@ -211,7 +220,7 @@ func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 	if err == nil {
 		e.cockpits.read(key, raw, at)
 	}
-	return m.info(), err
+	return m, err
 }
 
 // Stacks lists a cockpit's stack names in order.

@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
@@ -50,17 +52,22 @@ type diagnostic struct {
 }
 
 // DeriveEntrypoints derives the stack's entrypoints as the seeds' deriveEntrypoints does: the
-// default one of each leased port in port-key order, then each declared one, every declared one
+// default one of each leased port in the order the config declares its keys (order, a
+// CockpitInfo's BaseOrder: the seeds' lease keeps its declaration's order), then each declared one, every declared one
 // compared with the value recorded for it in values (declared-values). Nil without an active
 // lease. Unlike Entrypoints, which renders env and entrypoints/ and leaves such an entrypoint
 // out, a declared entrypoint on a port the lease does not hold refuses the derivation.
-func (r Record) DeriveEntrypoints(declared []portdecl.Entrypoint, values map[string]string) *EntrypointResult {
+func (r Record) DeriveEntrypoints(declared []portdecl.Entrypoint, order []string, values map[string]string) *EntrypointResult {
 	l := r.Value.Lease
 	if !l.Active() {
 		return nil
 	}
 	defaults := portdecl.Entrypoints(nil, l.Ports)
-	slices.SortFunc(defaults, func(a, b portdecl.Resolved) int { return strings.Compare(a.Port, b.Port) })
+	rank := make(map[string]int, len(defaults))
+	for i, key := range portdecl.OrderPorts(order, slices.Collect(maps.Keys(l.Ports))) {
+		rank[key] = i
+	}
+	slices.SortFunc(defaults, func(a, b portdecl.Resolved) int { return cmp.Compare(rank[a.Port], rank[b.Port]) })
 	result := &EntrypointResult{Kind: "complete", Diagnostics: []diagnostic{}}
 	names := map[string]bool{}
 	for _, d := range defaults {

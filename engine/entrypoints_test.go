@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -33,5 +34,25 @@ func TestIsLoopbackURL(t *testing.T) {
 		if got := isLoopbackURL(value); got != want {
 			t.Errorf("isLoopbackURL(%q) = %v, want %v", value, got, want)
 		}
+	}
+}
+
+// The seeds' deriveEntrypoints lists the default entrypoints in the order of the lease's ports,
+// which is the declaration's bases order (HTTP, DB, API -> http, db, api), not sorted.
+func TestDeriveEntrypointsDefaultOrder(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", "[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 18080\nDB = 15432\nAPI = 19000\n", "s")
+	claimStack(t, e, "s", "me", untracked("me"))
+	info, err := e.Cockpit("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	result := stackOf(t, e).DeriveEntrypoints(info.Entrypoints, info.BaseOrder, nil)
+	var names []string
+	for _, v := range result.Values {
+		names = append(names, v.Name)
+	}
+	if want := []string{"http", "db", "api"}; !slices.Equal(names, want) {
+		t.Fatalf("default entrypoints %v, want %v", names, want)
 	}
 }

@@ -414,8 +414,8 @@ func sortedPortKeys(ports map[string]int) []string {
 }
 
 // declarationObservation says whether an active lease was taken under the config's current
-// [ports] declaration: when not, a new holder is refused (ESTALE) and the stack keeps its old
-// ports until it is drained.
+// [ports] declaration: when not, every claim (a new holder's, an existing one's touch) is refused
+// (ESTALE) and the stack keeps its old ports until it is drained.
 func declarationObservation(base Observation, lease *Lease, configured bool, declared portdecl.Declaration, cockpit, at string) Observation {
 	o := base
 	o.Code, o.Owner, o.Source = codeDeclarationChanged, portsOwner, cockpit+"/config"
@@ -426,7 +426,7 @@ func declarationObservation(base Observation, lease *Lease, configured bool, dec
 	case lease.Declaration.Equal(declared):
 		o.Observed = available(true, "", at)
 	default:
-		o.Observed = available(false, fmt.Sprintf("the lease was taken under another [ports] declaration (step %d, count %d, bases %v) than the config's (step %d, count %d, bases %v); new holders are refused until the stack is drained",
+		o.Observed = available(false, fmt.Sprintf("the lease was taken under another [ports] declaration (step %d, count %d, bases %v) than the config's (step %d, count %d, bases %v); claims, a holder's touch included, are refused until the stack is drained",
 			lease.Declaration.Step, lease.Declaration.Count, lease.Declaration.Bases, declared.Step, declared.Count, declared.Bases), at)
 	}
 	return o

@@ -187,7 +187,7 @@ func checkTargets(targets []string) error {
 		return fmt.Errorf("%d targets", len(targets))
 	}
 	for i, t := range targets {
-		if t == "" || len(t) > maxTargetBytes || strings.ContainsRune(t, 0) || i > 0 && targets[i-1] >= t {
+		if t == "" || len(t) > maxTargetBytes || strings.ContainsRune(t, 0) || i > 0 && !lessUTF16(targets[i-1], t) {
 			return fmt.Errorf("targets are not distinct, sorted and 1-%d bytes without NUL", maxTargetBytes)
 		}
 	}

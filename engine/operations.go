@@ -153,12 +153,18 @@ func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name stri
 	// record answers those without a transaction. Anything else, refusals included, is decided
 	// in one.
 	if r, err := e.Stack(cockpit, stack); err == nil {
-		if _, err := rebindHolder(r, c, nh); errors.Is(err, errUnchanged) {
-			return nil
+		if m, err := e.cockpitMeta(cockpit); err == nil {
+			if _, err := rebindHolder(r, c, nh, m); errors.Is(err, errUnchanged) {
+				return nil
+			}
 		}
 	}
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
-		return rebindHolder(r, c, nh)
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ time.Time) (Value, error) {
+		m, err := reads.cockpit()
+		if err != nil {
+			return r.Value, err
+		}
+		return rebindHolder(r, c, nh, m)
 	})
 }
 

@@ -263,7 +263,7 @@ func (f *FS) entrypointsJSONView(cockpit, stack string) render {
 			return view{}, err
 		}
 		v, err := f.configuredView(cockpit, stack, "entrypoints.json", func(r engine.Record, info engine.CockpitInfo) []byte {
-			result := r.DeriveEntrypoints(info.Entrypoints, dv.Values)
+			result := r.DeriveEntrypoints(info.Entrypoints, info.BaseOrder, dv.Values)
 			if result == nil {
 				return nil
 			}

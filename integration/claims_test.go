@@ -311,6 +311,43 @@ func TestClaimsConfigChangedAfterLease(t *testing.T) {
 	}
 }
 
+// The seeds' leasePortFamily refuses a holder's claim run again once the declaration changed
+// (count 3 -> 4 here): its `touch`, the claim a Makefile re-runs, is refused ESTALE with an events
+// line and the stack unchanged; before the change the same touch succeeds.
+func TestLeasePortFamilyExistingHolderAfterDeclarationChange(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 33200}, "s")
+	m.ok("touch $M/app/stacks/s/holders/h1")
+	m.ok("touch $M/app/stacks/s/holders/h1")
+	claimsConfig(m, "app", "[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 33200\n")
+	before := claimsSnapshot(m, "s")
+	m.refused("touch $M/app/stacks/s/holders/h1", syscall.ESTALE)
+	claimsRefusalEvent(t, m, "app/stacks/s/events", "CONFIG_CHANGED_DURING_EXECUTION", "ESTALE")
+	if after := claimsSnapshot(m, "s"); after != before {
+		t.Fatalf("a refused claim changed the stack:\n%s\n->\n%s", before, after)
+	}
+}
+
+// The seeds' releaseClaim of a holder the stack does not have completes unchanged; here the
+// kernel's lookup answers `rm` of a missing name (ENOENT) before the daemon sees an unlink, so no
+// events line, and `rm -f` answers success, the seeds' answer (docs/fidelity.md).
+func TestReleaseClaimAbsentHolder(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 33250}, "s")
+	m.ok("touch $M/app/stacks/s/holders/h1")
+	before, events := claimsSnapshot(m, "s"), m.read("app/stacks/s/events")
+	m.refused("rm $M/app/stacks/s/holders/gone", syscall.ENOENT)
+	m.ok("rm -f $M/app/stacks/s/holders/gone")
+	if after := claimsSnapshot(m, "s"); after != before {
+		t.Fatalf("releasing a missing holder changed the stack:\n%s\n->\n%s", before, after)
+	}
+	if got := m.read("app/stacks/s/events"); got != events {
+		t.Fatalf("releasing a missing holder left an events line: %q", strings.TrimPrefix(got, events))
+	}
+}
+
 // A claim that would take the stack over from its dead holder meets the same check as any new
 // holder: the lease was taken under another declaration, so ESTALE, and nothing changes (the
 // dead holder is not released either). A drain request naming the successor stops the stack.

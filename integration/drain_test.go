@@ -654,13 +654,13 @@ func TestDrainJSONRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A stale expectedCoordinationRevision is refused like any stale request.
+	// A stale expectedCoordinationRevision is refused as the seeds' reserveDrain refuses it.
 	stale := strings.Replace(string(body), fmt.Sprintf(`"expectedCoordinationRevision":%v`, rec["revision"]), fmt.Sprintf(`"expectedCoordinationRevision":%v`, rec["revision"].(float64)+5), 1)
 	stalePath := filepath.Join(t.TempDir(), "stale.json")
 	if err := os.WriteFile(stalePath, []byte(stale), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	drainRefused(t, m, "s", "cat "+stalePath+" > $M/app/stacks/s/drain/request", syscall.ESTALE, "EXECUTION_PRECONDITION_CHANGED")
+	drainRefused(t, m, "s", "cat "+stalePath+" > $M/app/stacks/s/drain/request", syscall.EBUSY, "CLAIM_CO_TENANT")
 	// A plan other than the derived one (targets unsorted, no commitment) is malformed.
 	var wrong map[string]any
 	json.Unmarshal(body, &wrong)

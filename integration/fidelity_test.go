@@ -25,8 +25,8 @@ func TestFidelityEntrypointKindsAndDeclaredValues(t *testing.T) {
 	m.ok("touch $M/app/stacks/s/holders/me")
 
 	derived := `{"kind":"complete","values":[` +
-		`{"name":"db","kind":"entrypoint","port":"DB","value":"http://127.0.0.1:34432/"},` +
 		`{"name":"http","kind":"entrypoint","port":"HTTP","value":"http://127.0.0.1:34080/"},` +
+		`{"name":"db","kind":"entrypoint","port":"DB","value":"http://127.0.0.1:34432/"},` +
 		`{"name":"callback","kind":"oauth-callback","port":"HTTP","value":"http://127.0.0.1:34080/oauth/callback"},` +
 		`{"name":"web","kind":"entrypoint","port":"HTTP","value":"http://127.0.0.1:34080/app"}],`
 	if got, want := m.read("app/stacks/s/entrypoints.json"), derived+`"diagnostics":[]}`+"\n"; got != want {

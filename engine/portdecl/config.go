@@ -2,6 +2,7 @@ package portdecl
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -49,6 +50,35 @@ type Config struct {
 	// EnvPrefix ([env] prefix) starts every name the env file exports: "APP_" makes DB=5432
 	// APP_DB=5432, so a cockpit's names never meet a tool's.
 	EnvPrefix string `json:",omitempty"`
+	// BaseOrder is the keys of [ports.bases] in the document's order, the order the seeds lease
+	// them in and list their default entrypoints in (a JavaScript object keeps its keys' order).
+	BaseOrder []string `json:",omitempty"`
+}
+
+// OrderPorts orders port keys as order (a Config's BaseOrder) declares them; keys it does not
+// name (a lease taken under an earlier declaration, a config accepted before the order was kept)
+// follow, sorted.
+func OrderPorts(order, keys []string) []string {
+	rank := make(map[string]int, len(order))
+	for i, key := range order {
+		rank[key] = i
+	}
+	out := slices.Clone(keys)
+	slices.SortFunc(out, func(a, b string) int {
+		ra, oka := rank[a]
+		rb, okb := rank[b]
+		switch {
+		case oka && okb:
+			return cmp.Compare(ra, rb)
+		case oka != okb:
+			if oka {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	return out
 }
 
 // Parse parses and validates a config document (SPEC §3). Every error is a message naming what
@@ -87,7 +117,8 @@ func parse(text []byte, partial bool) (Config, error) {
 		return Config{}, err
 	}
 	var document map[string]any
-	if _, err := toml.Decode(string(text), &document); err != nil {
+	meta, err := toml.Decode(string(text), &document)
+	if err != nil {
 		if partial && endsOpen(text, err) {
 			return Config{}, nil
 		}
@@ -127,7 +158,13 @@ func parse(text []byte, partial bool) (Config, error) {
 			return Config{}, err
 		}
 	}
-	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix}, nil
+	var order []string
+	for _, key := range meta.Keys() {
+		if len(key) == 3 && key[0] == "ports" && key[1] == "bases" {
+			order = append(order, key[2])
+		}
+	}
+	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix, BaseOrder: order}, nil
 }
 
 // checkExported refuses a config whose env file would export a name CheckExported refuses.

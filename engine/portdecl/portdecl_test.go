@@ -4,8 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -106,6 +108,11 @@ func TestParseAccepts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
+			// The order is TestParseKeepsBaseOrder's; here it must name every base once.
+			if !slices.Equal(slices.Sorted(slices.Values(got.BaseOrder)), slices.Sorted(maps.Keys(got.Declaration.Bases))) {
+				t.Errorf("BaseOrder %v is not the bases %v", got.BaseOrder, got.Declaration.Bases)
+			}
+			got.BaseOrder = nil
 			if !reflect.DeepEqual(got, test.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", got, test.want)
 			}
@@ -611,6 +618,27 @@ func TestParsePrefixWaitsForAPrefix(t *testing.T) {
 	} {
 		if err := ParsePrefix([]byte(doc)); (err != nil) != refused {
 			t.Errorf("ParsePrefix(%q) = %v, want refused %t", doc, err, refused)
+		}
+	}
+}
+
+// The seeds lease a declaration's bases in the order it declares them, and list the default
+// entrypoints in that order: Parse keeps it, whichever way the table is written.
+func TestParseKeepsBaseOrder(t *testing.T) {
+	for _, doc := range []string{
+		"[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 8080\nDB = 5432\nAPI = 9000\n",
+		"ports = {step = 10, count = 2, bases = {HTTP = 8080, DB = 5432, API = 9000}}\n",
+		"[ports]\nstep = 10\ncount = 2\nbases.HTTP = 8080\nbases.DB = 5432\nbases.API = 9000\n",
+	} {
+		got, err := Parse([]byte(doc))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", doc, err)
+		}
+		if want := []string{"HTTP", "DB", "API"}; !slices.Equal(got.BaseOrder, want) {
+			t.Errorf("Parse(%q).BaseOrder = %v, want %v", doc, got.BaseOrder, want)
+		}
+		if ordered := OrderPorts(got.BaseOrder, []string{"API", "OLD", "DB", "HTTP", "ALSO"}); !slices.Equal(ordered, []string{"HTTP", "DB", "API", "ALSO", "OLD"}) {
+			t.Errorf("OrderPorts = %v: want the declared order, then undeclared keys sorted", ordered)
 		}
 	}
 }
