@@ -26,6 +26,7 @@ type fakeReads struct {
 	leasedKnown bool
 	err         error // returned by every index read
 	made        []string
+	previous    string // why the stack's previous family was passed
 }
 
 func (f *fakeReads) cockpit() (cockpitMeta, error) {
@@ -49,6 +50,8 @@ func (f *fakeReads) leasesOf(uint32) (int, error) {
 func (f *fakeReads) hold(map[string]int) (*portlock.Holder, int, error) { return nil, 0, nil }
 
 func (f *fakeReads) releasedDead([]Holder) {}
+
+func (f *fakeReads) passedPrevious(why string) { f.previous = why }
 
 func (f *fakeReads) leasedPorts() ([]int, bool, error) {
 	f.made = append(f.made, "leasedPorts")
