@@ -168,6 +168,8 @@ type CockpitInfo struct {
 	Entrypoints []portdecl.Entrypoint
 	// EnvPrefix starts every name the stacks' env files export (see portdecl.Config).
 	EnvPrefix string
+	// Derived are the [env] derived values every stack's env file renders.
+	Derived []portdecl.Derived
 }
 
 func (m cockpitMeta) info() CockpitInfo {
@@ -175,6 +177,7 @@ func (m cockpitMeta) info() CockpitInfo {
 	if m.Declared != nil {
 		info.Entrypoints = m.Declared.Entrypoints
 		info.EnvPrefix = m.Declared.EnvPrefix
+		info.Derived = m.Declared.Derived
 	}
 	return info
 }

@@ -49,6 +49,9 @@ type Config struct {
 	// EnvPrefix ([env] prefix) starts every name the env file exports: "APP_" makes DB=5432
 	// APP_DB=5432, so a cockpit's names never meet a tool's.
 	EnvPrefix string `json:",omitempty"`
+	// Derived are the [env] table's other keys, by name: names exported as written, with values
+	// rendered per stack from a template (see Derived).
+	Derived []Derived `json:",omitempty"`
 }
 
 // Parse parses and validates a config document (SPEC §3). Every error is a message naming what
@@ -117,7 +120,11 @@ func parse(text []byte, partial bool) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	prefix, err := parseEnv(document["env"])
+	env, prefix, err := parseEnv(document["env"])
+	if err != nil {
+		return Config{}, err
+	}
+	derived, err := parseDerived(env, prefix, declaration.Bases, entrypoints, later)
 	if err != nil {
 		return Config{}, err
 	}
@@ -127,7 +134,7 @@ func parse(text []byte, partial bool) (Config, error) {
 			return Config{}, err
 		}
 	}
-	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix}, nil
+	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix, Derived: derived}, nil
 }
 
 // checkExported refuses a config whose env file would export a name CheckExported refuses.
@@ -159,34 +166,32 @@ func CheckText(text []byte) error {
 	return nil
 }
 
-// parseEnv reads the optional [env] table: prefix, upper-case letters, digits and '_', not
-// starting with a digit, at most 64 bytes.
-func parseEnv(raw any) (string, error) {
+// parseEnv reads the optional [env] table: the table itself (nil without one), and its prefix,
+// upper-case letters, digits and '_', not starting with a digit, at most 64 bytes. Its other
+// keys are derived values (parseDerived).
+func parseEnv(raw any) (map[string]any, string, error) {
 	if raw == nil {
-		return "", nil
+		return nil, "", nil
 	}
 	env, err := table(raw, "env")
 	if err != nil {
-		return "", err
-	}
-	if err := onlyKeys(env, "env.", "prefix"); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	if _, given := env["prefix"]; !given {
-		return "", nil
+		return env, "", nil
 	}
 	prefix, err := text(env, "prefix", "env.prefix")
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	valid := prefix != "" && len(prefix) <= 64 && (prefix[0] < '0' || prefix[0] > '9')
 	for _, c := range prefix {
 		valid = valid && (c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_')
 	}
 	if !valid {
-		return "", fmt.Errorf("env.prefix: %q is not 1-64 bytes of [A-Z0-9_] starting with a letter or '_'", prefix)
+		return nil, "", fmt.Errorf("env.prefix: %q is not 1-64 bytes of [A-Z0-9_] starting with a letter or '_'", prefix)
 	}
-	return prefix, nil
+	return env, prefix, nil
 }
 
 // parsePorts reads the [ports] table and says which of its parts are given: a prefix of a
