@@ -61,7 +61,7 @@ func parseTemplate(template string) ([]templatePart, error) {
 			if i := strings.IndexByte(literal, '~'); i >= 0 {
 				return nil, fmt.Errorf("%q has \"~\", which shells read as a home directory: write %%7E", template)
 			}
-			if err := checkValueBytes(literal); err != nil {
+			if err := checkValueBytes(literal, len(template)-len(rest)); err != nil {
 				return nil, fmt.Errorf("%q: %w", template, err)
 			}
 			parts = append(parts, templatePart{literal: literal})
@@ -197,11 +197,12 @@ func CheckDerivedValue(value string) error {
 			return fmt.Errorf("%q has \"~\" at byte %d, which shells read as a home directory", value, i)
 		}
 	}
-	return checkValueBytes(value)
+	return checkValueBytes(value, 0)
 }
 
-// checkValueBytes refuses a byte outside checkPath's set (~ aside, judged by the caller).
-func checkValueBytes(value string) error {
+// checkValueBytes refuses a byte outside checkPath's set (~ aside, judged by the caller), naming
+// its place as at bytes into what value is part of.
+func checkValueBytes(value string, at int) error {
 	for i := 0; i < len(value); i++ {
 		c := value[i]
 		switch {
@@ -213,7 +214,7 @@ func checkValueBytes(value string) error {
 			if c > ' ' && c < 0x7f {
 				what = fmt.Sprintf("%q", string(c))
 			}
-			return fmt.Errorf("%s at byte %d: a value is ASCII letters, digits, - . _ / : @ + , = * ? and %%XX (percent-encode the rest)", what, i)
+			return fmt.Errorf("%s at byte %d: a value is ASCII letters, digits, - . _ / : @ + , = * ? and %%XX (percent-encode the rest)", what, at+i)
 		}
 	}
 	return nil
