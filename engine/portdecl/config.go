@@ -124,12 +124,13 @@ func parse(text []byte, partial bool) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	derived, err := parseDerived(env, prefix, declaration.Bases, entrypoints, later)
+	// A prefix may still follow in a partial document, and would change every name.
+	prefixFinal := later == nil || prefix != "" || !later("prefix", "env")
+	derived, err := parseDerived(env, prefix, prefixFinal, declaration.Bases, entrypoints, later)
 	if err != nil {
 		return Config{}, err
 	}
-	// A prefix may still follow in a partial document, and would change every name.
-	if later == nil || prefix != "" || !later("prefix", "env") {
+	if prefixFinal {
 		if err := checkExported(prefix, declaration.Bases, entrypoints); err != nil {
 			return Config{}, err
 		}

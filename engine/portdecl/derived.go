@@ -113,8 +113,9 @@ func checkTemplate(template string, bases map[string]int, entrypoints []Entrypoi
 
 // parseDerived reads the derived values of the [env] table (every key but prefix), sorted by
 // name. Each name is exported as written, so it must be one CheckExported accepts and set no
-// variable a port key or entrypoint of the config sets (under prefix).
-func parseDerived(env map[string]any, prefix string, bases map[string]int, entrypoints []Entrypoint, later addable) ([]Derived, error) {
+// variable a port key or entrypoint of the config sets (under prefix; not judged until
+// prefixFinal, when a prefix may still follow in a partial document).
+func parseDerived(env map[string]any, prefix string, prefixFinal bool, bases map[string]int, entrypoints []Entrypoint, later addable) ([]Derived, error) {
 	names := slices.Sorted(maps.Keys(env))
 	names = slices.DeleteFunc(names, func(n string) bool { return n == "prefix" })
 	if len(names) > maxDerived {
@@ -133,7 +134,7 @@ func parseDerived(env map[string]any, prefix string, bases map[string]int, entry
 		if err := CheckExported(name); err != nil {
 			return nil, fmt.Errorf("%s: the env file would export %w", where, err)
 		}
-		if other, ok := taken[name]; ok {
+		if other, ok := taken[name]; ok && prefixFinal {
 			return nil, fmt.Errorf("%s: %s sets %s too", where, other, name)
 		}
 		template, err := text(env, name, where)

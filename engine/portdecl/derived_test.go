@@ -112,6 +112,14 @@ func TestParsePrefixWaitsForDerivedFacts(t *testing.T) {
 	if err := ParsePrefix([]byte("[env]\nX = \"{port.HTTP}-{url.web}\"\n")); err != nil {
 		t.Fatalf("a prefix before [ports] refused: %v", err)
 	}
+	// HTTP is a port key's name until a prefix follows.
+	whole := ports + "[env]\nHTTP = \"{stack}\"\nprefix = \"APP_\"\n"
+	if _, err := Parse([]byte(whole)); err != nil {
+		t.Fatalf("the whole document refused: %v", err)
+	}
+	if err := ParsePrefix([]byte(whole[:strings.Index(whole, "prefix")])); err != nil {
+		t.Fatalf("a prefix before its [env] prefix refused: %v", err)
+	}
 	if err := ParsePrefix([]byte(ports + "[env]\nX = \"{port.WEB}\"\n")); err == nil {
 		t.Fatal("a port key [ports.bases] can no longer gain was accepted")
 	}
