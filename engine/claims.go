@@ -134,7 +134,7 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 			}
 		}
 	}
-	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, leased: leased, occupiedBy: reads.portOwner, listening: in.listening, hold: reads.hold})
+	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, leased: leased, occupiedBy: reads.portOwner, listening: in.listening, hold: reads.hold, passedPrevious: reads.passedPrevious})
 	if err != nil {
 		return r.Value, err
 	}
@@ -400,15 +400,20 @@ type leaseInputs struct {
 	// hold takes the machine-wide holds of a family's ports, all or none, and says who holds the
 	// port it could not take (nil when it took them all); nil when the engine holds no ports.
 	hold func(ports map[string]int) (*portlock.Holder, int, error)
+	// passedPrevious hears why a stack's previous family (its released lease's) was not leased
+	// again, when another one is; nil: no one listens.
+	passedPrevious func(why string)
 }
 
 // fullCockpit ends the refusal of a lease past the cockpit's count; the claim names the stacks
 // that hold the cockpit's families (nameFullCockpit).
 const fullCockpit = " concurrent stacks is already active in this cockpit"
 
-// leaseFamily keeps an active lease or leases the first free family (the seeds' leasePortFamily).
-// retained says holders kept the lease before this claim, so its ports are the stack's own
-// listeners and are not probed.
+// leaseFamily keeps an active lease or leases a free family (the seeds' leasePortFamily): the
+// stack's previous one first (the offset of its released lease, kept in the record across drains
+// and restarts), so OAuth redirects and tunnels registered on its ports keep working, then the
+// first free. retained says holders kept the lease before this claim, so its ports are the
+// stack's own listeners and are not probed.
 func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) {
 	decl := in.config.Declaration
 	// The candidates' offsets, each family's ports made only when it is reached: a cockpit with a
@@ -430,6 +435,15 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 		offsets = make([]int, decl.Count)
 		for i := range offsets {
 			offsets[i] = i * decl.Step
+		}
+	}
+	previous := -1 // the released lease's offset, tried first when it is a candidate
+	if current != nil && current.Released && len(offsets) > 0 {
+		if _, ok := decl.FamilyAt(current.Offset); ok {
+			previous = current.Offset
+			offsets = slices.Insert(slices.DeleteFunc(offsets, func(o int) bool { return o == previous }), 0, previous)
+		} else if in.passedPrevious != nil {
+			in.passedPrevious(fmt.Sprintf("the stack's previous family (offset %d) is not a candidate of the current declaration", current.Offset))
 		}
 	}
 	// A family's ports, sorted, are the sorted bases plus its offset.
@@ -483,6 +497,13 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 				continue
 			}
 		}
+		if previous >= 0 && offset != previous && in.passedPrevious != nil {
+			why, err := occupied[0].explain(portsAt(previous), in.occupiedBy)
+			if err != nil {
+				return nil, err
+			}
+			in.passedPrevious(fmt.Sprintf("the stack's previous family %s is taken (%s)", joinPorts(portsAt(previous)), why))
+		}
 		return &Lease{
 			Offset:      family.Offset,
 			Ports:       family.Ports,
@@ -496,17 +517,11 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 	why := make([]string, len(occupied))
 	for i, o := range occupied {
 		ports := portsAt(o.offset)
-		if o.why == "" {
-			owner, err := firstOwner(ports, in.occupiedBy)
-			if err != nil {
-				return nil, err
-			}
-			o.why = "leased by " + owner
-			if owner == "" { // the cockpit's leased ports disagree with the index: verify says where
-				o.why = "leased in this cockpit"
-			}
+		reason, err := o.explain(ports, in.occupiedBy)
+		if err != nil {
+			return nil, err
 		}
-		why[i] = joinPorts(ports) + " (" + o.why + ")"
+		why[i] = joinPorts(ports) + " (" + reason + ")"
 	}
 	return nil, refuse(code, "", "release an inactive stack, stop the named host listener, or extend the declared candidate range",
 		"no complete port family is free; occupied candidates: %s", strings.Join(why, "; "))
@@ -515,7 +530,23 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 // occupiedCandidate is a candidate family a claim passed, and why.
 type occupiedCandidate struct {
 	offset int
-	why    string
+	why    string // "" for one passed on the cockpit's leased ports: see explain
+}
+
+// explain is why the candidate, of ports, was passed: its why, or the owner the port index
+// names for a family passed on the cockpit's leased ports.
+func (o occupiedCandidate) explain(ports []int, occupiedBy func(int) (string, error)) (string, error) {
+	if o.why != "" {
+		return o.why, nil
+	}
+	owner, err := firstOwner(ports, occupiedBy)
+	if err != nil {
+		return "", err
+	}
+	if owner == "" { // the cockpit's leased ports disagree with the index: verify says where
+		return "leased in this cockpit", nil
+	}
+	return "leased by " + owner, nil
 }
 
 func familyPorts(f portdecl.Family) []int {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/kv"
 )
 
 var claimNow = time.Date(2026, 11, 29, 19, 0, 0, 0, time.UTC)
@@ -354,6 +355,7 @@ func TestLeaseFamily(t *testing.T) {
 		wantOffset int
 		wantCode   Code
 		wantProbes [][]int // nil: not checked
+		wantPassed string  // in why the previous family was passed ("": none was)
 	}{
 		{name: "first family", wantOffset: 0, wantProbes: [][]int{{20000, 21000}}},
 		{name: "occupied skipped", occupied: []int{21000}, wantOffset: 10, wantProbes: [][]int{{20010, 21010}}},
@@ -374,8 +376,14 @@ func TestLeaseFamily(t *testing.T) {
 		{name: "declaration changed", current: leaseAt(t, changedDecl, 0), retained: true, wantCode: ConfigChangedDuringExecution},
 		{name: "offset not a candidate", current: &Lease{Offset: 5, Ports: map[string]int{"HTTP": 20005, "DB": 21005}, Declaration: pureDecl},
 			retained: true, wantCode: ConfigChangedDuringExecution},
-		{name: "released lease allocates anew", current: &Lease{Offset: 10, Ports: map[string]int{"HTTP": 20010, "DB": 21010}, Released: true, Declaration: pureDecl},
-			wantOffset: 0},
+		{name: "released lease takes its family again", current: &Lease{Offset: 10, Ports: map[string]int{"HTTP": 20010, "DB": 21010}, Released: true, Declaration: pureDecl},
+			wantOffset: 10, wantProbes: [][]int{{20010, 21010}}},
+		{name: "released lease whose family is leased", current: &Lease{Offset: 10, Ports: map[string]int{"HTTP": 20010, "DB": 21010}, Released: true, Declaration: pureDecl},
+			occupied: []int{21010}, wantOffset: 0, wantPassed: "previous family 20010,21010 is taken (leased by other/stack)"},
+		{name: "released lease whose family has a listener", current: &Lease{Offset: 20, Ports: map[string]int{"HTTP": 20020, "DB": 21020}, Released: true, Declaration: pureDecl},
+			busy: []int{20020}, wantOffset: 0, wantPassed: "previous family 20020,21020 is taken (host listener on 20020)"},
+		{name: "released lease off the declaration", current: &Lease{Offset: 40, Ports: map[string]int{"HTTP": 20040, "DB": 21040}, Released: true, Declaration: changedDecl},
+			wantOffset: 0, wantPassed: "previous family (offset 40) is not a candidate"},
 		{name: "undecidable listener", probeErr: errors.New("no /proc"), wantCode: PortListenerEvidenceInvalid},
 	}
 	for _, tc := range cases {
@@ -391,9 +399,14 @@ func TestLeaseFamily(t *testing.T) {
 					return nil, nil
 				}
 			}
+			var passed string
 			got, err := leaseFamily(tc.current, tc.retained, leaseInputs{
 				config: cfg, activeLeases: tc.active, occupiedBy: ownedBy(tc.occupied...), listening: listening,
+				passedPrevious: func(why string) { passed = why },
 			})
+			if tc.wantPassed == "" && passed != "" || !strings.Contains(passed, tc.wantPassed) {
+				t.Errorf("passed previous family: %q, want %q", passed, tc.wantPassed)
+			}
 			if tc.wantProbes != nil && !(len(tc.wantProbes) == 0 && len(p.calls) == 0) && !reflect.DeepEqual(p.calls, tc.wantProbes) {
 				t.Errorf("probes %v, want %v", p.calls, tc.wantProbes)
 			}
@@ -835,4 +848,64 @@ func TestLeasePortFamilyExistingHolderAfterDeclarationChange(t *testing.T) {
 	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, touch("me"))
 	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, touch("alice"))
 	refusedUnchanged(t, e, "app", "main", ConfigChangedDuringExecution, func() error { return claimErr(e, "app", "main", "alice") })
+}
+
+// drainS drains stack s fully (sleep: request, attempt, outcome), releasing its lease.
+func drainS(t *testing.T, e *Engine) {
+	t.Helper()
+	mustStep(t, e, reserveText(t, e, "sleep"))
+	mustStep(t, e, startExecutor(e, -1))
+	assertReleased(t, e, mustStep(t, e, publish(e, true, "")))
+}
+
+// A drained stack claims its previous family again, kept in its record across a reopen of the
+// store, although an earlier family is free; when another stack took it meanwhile, it gets the
+// first free one and its claim's events line says why.
+func TestClaimTakesThePreviousFamilyAgain(t *testing.T) {
+	dir := t.TempDir()
+	db, err := kv.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := New(db)
+	newCockpit(t, e, "app", exampleConfig, "s", "t", "u")
+	// A host listener on the first family sends s to the second (if another process listens
+	// there already, so much the better).
+	if l, err := net.Listen("tcp", "127.0.0.1:18080"); err == nil {
+		claimStack(t, e, "s", "me", untracked("me"))
+		l.Close()
+	} else {
+		claimStack(t, e, "s", "me", untracked("me"))
+	}
+	if offset := stackOf(t, e).Value.Lease.Offset; offset != 10 {
+		t.Fatalf("stack s leased offset %d, want 10 past the listener", offset)
+	}
+	drainS(t, e)
+	db.Close()
+	if db, err = kv.Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	e = New(db)
+	claimStack(t, e, "s", "me", untracked("me"))
+	if offset := stackOf(t, e).Value.Lease.Offset; offset != 10 {
+		t.Fatalf("stack s leased offset %d again, want its previous 10 (0 is the first free)", offset)
+	}
+	events, _ := e.events("app", "s")
+	if strings.Contains(string(events), "previous family") {
+		t.Fatalf("the claim that took the previous family again says it did not:\n%s", events)
+	}
+
+	drainS(t, e)
+	claimStack(t, e, "u", "you", untracked("you")) // offset 0
+	claimStack(t, e, "t", "you", untracked("you")) // offset 10, the first free: s's previous
+	claimStack(t, e, "s", "me", untracked("me"))
+	if offset := stackOf(t, e).Value.Lease.Offset; offset != 20 {
+		t.Fatalf("stack s leased offset %d, want 20, the first free", offset)
+	}
+	events, _ = e.events("app", "s")
+	lines := strings.Split(strings.TrimSpace(string(events)), "\n")
+	if last := lines[len(lines)-1]; !strings.Contains(last, "the stack's previous family 15442,18090 is taken (leased by app/t)") {
+		t.Fatalf("the claim's events line does not say why the previous family was passed: %s", last)
+	}
 }

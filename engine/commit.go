@@ -65,6 +65,9 @@ type stepReads interface {
 	hold(ports map[string]int) (*portlock.Holder, int, error)
 	// releasedDead tells the commit's events line the dead holders the step released.
 	releasedDead(holders []Holder)
+	// passedPrevious tells the commit's events line why the stack's previous family was not
+	// leased again.
+	passedPrevious(why string)
 }
 
 // txReads serves stepReads from a transaction on the stack (cockpit, stack).
@@ -83,9 +86,13 @@ type skippedHeld struct {
 	why  []string
 	here string
 	dead []Holder
+	// previous is why the stack's previous family was passed ("": taken again, or none).
+	previous string
 }
 
 func (t txReads) releasedDead(holders []Holder) { t.skipped.dead = append(t.skipped.dead, holders...) }
+
+func (t txReads) passedPrevious(why string) { t.skipped.previous = why }
 
 func (t txReads) hold(ports map[string]int) (*portlock.Holder, int, error) {
 	if t.e.holds == nil {
@@ -166,6 +173,9 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 				released[i] = fmt.Sprintf("%s (process %d)", h.Name, h.PID)
 			}
 			warnings = append(warnings, "released dead holders: "+strings.Join(released, ", "))
+		}
+		if skipped.previous != "" {
+			warnings = append(warnings, skipped.previous)
 		}
 		if len(skipped.why) > 0 {
 			// A candidate family another process holds was skipped: the claim's line says why.

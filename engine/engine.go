@@ -170,6 +170,8 @@ type CockpitInfo struct {
 	EnvPrefix string
 	// BaseOrder is the config's port keys in the order it declares them (portdecl.Config).
 	BaseOrder []string
+	// Derived are the [env] derived values every stack's env file renders.
+	Derived []portdecl.Derived
 }
 
 func (m cockpitMeta) info() CockpitInfo {
@@ -178,6 +180,7 @@ func (m cockpitMeta) info() CockpitInfo {
 		info.Entrypoints = m.Declared.Entrypoints
 		info.EnvPrefix = m.Declared.EnvPrefix
 		info.BaseOrder = m.Declared.BaseOrder
+		info.Derived = m.Declared.Derived
 	}
 	return info
 }

@@ -50,3 +50,29 @@ path = "/app"
 		t.Fatalf("env = %v, want %v", got, want)
 	}
 }
+
+// The [env] derived values render on each stack's facts after its ports and URLs, by name.
+func TestEnvRendersDerivedValues(t *testing.T) {
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig+`[entrypoints.api]
+port = "HTTP"
+path = "/api"
+[env]
+COMPOSE_PROJECT_NAME = "{cockpit}-{stack}"
+DB_NAME = "app_{checkout}"
+VITE_API_URL = "http://localhost:{port.HTTP}"
+API_V1 = "{url.api}/v1"
+`, "s")
+	claim(t, e, "app", "s", "me")
+	info, err := e.Cockpit("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := stackRecord(t, e, "app", "s").EnvFor(info)
+	want := []EnvVar{{"DB", "15432"}, {"HTTP", "18080"}, {"API_URL", "http://127.0.0.1:18080/api"},
+		{"API_V1", "http://127.0.0.1:18080/api/v1"}, {"COMPOSE_PROJECT_NAME", "app-s"}, {"DB_NAME", "app_me"},
+		{"VITE_API_URL", "http://localhost:18080"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("env = %v, want %v", got, want)
+	}
+}

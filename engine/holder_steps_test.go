@@ -26,6 +26,7 @@ type fakeReads struct {
 	leasedKnown bool
 	err         error // returned by every index read
 	made        []string
+	previous    string // why the stack's previous family was passed
 }
 
 func (f *fakeReads) cockpit() (cockpitMeta, error) {
@@ -49,6 +50,8 @@ func (f *fakeReads) leasesOf(uint32) (int, error) {
 func (f *fakeReads) hold(map[string]int) (*portlock.Holder, int, error) { return nil, 0, nil }
 
 func (f *fakeReads) releasedDead([]Holder) {}
+
+func (f *fakeReads) passedPrevious(why string) { f.previous = why }
 
 func (f *fakeReads) leasedPorts() ([]int, bool, error) {
 	f.made = append(f.made, "leasedPorts")
@@ -119,8 +122,8 @@ func TestClaimHolderStep(t *testing.T) {
 			wantHolders: []string{"alice"}, wantOffset: 10, wantReads: []string{"cockpit", "activeLeases", "leasedPorts", "portOwner", "portOwner", "portOwner"}, wantProbes: 1},
 		{name: "a family with a host listener is skipped", claimant: "alice", reads: fakeReads{meta: declared(pureDecl)}, busy: []int{21000},
 			wantHolders: []string{"alice"}, wantOffset: 10, wantProbes: 2},
-		{name: "a released lease is leased anew", claimant: "alice", v: Value{Lease: released}, reads: fakeReads{meta: declared(pureDecl)},
-			wantHolders: []string{"alice"}, wantOffset: 0, wantProbes: 1},
+		{name: "a released lease's family is leased again", claimant: "alice", v: Value{Lease: released}, reads: fakeReads{meta: declared(pureDecl)},
+			wantHolders: []string{"alice"}, wantOffset: released.Offset, wantProbes: 1},
 		{name: "a co-holder keeps the lease, unprobed and unindexed", claimant: "bob", v: Value{Holders: holders(alice), Lease: lease0},
 			reads: fakeReads{meta: declared(pureDecl)}, wantHolders: []string{"alice", "bob"}, wantOffset: 0, wantReads: []string{"cockpit"}},
 		{name: "the same claim again changes nothing", claimant: "bob", v: Value{Holders: holders(alice, bob), Lease: lease0},

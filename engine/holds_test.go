@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -267,15 +268,21 @@ func TestClaimDoesNotCountALeaseLetGoSinceItsSnapshot(t *testing.T) {
 			sleepDrain(t, e, "app", "y", "a")
 
 			// y's claim takes its snapshot (w leases the second family) and waits; w moves to the
-			// first family, its claim committed or held before its commit.
+			// first family, its claim committed or held before its commit: a host listener on its
+			// previous family, the second, sends it there.
 			yClaimed := store.stall(false, func() error { return claimErr(e, "app", "y", "a") })
 			sleepDrain(t, e, "app", "w", "b")
+			listener, err := net.Listen("tcp", "127.0.0.1:41090")
+			if err != nil {
+				t.Fatal(err)
+			}
 			var wClaimed <-chan error
 			if underWay {
 				wClaimed = store.stall(true, func() error { return claimErr(e, "app", "w", "b") })
 			} else {
 				claim(t, e, "app", "w", "b")
 			}
+			listener.Close()
 			store.resume <- struct{}{}
 			if underWay {
 				store.resume <- struct{}{}

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -254,9 +255,11 @@ func (r Record) Entrypoints(declared []portdecl.Entrypoint) []portdecl.Resolved 
 type EnvVar struct{ Name, Value string }
 
 // EnvFor is the env the stack exports under its cockpit's current config: Env of its declared
-// entrypoints, every name starting with the config's [env] prefix. A line another user's shell
-// would not read as written, or that names what their programs read (portdecl.CheckExported,
-// CheckValue), is left out: a config accepted before those rules may declare one.
+// entrypoints, every name starting with the config's [env] prefix, then each [env] derived value
+// by name as its template renders on the stack's facts (one that cannot render is left out). A
+// line another user's shell would not read as written, or that names what their programs read
+// (portdecl.CheckExported, CheckValue), is left out: a config accepted before those rules may
+// declare one.
 func (r Record) EnvFor(info CockpitInfo) []EnvVar {
 	env := r.env(info.Entrypoints)
 	kept := env[:0]
@@ -266,7 +269,38 @@ func (r Record) EnvFor(info CockpitInfo) []EnvVar {
 			kept = append(kept, v)
 		}
 	}
-	return kept // nil without a lease, as env
+	if !r.Value.Lease.Active() || len(info.Derived) == 0 {
+		return kept // nil without a lease, as env
+	}
+	facts := r.facts(info.Entrypoints)
+	for _, d := range info.Derived {
+		if value, ok := d.Render(facts); ok && portdecl.CheckExported(d.Name) == nil {
+			kept = append(kept, EnvVar{d.Name, value})
+		}
+	}
+	return kept
+}
+
+// facts are what the stack's derived values render from: its names, its lease's ports, its
+// declared entrypoints' URLs, and the folder name of the checkout of its earliest holder whose
+// checkout is known, as NameFor maps it ("" when none is).
+func (r Record) facts(declared []portdecl.Entrypoint) portdecl.Facts {
+	f := portdecl.Facts{Cockpit: r.Cockpit, Stack: r.Stack, Ports: r.Value.Lease.Ports, URLs: map[string]string{}}
+	for _, e := range r.Entrypoints(declared) {
+		if !e.Default {
+			f.URLs[e.Name] = e.URL
+		}
+	}
+	var first *Holder
+	for i, h := range r.Value.Holders {
+		if h.CheckoutPath != "" && (first == nil || h.ClaimedAt < first.ClaimedAt) {
+			first = &r.Value.Holders[i]
+		}
+	}
+	if first != nil {
+		f.Checkout = NameFor(filepath.Base(first.CheckoutPath))
+	}
+	return f
 }
 
 // env is the stack's environment while it holds a lease: each port by key in key order, then

@@ -53,6 +53,9 @@ type Config struct {
 	// BaseOrder is the keys of [ports.bases] in the document's order, the order the seeds lease
 	// them in and list their default entrypoints in (a JavaScript object keeps its keys' order).
 	BaseOrder []string `json:",omitempty"`
+	// Derived are the [env] table's other keys, by name: names exported as written, with values
+	// rendered per stack from a template (see Derived).
+	Derived []Derived `json:",omitempty"`
 }
 
 // OrderPorts orders port keys as order (a Config's BaseOrder) declares them; keys it does not
@@ -148,12 +151,17 @@ func parse(text []byte, partial bool) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	prefix, err := parseEnv(document["env"])
+	env, prefix, err := parseEnv(document["env"])
 	if err != nil {
 		return Config{}, err
 	}
 	// A prefix may still follow in a partial document, and would change every name.
-	if later == nil || prefix != "" || !later("prefix", "env") {
+	prefixFinal := later == nil || prefix != "" || !later("prefix", "env")
+	derived, err := parseDerived(env, prefix, prefixFinal, declaration.Bases, entrypoints, later)
+	if err != nil {
+		return Config{}, err
+	}
+	if prefixFinal {
 		if err := checkExported(prefix, declaration.Bases, entrypoints); err != nil {
 			return Config{}, err
 		}
@@ -164,7 +172,7 @@ func parse(text []byte, partial bool) (Config, error) {
 			order = append(order, key[2])
 		}
 	}
-	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix, BaseOrder: order}, nil
+	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix, BaseOrder: order, Derived: derived}, nil
 }
 
 // checkExported refuses a config whose env file would export a name CheckExported refuses.
@@ -196,34 +204,32 @@ func CheckText(text []byte) error {
 	return nil
 }
 
-// parseEnv reads the optional [env] table: prefix, upper-case letters, digits and '_', not
-// starting with a digit, at most 64 bytes.
-func parseEnv(raw any) (string, error) {
+// parseEnv reads the optional [env] table: the table itself (nil without one), and its prefix,
+// upper-case letters, digits and '_', not starting with a digit, at most 64 bytes. Its other
+// keys are derived values (parseDerived).
+func parseEnv(raw any) (map[string]any, string, error) {
 	if raw == nil {
-		return "", nil
+		return nil, "", nil
 	}
 	env, err := table(raw, "env")
 	if err != nil {
-		return "", err
-	}
-	if err := onlyKeys(env, "env.", "prefix"); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	if _, given := env["prefix"]; !given {
-		return "", nil
+		return env, "", nil
 	}
 	prefix, err := text(env, "prefix", "env.prefix")
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	valid := prefix != "" && len(prefix) <= 64 && (prefix[0] < '0' || prefix[0] > '9')
 	for _, c := range prefix {
 		valid = valid && (c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_')
 	}
 	if !valid {
-		return "", fmt.Errorf("env.prefix: %q is not 1-64 bytes of [A-Z0-9_] starting with a letter or '_'", prefix)
+		return nil, "", fmt.Errorf("env.prefix: %q is not 1-64 bytes of [A-Z0-9_] starting with a letter or '_'", prefix)
 	}
-	return prefix, nil
+	return env, prefix, nil
 }
 
 // parsePorts reads the [ports] table and says which of its parts are given: a prefix of a

@@ -59,10 +59,17 @@ var reservedPrefixes = []string{
 // reader's traffic.
 var reservedSuffixes = []string{"_PROXY"}
 
+// allowedNames are names of a reserved family that only name what a stack's tools make, and so
+// choose nothing they run or load: compose's project name, the recipe docs/env.md gives.
+var allowedNames = map[string]bool{"COMPOSE_PROJECT_NAME": true}
+
 // Reserved says name is one a shell, loader, interpreter or everyday tool reads (docs/env.md).
 func Reserved(name string) bool {
 	if reservedNames[name] {
 		return true
+	}
+	if allowedNames[name] {
+		return false
 	}
 	for _, p := range reservedPrefixes {
 		if strings.HasPrefix(name, p) {
