@@ -80,7 +80,7 @@ func (db *DB) Backup(path string, seq uint64) (int, error) {
 		err = os.Rename(tmp.Name(), path)
 	}
 	if err == nil {
-		err = syncDir(filepath.Dir(path))
+		err = SyncDir(filepath.Dir(path))
 	}
 	if err != nil {
 		return 0, fmt.Errorf("kv: backup to %s: %w", path, err)
@@ -98,7 +98,9 @@ func writeField(w *bufio.Writer, b []byte) {
 	w.Write(b)
 }
 
-func syncDir(dir string) error {
+// SyncDir makes dir's entries durable: a file created, renamed or removed in it survives a
+// crash once its directory is synced.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

@@ -514,8 +514,11 @@ func (l *commitLog) finalCheckpoint() error {
 // close. No commit may begin after it.
 func (l *commitLog) stop() {
 	l.stopOnce.Do(func() {
-		l.hurryApplier()
+		// Closed first, then hurried: the wake the hurry leaves is taken after the close, so the
+		// applier's next look at the channel finds it closed. Hurried first, a turn could take
+		// the wake, find the channel still open and wait out a whole applyDelay.
 		close(l.apply)
+		l.hurryApplier()
 		<-l.applierDone
 	})
 	l.background.Wait()

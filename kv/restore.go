@@ -193,7 +193,7 @@ func stageRestore(staged string, lock *os.File, backup *BackupFile) error {
 			return fmt.Errorf("kv: restore: %w", err)
 		}
 	}
-	return syncDir(staged)
+	return SyncDir(staged)
 }
 
 // finishRestore moves the replaced store aside and the staged one in, from wherever a kill
@@ -221,7 +221,7 @@ func finishRestore(dir string, intent restoreIntent, backup *BackupFile) (*Resto
 	if err := os.Remove(filepath.Join(dir, restoreIntentName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("kv: restore: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := SyncDir(dir); err != nil {
 		return nil, fmt.Errorf("kv: restore: %w", err)
 	}
 	// What the replaced store held, read where it now lies, against the backup.
@@ -260,7 +260,7 @@ func writeRestoreIntent(dir string, intent restoreIntent) error {
 		err = os.Rename(tmp, filepath.Join(dir, restoreIntentName))
 	}
 	if err == nil {
-		err = syncDir(dir)
+		err = SyncDir(dir)
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -315,10 +315,10 @@ func moveStoreFiles(from, to string, mkdir bool) error {
 			return fmt.Errorf("kv: restore: move %s: %w", name, err)
 		}
 	}
-	if err := syncDir(to); err != nil {
+	if err := SyncDir(to); err != nil {
 		return fmt.Errorf("kv: %w", err)
 	}
-	if err := syncDir(from); err != nil {
+	if err := SyncDir(from); err != nil {
 		return fmt.Errorf("kv: %w", err)
 	}
 	return nil

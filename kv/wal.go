@@ -340,7 +340,7 @@ func createSegment(dir string, index uint64) (*segment, error) {
 		err = f.Sync()
 	}
 	if err == nil {
-		err = syncDir(dir)
+		err = SyncDir(dir)
 	}
 	f.Close()
 	if err != nil {
@@ -464,7 +464,7 @@ func truncateLog(dir string, s *logScan) error {
 		}
 	}
 	s.segments = kept
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
 // pwriteAll writes b at off.

@@ -223,7 +223,7 @@ func (m migrating) mark(from string) error {
 		err = os.Rename(tmp, filepath.Join(m.dir, migratingName))
 	}
 	if err == nil {
-		err = syncDir(m.dir)
+		err = kv.SyncDir(m.dir)
 	}
 	return err
 }
@@ -236,7 +236,7 @@ func (m migrating) unmark() error {
 	if err := os.Remove(filepath.Join(m.dir, migratingName)); err != nil {
 		return err
 	}
-	return syncDir(m.dir)
+	return kv.SyncDir(m.dir)
 }
 
 func writeSynced(path string, data []byte) error {
@@ -252,15 +252,6 @@ func writeSynced(path string, data []byte) error {
 		err = closeErr
 	}
 	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // emptyStore deletes every key of s.
