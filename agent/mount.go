@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
 )
 
 // mountType is the filesystem type /proc/self/mountinfo gives a cockpitfs mount (fs.MountType;
@@ -38,28 +39,7 @@ func (e *toolError) Error() string {
 // served refuses when no daemon serves the mount: every tool's first step, so that nothing is
 // ever written into the bare directory beneath it (root's writes pass its read-only mode).
 func (s *Server) served() error {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return s.notServed()
-	}
-	typ := ""
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
-			continue
-		}
-		if unescapeMountinfo(fields[4]) == s.mount {
-			typ = fields[sep+1] // the last line on a path is the visible mount
-		}
-	}
-	if typ != mountType {
+	if m, err := mountinfo.Of(s.mount); err != nil || m.Type != mountType {
 		return s.notServed()
 	}
 	return nil
@@ -312,22 +292,6 @@ func (s *Server) readHolders(dir string) ([]Holder, error) {
 	}
 	sort.Slice(holders, func(i, j int) bool { return holders[i].Name < holders[j].Name })
 	return holders, nil
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for a space) of mountinfo paths.
-func unescapeMountinfo(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if c, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(c))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // shellQuote quotes s for a POSIX shell, unless it needs none.

@@ -21,6 +21,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	cfs "github.com/cockpitfs/cockpitfs/fs"
+	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
@@ -472,57 +473,24 @@ func mountFixes(said string) []string {
 // dir is not a mount point. Reading mountinfo never touches the path, which a dead mount answers
 // with ENOTCONN.
 func mountType(dir string) (string, error) {
-	m, err := mountEntry(dir)
-	return m.typ, err
+	m, err := mountinfo.Of(dir)
+	return m.Type, err
 }
 
 // mountDevice returns the minor device number of the mount at dir: its FUSE connection's number.
 func mountDevice(dir string) (string, error) {
-	m, err := mountEntry(dir)
-	if err == nil && m.minor == "" {
+	m, err := mountinfo.Of(dir)
+	if err == nil && m.Minor == "" {
 		err = fmt.Errorf("%s is not mounted", dir)
 	}
-	return m.minor, err
-}
-
-// mountInfo is one line of /proc/self/mountinfo.
-type mountInfo struct {
-	id, parent string // the mount's id and its parent's
-	minor      string // of its device: a FUSE mount's connection number
-	typ        string // e.g. fuse.cockpitfs; "" for no mount
-	options    string // the superblock's: a FUSE mount's user_id=N…
-}
-
-// mountEntry reads the visible (last) mount on dir from /proc/self/mountinfo; its typ is "" when
-// dir is not a mount point.
-func mountEntry(dir string) (mountInfo, error) {
-	var m mountInfo
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return m, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		sep := indexOf(fields, "-")
-		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
-			continue
-		}
-		if unescapeMountinfo(fields[4]) == dir {
-			m = mountInfo{id: fields[0], parent: fields[1], typ: fields[sep+1]}
-			_, m.minor, _ = strings.Cut(fields[2], ":")
-			if sep+3 < len(fields) {
-				m.options = fields[sep+3]
-			}
-		}
-	}
-	return m, nil
+	return m.Minor, err
 }
 
 // mountDaemon finds the process serving the FUSE mount m on mnt: the one holding both /dev/fuse
 // and the directory beneath the mount open, as a daemon does while it serves (see serve). It
 // returns the pid and its start time (to tell it from a later process of the same pid), or 0 when
 // there is none this process can see.
-func mountDaemon(mnt string, m mountInfo) (pid int, start string) {
+func mountDaemon(mnt string, m mountinfo.Info) (pid int, start string) {
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
 		n, err := strconv.Atoi(p.Name())
@@ -542,7 +510,7 @@ func mountDaemon(mnt string, m mountInfo) (pid int, start string) {
 			case mnt:
 				// The path names the mount too: only an fd on the parent mount is beneath it.
 				info, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "fdinfo", fd.Name()))
-				beneath = beneath || fdinfoField(string(info), "mnt_id") == m.parent
+				beneath = beneath || fdinfoField(string(info), "mnt_id") == m.Parent
 			}
 		}
 		if fuseDev && beneath {
@@ -592,32 +560,6 @@ func waitExit(pid int, start string) bool {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return true
-}
-
-func indexOf(fields []string, s string) int {
-	for i, f := range fields {
-		if f == s {
-			return i
-		}
-	}
-	return -1
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for a space) of mountinfo paths.
-func unescapeMountinfo(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var c byte
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &c); err == nil {
-				b.WriteByte(c)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // clearStaleMount detaches a mount a killed daemon left on mnt ("transport endpoint is not
@@ -712,17 +654,17 @@ func unmount(dir string, lazy bool) error {
 	if err != nil {
 		return err
 	}
-	info, err := mountEntry(mnt)
+	info, err := mountinfo.Of(mnt)
 	if err != nil {
 		return err
 	}
-	if info.typ == "" {
+	if info.Type == "" {
 		return fmt.Errorf("%s is not mounted", mnt)
 	}
-	if info.typ != cfs.MountType {
-		return fmt.Errorf("%s is a %s mount, not a cockpitfs one: left mounted", mnt, info.typ)
+	if info.Type != cfs.MountType {
+		return fmt.Errorf("%s is a %s mount, not a cockpitfs one: left mounted", mnt, info.Type)
 	}
-	if uid := mountOption(info.options, "user_id"); os.Geteuid() != 0 && uid != strconv.Itoa(os.Geteuid()) {
+	if uid := mountOption(info.Options, "user_id"); os.Geteuid() != 0 && uid != strconv.Itoa(os.Geteuid()) {
 		return fmt.Errorf("%s is another user's mount (uid %s): only that user or root can unmount it", mnt, uid)
 	}
 	state := mountState(mnt)
@@ -769,7 +711,7 @@ func unmount(dir string, lazy bool) error {
 	case state == "hung":
 		aborted := ""
 		if os.Geteuid() == 0 {
-			abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", info.minor)
+			abort := fmt.Sprintf("/sys/fs/fuse/connections/%s/abort", info.Minor)
 			if err := os.WriteFile(abort, []byte("1"), 0); err == nil {
 				aborted = " and aborted its FUSE connection (whatever waited on it gets ENOTCONN)"
 			}
