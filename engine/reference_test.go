@@ -89,3 +89,22 @@ func TestSettleInterruptedDrainRepair_ChangedAttemptIsRepairRequired(t *testing.
 		t.Fatalf("repair of the observed attempt: %+v %v", v.Drain, err)
 	}
 }
+
+// A record holding a drain stays at the revision the drain's last step committed, which the
+// reference's settlement builds on (failedRevision is the settled record's revision, the
+// attempt's committedRevision + 1): a chmod of the stack, which would commit a revision of its
+// own in between, is refused while a drain is reserved.
+func TestSettleInterruptedDrainRepair_RecordStaysAtTheAttemptsRevision(t *testing.T) {
+	e, clock := newDrainEngine(t)
+	mustStep(t, e, reserveText(t, e, "sleep valid_for=1"))
+	r := mustStep(t, e, startExecutor(e, 0))
+	mustRefuse(t, e, ClaimCoTenant, func() error {
+		return e.ChmodStack(drainCtx, me("chmod", "app/stacks/s"), "app", "s", StackModeClosed|stackModeJoin)
+	})
+	clock.advance(time.Second)
+	repaired := mustStep(t, e, repairStack(e))
+	a := repaired.Value.Drain.Attempt
+	if a.FailedRevision == nil || *a.FailedRevision != repaired.Revision || repaired.Revision != r.Revision+1 {
+		t.Fatalf("settled at revision %d, failedRevision %v, attempt committed at %d", repaired.Revision, a.FailedRevision, a.CommittedRevision)
+	}
+}
