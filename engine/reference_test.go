@@ -38,6 +38,9 @@ func TestReleaseDeadSessionHolders_TouchOfAHolderReleasesDeadCoHolders(t *testin
 	if !r.Value.Lease.Active() || !reflect.DeepEqual(r.Value.Lease, before.Value.Lease) {
 		t.Fatalf("the lease changed: %+v -> %+v", before.Value.Lease, r.Value.Lease)
 	}
+	if ev, want := lastEventOf(t, e, "app", "main"), fmt.Sprintf("released dead holders: ghost (process %d)", ghost.Process.Pid); ev.Warning != want || ev.Op != "touch" {
+		t.Fatalf("events line %+v, want op touch with warning %q", ev, want)
+	}
 	// Nothing dead left: the touch changes nothing, as before.
 	if err := e.Rebind(ctx, me("touch", "app/stacks/main/holders/alice"), "app", "main", "alice"); err != nil {
 		t.Fatal(err)
