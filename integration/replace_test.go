@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -43,6 +44,7 @@ func TestToolsConfigReplacedByTakingItAway(t *testing.T) {
 		{"install --backup", newDoc + "install -m 0644 --backup=numbered " + dir + "/new.toml $M/app/config", "config.~3~"},
 		// GNU mv cannot rename across filesystems: it removes config, then creates and copies it.
 		{"mv from another filesystem", newDoc + "mv " + dir + "/new.toml $M/app/config && ! test -e " + dir + "/new.toml", ""},
+		{"mv from /tmp", "f=$(mktemp -p /tmp) && sed s/FROM/TO/ $M/app/config > $f && mv $f $M/app/config && ! test -e $f", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			from, to := port, port+1
@@ -229,22 +231,23 @@ func TestToolsConfigReplacementRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		name, script, stderr, code, errno string
-		as                                func(*mount, string) result
+		name, script, stderr, code string
+		errno                      syscall.Errno
+		as                         func(*mount, string) result
 	}{
-		{"install of a refused document", "install -m 0644 " + bad + " $M/app/config", "failed to close", "PORT_FAMILY_OUT_OF_RANGE", "EINVAL", (*mount).sh},
+		{"install of a refused document", "install -m 0644 " + bad + " $M/app/config", "failed to close", "PORT_FAMILY_OUT_OF_RANGE", syscall.EINVAL, (*mount).sh},
 		// cp puts its backup back when the copy fails, as on a disk: nothing is left beside config.
-		{"cp --backup of a refused document", "cp --backup " + bad + " $M/app/config", "failed to close", "PORT_FAMILY_OUT_OF_RANGE", "EINVAL", (*mount).sh},
-		{"mv of a refused document from another filesystem", "cp " + bad + " " + dir + "/mv.toml && mv " + dir + "/mv.toml $M/app/config; r=$?; test -e " + dir + "/mv.toml || { echo mv removed its source >&2; exit 0; }; exit $r", "Invalid argument", "PORT_FAMILY_OUT_OF_RANGE", "EINVAL", (*mount).sh},
-		{"another user's install", "f=$(mktemp -p /tmp) && cat $M/app/config > $f && install -m 0644 $f $M/app/config; r=$?; rm -f $f; exit $r", "cannot remove", "PERMISSION_DENIED", "EACCES", ownershipAsNobody},
-		{"another user's cp --backup", "f=$(mktemp -p /tmp) && cat $M/app/config > $f && cp --backup $f $M/app/config; r=$?; rm -f $f; exit $r", "cannot backup", "PERMISSION_DENIED", "EACCES", ownershipAsNobody},
-		{"cp --backup --suffix", "cp --backup --suffix=.bak " + bad + " $M/app/config", "cannot backup", "UNSUPPORTED_OPERATION", "EPERM", (*mount).sh},
+		{"cp --backup of a refused document", "cp --backup " + bad + " $M/app/config", "failed to close", "PORT_FAMILY_OUT_OF_RANGE", syscall.EINVAL, (*mount).sh},
+		{"mv of a refused document from another filesystem", "cp " + bad + " " + dir + "/mv.toml && mv " + dir + "/mv.toml $M/app/config; r=$?; test -e " + dir + "/mv.toml || { echo mv removed its source >&2; exit 0; }; exit $r", "mv:", "PORT_FAMILY_OUT_OF_RANGE", syscall.EINVAL, (*mount).sh},
+		{"another user's install", "f=$(mktemp -p /tmp) && cat $M/app/config > $f && install -m 0644 $f $M/app/config; r=$?; rm -f $f; exit $r", "cannot remove", "PERMISSION_DENIED", syscall.EACCES, ownershipAsNobody},
+		{"another user's cp --backup", "f=$(mktemp -p /tmp) && cat $M/app/config > $f && cp --backup $f $M/app/config; r=$?; rm -f $f; exit $r", "cannot backup", "PERMISSION_DENIED", syscall.EACCES, ownershipAsNobody},
+		{"cp --backup --suffix", "cp --backup --suffix=.bak " + bad + " $M/app/config", "cannot backup", "UNSUPPORTED_OPERATION", syscall.EPERM, (*mount).sh},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := claimsEventCount(m, "app/events")
 			r := tc.as(m, tc.script)
-			if r.Code == 0 || !strings.Contains(r.Stderr, tc.stderr) {
-				t.Fatalf("exit %d, stderr %q: want a refusal saying %q", r.Code, r.Stderr, tc.stderr)
+			if r.Code == 0 || !strings.Contains(r.Stderr, tc.stderr) || !strings.Contains(strings.ToLower(r.Stderr), tc.errno.Error()) {
+				t.Fatalf("exit %d, stderr %q: want a refusal saying %q and %q", r.Code, r.Stderr, tc.stderr, tc.errno.Error())
 			}
 			if got := m.read("app/config"); got != good {
 				t.Fatalf("config = %q after a refusal", got)
@@ -255,7 +258,7 @@ func TestToolsConfigReplacementRefusals(t *testing.T) {
 			if got := claimsEventCount(m, "app/events"); got != n+1 {
 				t.Fatalf("%d events lines for one refusal", got-n)
 			}
-			ev := claimsRefusalEvent(t, m, "app/events", tc.code, tc.errno)
+			ev := claimsRefusalEvent(t, m, "app/events", tc.code, unix.ErrnoName(tc.errno))
 			if ev["fix"] == "" {
 				t.Fatalf("events line without a fix: %v", ev)
 			}
