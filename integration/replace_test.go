@@ -265,3 +265,51 @@ func TestToolsConfigReplacementRefusals(t *testing.T) {
 		})
 	}
 }
+
+// Replacements are bounded as scratch files are: 16 under way in a cockpit, and a backup is a
+// scratch file, so past either bound the removal or the rename aside is refused (ENOSPC), once,
+// with config as it was.
+func TestToolsConfigReplacementBounds(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	good := toolsConfig(26940)
+	claimsConfig(m, "app", good)
+
+	var writers []*reader
+	var sources []*os.File
+	for range 16 {
+		fifo := replaceFifo(t)
+		writers = append(writers, startReader(t, m, "exec install -m 0644 "+fifo+" $M/app/config"))
+		sources = append(sources, replaceWriterWaits(t, fifo))
+	}
+	n := claimsEventCount(m, "app/events")
+	r := m.sh("rm $M/app/config")
+	if r.Code == 0 || !strings.Contains(strings.ToLower(r.Stderr), syscall.ENOSPC.Error()) {
+		t.Fatalf("a 17th replacement: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	if got := claimsEventCount(m, "app/events"); got != n+1 || m.read("app/config") != good {
+		t.Fatalf("%d events lines, config %q", got-n, m.read("app/config"))
+	}
+	claimsRefusalEvent(t, m, "app/events", "PORT_LEASE_EXHAUSTED", "ENOSPC")
+	for i, src := range sources {
+		if _, err := src.WriteString(good); err != nil {
+			t.Fatal(err)
+		}
+		src.Close()
+		if out := writers[i].wait(t); writers[i].cmd.ProcessState.ExitCode() != 0 {
+			t.Fatalf("install %d: %s", i, out)
+		}
+	}
+
+	m.ok("for i in $(seq 1 16); do : > $M/app/s$i.toml; done")
+	n = claimsEventCount(m, "app/events")
+	r = m.sh("cp --backup $M/app/s1.toml $M/app/config")
+	if r.Code == 0 || !strings.Contains(r.Stderr, "cannot backup") || !strings.Contains(strings.ToLower(r.Stderr), syscall.ENOSPC.Error()) {
+		t.Fatalf("a backup past 16 scratch files: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	if got := claimsEventCount(m, "app/events"); got != n+1 || m.read("app/config") != good {
+		t.Fatalf("%d events lines, config %q", got-n, m.read("app/config"))
+	}
+	claimsRefusalEvent(t, m, "app/events", "PORT_LEASE_EXHAUSTED", "ENOSPC")
+}
