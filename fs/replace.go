@@ -250,6 +250,7 @@ var (
 	_ = (fs.NodeOpener)((*replacementFile)(nil))
 	_ = (fs.NodeFlusher)((*replacementFile)(nil))
 	_ = (fs.NodeFsyncer)((*replacementFile)(nil))
+	_ = (fs.NodeReleaser)((*replacementFile)(nil))
 )
 
 func (n *replacementFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
@@ -269,6 +270,14 @@ func (n *replacementFile) Flush(ctx context.Context, _ fs.FileHandle) (errno sys
 	return n.apply(uninterrupted(ctx), "write")
 }
 
+// Release applies what a close held back for another descriptor of its process (see apply) once
+// the last one is gone.
+func (n *replacementFile) Release(ctx context.Context, _ fs.FileHandle) (errno syscall.Errno) {
+	defer n.fsys.guard("release", n.path, "", &errno)
+	n.apply(uninterrupted(ctx), "release")
+	return 0
+}
+
 // apply ends the replacement with the document written: applied, or refused with its errno and
 // events line. A writer a signal killed applies nothing (what it wrote may stop anywhere), and
 // the close of a duplicate descriptor while the process holds another is not its last.
@@ -278,6 +287,10 @@ func (n *replacementFile) apply(ctx context.Context, op string) syscall.Errno {
 	if n.fsys.replacing.ended(n.r) {
 		return 0
 	}
+	last := op == "release" // nobody is left to read its errno
+	if last {
+		op = "write"
+	}
 	c := caller(ctx, op, n.path)
 	var refused error
 	fc, _ := fuse.FromContext(ctx)
@@ -285,7 +298,7 @@ func (n *replacementFile) apply(ctx context.Context, op string) syscall.Errno {
 		refused = &engine.Refusal{Code: engine.WriteAbandoned,
 			Message: fmt.Sprintf("its writer was killed (%s) before it closed %s, which it had taken away to replace it: config stays as it was", unix.SignalName(sig), n.path),
 			Fix:     "write it again, whole"}
-	} else if op == "write" && liveness.HoldsOpen(int(fc.Pid), filepath.Join(n.fsys.dir, n.path)) {
+	} else if !last && op == "write" && liveness.HoldsOpen(int(fc.Pid), filepath.Join(n.fsys.dir, n.path)) {
 		return 0
 	} else {
 		refused = n.fsys.eng.SetConfig(ctx, c, n.cockpit, n.s.data)

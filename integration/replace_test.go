@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // Writers that take config away before writing it anew — install(1) removes its target, cp
@@ -45,8 +47,20 @@ func TestToolsConfigReplacedByTakingItAway(t *testing.T) {
 		// GNU mv cannot rename across filesystems: it removes config, then creates and copies it.
 		{"mv from another filesystem", newDoc + "mv " + dir + "/new.toml $M/app/config && ! test -e " + dir + "/new.toml", ""},
 		{"mv from /tmp", "f=$(mktemp -p /tmp) && sed s/FROM/TO/ $M/app/config > $f && mv $f $M/app/config && ! test -e $f", ""},
+		// A script's own remove-then-create, reading the old document through a descriptor it
+		// keeps open meanwhile.
+		{"python unlink, then create", `python3 -c 'import os, sys
+p = sys.argv[1]
+with open(p) as old:
+    doc = old.read().replace("FROM", "TO")
+    os.unlink(p)
+    with open(p, "x") as new:
+        new.write(doc)' $M/app/config`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if strings.HasPrefix(tc.script, "python3") {
+				testtool.Need(t, "python3")
+			}
 			from, to := port, port+1
 			port++
 			script := strings.NewReplacer("FROM", fmt.Sprint(from), "TO", fmt.Sprint(to)).Replace(tc.script)
