@@ -178,6 +178,11 @@ func (e *Engine) ChmodStack(ctx context.Context, c Caller, cockpit, stack string
 		if mode == r.StackMode() {
 			return errUnchanged
 		}
+		if r.Value.Drain != nil {
+			// A drain's record stays at the revision its last step committed (the seeds'
+			// decodeCoordinationRecord refuses any other), which its next step builds on.
+			return refuse(ClaimCoTenant, r.SubjectID, drainReservedFix, "a stack's mode cannot change while a drain is reserved")
+		}
 		r.Mode = &mode
 		return e.commit(tx, c, r, r.Value, now, "")
 	})

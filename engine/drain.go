@@ -567,25 +567,30 @@ type executorCheck struct {
 }
 
 // repairAttempt records an interrupted attempt as failed once its executor is proven gone, or,
-// with no executor recorded, once the attempt's validity has passed.
+// with no executor recorded, once the attempt's validity has passed. A repair that records
+// nothing is DRAIN_ATTEMPT_REPAIR_REQUIRED, as every such answer of the seeds'
+// settleInterruptedDrainRepair is: the repair is still owed.
 func repairAttempt(r Record, c Caller, reads stepReads, seen executorCheck, now time.Time) (Value, error) {
 	d, a, err := activeAttempt(r, c, reads, "", "repair")
 	if err != nil {
+		if rf := AsRefusal(err); rf.Code == ExecutionPreconditionChanged {
+			return r.Value, refuse(DrainAttemptRepairRequired, rf.Target, "nothing to repair: read drain/attempt", "%s", rf.Message)
+		}
 		return r.Value, err
 	}
 	if a.AttemptID != seen.attemptID {
-		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "write terminated again", "attempt %s replaced the one observed", a.AttemptID)
+		return r.Value, refuse(DrainAttemptRepairRequired, r.SubjectID, "write terminated again", "attempt %s replaced the one observed", a.AttemptID)
 	}
 	if err := inOrder(r, now); err != nil {
 		return r.Value, err
 	}
 	if a.ExecutorPID != 0 && !seen.gone {
-		return r.Value, refuse(ClaimCoTenant, r.SubjectID, fmt.Sprintf("let it finish and publish its outcome, or stop it with `kill %d`", a.ExecutorPID),
+		return r.Value, refuse(DrainAttemptRepairRequired, r.SubjectID, fmt.Sprintf("let it finish and publish its outcome, or stop it with `kill %d`", a.ExecutorPID),
 			"executor process %d is still running; stop it with `kill %d`", a.ExecutorPID, a.ExecutorPID)
 	}
 	validThrough, _ := ParseStamp(a.ValidThrough)
 	if a.ExecutorPID == 0 && !now.Truncate(time.Millisecond).After(validThrough) {
-		return r.Value, refuse(ClaimCoTenant, r.SubjectID, "wait until "+a.ValidThrough+", or publish its outcome",
+		return r.Value, refuse(DrainAttemptRepairRequired, r.SubjectID, "wait until "+a.ValidThrough+", or publish its outcome",
 			"attempt %s records no executor, so it may still run until %s", a.AttemptID, a.ValidThrough)
 	}
 	return failAttempt(r.Value, d, now), nil

@@ -256,7 +256,7 @@ func TestDrainLateSuccessThenRepairOfKilledExecutor(t *testing.T) {
 	if !strings.Contains(late.Fix, "drain/repair") {
 		t.Fatalf("late success fix %q does not name the repair", late.Fix)
 	}
-	busy := mustRefuse(t, e, ClaimCoTenant, func() error { return repairStack(e) })
+	busy := mustRefuse(t, e, DrainAttemptRepairRequired, func() error { return repairStack(e) })
 	if !strings.Contains(busy.Message, fmt.Sprintf("kill %d", pid)) {
 		t.Fatalf("repair refusal %q does not name the executor", busy.Message)
 	}
@@ -265,7 +265,7 @@ func TestDrainLateSuccessThenRepairOfKilledExecutor(t *testing.T) {
 	if a := r.Value.Drain.Attempt; a.Status != attemptFailed {
 		t.Fatalf("repair did not fail the attempt: %+v", a)
 	}
-	mustRefuse(t, e, ExecutionPreconditionChanged, func() error { return repairStack(e) })
+	mustRefuse(t, e, DrainAttemptRepairRequired, func() error { return repairStack(e) })
 	mustStep(t, e, startExecutor(e, 0))
 	assertReleased(t, e, mustStep(t, e, publish(e, true, "")))
 }
@@ -274,9 +274,9 @@ func TestDrainRepairWithoutExecutorWaitsForValidity(t *testing.T) {
 	e, clock := newDrainEngine(t)
 	mustStep(t, e, reserveText(t, e, "sleep valid_for=1000"))
 	mustStep(t, e, startExecutor(e, 0))
-	mustRefuse(t, e, ClaimCoTenant, func() error { return repairStack(e) })
+	mustRefuse(t, e, DrainAttemptRepairRequired, func() error { return repairStack(e) })
 	clock.advance(1000 * time.Millisecond)
-	mustRefuse(t, e, ClaimCoTenant, func() error { return repairStack(e) }) // validThrough itself is still valid
+	mustRefuse(t, e, DrainAttemptRepairRequired, func() error { return repairStack(e) }) // validThrough itself is still valid
 	clock.advance(time.Millisecond)
 	if a := mustStep(t, e, repairStack(e)).Value.Drain.Attempt; a.Status != attemptFailed {
 		t.Fatalf("attempt not failed: %+v", a)
@@ -486,8 +486,8 @@ func TestDrainRefusals(t *testing.T) {
 		{"outcome before start", reserved, func(t *testing.T, e *Engine) error { return publish(e, false, "") }, ExecutionPreconditionChanged, ""},
 		{"outcome of another attempt", active, func(t *testing.T, e *Engine) error { return publish(e, true, digest("x")) },
 			ExecutionPreconditionChanged, digest("x")},
-		{"repair without drain", nothing, func(t *testing.T, e *Engine) error { return repairStack(e) }, ExecutionPreconditionChanged, "repair"},
-		{"repair before start", reserved, func(t *testing.T, e *Engine) error { return repairStack(e) }, ExecutionPreconditionChanged, "repair"},
+		{"repair without drain", nothing, func(t *testing.T, e *Engine) error { return repairStack(e) }, DrainAttemptRepairRequired, "repair"},
+		{"repair before start", reserved, func(t *testing.T, e *Engine) error { return repairStack(e) }, DrainAttemptRepairRequired, "repair"},
 		{"cancel without drain", nothing, func(t *testing.T, e *Engine) error { return cancelStack(e) }, NotFound, ""},
 		{"start while active", active, func(t *testing.T, e *Engine) error { return startExecutor(e, 0) }, ClaimCoTenant, "already active"},
 		{"start with a gone executor", reserved, func(t *testing.T, e *Engine) error {
@@ -525,23 +525,6 @@ func TestDrainCoTenantNamesLiveHolder(t *testing.T) {
 	r := mustRefuse(t, e, ClaimCoTenant, func() error { return reserveText(t, e, "sleep holder=me") })
 	if !strings.Contains(r.Message, fmt.Sprintf("other (process %d)", pid)) || !strings.Contains(r.Message, fmt.Sprintf("kill %d", pid)) {
 		t.Fatalf("co-tenant refusal %q does not name process %d", r.Message, pid)
-	}
-}
-
-// The executor is observed before Repair's transaction; an attempt started in between is not the
-// one proven gone, so the pure transition refuses it.
-func TestRepairOfReplacedAttempt(t *testing.T) {
-	e, clock := newDrainEngine(t)
-	mustStep(t, e, reserveText(t, e, "sleep"))
-	r := mustStep(t, e, startExecutor(e, 0))
-	c := drainCaller("repair")
-	clock.advance(time.Hour)
-	if _, err := repairAttempt(r, c, &fakeReads{}, executorCheck{attemptID: digest("earlier"), gone: true}, clock.now()); AsRefusal(err).Code != ExecutionPreconditionChanged {
-		t.Fatalf("repair of a replaced attempt: %v", err)
-	}
-	v, err := repairAttempt(r, c, &fakeReads{}, executorCheck{attemptID: r.Value.Drain.Attempt.AttemptID}, clock.now())
-	if err != nil || v.Drain.Attempt.Status != attemptFailed || checkRecord(r.next(v, clock.now())) != nil {
-		t.Fatalf("repair of the observed attempt: %+v %v", v.Drain, err)
 	}
 }
 

@@ -143,28 +143,44 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name, 
 
 // Rebind binds an existing holder to the caller's session, as a claim binds a new one: what
 // `touch` of a holder means, so a holder whose session died is live again once its owner touches
-// it from a new one (a Makefile's claim re-run every time).
+// it from a new one (a Makefile's claim re-run every time). Like any claim (the seeds' session
+// start runs releaseDeadSessionHolders first), it releases the other holders proven dead.
 func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name string) error {
 	nh, err := defaultHolder(c, name)
 	if err != nil {
 		return err
 	}
-	// Most touches change nothing (a Makefile's claim target touches on every run): the current
-	// record answers those without a transaction. Anything else, refusals included, is decided
-	// in one.
+	var dead []Holder
 	if r, err := e.Stack(cockpit, stack); err == nil {
-		if m, err := e.cockpitMeta(cockpit); err == nil {
-			if _, err := rebindHolder(r, c, nh, m); errors.Is(err, errUnchanged) {
-				return nil
+		if dead = e.deadHolders(r.Value.Holders, holderID(name), nh); len(dead) == 0 {
+			// Most touches change nothing (a Makefile's claim target touches on every run): the
+			// current record answers those without a transaction. Anything else, refusals
+			// included, is decided in one.
+			if m, err := e.cockpitMeta(cockpit); err == nil {
+				if _, err := rebindHolder(r, c, nh, m); errors.Is(err, errUnchanged) {
+					return nil
+				}
 			}
 		}
 	}
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
 		m, err := reads.cockpit()
 		if err != nil {
 			return r.Value, err
 		}
-		return rebindHolder(r, c, nh, m)
+		v, err := rebindHolder(r, c, nh, m)
+		if err != nil && !errors.Is(err, errUnchanged) {
+			return r.Value, err
+		}
+		if err != nil {
+			v = r.Value
+		}
+		rv, released := releaseDead(v, dead, nil, now)
+		if len(released) == 0 {
+			return v, err
+		}
+		reads.releasedDead(released)
+		return rv, nil
 	})
 }
 

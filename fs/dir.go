@@ -8,6 +8,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/engine"
 )
@@ -183,6 +184,9 @@ func (d *dir) node(ctx context.Context, e entry) (fs.InodeEmbedder, fs.StableAtt
 	if e.dir {
 		return e.node, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino(path)}, 0
 	}
+	if n, ok := e.node.(identified); ok {
+		return e.node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: n.identity()}, 0
+	}
 	f, ok := e.node.(*file)
 	if !e.frozen || !ok {
 		return e.node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino(path)}, 0
@@ -349,6 +353,9 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 			f.opened(ctx, created)
 		}
 	}
+	if _, replacing := in.Operations().(*replacementFile); replacing {
+		return in, h, writeOpenFlags, 0 // its close applies it
+	}
 	return in, h, openFlags, 0
 }
 
@@ -370,8 +377,9 @@ func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // Rename is refused (EPERM): a name of the tree is a record's key, not a label. The refusal says
-// what to do instead.
-func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, _ uint32) (errno syscall.Errno) {
+// what to do instead. Beside config, scratch files rename (scratch.go), and config renames aside to
+// a backup name (replace.go).
+func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) (errno syscall.Errno) {
 	defer d.fsys.guard("rename", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	to := newName
@@ -380,6 +388,9 @@ func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedde
 	}
 	if p, ok := newParent.(*dir); ok && p == d {
 		if _, isCockpit := d.list.(cockpitListing); isCockpit {
+			if name == "config" && backupName.MatchString(newName) && flags&unix.RENAME_EXCHANGE == 0 {
+				return d.renameConfigAside(ctx, newName, flags) // cp --backup: see replace.go
+			}
 			if handled, errno := d.renameScratch(ctx, name, newName); handled {
 				return errno
 			}
@@ -392,6 +403,9 @@ func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedde
 	fix := "names cannot change: create the new name and remove the old one"
 	if _, ok := d.list.(holdersListing); ok {
 		fix = "claim under the new name (touch holders/" + newName + "), then release the old one (rm holders/" + name + ")"
+	}
+	if _, ok := d.list.(cockpitListing); ok && name == "config" {
+		fix = "config is only moved aside to a backup name, config~ or config.~N~ (cp --backup without --suffix); or copy it: cp config " + newName
 	}
 	return d.fsys.fail(c, d.cockpit, d.stack, &engine.Refusal{Code: engine.Unsupported,
 		Message: "renaming " + d.child(name) + " to " + to + " is not supported", Fix: fix})

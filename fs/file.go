@@ -583,6 +583,9 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if own != nil && own.wrote && op != "truncate" {
 		refused = nil // a copy restoring its source's times or mode onto the document it wrote
 	}
+	if _, isConfig := f.writer.(configWriter); isConfig && refused != nil && op != "truncate" && f.fsys.replacing.restoring(ctx, f.cockpit) {
+		refused = nil // the same, by path, after the close (install -m): see replace.go
+	}
 	if refused != nil {
 		return f.fsys.fail(caller(ctx, op, f.path), f.cockpit, f.stack, refused(f.path))
 	}

@@ -37,6 +37,9 @@ type FS struct {
 	followers followers
 	// scratch are the files beside each cockpit's config (see scratch.go).
 	scratch scratchFiles
+	// replacing are the processes replacing a cockpit's config by taking it away first (see
+	// replace.go).
+	replacing replacements
 	// contentTimes keep a record-derived file's mtime while its content stays.
 	contentTimes contentTimes
 	// snapshots are the opens' shared contents and what each uid's opens hold.

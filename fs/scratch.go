@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,6 +32,7 @@ const maxScratch = 16
 
 type scratch struct {
 	mu    sync.Mutex
+	ino   uint64 // its node's inode number: its own, so a name made again is a node of its own
 	uid   uint32
 	mode  uint32
 	data  []byte
@@ -46,6 +48,13 @@ type scratchFiles struct {
 	m  map[string]map[string]*scratch
 }
 
+// scratchMade numbers every scratch file made, for its inode number.
+var scratchMade atomic.Uint64
+
+func newScratch(uid, mode uint32, data []byte, mtime time.Time) *scratch {
+	return &scratch{ino: ino(fmt.Sprintf("\x00scratch %d", scratchMade.Add(1))), uid: uid, mode: mode & 0o7777, data: data, mtime: mtime}
+}
+
 func (s *scratchFiles) get(cockpit, name string) *scratch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -53,6 +62,14 @@ func (s *scratchFiles) get(cockpit, name string) *scratch {
 }
 
 func (s *scratchFiles) create(cockpit, name string, uid, mode uint32, now time.Time) error {
+	if sc := s.get(cockpit, name); sc != nil {
+		return &engine.Refusal{Code: engine.Exists, Message: name + " exists"}
+	}
+	return s.put(cockpit, name, newScratch(uid, mode, nil, now))
+}
+
+// put makes sc the scratch file name, replacing the one of that name.
+func (s *scratchFiles) put(cockpit, name string, sc *scratch) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
@@ -61,14 +78,11 @@ func (s *scratchFiles) create(cockpit, name string, uid, mode uint32, now time.T
 	if s.m[cockpit] == nil {
 		s.m[cockpit] = map[string]*scratch{}
 	}
-	if _, ok := s.m[cockpit][name]; ok {
-		return &engine.Refusal{Code: engine.Exists, Message: name + " exists"}
-	}
-	if len(s.m[cockpit]) >= maxScratch {
+	if _, replaced := s.m[cockpit][name]; !replaced && len(s.m[cockpit]) >= maxScratch {
 		return &engine.Refusal{Code: engine.PortLeaseExhausted, Fix: "rename or remove the other scratch files first",
 			Message: fmt.Sprintf("cockpit %s already has %d scratch files beside its config", cockpit, maxScratch)}
 	}
-	s.m[cockpit][name] = &scratch{uid: uid, mode: mode & 0o7777, mtime: now}
+	s.m[cockpit][name] = sc
 	return nil
 }
 
@@ -107,6 +121,11 @@ type scratchFile struct {
 }
 
 type scratchHandle struct{}
+
+// identified is a node whose identity is its own rather than its path's (see dir.node).
+type identified interface{ identity() uint64 }
+
+func (n *scratchFile) identity() uint64 { return n.s.ino }
 
 var (
 	_ = (fs.NodeOpener)((*scratchFile)(nil))
@@ -229,6 +248,12 @@ func scratchEntries(ctx context.Context, d *dir) []entry {
 }
 
 func (cockpitListing) lookup(ctx context.Context, d *dir, name string) (entry, bool, error) {
+	if name == "config" {
+		if r := d.fsys.replacing.of(ctx, d.cockpit); r != nil {
+			e, found := d.replacementEntry(r)
+			return e, found, nil
+		}
+	}
 	es, err := cockpitListing{}.entries(ctx, d)
 	if err != nil {
 		return entry{}, false, err
@@ -249,6 +274,9 @@ func (cockpitListing) lookup(ctx context.Context, d *dir, name string) (entry, b
 // A name may be hidden (rsync's `.config.XXXXXX`, mkstemp(prefix=".config.")): a dot, then a
 // valid name.
 func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint32) (render, error) {
+	if name == "config" {
+		return nil, d.createReplacement(ctx, mode)
+	}
 	if editorScratch(name) || !engine.ValidName(strings.TrimPrefix(name, ".")) {
 		return nil, errUndefined
 	}
@@ -262,12 +290,7 @@ func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint
 func (cockpitListing) unlink(ctx context.Context, d *dir, name string) syscall.Errno {
 	sc := d.fsys.scratch.get(d.cockpit, name)
 	if sc == nil && name == "config" {
-		c := caller(ctx, "unlink", d.child(name))
-		// GNU mv from another filesystem removes its target before copying: this refusal is what
-		// it reports ("unable to remove target"), so the fix names the ways that work.
-		return d.fsys.fail(c, d.cockpit, "", &engine.Refusal{Code: engine.Unsupported,
-			Message: d.child(name) + " cannot be removed, only replaced (mv from another filesystem removes it first)",
-			Fix:     "copy the new document onto it (cp new.toml config), or mv the file beside config first, then onto config"})
+		return d.unlinkConfig(ctx) // see replace.go
 	}
 	if sc == nil {
 		return d.fsys.undefined(ctx, "unlink", d.child(name), d.cockpit, "")

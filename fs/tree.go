@@ -128,7 +128,9 @@ func (cockpitListing) entries(ctx context.Context, d *dir) ([]entry, error) {
 		return nil, err
 	}
 	return append([]entry{
-		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{})},
+		// unkept: a rename of config aside (cp --backup) moves the kernel's name to the backup, and a
+		// replacement (replace.go) hides config from one process alone.
+		{name: "config", node: f.newFile(d.child("config"), c, "", f.configView(c), configWriter{}), unkept: true},
 		{name: "events", node: f.eventsFile(d.child("events"), c, "")},
 		{name: "stacks", node: f.newDir(d.child("stacks"), c, "", stacksListing{}), dir: true},
 		{name: "wait", node: f.newWaitFile(d.child("wait"), c, ""), unlisted: true},

@@ -409,7 +409,7 @@ func TestDrainRefusalsWhileDraining(t *testing.T) {
 	drainRefused(t, m, "s", "echo pid=none > $M/app/stacks/s/holders/me", syscall.EBUSY, "CLAIM_CO_TENANT")
 	// No attempt yet: nothing to publish or repair.
 	drainRefused(t, m, "s", "echo success > $M/app/stacks/s/drain/outcome", syscall.ESTALE, "EXECUTION_PRECONDITION_CHANGED")
-	drainRefused(t, m, "s", "echo terminated > $M/app/stacks/s/drain/repair", syscall.ESTALE, "EXECUTION_PRECONDITION_CHANGED")
+	drainRefused(t, m, "s", "echo terminated > $M/app/stacks/s/drain/repair", syscall.ENOTRECOVERABLE, "DRAIN_ATTEMPT_REPAIR_REQUIRED")
 	drainRefused(t, m, "s", "echo 'sleep valid_for=0' > $M/app/stacks/s/drain/request", syscall.EINVAL, "STATE_RECORD_MALFORMED")
 
 	m.ok("echo start pid=none > $M/app/stacks/s/drain/attempt")
@@ -484,7 +484,7 @@ func TestDrainLateSuccessRepair(t *testing.T) {
 	drainRefused(t, m, "s", "echo success > $M/app/stacks/s/drain/outcome", syscall.ESTALE, "EXECUTION_PRECONDITION_CHANGED")
 
 	// Repair is refused while the executor lives, naming its pid.
-	ev := drainRefused(t, m, "s", "echo terminated > $M/app/stacks/s/drain/repair", syscall.EBUSY, "CLAIM_CO_TENANT")
+	ev := drainRefused(t, m, "s", "echo terminated > $M/app/stacks/s/drain/repair", syscall.ENOTRECOVERABLE, "DRAIN_ATTEMPT_REPAIR_REQUIRED")
 	if msg := fmt.Sprint(ev["message"], ev["fix"]); !strings.Contains(msg, strconv.Itoa(pid)) {
 		t.Fatalf("repair refusal does not name executor %d: %v", pid, ev)
 	}
@@ -496,7 +496,7 @@ func TestDrainLateSuccessRepair(t *testing.T) {
 		t.Fatalf("attempt after repair: %v", att)
 	}
 	// Repaired: nothing is active, so repair again has nothing to do.
-	drainRefused(t, m, "s", "echo terminated > $M/app/stacks/s/drain/repair", syscall.ESTALE, "EXECUTION_PRECONDITION_CHANGED")
+	drainRefused(t, m, "s", "echo terminated > $M/app/stacks/s/drain/repair", syscall.ENOTRECOVERABLE, "DRAIN_ATTEMPT_REPAIR_REQUIRED")
 
 	// A retry in time completes the drain.
 	m.ok("cd $M/app/stacks/s && echo start > drain/attempt && echo success > drain/outcome")
@@ -514,7 +514,7 @@ func TestDrainRepairNoExecutor(t *testing.T) {
 		t.Fatalf("attempt with pid=none names an executor: %v", att)
 	}
 	// Valid for the default 120 s: no repair yet.
-	ev := drainRefused(t, m, "s1", "echo terminated > $M/app/stacks/s1/drain/repair", syscall.EBUSY, "CLAIM_CO_TENANT")
+	ev := drainRefused(t, m, "s1", "echo terminated > $M/app/stacks/s1/drain/repair", syscall.ENOTRECOVERABLE, "DRAIN_ATTEMPT_REPAIR_REQUIRED")
 	if !strings.Contains(ev["message"].(string), "no executor") {
 		t.Fatalf("refusal message: %v", ev["message"])
 	}

@@ -1,0 +1,329 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
+)
+
+// Writers that take config away before writing it anew — install(1) removes its target, cp
+// --backup renames it aside, mv from another filesystem removes it — replace it (docs/tools.md):
+// each real binary exits 0 with the new document applied once, and a backup is a file of its
+// writer's holding the document config had.
+
+// replaceCase is one such writer: script writes TO where config says FROM; backup is the name it
+// moves config aside to ("" for none).
+type replaceCase struct{ name, script, backup string }
+
+func TestToolsConfigReplacedByTakingItAway(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	port := 26900
+	claimsConfig(m, "app", toolsConfig(port))
+	dir := t.TempDir() // another filesystem than the mount
+	newDoc := "sed s/FROM/TO/ $M/app/config > " + dir + "/new.toml && "
+	listed := []string{".", "..", "config", "events", "stacks"}
+	for _, tc := range []replaceCase{
+		{"install -m 0644", newDoc + "install -m 0644 " + dir + "/new.toml $M/app/config", ""},
+		// install's own mode is 0755: its chmod of config after the close changes nothing, as a
+		// copy's restoring its mode does.
+		{"install", newDoc + "install " + dir + "/new.toml $M/app/config", ""},
+		{"cp --backup", newDoc + "cp --backup " + dir + "/new.toml $M/app/config", "config~"},
+		{"cp --backup=numbered", newDoc + "cp --backup=numbered " + dir + "/new.toml $M/app/config", "config.~1~"},
+		{"cp --backup=numbered again", newDoc + "cp --backup=numbered " + dir + "/new.toml $M/app/config", "config.~2~"},
+		// config~ again, read before: the backup read after is the new one.
+		{"cp --backup=simple over config~", "cat $M/app/config~ > /dev/null && " + newDoc + "cp --backup=simple " + dir + "/new.toml $M/app/config", "config~"},
+		{"install --backup", newDoc + "install -m 0644 --backup=numbered " + dir + "/new.toml $M/app/config", "config.~3~"},
+		// GNU mv cannot rename across filesystems: it removes config, then creates and copies it.
+		{"mv from another filesystem", newDoc + "mv " + dir + "/new.toml $M/app/config && ! test -e " + dir + "/new.toml", ""},
+		{"mv from /tmp", "f=$(mktemp -p /tmp) && sed s/FROM/TO/ $M/app/config > $f && mv $f $M/app/config && ! test -e $f", ""},
+		// A script's own remove-then-create, reading the old document through a descriptor it
+		// keeps open meanwhile.
+		{"python unlink, then create", `python3 -c 'import os, sys
+p = sys.argv[1]
+with open(p) as old:
+    doc = old.read().replace("FROM", "TO")
+    os.unlink(p)
+    with open(p, "x") as new:
+        new.write(doc)' $M/app/config`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.HasPrefix(tc.script, "python3") {
+				testtool.Need(t, "python3")
+			}
+			from, to := port, port+1
+			port++
+			script := strings.NewReplacer("FROM", fmt.Sprint(from), "TO", fmt.Sprint(to)).Replace(tc.script)
+			n := claimsEventCount(m, "app/events")
+			m.ok(script)
+			if got, want := m.read("app/config"), toolsConfig(to); got != want {
+				t.Fatalf("config = %q, want %q", got, want)
+			}
+			lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
+			if len(lines) != 1 || !strings.Contains(lines[0], `"result":"ok"`) {
+				t.Fatalf("want the document applied once, events:\n%s", strings.Join(lines, "\n"))
+			}
+			if tc.backup != "" {
+				if got := m.read("app", tc.backup); got != toolsConfig(from) {
+					t.Fatalf("%s = %q, want the document config had, %q", tc.backup, got, toolsConfig(from))
+				}
+				if got := m.ok("stat -c '%A %U' $M/app/" + tc.backup); got != "-rw-r--r-- root\n" {
+					t.Fatalf("%s: %s", tc.backup, got)
+				}
+				if !slices.Contains(listed, tc.backup) {
+					listed = append(listed, tc.backup)
+				}
+			}
+			if got, want := namesOf(m.ok("ls -a $M/app")), namesOf(strings.Join(listed, "\n")); got != want {
+				t.Fatalf("ls -a lists %s, want %s", got, want)
+			}
+		})
+	}
+	// A backup is its writer's: restoring it is a rename onto config, and removing it an rm.
+	m.ok("mv $M/app/config.~1~ $M/app/config && rm $M/app/config~ $M/app/config.~2~ $M/app/config.~3~")
+	if got := m.read("app/config"); got != toolsConfig(26903) {
+		t.Fatalf("config after restoring config.~1~: %q", got)
+	}
+	if got := m.ok("ls -a $M/app"); got != ".\n..\nconfig\nevents\nstacks\n" {
+		t.Fatalf("ls -a after removing the backups:\n%s", got)
+	}
+}
+
+// namesOf is the lines of a listing, sorted, on one line.
+func namesOf(listing string) string {
+	names := strings.Fields(listing)
+	slices.Sort(names)
+	return strings.Join(names, " ")
+}
+
+// replaceFifo makes a FIFO for a writer to copy from: the writer takes config away, then blocks
+// opening it, until the test writes.
+func replaceFifo(t *testing.T) string {
+	t.Helper()
+	fifo := filepath.Join(t.TempDir(), "new.toml")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return fifo
+}
+
+// replaceWriterWaits waits until a writer has opened fifo to read from it, having taken config
+// away, and returns the FIFO's other end.
+func replaceWriterWaits(t *testing.T, fifo string) *os.File {
+	t.Helper()
+	var fd int
+	waitFor(t, func() string { return "the writer to open " + fifo }, func() bool {
+		var err error
+		fd, err = unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil && !errors.Is(err, unix.ENXIO) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	return os.NewFile(uintptr(fd), fifo)
+}
+
+// Between taking config away and closing the new one, every other process reads the old document
+// whole, and lists config; the close applies the new one. A writer killed in between, or one that
+// takes config away and exits (rm), leaves config as it was and one events line.
+func TestToolsConfigReplacementKeepsConfigWhole(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	old := toolsConfig(26920)
+	claimsConfig(m, "app", old)
+
+	for _, writer := range []string{"install -m 0644", "cp --backup=simple"} {
+		t.Run(writer, func(t *testing.T) {
+			fifo := replaceFifo(t)
+			n := claimsEventCount(m, "app/events")
+			w := startReader(t, m, "exec "+writer+" "+fifo+" $M/app/config")
+			src := replaceWriterWaits(t, fifo)
+			if got := m.ok("cat $M/app/config; ls $M/app | grep -x config"); got != old+"config\n" {
+				t.Fatalf("while %s replaces config, another process reads:\n%s", writer, got)
+			}
+			if _, err := src.WriteString(toolsConfig(26921)); err != nil {
+				t.Fatal(err)
+			}
+			src.Close()
+			if out := w.wait(t); w.cmd.ProcessState.ExitCode() != 0 {
+				t.Fatalf("%s: exit %d\n%s", writer, w.cmd.ProcessState.ExitCode(), out)
+			}
+			if got := m.read("app/config"); got != toolsConfig(26921) {
+				t.Fatalf("config = %q", got)
+			}
+			if got := claimsEventCount(m, "app/events"); got != n+1 || !strings.Contains(m.lastEvent("app/events"), `"result":"ok"`) {
+				t.Fatalf("%d events lines, the last %s", got-n, m.lastEvent("app/events"))
+			}
+			claimsConfig(m, "app", old)
+		})
+	}
+
+	// Killed after taking config away, before creating it again.
+	t.Run("install killed", func(t *testing.T) {
+		fifo := replaceFifo(t)
+		n := claimsEventCount(m, "app/events")
+		w := startReader(t, m, "exec install -m 0644 "+fifo+" $M/app/config")
+		defer replaceWriterWaits(t, fifo).Close()
+		w.cmd.Process.Kill()
+		w.wait(t)
+		waitFor(t, func() string { return "an events line" }, func() bool { return claimsEventCount(m, "app/events") == n+1 })
+		ev := claimsRefusalEvent(t, m, "app/events", "WRITE_ABANDONED", "ECANCELED")
+		if ev["op"] != "unlink" || ev["pid"] != float64(w.cmd.Process.Pid) || !strings.Contains(ev["message"].(string), "config stays as it was") {
+			t.Fatalf("events line %v", ev)
+		}
+		if got := m.read("app/config"); got != old {
+			t.Fatalf("config = %q", got)
+		}
+	})
+	// Killed after creating it again, half of the new document written: nothing of it applies,
+	// and the backup stays, holding what config holds.
+	t.Run("cp --backup killed", func(t *testing.T) {
+		fifo := replaceFifo(t)
+		n := claimsEventCount(m, "app/events")
+		w := startReader(t, m, "exec cp --backup=simple "+fifo+" $M/app/config")
+		src := replaceWriterWaits(t, fifo)
+		defer src.Close()
+		if _, err := src.WriteString("[ports]\nstep = 10\n"); err != nil {
+			t.Fatal(err)
+		}
+		// cp has created config once it writes what it read: the FIFO drained.
+		waitFor(t, func() string { return "cp to read what was written" }, func() bool {
+			pending, err := unix.IoctlGetInt(int(src.Fd()), unix.TIOCINQ)
+			return err == nil && pending == 0
+		})
+		w.cmd.Process.Kill()
+		w.wait(t)
+		waitFor(t, func() string { return "an events line" }, func() bool { return claimsEventCount(m, "app/events") == n+1 })
+		ev := claimsRefusalEvent(t, m, "app/events", "WRITE_ABANDONED", "ECANCELED")
+		if !strings.Contains(ev["message"].(string), "SIGKILL") {
+			t.Fatalf("events line %v", ev)
+		}
+		if got := m.ok("cat $M/app/config $M/app/config~"); got != old+old {
+			t.Fatalf("config and config~:\n%s", got)
+		}
+		m.ok("rm $M/app/config~")
+	})
+	// rm takes config away and exits: it exits 0 (the removal was accepted as a replacement's
+	// start), config stays, and the events line says so.
+	t.Run("rm config", func(t *testing.T) {
+		n := claimsEventCount(m, "app/events")
+		m.ok("rm $M/app/config")
+		waitFor(t, func() string { return "an events line" }, func() bool { return claimsEventCount(m, "app/events") == n+1 })
+		ev := claimsRefusalEvent(t, m, "app/events", "WRITE_ABANDONED", "ECANCELED")
+		if ev["op"] != "unlink" || !strings.Contains(ev["fix"].(string), "replaced, not removed") {
+			t.Fatalf("events line %v", ev)
+		}
+		if got := m.read("app/config"); got != old {
+			t.Fatalf("config = %q", got)
+		}
+	})
+}
+
+// What such a writer cannot do is refused where it is typed, with one events line, and config
+// stays as it was: a refused document (at the close), another user's config, a backup name the
+// tree does not make.
+func TestToolsConfigReplacementRefusals(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	m.ok("mkdir $M/app")
+	good := toolsConfig(26930)
+	claimsConfig(m, "app", good)
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(bad, []byte("[ports]\nstep = 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, script, stderr, code string
+		errno                      syscall.Errno
+		as                         func(*mount, string) result
+	}{
+		{"install of a refused document", "install -m 0644 " + bad + " $M/app/config", "failed to close", "PORT_FAMILY_OUT_OF_RANGE", syscall.EINVAL, (*mount).sh},
+		// cp puts its backup back when the copy fails, as on a disk: nothing is left beside config.
+		{"cp --backup of a refused document", "cp --backup " + bad + " $M/app/config", "failed to close", "PORT_FAMILY_OUT_OF_RANGE", syscall.EINVAL, (*mount).sh},
+		{"mv of a refused document from another filesystem", "cp " + bad + " " + dir + "/mv.toml && mv " + dir + "/mv.toml $M/app/config; r=$?; test -e " + dir + "/mv.toml || { echo mv removed its source >&2; exit 0; }; exit $r", "mv:", "PORT_FAMILY_OUT_OF_RANGE", syscall.EINVAL, (*mount).sh},
+		{"another user's install", "f=$(mktemp -p /tmp) && cat $M/app/config > $f && install -m 0644 $f $M/app/config; r=$?; rm -f $f; exit $r", "cannot remove", "PERMISSION_DENIED", syscall.EACCES, ownershipAsNobody},
+		{"another user's cp --backup", "f=$(mktemp -p /tmp) && cat $M/app/config > $f && cp --backup $f $M/app/config; r=$?; rm -f $f; exit $r", "cannot backup", "PERMISSION_DENIED", syscall.EACCES, ownershipAsNobody},
+		{"cp --backup --suffix", "cp --backup --suffix=.bak " + bad + " $M/app/config", "cannot backup", "UNSUPPORTED_OPERATION", syscall.EPERM, (*mount).sh},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := claimsEventCount(m, "app/events")
+			r := tc.as(m, tc.script)
+			if r.Code == 0 || !strings.Contains(r.Stderr, tc.stderr) || !strings.Contains(strings.ToLower(r.Stderr), tc.errno.Error()) {
+				t.Fatalf("exit %d, stderr %q: want a refusal saying %q and %q", r.Code, r.Stderr, tc.stderr, tc.errno.Error())
+			}
+			if got := m.read("app/config"); got != good {
+				t.Fatalf("config = %q after a refusal", got)
+			}
+			if got := m.ok("ls -a $M/app"); got != ".\n..\nconfig\nevents\nstacks\n" {
+				t.Fatalf("ls -a after a refusal:\n%s", got)
+			}
+			if got := claimsEventCount(m, "app/events"); got != n+1 {
+				t.Fatalf("%d events lines for one refusal", got-n)
+			}
+			ev := claimsRefusalEvent(t, m, "app/events", tc.code, unix.ErrnoName(tc.errno))
+			if ev["fix"] == "" {
+				t.Fatalf("events line without a fix: %v", ev)
+			}
+		})
+	}
+}
+
+// Replacements are bounded as scratch files are: 16 under way in a cockpit, and a backup is a
+// scratch file, so past either bound the removal or the rename aside is refused (ENOSPC), once,
+// with config as it was.
+func TestToolsConfigReplacementBounds(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	good := toolsConfig(26940)
+	claimsConfig(m, "app", good)
+
+	var writers []*reader
+	var sources []*os.File
+	for range 16 {
+		fifo := replaceFifo(t)
+		writers = append(writers, startReader(t, m, "exec install -m 0644 "+fifo+" $M/app/config"))
+		sources = append(sources, replaceWriterWaits(t, fifo))
+	}
+	n := claimsEventCount(m, "app/events")
+	r := m.sh("rm $M/app/config")
+	if r.Code == 0 || !strings.Contains(strings.ToLower(r.Stderr), syscall.ENOSPC.Error()) {
+		t.Fatalf("a 17th replacement: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	if got := claimsEventCount(m, "app/events"); got != n+1 || m.read("app/config") != good {
+		t.Fatalf("%d events lines, config %q", got-n, m.read("app/config"))
+	}
+	claimsRefusalEvent(t, m, "app/events", "PORT_LEASE_EXHAUSTED", "ENOSPC")
+	for i, src := range sources {
+		if _, err := src.WriteString(good); err != nil {
+			t.Fatal(err)
+		}
+		src.Close()
+		if out := writers[i].wait(t); writers[i].cmd.ProcessState.ExitCode() != 0 {
+			t.Fatalf("install %d: %s", i, out)
+		}
+	}
+
+	m.ok("for i in $(seq 1 16); do : > $M/app/s$i.toml; done")
+	n = claimsEventCount(m, "app/events")
+	r = m.sh("cp --backup $M/app/s1.toml $M/app/config")
+	if r.Code == 0 || !strings.Contains(r.Stderr, "cannot backup") || !strings.Contains(strings.ToLower(r.Stderr), syscall.ENOSPC.Error()) {
+		t.Fatalf("a backup past 16 scratch files: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	if got := claimsEventCount(m, "app/events"); got != n+1 || m.read("app/config") != good {
+		t.Fatalf("%d events lines, config %q", got-n, m.read("app/config"))
+	}
+	claimsRefusalEvent(t, m, "app/events", "PORT_LEASE_EXHAUSTED", "ENOSPC")
+}
