@@ -86,6 +86,7 @@ func TestRecordCacheDecodedOnlyFromTheSameBytes(t *testing.T) {
 
 // Reads see every commit at once: the engine's cached record follows claims and releases.
 func TestStackReadsFollowCommits(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	for i := range 5 {
@@ -172,6 +173,7 @@ func TestCockpitCacheCurrency(t *testing.T) {
 
 // Engine.Cockpit follows every change: a config written, the cockpit removed.
 func TestCockpitReadsFollowCommits(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig)
 	for range 2 { // the second from the cache
@@ -250,6 +252,7 @@ func (s *pausingStore) Commit(ctx context.Context, fn func(storage.Txn) error) (
 // A commit readable in the store before its committer is back is what every read shows: the
 // cache does not answer with the record it replaced.
 func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
+	t.Parallel()
 	e, store := heldStackOnPausingStore(t, true)
 	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 1 { // now cached
 		t.Fatalf("%d holders, %v", len(r.Value.Holders), err)
@@ -301,6 +304,7 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 // what it observes first is a hint, taken from the last commit, so writers queued on one stack
 // share syncs.
 func TestClaimDoesNotWaitForAnotherCommitsSync(t *testing.T) {
+	t.Parallel()
 	e, store := heldStackOnPausingStore(t, false)
 	store.armed.Store(true)
 	first := make(chan error, 1)

@@ -18,10 +18,6 @@ import (
 // step over the stack's record inside one transaction and commits what it returns: invariants,
 // record, port index and events line together, then the cache and the waiters.
 
-// lockTimeout is how long an operation waits for its stack, its lock and the store's conflicts
-// together, before refusing with STATE_LOCKED.
-const lockTimeout = 2 * time.Second
-
 // errUnchanged aborts a transaction that would change nothing: the operation still succeeds.
 var errUnchanged = errors.New("unchanged")
 

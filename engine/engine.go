@@ -63,7 +63,7 @@ type Engine struct {
 	// machine's).
 	machines *machines
 	now      func() time.Time
-	budget   time.Duration // of one operation's waiting: lockTimeout
+	budget   time.Duration // of one operation's waiting: storage.Budget
 	locks    keyedLocks
 	changes  notifier
 	// cockpitChanges wakes a cockpit's waiters at a commit anywhere in it.
@@ -86,7 +86,7 @@ type Engine struct {
 
 // New returns an engine over db, which this process alone writes.
 func New(db storage.Store) *Engine {
-	return &Engine{db: db, now: time.Now, budget: lockTimeout}
+	return &Engine{db: db, now: time.Now, budget: storage.Budget}
 }
 
 // NewShared returns an engine over db, which other daemons write too (see SHARED STORES): it

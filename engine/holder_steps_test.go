@@ -87,6 +87,7 @@ func holders(hs ...Holder) []Holder {
 }
 
 func TestClaimHolderStep(t *testing.T) {
+	t.Parallel()
 	tracked := func(name string, pid int) Holder {
 		h := newHolder(name).claimed(claimNow)
 		h.PID, h.ProcessStart = pid, "proc:00000000-0000-0000-0000-000000000000:1"
@@ -311,6 +312,7 @@ func TestReleaseOwnStep(t *testing.T) {
 }
 
 func TestStackOwner(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig) // owned by the test's uid
 	cockpitUID := uint32(os.Getuid())

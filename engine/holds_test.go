@@ -57,6 +57,7 @@ const holdConfig = "[ports]\nstep = 10\ncount = 3\n[ports.bases]\nHTTP = 41080\n
 // A family another engine holds is skipped, and the claim's events line says whose it is; a drain
 // lets the holds go after its commit, and the family is free at once.
 func TestHoldsKeepTwoEnginesApart(t *testing.T) {
+	t.Parallel()
 	space := holdSpace(t)
 	a, b := holdingEngine(t, space, "/a"), holdingEngine(t, space, "/b")
 	newCockpit(t, a, "app", holdConfig, "s")
@@ -91,6 +92,7 @@ func TestHoldsKeepTwoEnginesApart(t *testing.T) {
 // Every candidate held by another engine: ENOSPC, naming the holds, and nothing changes — no
 // hold taken either.
 func TestHoldsAllCandidatesHeldElsewhere(t *testing.T) {
+	t.Parallel()
 	space := holdSpace(t)
 	a, b := holdingEngine(t, space, "/a"), holdingEngine(t, space, "/b")
 	one := strings.Replace(holdConfig, "count = 3", "count = 1", 1)
@@ -111,6 +113,7 @@ func TestHoldsAllCandidatesHeldElsewhere(t *testing.T) {
 // before, never stopped) reports the lost ports — in what HoldPorts returns, the stack's events and
 // its health — and takes them back once they are let go.
 func TestHoldsLostWhileDownAreReported(t *testing.T) {
+	t.Parallel()
 	space := holdSpace(t)
 	before := holdingEngine(t, space, "/before")
 	newCockpit(t, before, "app", holdConfig, "s")
@@ -163,6 +166,7 @@ func sorted(ports []int) []int {
 // may choose another family (one freed meanwhile), and holding both would refuse another stack's
 // claim of the first.
 func TestHoldsOfAConflictedRunAreLetGo(t *testing.T) {
+	t.Parallel()
 	space := holdSpace(t)
 	e := holdingEngine(t, space, "/a")
 	key := stackKey("app", "s")
@@ -306,6 +310,7 @@ func TestClaimDoesNotCountALeaseLetGoSinceItsSnapshot(t *testing.T) {
 // (holds and store disagreeing), makes a claim wait for that stack once, not for its whole
 // budget: the refusal stands.
 func TestClaimWaitsOnceForAHoldNoSnapshotShows(t *testing.T) {
+	t.Parallel()
 	e := holdingEngine(t, holdSpace(t), "/d")
 	newCockpit(t, e, "app", strings.Replace(holdConfig, "count = 3", "count = 1", 1), "y", "w")
 	if holder, _, _, err := e.holds.takeFamily(stackKey("app", "w"), "app", "w", map[string]int{"HTTP": 41080, "DB": 41432}); err != nil || holder != nil {

@@ -92,6 +92,7 @@ func sleepStack(t *testing.T, e *Engine, cockpit, stack string) {
 }
 
 func TestLeasedPortsFollowLeases(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "a", "b", "c", "d")
 	for i, s := range []string{"a", "b", "c"} {
@@ -122,6 +123,7 @@ func TestLeasedPortsFollowLeases(t *testing.T) {
 }
 
 func TestLeasedPortsOfAnOlderStore(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "a", "b", "c", "d", "e")
 	for _, s := range []string{"a", "b", "c"} {
@@ -148,6 +150,7 @@ func TestLeasedPortsOfAnOlderStore(t *testing.T) {
 }
 
 func TestLeasedPortsLeftWithoutLeasesAreIgnored(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "a", "b")
 	// Ports named for a cockpit that leases nothing (a removed cockpit's, say): those of the
@@ -168,6 +171,7 @@ func TestLeasedPortsLeftWithoutLeasesAreIgnored(t *testing.T) {
 }
 
 func TestVerifyFindsWrongLeasedPorts(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "a", "b")
 	claimOffset(t, e, "app", "a")

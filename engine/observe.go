@@ -1,10 +1,7 @@
 package engine
 
 import (
-	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -123,20 +120,11 @@ func callerGroups(c Caller) []uint32 {
 	if c.PID <= 0 {
 		return groups
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.PID))
+	more, err := liveness.Groups(c.PID)
 	if err != nil {
 		return groups
 	}
-	for line := range strings.SplitSeq(string(status), "\n") {
-		if rest, ok := strings.CutPrefix(line, "Groups:"); ok {
-			for _, f := range strings.Fields(rest) {
-				if g, err := strconv.ParseUint(f, 10, 32); err == nil {
-					groups = append(groups, uint32(g))
-				}
-			}
-		}
-	}
-	return groups
+	return append(groups, more...)
 }
 
 // maxHolderProbes bounds concurrent liveness probes; a stack may have a thousand holders.
