@@ -54,7 +54,7 @@ type stepReads interface {
 	leasesOf(uid uint32) (int, error)   // active leases taken by uid's claims, every cockpit
 	portOwner(port int) (string, error) // "cockpit/stack" of another stack's active lease of port, "" if none
 	// leasedPorts are the ports of the cockpit's active leases; known is false in a store that
-	// does not keep them yet (see leasedPorts in store.go).
+	// does not keep them yet (see leasedPorts in portindex.go).
 	leasedPorts() (ports []int, known bool, err error)
 	// hold takes the machine-wide holds of a candidate family's ports for the stack, all or none,
 	// and says who holds the port it could not take (nil: taken, or the engine holds no ports).
