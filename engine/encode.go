@@ -23,18 +23,21 @@ func appendJSONKey(b []byte, sep byte, name string) []byte {
 
 // appendJSONField appends sep, then "name":value with value a JSON string.
 func appendJSONField(b []byte, sep byte, name, value string) []byte {
-	return appendJSONString(appendJSONKey(b, sep, name), value)
+	return appendJSONString(appendJSONKey(b, sep, name), value, false)
 }
 
-// appendJSONString appends s quoted. Printable ASCII other than `"` and `\` stands as it is, as
-// encoding/json writes it; anything else (control characters, non-ASCII, invalid UTF-8) is left
-// to encoding/json, so the two never differ.
-func appendJSONString(b []byte, s string) []byte {
+// appendJSONString appends s quoted as encoding/json quotes it, the one quoter of this file:
+// with escapeHTML, '<', '>' and '&' escaped as json.Marshal escapes them (the store's values, so
+// a record reads byte for byte as it was always written); without, kept as they are, as an
+// Encoder with SetEscapeHTML(false) writes them (the lines people read: events, health). Other
+// printable ASCII but `"` and `\` stands as it is; a string with anything else (control
+// characters, non-ASCII, invalid UTF-8) is left to encoding/json, so the two never differ.
+func appendJSONString(b []byte, s string, escapeHTML bool) []byte {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || escapeHTML && (c == '<' || c == '>' || c == '&') {
 			var buf bytes.Buffer
 			enc := json.NewEncoder(&buf)
-			enc.SetEscapeHTML(false)
+			enc.SetEscapeHTML(escapeHTML)
 			_ = enc.Encode(s) // a string always encodes
 			return append(b, bytes.TrimSuffix(buf.Bytes(), []byte("\n"))...)
 		}
@@ -51,19 +54,6 @@ func plainJSONString(b []byte) bool {
 		}
 	}
 	return true
-}
-
-// appendJSONStringHTML appends s quoted as json.Marshal quotes it, HTML characters escaped:
-// printable ASCII other than `"`, `\`, `<`, `>` and `&` stands as it is; a string with anything
-// else is left to json.Marshal.
-func appendJSONStringHTML(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			data, _ := json.Marshal(s) // a string always encodes
-			return append(b, data...)
-		}
-	}
-	return append(append(append(b, '"'), s...), '"')
 }
 
 func getJSON(tx storage.Txn, key string, v any) (bool, error) {
@@ -171,12 +161,12 @@ func appendRecordJSON(b []byte, r Record) ([]byte, error) {
 		data, err := json.Marshal(r)
 		return append(b, data...), err
 	}
-	b = appendJSONStringHTML(appendJSONKey(b, '{', "format"), r.Format)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "kind"), r.Kind)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "cockpitId"), r.CockpitID)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "subjectId"), r.SubjectID)
+	b = appendJSONString(appendJSONKey(b, '{', "format"), r.Format, true)
+	b = appendJSONString(appendJSONKey(b, ',', "kind"), r.Kind, true)
+	b = appendJSONString(appendJSONKey(b, ',', "cockpitId"), r.CockpitID, true)
+	b = appendJSONString(appendJSONKey(b, ',', "subjectId"), r.SubjectID, true)
 	b = strconv.AppendInt(appendJSONKey(b, ',', "revision"), r.Revision, 10)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "updatedAt"), r.UpdatedAt)
+	b = appendJSONString(appendJSONKey(b, ',', "updatedAt"), r.UpdatedAt, true)
 	b = appendJSONKey(appendJSONKey(b, ',', "value"), '{', "holders")
 	if r.Value.Holders == nil {
 		b = append(b, "null"...)
@@ -210,11 +200,11 @@ func appendRecordJSON(b []byte, r Record) ([]byte, error) {
 	if r.Value.LastReleasedHolder == nil {
 		b = append(b, "null"...)
 	} else {
-		b = appendJSONStringHTML(b, *r.Value.LastReleasedHolder)
+		b = appendJSONString(b, *r.Value.LastReleasedHolder, true)
 	}
 	b = append(appendJSONKey(b, ',', "drain"), "null}"...)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "cockpit"), r.Cockpit)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "stack"), r.Stack)
+	b = appendJSONString(appendJSONKey(b, ',', "cockpit"), r.Cockpit, true)
+	b = appendJSONString(appendJSONKey(b, ',', "stack"), r.Stack, true)
 	if r.Creator != nil {
 		b = strconv.AppendUint(appendJSONKey(b, ',', "creator"), uint64(*r.Creator), 10)
 	}
@@ -233,17 +223,17 @@ func encodedLen(h Holder) int { return len(appendHolderJSON(nil, h)) }
 // (TestHolderJSONIsEncodingJSONs): a claim writes its holder, a release counts the bytes of the
 // one it removes.
 func appendHolderJSON(b []byte, h Holder) []byte {
-	b = appendJSONStringHTML(appendJSONKey(b, '{', "holderId"), h.HolderID)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "checkoutId"), h.CheckoutID)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "claimedAt"), h.ClaimedAt)
+	b = appendJSONString(appendJSONKey(b, '{', "holderId"), h.HolderID, true)
+	b = appendJSONString(appendJSONKey(b, ',', "checkoutId"), h.CheckoutID, true)
+	b = appendJSONString(appendJSONKey(b, ',', "claimedAt"), h.ClaimedAt, true)
 	if h.PID != 0 {
 		b = strconv.AppendInt(appendJSONKey(b, ',', "pid"), int64(h.PID), 10)
 	}
 	if h.ProcessStart != "" {
-		b = appendJSONStringHTML(appendJSONKey(b, ',', "processStart"), h.ProcessStart)
+		b = appendJSONString(appendJSONKey(b, ',', "processStart"), h.ProcessStart, true)
 	}
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "name"), h.Name)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "checkoutPath"), h.CheckoutPath)
+	b = appendJSONString(appendJSONKey(b, ',', "name"), h.Name, true)
+	b = appendJSONString(appendJSONKey(b, ',', "checkoutPath"), h.CheckoutPath, true)
 	return append(strconv.AppendUint(appendJSONKey(b, ',', "uid"), uint64(h.UID), 10), '}')
 }
 
@@ -259,7 +249,7 @@ func appendPortsJSON(b []byte, m map[string]int) []byte {
 	slices.Sort(keys)
 	sep := byte('{')
 	for _, k := range keys {
-		b = strconv.AppendInt(append(appendJSONStringHTML(append(b, sep), k), ':'), int64(m[k]), 10)
+		b = strconv.AppendInt(append(appendJSONString(append(b, sep), k, true), ':'), int64(m[k]), 10)
 		sep = ','
 	}
 	if sep == '{' {
@@ -286,9 +276,9 @@ func decodeHead(data []byte) (Record, error) {
 // entries with it instead of decoding them.
 func appendPortOwnerJSON(b []byte, o PortOwner) []byte {
 	b = strconv.AppendInt(append(b, `{"port":`...), int64(o.Port), 10)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "cockpit"), o.Cockpit)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "stack"), o.Stack)
-	b = appendJSONStringHTML(appendJSONKey(b, ',', "key"), o.Key)
+	b = appendJSONString(appendJSONKey(b, ',', "cockpit"), o.Cockpit, true)
+	b = appendJSONString(appendJSONKey(b, ',', "stack"), o.Stack, true)
+	b = appendJSONString(appendJSONKey(b, ',', "key"), o.Key, true)
 	return append(strconv.AppendInt(append(b, `,"offset":`...), int64(o.Offset), 10), '}')
 }
 
