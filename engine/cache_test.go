@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,7 +21,7 @@ func TestRecordCacheGenerations(t *testing.T) {
 		t.Fatal("empty cache hit")
 	}
 	two := cachedRecord{Record: Record{Revision: 2}, raw: []byte("2")}
-	c.begin("k")
+	c.commitBegins("k")
 	committed := c.invalidate("k", &two) // a commit lands between the read's get and its put
 	c.put("k", old, gen)
 	if _, _, ok := c.get("k"); ok {
@@ -44,9 +45,9 @@ func TestRecordCacheCommitsOvertaken(t *testing.T) {
 	var c recordCache
 	four := cachedRecord{Record: Record{Revision: 4}, raw: []byte("4")}
 	five := cachedRecord{Record: Record{Revision: 5}, raw: []byte("5")}
-	c.begin("k")
+	c.commitBegins("k")
 	genFour := c.invalidate("k", &four)
-	c.begin("k")
+	c.commitBegins("k")
 	genFive := c.invalidate("k", &five)
 	if _, _, ok := c.get("k"); ok {
 		t.Fatal("a reader was served a commit not yet durable")
@@ -330,5 +331,24 @@ func TestClaimDoesNotWaitForAnotherCommitsSync(t *testing.T) {
 	}
 	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 3 {
 		t.Fatalf("%d holders, %v", len(r.Value.Holders), err)
+	}
+}
+
+// A cache the engine keeps fresh from its commits is one update walks: every field of Engine that
+// is a commitObserver is in the list.
+func TestEveryCommitObserverIsWalked(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t)
+	listed := map[uintptr]bool{}
+	for _, o := range e.observers() {
+		listed[reflect.ValueOf(o).Pointer()] = true
+	}
+	observer := reflect.TypeFor[commitObserver]()
+	v := reflect.ValueOf(e).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if reflect.PointerTo(f.Type()).Implements(observer) && !listed[f.UnsafeAddr()] {
+			t.Errorf("Engine.%s observes commits but is not in Engine.observers", v.Type().Field(i).Name)
+		}
 	}
 }

@@ -213,15 +213,16 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	if err != nil {
 		return e.locked(ctx, key, nil)
 	}
-	// Before anything the commit writes can be read, until its sync is over (see healthCache and
-	// recordCache).
-	e.healthCache.begin()
-	defer e.healthCache.end()
-	e.cockpits.begin()
-	defer e.cockpits.end()
-	e.records.begin(key)
-	e.inventory.begin(key)
-	defer e.inventory.end(key)
+	observers := e.observers()
+	var outcome commitOutcome
+	for _, o := range observers {
+		o.commitBegins(key)
+	}
+	defer func() {
+		for _, o := range observers {
+			o.commitEnds(key, &outcome)
+		}
+	}()
 	run := func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		if e.holds != nil {
@@ -232,44 +233,71 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		return fn(tx, e.now())
 	}
 	durable, err := e.commitPastHolds(budget, run)
-	var written *cachedRecord
 	if staged, ok := e.staged.LoadAndDelete(key); ok && err == nil {
 		r := staged.(cachedRecord)
-		written = &r
+		outcome.written = &r
 	}
 	if e.holds != nil {
 		// Still under the stack's lock: what the transaction held becomes the committed lease's,
 		// or goes.
 		var lease *Lease
-		if written != nil {
-			lease = written.Value.Lease
+		if outcome.written != nil {
+			lease = outcome.written.Value.Lease
 		}
-		e.holds.settle(key, written != nil, lease)
+		e.holds.settle(key, outcome.written != nil, lease)
 	}
 	if errors.Is(err, errUnchanged) {
-		e.records.done(key, nil, 0)
 		unlock()
 		return nil
 	}
-	// Taken while the lock orders this commit before the next one on key.
-	gen := e.records.invalidate(key, written)
+	for _, o := range observers {
+		o.commitOrdered(key, &outcome)
+	}
 	unlock()
 	if err == nil {
 		err = durable()
 	}
 	if err != nil {
-		written = nil
+		outcome.written = nil
 	}
-	e.records.done(key, written, gen)
+	outcome.durable = err == nil
 	switch {
 	case errors.Is(err, storage.ErrLocked):
 		return e.locked(ctx, key, err)
 	case err != nil:
 		return err
 	}
-	e.changes.publish(key)
-	e.cockpitChanges.publish(key)
 	return nil
+}
+
+// commitObserver is a cache of what the store holds, or the waiters of a change: something every
+// commit must keep fresh. update walks Engine.observers, in list order, at three points of each
+// commit on key; a new cache joins the list, not the lines of update.
+type commitObserver interface {
+	// commitBegins comes before the transaction runs, so before anything it writes can be read:
+	// the store may show a commit to other readers before its committer is back (a sync round
+	// another committer leads, a backend durable at commit).
+	commitBegins(key string)
+	// commitOrdered comes once the transaction is over, unless it changed nothing, while key's
+	// lock still orders this commit before the next one on key. c.written is the record it
+	// wrote (nil: none, or it failed).
+	commitOrdered(key string, c *commitOutcome)
+	// commitEnds comes once the commit is durable (c.durable), failed, or changed nothing, with
+	// key's lock released.
+	commitEnds(key string, c *commitOutcome)
+}
+
+// commitOutcome is what a commit's observers learn of it.
+type commitOutcome struct {
+	written *cachedRecord // the stack's record as the commit wrote it; nil: none, or not durable
+	durable bool          // a change was committed and is durable: its waiters may look
+	gen     uint64        // the record cache's generation for this commit (commitOrdered)
+}
+
+// observers are what a commit keeps fresh, in the order update walks them: the record cache takes
+// a commit's record before its waiters wake, so they read it from memory.
+func (e *Engine) observers() [6]commitObserver {
+	return [...]commitObserver{&e.records, &e.changes, &e.cockpitChanges, &e.inventory, &e.cockpits, &e.healthCache}
 }
 
 // commitPastHolds commits run; a run refused behind another stack's newer holds (behindHolds)
@@ -396,6 +424,16 @@ func (n *notifier) publishAll() {
 	for key, ch := range n.m {
 		close(ch)
 		delete(n.m, key)
+	}
+}
+
+func (n *notifier) commitBegins(string)                  {}
+func (n *notifier) commitOrdered(string, *commitOutcome) {}
+
+// commitEnds wakes key's waiters once a change of it is durable.
+func (n *notifier) commitEnds(key string, c *commitOutcome) {
+	if c.durable {
+		n.publish(key)
 	}
 }
 

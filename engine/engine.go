@@ -377,6 +377,14 @@ func (n *cockpitNotifier) latest(cockpit string) CockpitChange {
 	return n.latestOf[cockpit]
 }
 
+// commitEnds counts a durable commit and wakes its cockpit's waiters (notifier's, promoted,
+// would wake the key's).
+func (n *cockpitNotifier) commitEnds(key string, c *commitOutcome) {
+	if c.durable {
+		n.publish(key)
+	}
+}
+
 // publish records a commit under a store lock key (a cockpit's or a stack's).
 func (n *cockpitNotifier) publish(key string) {
 	cockpit, events := "", ""

@@ -244,8 +244,8 @@ func (c *healthCache) put(key string, reads healthReads, at uint64) {
 	c.m[key] = reads
 }
 
-// begin and end bracket a commit.
-func (c *healthCache) begin() {
+// commitBegins and commitEnds bracket a commit.
+func (c *healthCache) commitBegins(string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++
@@ -253,7 +253,9 @@ func (c *healthCache) begin() {
 	c.m = nil // of a store that is about to change: removed stacks' entries go too
 }
 
-func (c *healthCache) end() {
+func (c *healthCache) commitOrdered(string, *commitOutcome) {}
+
+func (c *healthCache) commitEnds(string, *commitOutcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++

@@ -46,9 +46,9 @@ type inventoryEntry struct {
 	ports   map[string]int // its active lease's ports; nil without one (or when unsound)
 }
 
-// begin and end bracket a commit on key (update calls end before acknowledging it), which end
-// marks stale.
-func (inv *inventory) begin(key string) {
+// commitBegins and commitEnds bracket a commit on key (update calls commitEnds before
+// acknowledging it), which commitEnds marks stale.
+func (inv *inventory) commitBegins(key string) {
 	if !strings.HasPrefix(key, allStacksPrefix) {
 		return
 	}
@@ -60,7 +60,9 @@ func (inv *inventory) begin(key string) {
 	inv.underway[key]++
 }
 
-func (inv *inventory) end(key string) {
+func (inv *inventory) commitOrdered(string, *commitOutcome) {}
+
+func (inv *inventory) commitEnds(key string, _ *commitOutcome) {
 	if !strings.HasPrefix(key, allStacksPrefix) {
 		return
 	}
