@@ -19,7 +19,7 @@ import (
 // thousand stacks made and removed leave nothing behind): a key without a generation has the
 // counter's value at the last removal, which no read begun before that removal holds.
 type recordCache struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // guards every field below; a leaf
 	counter uint64
 	floor   uint64 // the generation of every key not in gen
 	gen     map[string]uint64
@@ -175,8 +175,8 @@ func (c *recordCache) forget(key string) {
 // cockpits change rarely and a stack's mkdir or rmdir changes its cockpit too, and it counts from
 // before it writes, since the store may let readers see it before its committer is back.
 type cockpitCache struct {
-	mu       sync.Mutex
-	commits  uint64 // every commit bumps it as it begins and as it ends
+	mu       sync.Mutex // guards every field below; a leaf
+	commits  uint64     // every commit bumps it as it begins and as it ends
 	underway int
 	m        map[string]cachedCockpit
 }

@@ -352,13 +352,13 @@ func (e *Engine) locked(ctx context.Context, key string, cause error) error {
 // keyedLocks queues the writers of one key in this process; lock waits until ctx is done. A key's
 // entry lives while someone holds or awaits it, so keys of removed stacks do not pile up.
 type keyedLocks struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m and each entry's users; a leaf (LOCK ORDERING 7)
 	m  map[string]*keyLock
 }
 
 type keyLock struct {
-	ch    chan struct{}
-	users int // holder and waiters
+	ch    chan struct{} // the key's lock (LOCK ORDERING 2): one slot, so a waiter can give up at ctx
+	users int           // holder and waiters
 }
 
 func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
@@ -399,7 +399,7 @@ func (k *keyedLocks) release(key string, l *keyLock) {
 
 // notifier wakes waiters on a key: next hands out a channel that publish closes.
 type notifier struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m; a leaf
 	m  map[string]chan struct{}
 }
 

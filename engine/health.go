@@ -210,7 +210,7 @@ func (e *Engine) healthStoreReads(cockpit, stack string) (healthReads, error) {
 // commit moves gen when it begins (before anything it writes can be read), dropping every entry,
 // and again when it ends; reads are kept only when taken with no commit under way.
 type healthCache struct {
-	mu       sync.Mutex
+	mu       sync.Mutex // guards every field below; a leaf
 	gen      uint64
 	underway int
 	m        map[string]healthReads

@@ -55,7 +55,7 @@ var threadGroups = threadGroupHints{m: map[int]int{}}
 const maxThreadGroupHints = 256
 
 type threadGroupHints struct {
-	mu sync.Mutex
+	mu sync.Mutex  // guards m; a leaf
 	m  map[int]int // thread id → process id
 }
 
@@ -169,7 +169,7 @@ var leaders = leaderSet{m: map[int]heldLeader{}}
 const maxLeaders = 64
 
 type leaderSet struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m and is held across the pidfd calls on its entries; a leaf
 	m  map[int]heldLeader
 }
 
