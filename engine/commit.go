@@ -13,10 +13,13 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// Commit plumbing. Every stack operation has one shape: its use case observes what lies outside
-// the store (processes, listeners' probe, the caller), then applyStep runs the operation's pure
-// step over the stack's record inside one transaction and commits what it returns: invariants,
-// record, port index and events line together, then the cache and the waiters.
+// Commit plumbing. Every operation that writes has one shape: its use case observes what lies
+// outside the store (processes, the caller), then, in one transaction, reads what it decides on
+// with Get and runs its pure step, which returns a change; commitChange writes the change and the
+// operation's events line together (the one place such a line is made), then update keeps the
+// caches and the waiters fresh. applyStep is that shape for a step over a stack's record; the
+// cockpit's operations (cockpits.go) and declared values (entrypoints.go) return their change
+// through apply.
 
 // errUnchanged aborts a transaction that would change nothing: the operation still succeeds.
 var errUnchanged = errors.New("unchanged")
@@ -147,20 +150,20 @@ func (t txReads) portOwner(port int) (string, error) {
 
 // applyStep commits the value s derives from the stack's current record.
 func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string, s step) error {
-	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+	return e.apply(ctx, c, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) (change, error) {
 		r, err := e.readRecord(tx, cockpit, stack)
 		if err != nil {
-			return err
+			return change{}, err
 		}
 		var skipped skippedHeld
 		v, err := s(r.Record, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, skipped: &skipped}, now)
 		if skipped.here != "" && noFreeFamily(err) {
 			// hold is asked only of families free in the snapshot: the claim that holds this one
 			// is newer than it.
-			return behindHolds{stack: skipped.here, refusal: err}
+			return change{}, behindHolds{stack: skipped.here, refusal: err}
 		}
 		if err != nil {
-			return err
+			return change{}, err
 		}
 		var warnings []string
 		if len(skipped.dead) > 0 {
@@ -177,26 +180,117 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 			// A candidate family another process holds was skipped: the claim's line says why.
 			warnings = append(warnings, "skipped candidate families: "+strings.Join(skipped.why, "; "))
 		}
-		warning := strings.Join(warnings, "; ")
-		return e.commit(tx, c, r, v, now, warning)
+		return nextRecord(r, v, strings.Join(warnings, "; ")), nil
 	})
 }
 
-// commit writes the next revision of r with value v, its port index and its events line, with
-// warning in the line ("" for none).
-func (e *Engine) commit(tx storage.Txn, c Caller, r cachedRecord, v Value, now time.Time, warning string) error {
-	v = chargeLease(v)
-	saved, err := saveRecord(tx, r, r.next(v, now))
-	if err != nil {
-		return err
+// change is what an operation's step decided: every write of its commit, and the events file its
+// line goes to. Only commitChange writes it.
+type change struct {
+	cockpit string
+	meta    *cockpitMeta // the cockpit's next metadata
+	// record is a stack's next value after prev, committed as its next revision with its port
+	// index (see nextRecord).
+	record *recordChange
+	// created is a new stack's first record.
+	created *Record
+	// declared are a stack's next declared values (declaredValuesKey).
+	declared *declaredChange
+	// removedStack names a stack removed: its record, declared values and events go.
+	removedStack string
+	// removedCockpit: the cockpit's metadata, lease counts and events go.
+	removedCockpit bool
+	// line is the events file of the operation's line: a stack's name, cockpitLevel for the
+	// cockpit's own, "" for none (a removed cockpit keeps no events file).
+	line string
+	// revision is what the line names: the revision of the record or cockpit the change is about.
+	// A record's next revision (record) names itself.
+	revision int64
+	warning  string // the line's warning, "" for none
+}
+
+type recordChange struct {
+	prev  cachedRecord
+	value Value
+}
+
+type declaredChange struct {
+	stack  string
+	values DeclaredValues
+}
+
+// nextRecord is the change that commits v as r's next value, its line in r's events file.
+func nextRecord(r cachedRecord, v Value, warning string) change {
+	return change{cockpit: r.Cockpit, record: &recordChange{prev: r, value: v}, line: r.Stack, warning: warning}
+}
+
+// apply runs an operation whose step reads what it decides on in tx (Gets, so a concurrent change
+// of it conflicts) and returns its change, then commits that change, all in one transaction
+// under key's lock.
+func (e *Engine) apply(ctx context.Context, c Caller, key string, step func(tx storage.Txn, now time.Time) (change, error)) error {
+	return e.update(ctx, key, func(tx storage.Txn, now time.Time) error {
+		ch, err := step(tx, now)
+		if err != nil {
+			return err
+		}
+		return e.commitChange(tx, c, ch, now)
+	})
+}
+
+// commitChange writes ch in tx, then the operation's events line: a stack's next record after
+// its invariants (a transition that would break one commits nothing) with its port index, a new
+// stack's record, declared values, removals, the cockpit's metadata.
+func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time) error {
+	revision := ch.revision
+	if rc := ch.record; rc != nil {
+		r, v := rc.prev, chargeLease(rc.value)
+		saved, err := saveRecord(tx, r, r.next(v, now))
+		if err != nil {
+			return err
+		}
+		e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
+		if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
+			return err
+		}
+		revision = saved.Revision
 	}
-	e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
-	if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
-		return err
+	if ch.created != nil {
+		if _, err := saveRecord(tx, cachedRecord{}, *ch.created); err != nil {
+			return err
+		}
 	}
-	ev := okEvent(c, now, saved.Revision)
-	ev.Warning = warning
-	return appendEvent(tx, r.Cockpit, r.Stack, ev)
+	if d := ch.declared; d != nil {
+		if err := setJSON(tx, declaredValuesKey(ch.cockpit, d.stack), d.values); err != nil {
+			return err
+		}
+	}
+	if stack := ch.removedStack; stack != "" {
+		if err := deleteKeys(tx, []string{stackKey(ch.cockpit, stack), declaredValuesKey(ch.cockpit, stack)}); err != nil {
+			return err
+		}
+		if err := deleteEvents(tx, ch.cockpit, stack); err != nil {
+			return err
+		}
+	}
+	if ch.removedCockpit {
+		if err := deleteKeys(tx, []string{cockpitKey(ch.cockpit), leaseCountKey(ch.cockpit), leasedPortsKey(ch.cockpit)}); err != nil {
+			return err
+		}
+		if err := deleteEvents(tx, ch.cockpit, cockpitLevel); err != nil {
+			return err
+		}
+	}
+	if ch.meta != nil {
+		if err := setJSON(tx, cockpitKey(ch.cockpit), *ch.meta); err != nil {
+			return err
+		}
+	}
+	if ch.line == "" {
+		return nil
+	}
+	ev := okEvent(c, now, revision)
+	ev.Warning = ch.warning
+	return appendEvent(tx, ch.cockpit, ch.line, ev)
 }
 
 // update runs fn as one transaction while holding the lock of key, so writers of one stack queue
