@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
-	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
 // Claims and leases: the pure steps of a claim, a holder write and a release, beside the drain
@@ -43,12 +42,11 @@ func (e *Engine) BoundLeases(perUID int, unbounded ...uint32) {
 	}
 }
 
-// claimInput is a claim as observed before its transaction: the holder proposed, the holders
-// proven dead, and the host's listener probe.
+// claimInput is a claim as observed before its transaction: the holder proposed and the holders
+// proven dead.
 type claimInput struct {
-	holder    Holder // as proposed (see Holder.claimed)
-	dead      []Holder
-	listening func(ports []int) ([]int, error) // host TCP listeners among ports
+	holder Holder // as proposed (see Holder.claimed)
+	dead   []Holder
 	// uidLeaseLimit bounds the active leases the claimant's uid may hold (0: no bound).
 	uidLeaseLimit int
 	// groups are the claimant's groups, read from its process when a stack open to its group
@@ -58,8 +56,9 @@ type claimInput struct {
 
 // claimHolder adds in.holder to the stack and leases the stack a port family if it has none (§4).
 // Holders observed dead are released first; when none would remain, the claimant takes the stack
-// over. A lease its holders kept is not probed for listeners: they are the stack's own.
-func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value, error) {
+// over. Choosing a family, it asks fx for a listener probe and holds (see leaseFamily); a lease its
+// holders kept is not probed for listeners: they are the stack's own.
+func claimHolder(r Record, in claimInput, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
 	m, err := reads.cockpit()
 	if err != nil {
 		return r.Value, err
@@ -134,7 +133,7 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 			}
 		}
 	}
-	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, leased: leased, occupiedBy: reads.portOwner, listening: in.listening, hold: reads.hold, passedPrevious: reads.passedPrevious})
+	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, leased: leased, occupiedBy: reads.portOwner, effects: fx, passedPrevious: reads.passedPrevious})
 	if err != nil {
 		return r.Value, err
 	}
@@ -386,8 +385,8 @@ func releaseDead(v Value, dead []Holder, successor *Holder, now time.Time) (Valu
 	return v, released
 }
 
-// leaseInputs is what choosing a family needs to read: the index of other stacks' ports and the
-// host's listeners, both read inside the claim's transaction.
+// leaseInputs is what choosing a family needs: the index of other stacks' ports, read inside the
+// claim's transaction, and the effects it asks for (a listener probe and holds).
 type leaseInputs struct {
 	config       portdecl.Config
 	activeLeases int // active leases in the cockpit, other stacks
@@ -395,11 +394,9 @@ type leaseInputs struct {
 	// otherwise): a family with one of them is another stack's of this cockpit, passed without
 	// reading its index entry.
 	leased     map[int]bool
-	occupiedBy func(port int) (string, error)   // owner ("cockpit/stack") of port in another active lease, "" if free
-	listening  func(ports []int) ([]int, error) // host TCP listeners among ports
-	// hold takes the machine-wide holds of a family's ports, all or none, and says who holds the
-	// port it could not take (nil when it took them all); nil when the engine holds no ports.
-	hold func(ports map[string]int) (*portlock.Holder, int, error)
+	occupiedBy func(port int) (string, error) // owner ("cockpit/stack") of port in another active lease, "" if free
+	// effects are asked, in candidate order, for each family the snapshot shows free.
+	effects stepEffects
 	// passedPrevious hears why a stack's previous family (its released lease's) was not leased
 	// again, when another one is; nil: no one listens.
 	passedPrevious func(why string)
@@ -473,7 +470,7 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 		}
 		family, _ := decl.FamilyAt(offset)
 		if !(current.Active() && retained) {
-			busy, err := in.listening(ports)
+			busy, err := in.effects.probe(ports)
 			if err != nil {
 				return nil, refuse(PortListenerEvidenceInvalid, joinPorts(ports), "restore access to /proc/net/tcp or loopback and retry",
 					"the host listener check could not decide: %v", err)
@@ -484,8 +481,8 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 				continue
 			}
 		}
-		if in.hold != nil {
-			holder, port, err := in.hold(family.Ports)
+		if in.effects.hold != nil {
+			holder, port, err := in.effects.hold(family.Ports)
 			if err != nil {
 				return nil, err
 			}

@@ -402,7 +402,7 @@ func TestLeaseFamily(t *testing.T) {
 			}
 			var passed string
 			got, err := leaseFamily(tc.current, tc.retained, leaseInputs{
-				config: cfg, activeLeases: tc.active, occupiedBy: ownedBy(tc.occupied...), listening: listening,
+				config: cfg, activeLeases: tc.active, occupiedBy: ownedBy(tc.occupied...), effects: stepEffects{probe: listening},
 				passedPrevious: func(why string) { passed = why },
 			})
 			if tc.wantPassed == "" && passed != "" || !strings.Contains(passed, tc.wantPassed) {
@@ -435,7 +435,7 @@ func TestLeaseFamily(t *testing.T) {
 func TestLeaseFamilyRefusalNamesOccupiedCandidates(t *testing.T) {
 	p := &probes{busy: map[int]bool{21010: true}}
 	_, err := leaseFamily(nil, false, leaseInputs{
-		config: portdecl.Config{Declaration: pureDecl}, occupiedBy: ownedBy(20000, 20020), listening: p.listening,
+		config: portdecl.Config{Declaration: pureDecl}, occupiedBy: ownedBy(20000, 20020), effects: stepEffects{probe: p.listening},
 	})
 	requireCode(t, err, PortFamilyCollision)
 	r := AsRefusal(err)
@@ -452,7 +452,7 @@ func TestLeaseFamilyIndexErrorIsReturned(t *testing.T) {
 	_, err := leaseFamily(nil, false, leaseInputs{
 		config:     portdecl.Config{Declaration: pureDecl},
 		occupiedBy: func(int) (string, error) { return "", broken },
-		listening:  (&probes{}).listening,
+		effects:    stepEffects{probe: (&probes{}).listening},
 	})
 	if !errors.Is(err, broken) {
 		t.Fatalf("got %v, want the index error", err)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -46,8 +47,21 @@ func noFreeFamily(err error) bool {
 
 // step is one operation's rule: the value that follows r, or why not (a refusal, or errUnchanged
 // when there is nothing to commit). It changes nothing itself; what it reads beyond r it reads
-// through reads.
-type step func(r Record, reads stepReads, now time.Time) (Value, error)
+// through reads, and what it needs done beyond deciding it asks of fx.
+type step func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error)
+
+// stepEffects are what a step may ask the commit path to do, beyond reading: a claim's listener
+// probe of a candidate family's ports, and the machine-wide holds of the family it would lease.
+// The step asks for them candidate by candidate, since which families it reaches depends on the
+// port index read in the transaction; applyStep performs them (txReads.holdFamily), so the step
+// stays a function of its record, its reads and these answers.
+type stepEffects struct {
+	// probe says which of ports have a host TCP listener.
+	probe func(ports []int) ([]int, error)
+	// hold takes the machine-wide holds of a family's ports for the stack, all or none, and says
+	// who holds the port it could not take (nil: taken); nil when the engine holds no ports.
+	hold func(ports map[string]int) (*portlock.Holder, int, error)
+}
 
 // stepReads is what a step may read beyond its stack's record. Each read is a Get inside the
 // commit's transaction, so a concurrent change of what the step decided on conflicts and retries.
@@ -59,9 +73,6 @@ type stepReads interface {
 	// leasedPorts are the ports of the cockpit's active leases; known is false in a store that
 	// does not keep them yet (see leasedPorts in portindex.go).
 	leasedPorts() (ports []int, known bool, err error)
-	// hold takes the machine-wide holds of a candidate family's ports for the stack, all or none,
-	// and says who holds the port it could not take (nil: taken, or the engine holds no ports).
-	hold(ports map[string]int) (*portlock.Holder, int, error)
 	// releasedDead tells the commit's events line the dead holders the step released.
 	releasedDead(holders []Holder)
 	// passedPrevious tells the commit's events line why the stack's previous family was not
@@ -93,10 +104,9 @@ func (t txReads) releasedDead(holders []Holder) { t.skipped.dead = append(t.skip
 
 func (t txReads) passedPrevious(why string) { t.skipped.previous = why }
 
-func (t txReads) hold(ports map[string]int) (*portlock.Holder, int, error) {
-	if t.e.holds == nil {
-		return nil, 0, nil
-	}
+// holdFamily performs a step's hold effect (stepEffects.hold), and notes for the events line and
+// behindHolds what it skipped.
+func (t txReads) holdFamily(ports map[string]int) (*portlock.Holder, int, error) {
 	holder, port, here, err := t.e.holds.takeFamily(stackKey(t.cockpitName, t.stack), t.cockpitName, t.stack, ports)
 	if holder != nil {
 		t.skipped.why = append(t.skipped.why, fmt.Sprintf("port %d is held by %s", port, holder))
@@ -156,7 +166,12 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 			return change{}, err
 		}
 		var skipped skippedHeld
-		v, err := s(r.Record, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, skipped: &skipped}, now)
+		reads := txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, skipped: &skipped}
+		fx := stepEffects{probe: listeners.Listening}
+		if e.holds != nil {
+			fx.hold = reads.holdFamily
+		}
+		v, err := s(r.Record, reads, fx, now)
 		if skipped.here != "" && noFreeFamily(err) {
 			// hold is asked only of families free in the snapshot: the claim that holds this one
 			// is newer than it.

@@ -194,7 +194,7 @@ func TestRefusalStepNamesFamiliesPassedUnread(t *testing.T) {
 	reads := fakeReads{meta: declared(pureDecl), active: 2, leasedKnown: true, leased: []int{20000, 20010, 21000, 21010},
 		owners: map[int]string{20000: "app/a"}}
 	p := &probes{busy: map[int]bool{20020: true}}
-	_, err := claimHolder(stepRecord(Value{}), claimInput{holder: newHolder("alice"), listening: p.listening}, &reads, claimNow.Add(time.Minute))
+	_, err := claimHolder(stepRecord(Value{}), claimInput{holder: newHolder("alice")}, &reads, stepEffects{probe: p.listening}, claimNow.Add(time.Minute))
 	requireCode(t, err, PortFamilyCollision)
 	for _, want := range []string{"20000,21000 (leased by app/a)", "20010,21010 (leased in this cockpit)", "20020,21020 (host listener on 20020)"} {
 		if !strings.Contains(err.Error(), want) {

@@ -11,8 +11,9 @@ import (
 // Host observation: what a use case learns about processes before its transaction. Probes are
 // slow and may block, so none runs while a stack's lock is held; a step then acts only on what is
 // still recorded exactly as observed. (The listener probe is the exception: which family it probes
-// depends on the port index read in the transaction, so the claim step calls it there; so does the
-// claimant's groups, read only when the stack's mode makes them decide.)
+// depends on the port index read in the transaction, so the claim step asks the commit path for it
+// there, an effect beside the holds (stepEffects); the claimant's groups are read there too, only
+// when the stack's mode makes them decide.)
 
 // processOf observes pid for a holder or executor: its start identity, refusing a pid that does
 // not exist. A pid whose start cannot be confirmed is kept without one (unknown is never dead).
