@@ -57,12 +57,13 @@ import (
 //     and until its observers' commitOrdered. LogRefusal takes none.
 //     Two at once, the one exception: a claim refused behind another stack's newer holds
 //     (behindHolds) waits in commitPastHolds, its own stack's lock held, for the other stack's,
-//     and lets that go at once. It cannot deadlock. A claim waits only for a stack this daemon
-//     holds ports for, and a waiting claim's stack holds none: a claim looks for a family only
-//     for a stack without an active lease, each run first lets go of what an earlier run took
-//     (releasePendingOf), and takeFamily keeps a family only whole, so a run refused for want of
-//     one holds nothing. No claim waits for a waiting one, so no cycle forms; and each wait is
-//     bounded by the operation's budget (STATE_LOCKED). TestCrossStackWait* drive it.
+//     and lets that go at once. It cannot deadlock. A claim waits only for a stack that holds a
+//     port of a family the claim would lease, and a waiting claim's stack holds none such: a run
+//     refused for want of a family took nothing (each run first lets go of what an earlier one
+//     took, releasePendingOf, and takeFamily keeps a family only whole), and the ports of the
+//     stack's committed lease are in no other lease (the port index gives each port one). No
+//     claim waits for a waiting one, so no cycle forms; and each wait is bounded by the
+//     operation's budget (STATE_LOCKED). TestCrossStackWait* drive it.
 //  3. inventory.mu: a health read's, held across its whole View of the store (observeInventory);
 //     taken with no key's lock held.
 //  4. the store's transaction (kv's group-commit lock inside it). The store calls back into the
