@@ -271,6 +271,20 @@ func readProcFrom(path string, size int) ([]byte, error) {
 	}
 }
 
+// RunningStart is when process pid started, in clock ticks since boot, while it runs; "" once it
+// has exited: when it is gone, or a zombie nobody has reaped yet.
+func RunningStart(pid int) string {
+	stat, err := readProc(procFile(pid, "stat"))
+	if err != nil {
+		return ""
+	}
+	var fields [20]string // index 0 is the state, 19 the start time (see parseStat)
+	if !statFieldsAfterName(string(stat), fields[:]) || fields[0] == "Z" {
+		return ""
+	}
+	return fields[19]
+}
+
 // Cwd returns the process's working directory. A directory removed since reads with the kernel's
 // " (deleted)" suffix.
 func Cwd(pid int) (string, error) {
