@@ -313,8 +313,9 @@ func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time
 // retries share one budget, so STATE_LOCKED comes within it, not within twice it. The lock is
 // released at the commit, before its sync: the next writer reads the commit in its own
 // transaction, and writers queued on one stack share syncs as writers on distinct stacks do.
-// Readers and watchers of key see the commit only once it is durable: the cache takes it then,
-// and watchers are woken then.
+// Readers and watchers of key see the commit only once it is durable: the observers (the caches
+// and the waiters, Engine.observers) hear of it before it writes, once it is ordered, and once it
+// is durable, and only then does the cache take it and are watchers woken.
 func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn, now time.Time) error) error {
 	budget, cancel := withBudget(ctx, e.budget)
 	defer cancel()
