@@ -18,7 +18,9 @@ import (
 )
 
 // Holds on real sockets, in a space of the test's own so that no other daemon on the machine meets
-// them. Two engines over two stores stand for two daemons.
+// them. Two engines over two stores stand for two daemons. Tests that hold ports do not run in
+// parallel: a parallel test's fork (exec.Command) copies every descriptor until the child execs,
+// so a hold let go meanwhile stays bound, unanswered, and a claim reads it as a stranger's.
 
 // spaces numbers the test spaces: a test run again (-count) holds nothing its last run still holds.
 var spaces atomic.Int64
@@ -57,7 +59,6 @@ const holdConfig = "[ports]\nstep = 10\ncount = 3\n[ports.bases]\nHTTP = 41080\n
 // A family another engine holds is skipped, and the claim's events line says whose it is; a drain
 // lets the holds go after its commit, and the family is free at once.
 func TestHoldsKeepTwoEnginesApart(t *testing.T) {
-	t.Parallel()
 	space := holdSpace(t)
 	a, b := holdingEngine(t, space, "/a"), holdingEngine(t, space, "/b")
 	newCockpit(t, a, "app", holdConfig, "s")
@@ -92,7 +93,6 @@ func TestHoldsKeepTwoEnginesApart(t *testing.T) {
 // Every candidate held by another engine: ENOSPC, naming the holds, and nothing changes — no
 // hold taken either.
 func TestHoldsAllCandidatesHeldElsewhere(t *testing.T) {
-	t.Parallel()
 	space := holdSpace(t)
 	a, b := holdingEngine(t, space, "/a"), holdingEngine(t, space, "/b")
 	one := strings.Replace(holdConfig, "count = 3", "count = 1", 1)
@@ -113,7 +113,6 @@ func TestHoldsAllCandidatesHeldElsewhere(t *testing.T) {
 // before, never stopped) reports the lost ports — in what HoldPorts returns, the stack's events and
 // its health — and takes them back once they are let go.
 func TestHoldsLostWhileDownAreReported(t *testing.T) {
-	t.Parallel()
 	space := holdSpace(t)
 	before := holdingEngine(t, space, "/before")
 	newCockpit(t, before, "app", holdConfig, "s")
@@ -166,7 +165,6 @@ func sorted(ports []int) []int {
 // may choose another family (one freed meanwhile), and holding both would refuse another stack's
 // claim of the first.
 func TestHoldsOfAConflictedRunAreLetGo(t *testing.T) {
-	t.Parallel()
 	space := holdSpace(t)
 	e := holdingEngine(t, space, "/a")
 	key := stackKey("app", "s")
@@ -310,7 +308,6 @@ func TestClaimDoesNotCountALeaseLetGoSinceItsSnapshot(t *testing.T) {
 // (holds and store disagreeing), makes a claim wait for that stack once, not for its whole
 // budget: the refusal stands.
 func TestClaimWaitsOnceForAHoldNoSnapshotShows(t *testing.T) {
-	t.Parallel()
 	e := holdingEngine(t, holdSpace(t), "/d")
 	newCockpit(t, e, "app", strings.Replace(holdConfig, "count = 3", "count = 1", 1), "y", "w")
 	if holder, _, _, err := e.holds.takeFamily(stackKey("app", "w"), "app", "w", map[string]int{"HTTP": 41080, "DB": 41432}); err != nil || holder != nil {

@@ -130,7 +130,6 @@ var oneFamily = strings.Replace(holdConfig, "count = 3", "count = 1", 1)
 // leased by the first — never STATE_LOCKED, which a wait that could not end would give within
 // the budget. Both directions, y behind w and w behind y.
 func TestCrossStackWaitInBothDirections(t *testing.T) {
-	t.Parallel()
 	store := newCrossingStore(t)
 	e := New(store)
 	if _, err := e.HoldPorts(holdSpace(t), DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: "/d"}); err != nil {
@@ -176,7 +175,6 @@ func TestCrossStackWaitInBothDirections(t *testing.T) {
 // its store. Every round ends with one lease and one refusal for want of a family, never a wait
 // that ran out (STATE_LOCKED).
 func TestCrossStackWaitRacedFromBothSides(t *testing.T) {
-	t.Parallel()
 	e := holdingEngine(t, holdSpace(t), "/d")
 	newCockpit(t, e, "app", oneFamily, "y", "w")
 	won := map[string]int{}
