@@ -203,7 +203,7 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 		}
 		in.successor = &nh
 	}
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		return reserveDrain(r, in, reads, now)
 	})
 }
@@ -233,14 +233,14 @@ func (e *Engine) StartAttempt(ctx context.Context, c Caller, cockpit, stack stri
 		}
 	}
 	attemptID := randomHex()
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		return startAttempt(r, c, reads, ex, attemptID, now)
 	})
 }
 
 // PublishOutcome applies an outcome write to drain/outcome.
 func (e *Engine) PublishOutcome(ctx context.Context, c Caller, cockpit, stack string, o Outcome) error {
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		return publishOutcome(r, c, reads, o, now)
 	})
 }
@@ -253,7 +253,7 @@ func (e *Engine) Repair(ctx context.Context, c Caller, cockpit, stack string) er
 		return err
 	}
 	seen := e.observeExecutor(before)
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		return repairAttempt(r, c, reads, seen, now)
 	})
 }
