@@ -11,6 +11,7 @@ import (
 // in memory — neither the decoded cockpit, nor a lock per key, nor a record's cache entry or
 // generation, nor a stale mark for a health read nobody makes.
 func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	config := exampleConfig + strings.Repeat("# padding of a large config\n", 2000)
@@ -47,6 +48,7 @@ func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
 // What health keeps of the store for each stack read goes at the next commit, so the stacks it
 // was read for, once removed, leave nothing there either.
 func TestHealthKeepsNoReadsOfRemovedStacks(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "one", "two")

@@ -14,7 +14,7 @@ type budgetContext struct {
 	parent   context.Context
 	deadline time.Time
 
-	mu     sync.Mutex
+	mu     sync.Mutex      // guards armed and cancel; a leaf
 	armed  context.Context // nil until armed
 	cancel context.CancelFunc
 }

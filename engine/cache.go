@@ -19,7 +19,7 @@ import (
 // thousand stacks made and removed leave nothing behind): a key without a generation has the
 // counter's value at the last removal, which no read begun before that removal holds.
 type recordCache struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // guards every field below; a leaf
 	counter uint64
 	floor   uint64 // the generation of every key not in gen
 	gen     map[string]uint64
@@ -98,8 +98,8 @@ func (c *recordCache) store(key string, r cachedRecord, gen uint64) {
 	c.m[key] = r
 }
 
-// begin marks a commit on key about to write, before anything it writes can be read.
-func (c *recordCache) begin(key string) {
+// commitBegins marks a commit on key about to write, before anything it writes can be read.
+func (c *recordCache) commitBegins(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.committing == nil {
@@ -108,6 +108,14 @@ func (c *recordCache) begin(key string) {
 	c.committing[key]++
 	c.bump(key)
 }
+
+// commitOrdered drops key's entry for readers and keeps the commit's record for transactions.
+func (c *recordCache) commitOrdered(key string, o *commitOutcome) {
+	o.gen = c.invalidate(key, o.written)
+}
+
+// commitEnds stores the commit's record, now durable, unless a later commit invalidated key since.
+func (c *recordCache) commitEnds(key string, o *commitOutcome) { c.done(key, o.written, o.gen) }
 
 // done ends a commit begun on key: written (nil: none, or it failed) is the record it wrote, now
 // durable, stored unless a later commit invalidated key since the commit's own invalidate
@@ -167,8 +175,8 @@ func (c *recordCache) forget(key string) {
 // cockpits change rarely and a stack's mkdir or rmdir changes its cockpit too, and it counts from
 // before it writes, since the store may let readers see it before its committer is back.
 type cockpitCache struct {
-	mu       sync.Mutex
-	commits  uint64 // every commit bumps it as it begins and as it ends
+	mu       sync.Mutex // guards every field below; a leaf
+	commits  uint64     // every commit bumps it as it begins and as it ends
 	underway int
 	m        map[string]cachedCockpit
 }
@@ -229,7 +237,7 @@ func (c *cockpitCache) read(key string, raw []byte, at uint64) {
 	}
 }
 
-// begin and end bracket a commit: each ends every entry's currency.
+// begin and end bracket a commit (or a refusal's events line): each ends every entry's currency.
 func (c *cockpitCache) begin() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -243,6 +251,10 @@ func (c *cockpitCache) end() {
 	c.commits++
 	c.underway--
 }
+
+func (c *cockpitCache) commitBegins(string)                  { c.begin() }
+func (c *cockpitCache) commitOrdered(string, *commitOutcome) {}
+func (c *cockpitCache) commitEnds(string, *commitOutcome)    { c.end() }
 
 func (c *cockpitCache) forget(key string) {
 	c.mu.Lock()

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,7 +21,7 @@ func TestRecordCacheGenerations(t *testing.T) {
 		t.Fatal("empty cache hit")
 	}
 	two := cachedRecord{Record: Record{Revision: 2}, raw: []byte("2")}
-	c.begin("k")
+	c.commitBegins("k")
 	committed := c.invalidate("k", &two) // a commit lands between the read's get and its put
 	c.put("k", old, gen)
 	if _, _, ok := c.get("k"); ok {
@@ -44,9 +45,9 @@ func TestRecordCacheCommitsOvertaken(t *testing.T) {
 	var c recordCache
 	four := cachedRecord{Record: Record{Revision: 4}, raw: []byte("4")}
 	five := cachedRecord{Record: Record{Revision: 5}, raw: []byte("5")}
-	c.begin("k")
+	c.commitBegins("k")
 	genFour := c.invalidate("k", &four)
-	c.begin("k")
+	c.commitBegins("k")
 	genFive := c.invalidate("k", &five)
 	if _, _, ok := c.get("k"); ok {
 		t.Fatal("a reader was served a commit not yet durable")
@@ -86,6 +87,7 @@ func TestRecordCacheDecodedOnlyFromTheSameBytes(t *testing.T) {
 
 // Reads see every commit at once: the engine's cached record follows claims and releases.
 func TestStackReadsFollowCommits(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	for i := range 5 {
@@ -172,6 +174,7 @@ func TestCockpitCacheCurrency(t *testing.T) {
 
 // Engine.Cockpit follows every change: a config written, the cockpit removed.
 func TestCockpitReadsFollowCommits(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig)
 	for range 2 { // the second from the cache
@@ -250,6 +253,7 @@ func (s *pausingStore) Commit(ctx context.Context, fn func(storage.Txn) error) (
 // A commit readable in the store before its committer is back is what every read shows: the
 // cache does not answer with the record it replaced.
 func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
+	t.Parallel()
 	e, store := heldStackOnPausingStore(t, true)
 	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 1 { // now cached
 		t.Fatalf("%d holders, %v", len(r.Value.Holders), err)
@@ -301,6 +305,7 @@ func TestCacheServesNothingOlderThanTheStore(t *testing.T) {
 // what it observes first is a hint, taken from the last commit, so writers queued on one stack
 // share syncs.
 func TestClaimDoesNotWaitForAnotherCommitsSync(t *testing.T) {
+	t.Parallel()
 	e, store := heldStackOnPausingStore(t, false)
 	store.armed.Store(true)
 	first := make(chan error, 1)
@@ -326,5 +331,24 @@ func TestClaimDoesNotWaitForAnotherCommitsSync(t *testing.T) {
 	}
 	if r, err := e.Stack("app", "s"); err != nil || len(r.Value.Holders) != 3 {
 		t.Fatalf("%d holders, %v", len(r.Value.Holders), err)
+	}
+}
+
+// A cache the engine keeps fresh from its commits is one update walks: every field of Engine that
+// is a commitObserver is in the list.
+func TestEveryCommitObserverIsWalked(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t)
+	listed := map[uintptr]bool{}
+	for _, o := range e.observers() {
+		listed[reflect.ValueOf(o).Pointer()] = true
+	}
+	observer := reflect.TypeFor[commitObserver]()
+	v := reflect.ValueOf(e).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if reflect.PointerTo(f.Type()).Implements(observer) && !listed[f.UnsafeAddr()] {
+			t.Errorf("Engine.%s observes commits but is not in Engine.observers", v.Type().Field(i).Name)
+		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
-	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
 // Claims and leases: the pure steps of a claim, a holder write and a release, beside the drain
@@ -43,12 +42,11 @@ func (e *Engine) BoundLeases(perUID int, unbounded ...uint32) {
 	}
 }
 
-// claimInput is a claim as observed before its transaction: the holder proposed, the holders
-// proven dead, and the host's listener probe.
+// claimInput is a claim as observed before its transaction: the holder proposed and the holders
+// proven dead.
 type claimInput struct {
-	holder    Holder // as proposed (see Holder.claimed)
-	dead      []Holder
-	listening func(ports []int) ([]int, error) // host TCP listeners among ports
+	holder Holder // as proposed (see Holder.claimed)
+	dead   []Holder
 	// uidLeaseLimit bounds the active leases the claimant's uid may hold (0: no bound).
 	uidLeaseLimit int
 	// groups are the claimant's groups, read from its process when a stack open to its group
@@ -58,8 +56,9 @@ type claimInput struct {
 
 // claimHolder adds in.holder to the stack and leases the stack a port family if it has none (§4).
 // Holders observed dead are released first; when none would remain, the claimant takes the stack
-// over. A lease its holders kept is not probed for listeners: they are the stack's own.
-func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value, error) {
+// over. Choosing a family, it asks fx for a listener probe and holds (see leaseFamily); a lease its
+// holders kept is not probed for listeners: they are the stack's own.
+func claimHolder(r Record, in claimInput, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
 	m, err := reads.cockpit()
 	if err != nil {
 		return r.Value, err
@@ -134,7 +133,7 @@ func claimHolder(r Record, in claimInput, reads stepReads, now time.Time) (Value
 			}
 		}
 	}
-	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, leased: leased, occupiedBy: reads.portOwner, listening: in.listening, hold: reads.hold, passedPrevious: reads.passedPrevious})
+	lease, err := leaseFamily(v.Lease, retained, leaseInputs{config: cfg, activeLeases: active, leased: leased, occupiedBy: reads.portOwner, effects: fx, passedPrevious: reads.passedPrevious})
 	if err != nil {
 		return r.Value, err
 	}
@@ -313,81 +312,8 @@ func (h Holder) claimed(now time.Time) Holder {
 	return h
 }
 
-// addHolder adds h unless a holder of that name already claims the stack (changed = false); one of
-// that name from another checkout is refused, since a checkout is part of a holder's identity.
-func addHolder(v Value, h Holder, now time.Time) (Value, bool, error) {
-	if existing, ok := v.Holder(h.Name); ok {
-		if !existing.mayBeFrom(h.CheckoutPath) {
-			return v, false, refuse(StateRecordMalformed, holderID(h.Name), "use another holder name for another checkout",
-				"holder %s already claims this stack from %s", h.Name, Printable(existing.CheckoutPath))
-		}
-		return v, false, nil
-	}
-	if len(v.Holders) >= maxHolders {
-		return v, false, refuse(ClaimHolderLimit, holderID(h.Name), "release a holder first",
-			"the stack already has %d holders", maxHolders)
-	}
-	holders := append(append(make([]Holder, 0, len(v.Holders)+1), v.Holders...), h.claimed(now))
-	sortHolders(holders)
-	v.Holders = holders
-	if v.LastReleasedHolder != nil && *v.LastReleasedHolder == holderID(h.Name) {
-		v.LastReleasedHolder = nil
-	}
-	return v, true, nil
-}
-
-// releaseHolder is a holder's own release (the seeds' releaseClaim): never while a drain is
-// reserved, never the last holder.
-func releaseHolder(v Value, name string) (Value, error) {
-	id := holderID(name)
-	if v.Drain != nil {
-		return v, refuse(ClaimCoTenant, id, "wait for the drain to finish or cancel it (rm drain/request)",
-			"claim release is blocked while the stack has a reserved drain")
-	}
-	if _, ok := v.Holder(name); !ok {
-		return v, refuse(NotFound, id, "", "holder %s does not claim this stack", name)
-	}
-	kept := v.withoutHolders(map[string]bool{id: true})
-	if len(kept) == 0 {
-		return v, refuse(ClaimCoTenant, id, "reserve and complete a drain (echo sleep > drain/request) instead",
-			"the final holder must reserve and complete a drain before releasing the stack")
-	}
-	v.Holders = kept
-	v.LastReleasedHolder = &id
-	return v, nil
-}
-
-// releaseDead drops the holders observed dead that are still recorded exactly as observed (same
-// claim, pid and start). When none would remain, the successor takes the stack over in the same
-// value: the stack is still running. Nothing is released while a drain is reserved.
-func releaseDead(v Value, dead []Holder, successor *Holder, now time.Time) (Value, []Holder) {
-	if v.Drain != nil || !v.Lease.Active() || len(dead) == 0 {
-		return v, nil
-	}
-	gone := map[string]bool{}
-	var released []Holder
-	for _, d := range dead {
-		for _, h := range v.Holders {
-			if h.HolderID == d.HolderID && h.ClaimedAt == d.ClaimedAt && h.PID == d.PID && h.ProcessStart == d.ProcessStart {
-				gone[h.HolderID] = true
-				released = append(released, h)
-			}
-		}
-	}
-	if len(released) == 0 {
-		return v, nil
-	}
-	v.Holders = v.withoutHolders(gone)
-	last := released[len(released)-1].HolderID
-	v.LastReleasedHolder = &last
-	if len(v.Holders) == 0 && successor != nil {
-		v, _, _ = addHolder(v, *successor, now)
-	}
-	return v, released
-}
-
-// leaseInputs is what choosing a family needs to read: the index of other stacks' ports and the
-// host's listeners, both read inside the claim's transaction.
+// leaseInputs is what choosing a family needs: the index of other stacks' ports, read inside the
+// claim's transaction, and the effects it asks for (a listener probe and holds).
 type leaseInputs struct {
 	config       portdecl.Config
 	activeLeases int // active leases in the cockpit, other stacks
@@ -395,11 +321,9 @@ type leaseInputs struct {
 	// otherwise): a family with one of them is another stack's of this cockpit, passed without
 	// reading its index entry.
 	leased     map[int]bool
-	occupiedBy func(port int) (string, error)   // owner ("cockpit/stack") of port in another active lease, "" if free
-	listening  func(ports []int) ([]int, error) // host TCP listeners among ports
-	// hold takes the machine-wide holds of a family's ports, all or none, and says who holds the
-	// port it could not take (nil when it took them all); nil when the engine holds no ports.
-	hold func(ports map[string]int) (*portlock.Holder, int, error)
+	occupiedBy func(port int) (string, error) // owner ("cockpit/stack") of port in another active lease, "" if free
+	// effects are asked, in candidate order, for each family the snapshot shows free.
+	effects stepEffects
 	// passedPrevious hears why a stack's previous family (its released lease's) was not leased
 	// again, when another one is; nil: no one listens.
 	passedPrevious func(why string)
@@ -473,7 +397,7 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 		}
 		family, _ := decl.FamilyAt(offset)
 		if !(current.Active() && retained) {
-			busy, err := in.listening(ports)
+			busy, err := in.effects.probe(ports)
 			if err != nil {
 				return nil, refuse(PortListenerEvidenceInvalid, joinPorts(ports), "restore access to /proc/net/tcp or loopback and retry",
 					"the host listener check could not decide: %v", err)
@@ -484,8 +408,8 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 				continue
 			}
 		}
-		if in.hold != nil {
-			holder, port, err := in.hold(family.Ports)
+		if in.effects.hold != nil {
+			holder, port, err := in.effects.hold(family.Ports)
 			if err != nil {
 				return nil, err
 			}
@@ -574,39 +498,4 @@ func joinPorts(ports []int) string {
 		s[i] = fmt.Sprint(p)
 	}
 	return strings.Join(s, ",")
-}
-
-// liveHolderMessage names the other holders and how to end them (the seeds' liveHolderMessage).
-// A holder held by one of the caller's own processes (mine) is to be released, never killed:
-// `kill` there would end the caller's own shell.
-func liveHolderMessage(others []Holder, mine map[int]bool) string {
-	var names, pids, own []string
-	seen := map[int]bool{}
-	for _, h := range others {
-		switch {
-		case h.PID == 0:
-			names = append(names, h.Name)
-		case mine[h.PID]:
-			names = append(names, h.Name+" (held by your own session)")
-			own = append(own, "rm holders/"+h.Name)
-		default:
-			names = append(names, fmt.Sprintf("%s (process %d)", h.Name, h.PID))
-			if !seen[h.PID] {
-				seen[h.PID] = true
-				pids = append(pids, fmt.Sprint(h.PID))
-			}
-		}
-	}
-	msg := fmt.Sprintf("another holder claims this stack (%s), and a drain never displaces a running session; ", strings.Join(names, ", "))
-	var ways []string
-	if len(own) > 0 {
-		ways = append(ways, "release yours with `"+strings.Join(own, "; ")+"`")
-	}
-	if len(pids) > 0 {
-		ways = append(ways, fmt.Sprintf("let its command finish or stop it with `kill %s`", strings.Join(pids, " ")))
-	}
-	if len(ways) == 0 {
-		ways = append(ways, "let it release its claim (rm holders/<name>)")
-	}
-	return msg + strings.Join(ways, ", and ") + ", then retry"
 }

@@ -342,6 +342,7 @@ func ownedBy(ports ...int) func(int) (string, error) {
 }
 
 func TestLeaseFamily(t *testing.T) {
+	t.Parallel()
 	cfg := portdecl.Config{Declaration: pureDecl, Entrypoints: []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/"}}}
 	changedDecl := portdecl.Declaration{Step: 10, Count: 3, Bases: map[string]int{"HTTP": 30000, "DB": 31000}}
 	cases := []struct {
@@ -401,7 +402,7 @@ func TestLeaseFamily(t *testing.T) {
 			}
 			var passed string
 			got, err := leaseFamily(tc.current, tc.retained, leaseInputs{
-				config: cfg, activeLeases: tc.active, occupiedBy: ownedBy(tc.occupied...), listening: listening,
+				config: cfg, activeLeases: tc.active, occupiedBy: ownedBy(tc.occupied...), effects: stepEffects{probe: listening},
 				passedPrevious: func(why string) { passed = why },
 			})
 			if tc.wantPassed == "" && passed != "" || !strings.Contains(passed, tc.wantPassed) {
@@ -434,7 +435,7 @@ func TestLeaseFamily(t *testing.T) {
 func TestLeaseFamilyRefusalNamesOccupiedCandidates(t *testing.T) {
 	p := &probes{busy: map[int]bool{21010: true}}
 	_, err := leaseFamily(nil, false, leaseInputs{
-		config: portdecl.Config{Declaration: pureDecl}, occupiedBy: ownedBy(20000, 20020), listening: p.listening,
+		config: portdecl.Config{Declaration: pureDecl}, occupiedBy: ownedBy(20000, 20020), effects: stepEffects{probe: p.listening},
 	})
 	requireCode(t, err, PortFamilyCollision)
 	r := AsRefusal(err)
@@ -446,11 +447,12 @@ func TestLeaseFamilyRefusalNamesOccupiedCandidates(t *testing.T) {
 }
 
 func TestLeaseFamilyIndexErrorIsReturned(t *testing.T) {
+	t.Parallel()
 	broken := errors.New("index unreadable")
 	_, err := leaseFamily(nil, false, leaseInputs{
 		config:     portdecl.Config{Declaration: pureDecl},
 		occupiedBy: func(int) (string, error) { return "", broken },
-		listening:  (&probes{}).listening,
+		effects:    stepEffects{probe: (&probes{}).listening},
 	})
 	if !errors.Is(err, broken) {
 		t.Fatalf("got %v, want the index error", err)
@@ -460,6 +462,7 @@ func TestLeaseFamilyIndexErrorIsReturned(t *testing.T) {
 // --- claims on the store ---
 
 func TestClaimWalkthrough(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	if r := stackRecord(t, e, "app", "main"); r.Revision != 0 || len(r.Value.Holders) != 0 || r.Value.Lease != nil {
@@ -510,6 +513,7 @@ func TestClaimWalkthrough(t *testing.T) {
 }
 
 func TestClaimSkipsFamiliesLeasedByAnotherCockpit(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main", "feature")
 	claim(t, e, "app", "main", "alice")
@@ -524,6 +528,7 @@ func TestClaimSkipsFamiliesLeasedByAnotherCockpit(t *testing.T) {
 }
 
 func TestClaimCountExhaustion(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 18080\n", "a", "b", "c")
 	claim(t, e, "app", "a", "alice")
@@ -536,6 +541,7 @@ func TestClaimCountExhaustion(t *testing.T) {
 // The count bounds a cockpit's active leases even when free candidates remain, as they do once
 // the declaration moved to other bases.
 func TestClaimCountCoversLeasesUnderAnOldDeclaration(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", "[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 18080\n", "a", "b", "c")
 	claim(t, e, "app", "a", "alice")
@@ -608,6 +614,7 @@ func TestRetainedLeaseIgnoresItsOwnListeners(t *testing.T) {
 }
 
 func TestClaimWithoutConfig(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", "", "main")
 	refusedUnchanged(t, e, "app", "main", PortFamilyOutOfRange, func() error { return claimErr(e, "app", "main", "alice") })
@@ -617,6 +624,7 @@ func TestClaimWithoutConfig(t *testing.T) {
 }
 
 func TestClaimAfterConfigChange(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main", "feature")
@@ -642,6 +650,7 @@ func TestClaimAfterConfigChange(t *testing.T) {
 }
 
 func TestClaimRefusesOtherCheckout(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	claim(t, e, "app", "main", "alice")
@@ -651,6 +660,7 @@ func TestClaimRefusesOtherCheckout(t *testing.T) {
 }
 
 func TestRelease(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")
@@ -676,6 +686,7 @@ func TestRelease(t *testing.T) {
 }
 
 func TestClaimUnknownStack(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig)
 	requireCode(t, claimErr(e, "app", "missing", "alice"), NotFound)
@@ -723,6 +734,7 @@ func TestUnknownCheckoutIsNoOtherCheckout(t *testing.T) {
 // A touch of a holder already bound to the toucher's session is answered from the current
 // record; one that binds it anew commits; a refused one changes nothing.
 func TestTouchCommitsOnlyWhatItChanges(t *testing.T) {
+	t.Parallel()
 	base := newEngine(t)
 	store := &deadlines{Store: base.db}
 	e := New(store)
@@ -770,6 +782,7 @@ func TestTouchCommitsOnlyWhatItChanges(t *testing.T) {
 // last holder while another uid's stays, the lease passes to that uid, which is then at its
 // bound, and the taker leases again; the counts agree with the records (Verify).
 func TestLeaseCountsAgainstItsHolderNow(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	e.BoundLeases(1)
@@ -820,6 +833,7 @@ func TestLeaseCountsAgainstItsHolderNow(t *testing.T) {
 // refuses a new one: here that holder's claim and its touch (a claim run again), tracked or not.
 // The record stays as it was.
 func TestLeasePortFamilyExistingHolderAfterDeclarationChange(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")

@@ -15,39 +15,41 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 		return refuse(StateRecordMalformed, name, "use 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-', and not README or ports",
 			"cockpit name %q is invalid", name)
 	}
-	return e.update(ctx, cockpitKey(name), func(tx storage.Txn, now time.Time) error {
-		if _, err := tx.Get(cockpitKey(name)); err == nil {
-			return refuse(Exists, cockpitID(name), "", "cockpit %s already exists", name)
-		} else if !errors.Is(err, storage.ErrNotFound) {
-			return err
+	return e.apply(ctx, c, cockpitKey(name), func(tx storage.Txn, now time.Time) (change, error) {
+		taken, err := found(tx, cockpitKey(name))
+		if err != nil {
+			return change{}, err
 		}
-		m := cockpitMeta{Name: name, ID: cockpitID(name), UID: c.UID, CreatedAt: stamp(now), UpdatedAt: stamp(now)}
-		if err := setJSON(tx, cockpitKey(name), m); err != nil {
-			return err
-		}
-		return appendEvent(tx, name, cockpitLevel, okEvent(c, now, m.Revision))
+		return createCockpit(c, name, taken, now)
 	})
+}
+
+func createCockpit(c Caller, name string, taken bool, now time.Time) (change, error) {
+	if taken {
+		return change{}, refuse(Exists, cockpitID(name), "", "cockpit %s already exists", name)
+	}
+	m := cockpitMeta{Name: name, ID: cockpitID(name), UID: c.UID, CreatedAt: stamp(now), UpdatedAt: stamp(now)}
+	return change{cockpit: name, meta: &m, line: cockpitLevel, revision: m.Revision}, nil
+}
+
+// found says whether key has a value in tx, read with Get so the transaction conflicts with its
+// creation or removal.
+func found(tx storage.Txn, key string) (bool, error) {
+	_, err := tx.Get(key)
+	if errors.Is(err, storage.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // RemoveCockpit removes a namespace that has no stacks; only its owner (or root) may.
 func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error {
-	err := e.update(ctx, cockpitKey(name), func(tx storage.Txn, now time.Time) error {
+	err := e.apply(ctx, c, cockpitKey(name), func(tx storage.Txn, _ time.Time) (change, error) {
 		m, err := e.loadCockpit(tx, name)
 		if err != nil {
-			return err
+			return change{}, err
 		}
-		if !c.may(m.UID) {
-			return c.denied("cockpit "+name, m.UID)
-		}
-		if m.Stacks > 0 {
-			return refuse(NotEmpty, m.ID, "remove its stacks first", "cockpit %s still has %d stacks", name, m.Stacks)
-		}
-		for _, k := range []string{cockpitKey(name), leaseCountKey(name), leasedPortsKey(name)} {
-			if err := tx.Delete(k); err != nil {
-				return err
-			}
-		}
-		return deleteEvents(tx, name, cockpitLevel)
+		return removeCockpit(c, m)
 	})
 	if err == nil {
 		// Nothing reads a removed cockpit again to drop it from the cache (its config may be
@@ -56,6 +58,16 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 		e.records.forget(cockpitKey(name)) // update keeps a generation of every key it commits
 	}
 	return err
+}
+
+func removeCockpit(c Caller, m cockpitMeta) (change, error) {
+	if !c.may(m.UID) {
+		return change{}, c.denied("cockpit "+m.Name, m.UID)
+	}
+	if m.Stacks > 0 {
+		return change{}, refuse(NotEmpty, m.ID, "remove its stacks first", "cockpit %s still has %d stacks", m.Name, m.Stacks)
+	}
+	return change{cockpit: m.Name, removedCockpit: true}, nil
 }
 
 // MayWriteConfig refuses c writing the cockpit's config unless it is the cockpit's owner (or
@@ -88,32 +100,46 @@ func (e *Engine) CheckConfigPrefix(cockpit string, text []byte) error {
 // SetConfig accepts a port declaration (§3) for the cockpit; only its owner (or root) may.
 // Leases keep the declaration they were taken under.
 func (e *Engine) SetConfig(ctx context.Context, c Caller, cockpit string, text []byte) error {
-	return e.update(ctx, cockpitKey(cockpit), func(tx storage.Txn, now time.Time) error {
+	// Observed before the transaction: the document's parse, and the host's ephemeral range it
+	// is warned against.
+	in := configInput{text: text}
+	in.cfg, in.parseErr = portdecl.Parse(text)
+	if in.parseErr == nil {
+		in.warning = ephemeralWarning(in.cfg.Declaration)
+	}
+	return e.apply(ctx, c, cockpitKey(cockpit), func(tx storage.Txn, now time.Time) (change, error) {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
-			return err
+			return change{}, err
 		}
-		// Ownership first: anyone else learns nothing about the document's validity.
-		if !c.may(m.UID) {
-			return c.denied("the config of cockpit "+cockpit, m.UID)
-		}
-		cfg, err := portdecl.Parse(text)
-		if err != nil {
-			return refuse(PortFamilyOutOfRange, m.ID, configFix, "%v", err)
-		}
-		if m.Config == string(text) {
-			return errUnchanged
-		}
-		m.Config, m.Declared = string(text), &cfg
-		m.Revision++
-		m.UpdatedAt = stamp(now)
-		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {
-			return err
-		}
-		ok := okEvent(c, now, m.Revision)
-		ok.Warning = ephemeralWarning(cfg.Declaration)
-		return appendEvent(tx, cockpit, cockpitLevel, ok)
+		return setConfig(c, m, in, now)
 	})
+}
+
+// configInput is a config document as observed before its transaction.
+type configInput struct {
+	text     []byte
+	cfg      portdecl.Config
+	parseErr error
+	warning  string // of its candidates in the host's ephemeral range
+}
+
+func setConfig(c Caller, m cockpitMeta, in configInput, now time.Time) (change, error) {
+	// Ownership first: anyone else learns nothing about the document's validity.
+	if !c.may(m.UID) {
+		return change{}, c.denied("the config of cockpit "+m.Name, m.UID)
+	}
+	if in.parseErr != nil {
+		return change{}, refuse(PortFamilyOutOfRange, m.ID, configFix, "%v", in.parseErr)
+	}
+	if m.Config == string(in.text) {
+		return change{}, errUnchanged
+	}
+	cfg := in.cfg
+	m.Config, m.Declared = string(in.text), &cfg
+	m.Revision++
+	m.UpdatedAt = stamp(now)
+	return change{cockpit: m.Name, meta: &m, line: cockpitLevel, revision: m.Revision, warning: in.warning}, nil
 }
 
 // creator is who made the stack. A record kept from before creators were recorded names none:
@@ -130,68 +156,79 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 	if err := checkName("stack", stack); err != nil {
 		return err
 	}
-	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+	return e.apply(ctx, c, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) (change, error) {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
-			return err
+			return change{}, err
 		}
-		if _, err := tx.Get(stackKey(cockpit, stack)); err == nil {
-			return refuse(Exists, StackID(cockpit, stack), "", "stack %s already exists", stack)
-		} else if !errors.Is(err, storage.ErrNotFound) {
-			return err
+		taken, err := found(tx, stackKey(cockpit, stack))
+		if err != nil {
+			return change{}, err
 		}
-		if m.Stacks >= MaxStacks {
-			return refuse(StateInventoryLimit, StackID(cockpit, stack), "remove a stack this cockpit no longer needs",
-				"cockpit %s already has %d stacks", cockpit, MaxStacks)
-		}
-		if _, err := saveRecord(tx, cachedRecord{}, newRecord(cockpit, stack, c.UID, c.GID, now)); err != nil {
-			return err
-		}
-		m.Stacks++
-		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {
-			return err
-		}
-		return appendEvent(tx, cockpit, cockpitLevel, okEvent(c, now, 0))
+		return createStack(c, m, stack, taken, now)
 	})
+}
+
+func createStack(c Caller, m cockpitMeta, stack string, taken bool, now time.Time) (change, error) {
+	if taken {
+		return change{}, refuse(Exists, StackID(m.Name, stack), "", "stack %s already exists", stack)
+	}
+	if m.Stacks >= MaxStacks {
+		return change{}, refuse(StateInventoryLimit, StackID(m.Name, stack), "remove a stack this cockpit no longer needs",
+			"cockpit %s already has %d stacks", m.Name, MaxStacks)
+	}
+	r := newRecord(m.Name, stack, c.UID, c.GID, now)
+	m.Stacks++
+	return change{cockpit: m.Name, created: &r, meta: &m, line: cockpitLevel, revision: r.Revision}, nil
 }
 
 // ChmodStack sets the permission bits of a stack's directory (chmod): only its group and other
 // write bits change, which say who else may join the stack (mayJoin); only its creator, its
 // cockpit's owner or root may change them.
 func (e *Engine) ChmodStack(ctx context.Context, c Caller, cockpit, stack string, mode uint32) error {
-	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+	return e.apply(ctx, c, stackKey(cockpit, stack), func(tx storage.Txn, _ time.Time) (change, error) {
 		m, err := e.loadCockpit(tx, cockpit)
 		if err != nil {
-			return err
+			return change{}, err
 		}
 		r, err := e.readRecord(tx, cockpit, stack)
 		if err != nil {
-			return err
+			return change{}, err
 		}
-		if creator := r.creator(m); !c.may(creator) && c.UID != m.UID {
-			return c.denied("stack "+cockpit+"/"+stack, creator)
-		}
-		if mode&^stackModeJoin != StackModeClosed {
-			return refuse(Unsupported, r.SubjectID, "chmod g+w or o+w to let others join the stack, g-w or o-w to close it again",
-				"a stack's mode is %04o with its group and other write bits as its creator chooses; %04o changes more", StackModeClosed, mode)
-		}
-		if mode == r.StackMode() {
-			return errUnchanged
-		}
-		if r.Value.Drain != nil {
-			// A drain's record stays at the revision its last step committed (the seeds'
-			// decodeCoordinationRecord refuses any other), which its next step builds on.
-			return refuse(ClaimCoTenant, r.SubjectID, drainReservedFix, "a stack's mode cannot change while a drain is reserved")
-		}
-		r.Mode = &mode
-		return e.commit(tx, c, r, r.Value, now, "")
+		return chmodStack(c, m, r, mode)
 	})
+}
+
+func chmodStack(c Caller, m cockpitMeta, r cachedRecord, mode uint32) (change, error) {
+	if creator := r.creator(m); !c.may(creator) && c.UID != m.UID {
+		return change{}, c.denied("stack "+m.Name+"/"+r.Stack, creator)
+	}
+	if mode&^stackModeJoin != StackModeClosed {
+		return change{}, refuse(Unsupported, r.SubjectID, "chmod g+w or o+w to let others join the stack, g-w or o-w to close it again",
+			"a stack's mode is %04o with its group and other write bits as its creator chooses; %04o changes more", StackModeClosed, mode)
+	}
+	if mode == r.StackMode() {
+		return change{}, errUnchanged
+	}
+	if r.Value.Drain != nil {
+		// A drain's record stays at the revision its last step committed (the seeds'
+		// decodeCoordinationRecord refuses any other), which its next step builds on.
+		return change{}, refuse(ClaimCoTenant, r.SubjectID, drainReservedFix, "a stack's mode cannot change while a drain is reserved")
+	}
+	r.Mode = &mode
+	return nextRecord(r, r.Value, ""), nil
 }
 
 // RemoveStack removes a stack with no holders, no active lease and no drain; only its creator
 // (or root) may: removing it deletes its history.
 func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack string) error {
-	err := e.removeStack(ctx, c, cockpit, stack)
+	err := e.apply(ctx, c, stackKey(cockpit, stack), func(tx storage.Txn, _ time.Time) (change, error) {
+		m, r, err := e.loadStack(tx, cockpit, stack)
+		if err != nil {
+			return change{}, err
+		}
+		return removeStack(c, m, stack, r)
+	})
 	if err == nil {
 		// Nothing reads a removed stack's record again to drop it from the cache.
 		e.records.forget(stackKey(cockpit, stack))
@@ -199,32 +236,14 @@ func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack strin
 	return err
 }
 
-func (e *Engine) removeStack(ctx context.Context, c Caller, cockpit, stack string) error {
-	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
-		m, r, err := e.loadStack(tx, cockpit, stack)
-		if err != nil {
-			return err
-		}
-		if owner := r.creator(m); !c.may(owner) {
-			return c.denied("stack "+cockpit+"/"+stack, owner)
-		}
-		if v := r.Value; len(v.Holders) > 0 || v.Lease.Active() || v.Drain != nil {
-			return refuse(ClaimCoTenant, r.SubjectID, "drain the stack first (echo down > drain/request, then its attempts)",
-				"stack %s still has holders, an active lease or a drain", stack)
-		}
-		if err := tx.Delete(stackKey(cockpit, stack)); err != nil {
-			return err
-		}
-		if err := tx.Delete(declaredValuesKey(cockpit, stack)); err != nil {
-			return err
-		}
-		if err := deleteEvents(tx, cockpit, stack); err != nil {
-			return err
-		}
-		m.Stacks--
-		if err := setJSON(tx, cockpitKey(cockpit), m); err != nil {
-			return err
-		}
-		return appendEvent(tx, cockpit, cockpitLevel, okEvent(c, now, r.Revision))
-	})
+func removeStack(c Caller, m cockpitMeta, stack string, r Record) (change, error) {
+	if owner := r.creator(m); !c.may(owner) {
+		return change{}, c.denied("stack "+m.Name+"/"+stack, owner)
+	}
+	if v := r.Value; len(v.Holders) > 0 || v.Lease.Active() || v.Drain != nil {
+		return change{}, refuse(ClaimCoTenant, r.SubjectID, "drain the stack first (echo down > drain/request, then its attempts)",
+			"stack %s still has holders, an active lease or a drain", stack)
+	}
+	m.Stacks--
+	return change{cockpit: m.Name, removedStack: stack, meta: &m, line: cockpitLevel, revision: r.Revision}, nil
 }

@@ -40,6 +40,7 @@ func eventLines(t *testing.T, e *Engine, cockpit, stack string) []event {
 }
 
 func TestRemoveStackAndCockpit(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main", "idle")
@@ -75,6 +76,7 @@ func TestRemoveStackAndCockpit(t *testing.T) {
 }
 
 func TestCreateExistingCockpitOrStack(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")
@@ -86,6 +88,7 @@ func TestCreateExistingCockpitOrStack(t *testing.T) {
 }
 
 func TestCockpitStackHolderNames(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")
@@ -111,6 +114,7 @@ func TestCockpitStackHolderNames(t *testing.T) {
 }
 
 func TestOwnershipOfCockpitsAndHolders(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	const owner, stranger = 1000, 1001
@@ -217,6 +221,7 @@ func deadPID(t *testing.T) int {
 }
 
 func TestSetHolder(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")
@@ -310,6 +315,7 @@ func TestParseHolderWrite(t *testing.T) {
 }
 
 func TestEventsAfterEachChange(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	claim(t, e, "app", "main", "alice")
@@ -325,6 +331,7 @@ func TestEventsAfterEachChange(t *testing.T) {
 }
 
 func TestEventsKeepTheLast256(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")
@@ -355,6 +362,7 @@ func TestEventsKeepTheLast256(t *testing.T) {
 }
 
 func TestEventsLogRefusal(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	err := claimErr(e, "app", "main", ".bad")
@@ -392,6 +400,7 @@ func TestEventsLogRefusal(t *testing.T) {
 }
 
 func TestWait(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	got := make(chan int64, 1)
@@ -423,6 +432,7 @@ func TestWait(t *testing.T) {
 }
 
 func TestWaitCancelled(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -446,6 +456,7 @@ func TestWaitCancelled(t *testing.T) {
 }
 
 func TestSetConfig(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", "")

@@ -9,18 +9,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// Commit plumbing. Every stack operation has one shape: its use case observes what lies outside
-// the store (processes, listeners' probe, the caller), then applyStep runs the operation's pure
-// step over the stack's record inside one transaction and commits what it returns: invariants,
-// record, port index and events line together, then the cache and the waiters.
-
-// lockTimeout is how long an operation waits for its stack, its lock and the store's conflicts
-// together, before refusing with STATE_LOCKED.
-const lockTimeout = 2 * time.Second
+// Commit plumbing. Every operation that writes has one shape: its use case observes what lies
+// outside the store (processes, the caller), then, in one transaction, reads what it decides on
+// with Get and runs its pure step, which returns a change; commitChange writes the change and the
+// operation's events line together (the one place such a line is made), then update keeps the
+// caches and the waiters fresh. applyStep is that shape for a step over a stack's record; the
+// cockpit's operations (cockpits.go) and declared values (entrypoints.go) return their change
+// through apply.
 
 // errUnchanged aborts a transaction that would change nothing: the operation still succeeds.
 var errUnchanged = errors.New("unchanged")
@@ -47,8 +47,21 @@ func noFreeFamily(err error) bool {
 
 // step is one operation's rule: the value that follows r, or why not (a refusal, or errUnchanged
 // when there is nothing to commit). It changes nothing itself; what it reads beyond r it reads
-// through reads.
-type step func(r Record, reads stepReads, now time.Time) (Value, error)
+// through reads, and what it needs done beyond deciding it asks of fx.
+type step func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error)
+
+// stepEffects are what a step may ask the commit path to do, beyond reading: a claim's listener
+// probe of a candidate family's ports, and the machine-wide holds of the family it would lease.
+// The step asks for them candidate by candidate, since which families it reaches depends on the
+// port index read in the transaction; applyStep performs them (txReads.holdFamily), so the step
+// stays a function of its record, its reads and these answers.
+type stepEffects struct {
+	// probe says which of ports have a host TCP listener.
+	probe func(ports []int) ([]int, error)
+	// hold takes the machine-wide holds of a family's ports for the stack, all or none, and says
+	// who holds the port it could not take (nil: taken); nil when the engine holds no ports.
+	hold func(ports map[string]int) (*portlock.Holder, int, error)
+}
 
 // stepReads is what a step may read beyond its stack's record. Each read is a Get inside the
 // commit's transaction, so a concurrent change of what the step decided on conflicts and retries.
@@ -58,11 +71,8 @@ type stepReads interface {
 	leasesOf(uid uint32) (int, error)   // active leases taken by uid's claims, every cockpit
 	portOwner(port int) (string, error) // "cockpit/stack" of another stack's active lease of port, "" if none
 	// leasedPorts are the ports of the cockpit's active leases; known is false in a store that
-	// does not keep them yet (see leasedPorts in store.go).
+	// does not keep them yet (see leasedPorts in portindex.go).
 	leasedPorts() (ports []int, known bool, err error)
-	// hold takes the machine-wide holds of a candidate family's ports for the stack, all or none,
-	// and says who holds the port it could not take (nil: taken, or the engine holds no ports).
-	hold(ports map[string]int) (*portlock.Holder, int, error)
 	// releasedDead tells the commit's events line the dead holders the step released.
 	releasedDead(holders []Holder)
 	// passedPrevious tells the commit's events line why the stack's previous family was not
@@ -94,10 +104,9 @@ func (t txReads) releasedDead(holders []Holder) { t.skipped.dead = append(t.skip
 
 func (t txReads) passedPrevious(why string) { t.skipped.previous = why }
 
-func (t txReads) hold(ports map[string]int) (*portlock.Holder, int, error) {
-	if t.e.holds == nil {
-		return nil, 0, nil
-	}
+// holdFamily performs a step's hold effect (stepEffects.hold), and notes for the events line and
+// behindHolds what it skipped.
+func (t txReads) holdFamily(ports map[string]int) (*portlock.Holder, int, error) {
 	holder, port, here, err := t.e.holds.takeFamily(stackKey(t.cockpitName, t.stack), t.cockpitName, t.stack, ports)
 	if holder != nil {
 		t.skipped.why = append(t.skipped.why, fmt.Sprintf("port %d is held by %s", port, holder))
@@ -151,20 +160,25 @@ func (t txReads) portOwner(port int) (string, error) {
 
 // applyStep commits the value s derives from the stack's current record.
 func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string, s step) error {
-	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+	return e.apply(ctx, c, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) (change, error) {
 		r, err := e.readRecord(tx, cockpit, stack)
 		if err != nil {
-			return err
+			return change{}, err
 		}
 		var skipped skippedHeld
-		v, err := s(r.Record, txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, skipped: &skipped}, now)
+		reads := txReads{e: e, tx: tx, cockpitName: cockpit, stack: stack, skipped: &skipped}
+		fx := stepEffects{probe: listeners.Listening}
+		if e.holds != nil {
+			fx.hold = reads.holdFamily
+		}
+		v, err := s(r.Record, reads, fx, now)
 		if skipped.here != "" && noFreeFamily(err) {
 			// hold is asked only of families free in the snapshot: the claim that holds this one
 			// is newer than it.
-			return behindHolds{stack: skipped.here, refusal: err}
+			return change{}, behindHolds{stack: skipped.here, refusal: err}
 		}
 		if err != nil {
-			return err
+			return change{}, err
 		}
 		var warnings []string
 		if len(skipped.dead) > 0 {
@@ -181,26 +195,117 @@ func (e *Engine) applyStep(ctx context.Context, c Caller, cockpit, stack string,
 			// A candidate family another process holds was skipped: the claim's line says why.
 			warnings = append(warnings, "skipped candidate families: "+strings.Join(skipped.why, "; "))
 		}
-		warning := strings.Join(warnings, "; ")
-		return e.commit(tx, c, r, v, now, warning)
+		return nextRecord(r, v, strings.Join(warnings, "; ")), nil
 	})
 }
 
-// commit writes the next revision of r with value v, its port index and its events line, with
-// warning in the line ("" for none).
-func (e *Engine) commit(tx storage.Txn, c Caller, r cachedRecord, v Value, now time.Time, warning string) error {
-	v = chargeLease(v)
-	saved, err := saveRecord(tx, r, r.next(v, now))
-	if err != nil {
-		return err
+// change is what an operation's step decided: every write of its commit, and the events file its
+// line goes to. Only commitChange writes it.
+type change struct {
+	cockpit string
+	meta    *cockpitMeta // the cockpit's next metadata
+	// record is a stack's next value after prev, committed as its next revision with its port
+	// index (see nextRecord).
+	record *recordChange
+	// created is a new stack's first record.
+	created *Record
+	// declared are a stack's next declared values (declaredValuesKey).
+	declared *declaredChange
+	// removedStack names a stack removed: its record, declared values and events go.
+	removedStack string
+	// removedCockpit: the cockpit's metadata, lease counts and events go.
+	removedCockpit bool
+	// line is the events file of the operation's line: a stack's name, cockpitLevel for the
+	// cockpit's own, "" for none (a removed cockpit keeps no events file).
+	line string
+	// revision is what the line names: the revision of the record or cockpit the change is about.
+	// A record's next revision (record) names itself.
+	revision int64
+	warning  string // the line's warning, "" for none
+}
+
+type recordChange struct {
+	prev  cachedRecord
+	value Value
+}
+
+type declaredChange struct {
+	stack  string
+	values DeclaredValues
+}
+
+// nextRecord is the change that commits v as r's next value, its line in r's events file.
+func nextRecord(r cachedRecord, v Value, warning string) change {
+	return change{cockpit: r.Cockpit, record: &recordChange{prev: r, value: v}, line: r.Stack, warning: warning}
+}
+
+// apply runs an operation whose step reads what it decides on in tx (Gets, so a concurrent change
+// of it conflicts) and returns its change, then commits that change, all in one transaction
+// under key's lock.
+func (e *Engine) apply(ctx context.Context, c Caller, key string, step func(tx storage.Txn, now time.Time) (change, error)) error {
+	return e.update(ctx, key, func(tx storage.Txn, now time.Time) error {
+		ch, err := step(tx, now)
+		if err != nil {
+			return err
+		}
+		return e.commitChange(tx, c, ch, now)
+	})
+}
+
+// commitChange writes ch in tx, then the operation's events line: a stack's next record after
+// its invariants (a transition that would break one commits nothing) with its port index, a new
+// stack's record, declared values, removals, the cockpit's metadata.
+func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time) error {
+	revision := ch.revision
+	if rc := ch.record; rc != nil {
+		r, v := rc.prev, chargeLease(rc.value)
+		saved, err := saveRecord(tx, r, r.next(v, now))
+		if err != nil {
+			return err
+		}
+		e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
+		if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
+			return err
+		}
+		revision = saved.Revision
 	}
-	e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
-	if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
-		return err
+	if ch.created != nil {
+		if _, err := saveRecord(tx, cachedRecord{}, *ch.created); err != nil {
+			return err
+		}
 	}
-	ev := okEvent(c, now, saved.Revision)
-	ev.Warning = warning
-	return appendEvent(tx, r.Cockpit, r.Stack, ev)
+	if d := ch.declared; d != nil {
+		if err := setJSON(tx, declaredValuesKey(ch.cockpit, d.stack), d.values); err != nil {
+			return err
+		}
+	}
+	if stack := ch.removedStack; stack != "" {
+		if err := deleteKeys(tx, []string{stackKey(ch.cockpit, stack), declaredValuesKey(ch.cockpit, stack)}); err != nil {
+			return err
+		}
+		if err := deleteEvents(tx, ch.cockpit, stack); err != nil {
+			return err
+		}
+	}
+	if ch.removedCockpit {
+		if err := deleteKeys(tx, []string{cockpitKey(ch.cockpit), leaseCountKey(ch.cockpit), leasedPortsKey(ch.cockpit)}); err != nil {
+			return err
+		}
+		if err := deleteEvents(tx, ch.cockpit, cockpitLevel); err != nil {
+			return err
+		}
+	}
+	if ch.meta != nil {
+		if err := setJSON(tx, cockpitKey(ch.cockpit), *ch.meta); err != nil {
+			return err
+		}
+	}
+	if ch.line == "" {
+		return nil
+	}
+	ev := okEvent(c, now, revision)
+	ev.Warning = ch.warning
+	return appendEvent(tx, ch.cockpit, ch.line, ev)
 }
 
 // update runs fn as one transaction while holding the lock of key, so writers of one stack queue
@@ -208,8 +313,9 @@ func (e *Engine) commit(tx storage.Txn, c Caller, r cachedRecord, v Value, now t
 // retries share one budget, so STATE_LOCKED comes within it, not within twice it. The lock is
 // released at the commit, before its sync: the next writer reads the commit in its own
 // transaction, and writers queued on one stack share syncs as writers on distinct stacks do.
-// Readers and watchers of key see the commit only once it is durable: the cache takes it then,
-// and watchers are woken then.
+// Readers and watchers of key see the commit only once it is durable: the observers (the caches
+// and the waiters, Engine.observers) hear of it before it writes, once it is ordered, and once it
+// is durable, and only then does the cache take it and are watchers woken.
 func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn, now time.Time) error) error {
 	budget, cancel := withBudget(ctx, e.budget)
 	defer cancel()
@@ -217,15 +323,16 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 	if err != nil {
 		return e.locked(ctx, key, nil)
 	}
-	// Before anything the commit writes can be read, until its sync is over (see healthCache and
-	// recordCache).
-	e.healthCache.begin()
-	defer e.healthCache.end()
-	e.cockpits.begin()
-	defer e.cockpits.end()
-	e.records.begin(key)
-	e.inventory.begin(key)
-	defer e.inventory.end(key)
+	observers := e.observers()
+	var outcome commitOutcome
+	for _, o := range observers {
+		o.commitBegins(key)
+	}
+	defer func() {
+		for _, o := range observers {
+			o.commitEnds(key, &outcome)
+		}
+	}()
 	run := func(tx storage.Txn) error {
 		e.staged.Delete(key) // only the run that commits counts
 		if e.holds != nil {
@@ -236,44 +343,71 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		return fn(tx, e.now())
 	}
 	durable, err := e.commitPastHolds(budget, run)
-	var written *cachedRecord
 	if staged, ok := e.staged.LoadAndDelete(key); ok && err == nil {
 		r := staged.(cachedRecord)
-		written = &r
+		outcome.written = &r
 	}
 	if e.holds != nil {
 		// Still under the stack's lock: what the transaction held becomes the committed lease's,
 		// or goes.
 		var lease *Lease
-		if written != nil {
-			lease = written.Value.Lease
+		if outcome.written != nil {
+			lease = outcome.written.Value.Lease
 		}
-		e.holds.settle(key, written != nil, lease)
+		e.holds.settle(key, outcome.written != nil, lease)
 	}
 	if errors.Is(err, errUnchanged) {
-		e.records.done(key, nil, 0)
 		unlock()
 		return nil
 	}
-	// Taken while the lock orders this commit before the next one on key.
-	gen := e.records.invalidate(key, written)
+	for _, o := range observers {
+		o.commitOrdered(key, &outcome)
+	}
 	unlock()
 	if err == nil {
 		err = durable()
 	}
 	if err != nil {
-		written = nil
+		outcome.written = nil
 	}
-	e.records.done(key, written, gen)
+	outcome.durable = err == nil
 	switch {
 	case errors.Is(err, storage.ErrLocked):
 		return e.locked(ctx, key, err)
 	case err != nil:
 		return err
 	}
-	e.changes.publish(key)
-	e.cockpitChanges.publish(key)
 	return nil
+}
+
+// commitObserver is a cache of what the store holds, or the waiters of a change: something every
+// commit must keep fresh. update walks Engine.observers, in list order, at three points of each
+// commit on key; a new cache joins the list, not the lines of update.
+type commitObserver interface {
+	// commitBegins comes before the transaction runs, so before anything it writes can be read:
+	// the store may show a commit to other readers before its committer is back (a sync round
+	// another committer leads, a backend durable at commit).
+	commitBegins(key string)
+	// commitOrdered comes once the transaction is over, unless it changed nothing, while key's
+	// lock still orders this commit before the next one on key. c.written is the record it
+	// wrote (nil: none, or it failed).
+	commitOrdered(key string, c *commitOutcome)
+	// commitEnds comes once the commit is durable (c.durable), failed, or changed nothing, with
+	// key's lock released.
+	commitEnds(key string, c *commitOutcome)
+}
+
+// commitOutcome is what a commit's observers learn of it.
+type commitOutcome struct {
+	written *cachedRecord // the stack's record as the commit wrote it; nil: none, or not durable
+	durable bool          // a change was committed and is durable: its waiters may look
+	gen     uint64        // the record cache's generation for this commit (commitOrdered)
+}
+
+// observers are what a commit keeps fresh, in the order update walks them: the record cache takes
+// a commit's record before its waiters wake, so they read it from memory.
+func (e *Engine) observers() [6]commitObserver {
+	return [...]commitObserver{&e.records, &e.changes, &e.cockpitChanges, &e.inventory, &e.cockpits, &e.healthCache}
 }
 
 // commitPastHolds commits run; a run refused behind another stack's newer holds (behindHolds)
@@ -328,13 +462,13 @@ func (e *Engine) locked(ctx context.Context, key string, cause error) error {
 // keyedLocks queues the writers of one key in this process; lock waits until ctx is done. A key's
 // entry lives while someone holds or awaits it, so keys of removed stacks do not pile up.
 type keyedLocks struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m and each entry's users; a leaf (LOCK ORDERING 7)
 	m  map[string]*keyLock
 }
 
 type keyLock struct {
-	ch    chan struct{}
-	users int // holder and waiters
+	ch    chan struct{} // the key's lock (LOCK ORDERING 2): one slot, so a waiter can give up at ctx
+	users int           // holder and waiters
 }
 
 func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
@@ -375,7 +509,7 @@ func (k *keyedLocks) release(key string, l *keyLock) {
 
 // notifier wakes waiters on a key: next hands out a channel that publish closes.
 type notifier struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m; a leaf
 	m  map[string]chan struct{}
 }
 
@@ -400,6 +534,16 @@ func (n *notifier) publishAll() {
 	for key, ch := range n.m {
 		close(ch)
 		delete(n.m, key)
+	}
+}
+
+func (n *notifier) commitBegins(string)                  {}
+func (n *notifier) commitOrdered(string, *commitOutcome) {}
+
+// commitEnds wakes key's waiters once a change of it is durable.
+func (n *notifier) commitEnds(key string, c *commitOutcome) {
+	if c.durable {
+		n.publish(key)
 	}
 }
 

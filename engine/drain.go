@@ -640,3 +640,38 @@ func FailedReclaimRecovery(d *Drain) *ReclaimRecovery {
 	}
 	return rec
 }
+
+// liveHolderMessage names the other holders and how to end them (the seeds' liveHolderMessage).
+// A holder held by one of the caller's own processes (mine) is to be released, never killed:
+// `kill` there would end the caller's own shell.
+func liveHolderMessage(others []Holder, mine map[int]bool) string {
+	var names, pids, own []string
+	seen := map[int]bool{}
+	for _, h := range others {
+		switch {
+		case h.PID == 0:
+			names = append(names, h.Name)
+		case mine[h.PID]:
+			names = append(names, h.Name+" (held by your own session)")
+			own = append(own, "rm holders/"+h.Name)
+		default:
+			names = append(names, fmt.Sprintf("%s (process %d)", h.Name, h.PID))
+			if !seen[h.PID] {
+				seen[h.PID] = true
+				pids = append(pids, fmt.Sprint(h.PID))
+			}
+		}
+	}
+	msg := fmt.Sprintf("another holder claims this stack (%s), and a drain never displaces a running session; ", strings.Join(names, ", "))
+	var ways []string
+	if len(own) > 0 {
+		ways = append(ways, "release yours with `"+strings.Join(own, "; ")+"`")
+	}
+	if len(pids) > 0 {
+		ways = append(ways, fmt.Sprintf("let its command finish or stop it with `kill %s`", strings.Join(pids, " ")))
+	}
+	if len(ways) == 0 {
+		ways = append(ways, "let it release its claim (rm holders/<name>)")
+	}
+	return msg + strings.Join(ways, ", and ") + ", then retry"
+}

@@ -10,6 +10,7 @@ import (
 // under kv's value threshold (512 KiB), from which badger keeps a value in its value log, which is
 // never reclaimed: through reservation, its runtime stop, its reclaims, a failure and its retry.
 func TestLargestDrainStaysOutOfTheValueLog(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	var targets []string
 	for i := 0; len(strings.Join(targets, " "))+len("down ")+501 < 64<<10; i++ {

@@ -147,6 +147,7 @@ func assertReleased(t *testing.T, e *Engine, r Record) {
 }
 
 func TestDrainSleepCompletes(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	before := stackOf(t, e)
 	r := mustStep(t, e, reserveText(t, e, "sleep"))
@@ -194,6 +195,7 @@ func TestDrainSleepCompletes(t *testing.T) {
 }
 
 func TestDrainDownWithFailureAndRetry(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	r := mustStep(t, e, reserveText(t, e, "down volume:db volume:cache valid_for=60000"))
 	d := r.Value.Drain
@@ -243,6 +245,7 @@ func TestDrainDownWithFailureAndRetry(t *testing.T) {
 }
 
 func TestDrainLateSuccessThenRepairOfKilledExecutor(t *testing.T) {
+	t.Parallel()
 	e, clock := newDrainEngine(t)
 	executor := spawnSleeper(t)
 	pid := executor.Process.Pid
@@ -271,6 +274,7 @@ func TestDrainLateSuccessThenRepairOfKilledExecutor(t *testing.T) {
 }
 
 func TestDrainRepairWithoutExecutorWaitsForValidity(t *testing.T) {
+	t.Parallel()
 	e, clock := newDrainEngine(t)
 	mustStep(t, e, reserveText(t, e, "sleep valid_for=1000"))
 	mustStep(t, e, startExecutor(e, 0))
@@ -284,6 +288,7 @@ func TestDrainRepairWithoutExecutorWaitsForValidity(t *testing.T) {
 }
 
 func TestDrainCancel(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	before := mustStep(t, e, reserveText(t, e, "down volume:db"))
 	r := mustStep(t, e, cancelStack(e))
@@ -305,6 +310,7 @@ func TestDrainCancel(t *testing.T) {
 // Resuming follows the seeds' recovery: the drain's own holder, its purpose, no attempt active,
 // planned at the current revision (or the one the reservation names), and the same work.
 func TestDrainResume(t *testing.T) {
+	t.Parallel()
 	e, clock := newDrainEngine(t)
 	reserved := mustStep(t, e, reserveText(t, e, "down volume:db valid_for=60000"))
 	planned := reserved.Value.Drain.ExpectedCoordinationRevision
@@ -342,6 +348,7 @@ func TestDrainResume(t *testing.T) {
 }
 
 func TestDrainReleasesDeadHolderAtReservation(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	gone := spawnSleeper(t)
 	claimStack(t, e, "s", "other", &Holder{PID: gone.Process.Pid, CheckoutPath: "/src/other"})
@@ -358,6 +365,7 @@ func TestDrainReleasesDeadHolderAtReservation(t *testing.T) {
 }
 
 func TestDrainJSONRequest(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	planned := mustStep(t, e, reserveText(t, e, "reset volume:db valid_for=30000")).Value.Drain
 	r := mustStep(t, e, cancelStack(e))
@@ -416,6 +424,7 @@ func TestDrainJSONRequest(t *testing.T) {
 }
 
 func TestDrainRefusals(t *testing.T) {
+	t.Parallel()
 	stranger := me("write", "app/stacks/s/drain/request")
 	stranger.UID = 54321
 	if uint32(os.Getuid()) == stranger.UID {
@@ -518,6 +527,7 @@ func TestDrainRefusals(t *testing.T) {
 }
 
 func TestDrainCoTenantNamesLiveHolder(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	live := spawnSleeper(t)
 	pid := live.Process.Pid
@@ -532,6 +542,7 @@ func TestDrainCoTenantNamesLiveHolder(t *testing.T) {
 // validForMs and a commitment whose sha256 matches a canonical JSON body: the reservation keeps
 // them as given, and each attempt is valid for its own action's validForMs.
 func TestDrainJSONRequestOwnValidityAndCommitment(t *testing.T) {
+	t.Parallel()
 	e, clock := newDrainEngine(t)
 	r := stackOf(t, e)
 	stackID, holderID := r.SubjectID, holderID("me")
@@ -568,6 +579,7 @@ func TestDrainJSONRequestOwnValidityAndCommitment(t *testing.T) {
 // before the failure it retries, an outcome cannot be published before its attempt started (the
 // seeds refuse both), and no record's updatedAt goes back.
 func TestDrainRefusesAClockSteppedBack(t *testing.T) {
+	t.Parallel()
 	e, clock := newDrainEngine(t)
 	mustStep(t, e, reserveText(t, e, "down volume:db"))
 	clock.advance(time.Second)
@@ -596,6 +608,7 @@ func TestDrainRefusesAClockSteppedBack(t *testing.T) {
 }
 
 func TestUpdatedAtNeverGoesBack(t *testing.T) {
+	t.Parallel()
 	e, clock := newDrainEngine(t)
 	before := stackOf(t, e)
 	clock.advance(-time.Hour)
@@ -615,6 +628,7 @@ func TestUpdatedAtNeverGoesBack(t *testing.T) {
 // The live-holder refusal names only the others: never the requester, never a process of the
 // caller's own session as one to kill (the seeds name the holders other than the requester).
 func TestDrainCoTenantRefusalNamesOnlyTheOthers(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	live := spawnSleeper(t)
 	pid, mine := live.Process.Pid, os.Getpid()
@@ -640,6 +654,7 @@ func TestDrainCoTenantRefusalNamesOnlyTheOthers(t *testing.T) {
 // A failed reclaim names what is done, what failed and what is left, each with its committed
 // target, as the seeds' inspectFailedReclaimRecovery reads them from the failure's record.
 func TestFailedReclaimRecovery(t *testing.T) {
+	t.Parallel()
 	e, clock := newDrainEngine(t)
 	mustStep(t, e, reserveText(t, e, "down volume:a volume:b volume:c"))
 	for range 2 {
@@ -677,6 +692,7 @@ func TestFailedReclaimRecovery(t *testing.T) {
 // served exactly (the seeds' reclaimDrainStep): the progress before a first try, the failure
 // before a retry; and Check refuses a planning that does not directly precede its attempt.
 func TestDrainReclaimPlanningRecord(t *testing.T) {
+	t.Parallel()
 	e, clock := newDrainEngine(t)
 	mustStep(t, e, reserveText(t, e, "down volume:db volume:web"))
 	mustStep(t, e, startExecutor(e, 0))
@@ -758,6 +774,7 @@ func jsonRequest(t *testing.T, e *Engine, change func(map[string]any)) string {
 // The seeds' reserveDrain answers its own request at a revision it is not at, older or never
 // issued, with CLAIM_CO_TENANT: a script written against it checks that code.
 func TestReserveDrainStaleRevision(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	rev := stackOf(t, e).Revision
 	for _, at := range []int64{rev - 1, rev + 1} {
@@ -773,6 +790,7 @@ func TestReserveDrainStaleRevision(t *testing.T) {
 // Targets are ordered as the seeds' JavaScript orders strings, by UTF-16 code units: U+1F600
 // (0xD83D 0xDE00) sorts before U+FF01 there, after it by bytes.
 func TestReserveDrainTargetOrderUTF16(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	stackID := stackOf(t, e).SubjectID
 	astral, high := "volume:\U0001F600x", "volume:\uFF01x"
@@ -804,6 +822,7 @@ func TestReserveDrainTargetOrderUTF16(t *testing.T) {
 // a holder that is not the stack's: "drain reservation requires retained holder and lease
 // ownership".
 func TestReserveDrainRetainedHolderOwnership(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t)
 	for name, change := range map[string]func(map[string]any){
 		"requester is another holder": func(m map[string]any) { m["requesterId"] = holderID("other") },

@@ -41,6 +41,7 @@ func TestEventJSONIsEncodingJSONs(t *testing.T) {
 // decodeInteger decodes what json.Unmarshal decodes, to the same value, and leaves anything else
 // (and the target untouched) to it.
 func TestIntegersDecodeAsJSON(t *testing.T) {
+	t.Parallel()
 	inputs := []string{"0", "7", "-1", "-0", "007", "+5", " 5", "5 ", "1e3", "1.0", "", "-", "0x10", "null", `"5"`,
 		"9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
 		"18446744073709551615", "18446744073709551616"}

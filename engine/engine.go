@@ -48,14 +48,37 @@ import (
 //
 // # LOCK ORDERING
 //
-// A goroutine acquires locks only in this order, never the reverse, and never two of one level:
-//  1. fs: a handle's mu (fs.handle, fs.waitHandle), held across engine calls on that handle.
-//  2. keyedLocks: the lock of one key (a stack's or a cockpit's), held by update for the whole
-//     transaction and the cache fill after it. No operation takes two keys; LogRefusal takes none.
-//  3. the store's transaction (kv's group commit lock inside it; the store calls back into
-//     the engine only through fn, which takes level 4 locks only).
-//  4. leaves, held for a map access and never while acquiring another lock: keyedLocks.mu,
-//     notifier.mu, cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, staged.
+// A goroutine takes locks only in this order, outermost first, never the reverse; it holds two of
+// one level only where level 2 says so. Each mutex's field says what it guards.
+//
+//  1. fs: a handle's mu (fs.handle, fs.waitHandle) or a scratch file's (fs.scratch), held across
+//     engine calls on that handle or file.
+//  2. keyedLocks: a key's lock (a stack's or a cockpit's), held by update for the transaction
+//     and until its observers' commitOrdered. LogRefusal takes none.
+//     Two at once, the one exception: a claim refused behind another stack's newer holds
+//     (behindHolds) waits in commitPastHolds, its own stack's lock held, for the other stack's,
+//     and lets that go at once. It cannot deadlock. A claim waits only for a stack that holds a
+//     port of a family the claim would lease, and a waiting claim's stack holds none such: a run
+//     refused for want of a family took nothing (each run first lets go of what an earlier one
+//     took, releasePendingOf, and takeFamily keeps a family only whole), and the ports of the
+//     stack's committed lease are in no other lease (the port index gives each port one). No
+//     claim waits for a waiting one, so no cycle forms; and each wait is bounded by the
+//     operation's budget (STATE_LOCKED). TestCrossStackWait* drive it.
+//  3. inventory.mu: a health read's, held across its whole View of the store (observeInventory);
+//     taken with no key's lock held.
+//  4. the store's transaction (kv's group-commit lock inside it). The store calls back into the
+//     engine only through fn, which takes the locks below.
+//  5. holds.mu, held across portlock's bind and connect (holds.take: Space.Take, Space.Ask): in a
+//     claim's transaction under its stack's lock, in settle and releasePendingOf under it, and in
+//     a health read's retake.
+//  6. leaves held across one system call or read, taking no lock but those of level 7:
+//     ephemeralRangeFile (a pread), liveness's bootID (a read) and leaders (pidfd calls),
+//     listeners' diag.mu (a sock_diag round trip), portlock's answerLoop.mu (accepts and answers)
+//     and owners.mu (a scan of /proc).
+//  7. leaves held for a map or counter access alone: keyedLocks.mu, notifier.mu,
+//     cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, healthCache.mu, inventory.staleMu,
+//     budgetContext.mu, identities.mu, liveness's threadGroups, staged (a sync.Map), fs's own maps'
+//     (snapshots.mu and those of file.go, nested.go, render.go and scratch.go).
 type Engine struct {
 	db     storage.Store
 	shared bool // other processes write db too: serve no read from the caches
@@ -63,7 +86,7 @@ type Engine struct {
 	// machine's).
 	machines *machines
 	now      func() time.Time
-	budget   time.Duration // of one operation's waiting: lockTimeout
+	budget   time.Duration // of one operation's waiting: storage.Budget
 	locks    keyedLocks
 	changes  notifier
 	// cockpitChanges wakes a cockpit's waiters at a commit anywhere in it.
@@ -86,7 +109,7 @@ type Engine struct {
 
 // New returns an engine over db, which this process alone writes.
 func New(db storage.Store) *Engine {
-	return &Engine{db: db, now: time.Now, budget: lockTimeout}
+	return &Engine{db: db, now: time.Now, budget: storage.Budget}
 }
 
 // NewShared returns an engine over db, which other daemons write too (see SHARED STORES): it
@@ -367,7 +390,7 @@ func (e *Engine) WaitCockpit(ctx context.Context, cockpit string, seen uint64) (
 // cockpitNotifier counts commits per cockpit and wakes the cockpit's waiters at each.
 type cockpitNotifier struct {
 	notifier
-	mu       sync.Mutex
+	mu       sync.Mutex // guards latestOf; a leaf, let go before the notifier's is taken
 	latestOf map[string]CockpitChange
 }
 
@@ -375,6 +398,14 @@ func (n *cockpitNotifier) latest(cockpit string) CockpitChange {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.latestOf[cockpit]
+}
+
+// commitEnds counts a durable commit and wakes its cockpit's waiters (notifier's, promoted,
+// would wake the key's).
+func (n *cockpitNotifier) commitEnds(key string, c *commitOutcome) {
+	if c.durable {
+		n.publish(key)
+	}
 }
 
 // publish records a commit under a store lock key (a cockpit's or a stack's).

@@ -205,33 +205,35 @@ func (e *Engine) MayWriteDeclaredValues(c Caller, cockpit, stack string) error {
 // SetDeclaredValues replaces the stack's declared values with the document text.
 func (e *Engine) SetDeclaredValues(ctx context.Context, c Caller, cockpit, stack string, text []byte) error {
 	// Under the stack's lock: its events file gets the line, and the cockpit's wait wakes for it.
-	return e.update(ctx, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) error {
+	return e.apply(ctx, c, stackKey(cockpit, stack), func(tx storage.Txn, now time.Time) (change, error) {
 		m, r, err := e.loadStack(tx, cockpit, stack)
 		if err != nil {
-			return err
-		}
-		if err := mayDeclareValues(c, r, m.UID); err != nil {
-			return err
-		}
-		values, err := parseDeclaredValues(text)
-		if err != nil {
-			var rf *Refusal
-			if errors.As(err, &rf) {
-				rf.Target = r.SubjectID
-			}
-			return err
+			return change{}, err
 		}
 		var dv DeclaredValues
 		if _, err := getJSON(tx, declaredValuesKey(cockpit, stack), &dv); err != nil {
-			return err
+			return change{}, err
 		}
-		if dv.Text == string(text) {
-			return errUnchanged
-		}
-		dv = DeclaredValues{Text: string(text), Values: values, UpdatedAt: stamp(now)}
-		if err := setJSON(tx, declaredValuesKey(cockpit, stack), dv); err != nil {
-			return err
-		}
-		return appendEvent(tx, cockpit, stack, okEvent(c, now, r.Revision))
+		return setDeclaredValues(c, m, stack, r, dv, text, now)
 	})
+}
+
+// setDeclaredValues is the step of SetDeclaredValues: dv are the stack's declared values now.
+func setDeclaredValues(c Caller, m cockpitMeta, stack string, r Record, dv DeclaredValues, text []byte, now time.Time) (change, error) {
+	if err := mayDeclareValues(c, r, m.UID); err != nil {
+		return change{}, err
+	}
+	values, err := parseDeclaredValues(text)
+	if err != nil {
+		var rf *Refusal
+		if errors.As(err, &rf) {
+			rf.Target = r.SubjectID
+		}
+		return change{}, err
+	}
+	if dv.Text == string(text) {
+		return change{}, errUnchanged
+	}
+	next := DeclaredValues{Text: string(text), Values: values, UpdatedAt: stamp(now)}
+	return change{cockpit: m.Name, declared: &declaredChange{stack: stack, values: next}, line: stack, revision: r.Revision}, nil
 }

@@ -40,6 +40,7 @@ func TestIsLoopbackURL(t *testing.T) {
 // The seeds' deriveEntrypoints lists the default entrypoints in the order of the lease's ports,
 // which is the declaration's bases order (HTTP, DB, API -> http, db, api), not sorted.
 func TestDeriveEntrypointsDefaultOrder(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", "[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 18080\nDB = 15432\nAPI = 19000\n", "s")
 	claimStack(t, e, "s", "me", untracked("me"))

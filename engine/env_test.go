@@ -13,6 +13,7 @@ import (
 // would run, a name a shell cannot assign, or a prefix that makes a reserved name: the env
 // leaves each such line out and keeps the rest.
 func TestEnvLeavesOutWhatAStoredConfigMayDeclare(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig+`[entrypoints.web]
 port = "HTTP"
@@ -53,6 +54,7 @@ path = "/app"
 
 // The [env] derived values render on each stack's facts after its ports and URLs, by name.
 func TestEnvRendersDerivedValues(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig+`[entrypoints.api]
 port = "HTTP"

@@ -23,7 +23,8 @@ type ephemeralRange struct {
 }
 
 // ephemeralRangeFile is ephemeralRangePath kept open: a read at offset 0 of a sysctl file is its
-// value now, and opening it costs twice what reading it does (every health read reads it).
+// value now, and opening it costs twice what reading it does (every health read reads it). Its
+// mutex guards f and is held across the read (LOCK ORDERING 6).
 var ephemeralRangeFile struct {
 	sync.Mutex
 	f *os.File

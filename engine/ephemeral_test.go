@@ -70,6 +70,7 @@ func TestEphemeralWarningSummarizesManyPorts(t *testing.T) {
 
 // A config whose candidates lie in the kernel's range is accepted, and its events line warns.
 func TestSetConfigWarnsOfEphemeralOverlap(t *testing.T) {
+	t.Parallel()
 	r := hostEphemeralRange(t)
 	e := newEngine(t)
 	newCockpit(t, e, "app", fmt.Sprintf("[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = %d\n", r.Low))

@@ -1,11 +1,9 @@
 package engine
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -45,71 +43,6 @@ func keptIn(window string) uint64 {
 // windows counts, for each window of an events file, the lines ever appended to it: the number
 // of its next line, under which the line's seq is indexed (see eventsIndexKey).
 type windows map[string]uint64
-
-// appendJSON appends w as json.Marshal encodes it (keys sorted), without reflection when every
-// key is a window's name (TestWindowsJSONIsEncodingJSONs): every commit writes the counts.
-func (w windows) appendJSON(b []byte) ([]byte, error) {
-	keys := make([]string, 0, len(w))
-	for k := range w {
-		if !plainWindowName(k) {
-			data, err := json.Marshal(w)
-			return append(b, data...), err
-		}
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	sep := byte('{')
-	for _, k := range keys {
-		b = strconv.AppendUint(appendJSONKey(b, sep, k), w[k], 10)
-		sep = ','
-	}
-	if sep == '{' {
-		b = append(b, sep)
-	}
-	return append(b, '}'), nil
-}
-
-// decodeWindows is json.Unmarshal of data into a fresh windows when data is as appendJSON writes
-// it (no space, keys of window names, counts as decodeInteger takes them); false leaves anything
-// else to json.Unmarshal.
-func decodeWindows(data []byte) (windows, bool) {
-	w := windows{}
-	if string(data) == "{}" {
-		return w, true
-	}
-	if len(data) < 2 || data[0] != '{' || data[len(data)-1] != '}' {
-		return nil, false
-	}
-	for field := range bytes.SplitSeq(data[1:len(data)-1], []byte(",")) {
-		key, count, ok := bytes.Cut(field, []byte(":"))
-		if !ok || len(key) < 2 || key[0] != '"' || key[len(key)-1] != '"' || !plainWindowName(string(key[1:len(key)-1])) {
-			return nil, false
-		}
-		var n uint64
-		if !decodeInteger(count, &n) {
-			return nil, false
-		}
-		w[string(key[1:len(key)-1])] = n
-	}
-	return w, true
-}
-
-// plainWindowName says k is a name windowOf gives (the history's, or a uid's), which JSON
-// writes as it is.
-func plainWindowName(k string) bool {
-	if k == historyWindow {
-		return true
-	}
-	if k == "" {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] < '0' || k[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
 
 // event is one line of an events file.
 type event struct {
@@ -201,45 +134,6 @@ type eventsHead struct {
 	legacy  bool
 }
 
-// appendJSON appends h as json.Marshal encodes it, without reflection when its windows allow
-// (TestEventsHeadJSONIsEncodingJSONs): every commit writes one.
-func (h eventsHead) appendJSON(b []byte) ([]byte, error) {
-	b = strconv.AppendUint(appendJSONKey(b, '{', "seq"), h.Seq, 10)
-	b = strconv.AppendInt(appendJSONKey(b, ',', "end"), h.End, 10)
-	b, err := h.Windows.appendJSON(appendJSONKey(b, ',', "windows"))
-	return append(b, '}'), err
-}
-
-// decodeEventsHead reads what appendJSON writes without reflection, anything else with
-// encoding/json.
-func decodeEventsHead(data []byte) (eventsHead, error) {
-	var h eventsHead
-	rest, ok := bytes.CutPrefix(data, []byte(`{"seq":`))
-	var seq, end, windowsJSON []byte
-	if ok {
-		seq, rest, ok = bytes.Cut(rest, []byte(`,"end":`))
-	}
-	if ok {
-		end, rest, ok = bytes.Cut(rest, []byte(`,"windows":`))
-	}
-	if ok {
-		windowsJSON, ok = bytes.CutSuffix(rest, []byte("}"))
-	}
-	if ok && decodeInteger(seq, &h.Seq) && decodeInteger(end, &h.End) {
-		if h.Windows, ok = decodeWindows(windowsJSON); ok {
-			return h, nil
-		}
-	}
-	h = eventsHead{}
-	if err := json.Unmarshal(data, &h); err != nil {
-		return h, malformedValue{err}
-	}
-	if h.Windows == nil {
-		h.Windows = windows{}
-	}
-	return h, nil
-}
-
 // loadEventsHead reads the head of the events file of (cockpit, stack); a file written before
 // heads were kept has its three keys read (and, written before windows were kept, its lines
 // indexed), for appendEvent to replace with a head.
@@ -273,30 +167,6 @@ func readEventsHead(tx storage.Txn, cockpit, stack string) (h eventsHead, found 
 		return h, false, fmt.Errorf("decode %s: %w", eventsHeadKey(cockpit, stack), err)
 	}
 	return h, true, nil
-}
-
-// appendEventJSON appends e as encoding/json encodes it without HTML escaping, so that a fix like
-// "echo sleep > drain/request" reads as written (TestEventJSONIsEncodingJSONs), without
-// reflection: every commit writes one.
-func appendEventJSON(b []byte, e event) []byte {
-	b = appendJSONField(b, '{', "at", e.At)
-	b = appendJSONField(b, ',', "op", e.Op)
-	b = appendJSONField(b, ',', "path", e.Path)
-	b = strconv.AppendInt(appendJSONKey(b, ',', "pid"), int64(e.PID), 10)
-	b = strconv.AppendUint(appendJSONKey(b, ',', "uid"), uint64(e.UID), 10)
-	b = appendJSONField(b, ',', "result", e.Result)
-	for _, f := range [...]struct{ name, value string }{{"code", string(e.Code)}, {"errno", e.Errno}, {"message", e.Message}, {"fix", e.Fix}} {
-		if f.value != "" {
-			b = appendJSONField(b, ',', f.name, f.value)
-		}
-	}
-	if e.Revision != nil {
-		b = strconv.AppendInt(appendJSONKey(b, ',', "revision"), *e.Revision, 10)
-	}
-	if e.Warning != "" {
-		b = appendJSONField(b, ',', "warning", e.Warning)
-	}
-	return append(b, '}')
 }
 
 // dropIndexed removes the line indexed n in window, and its index entry.

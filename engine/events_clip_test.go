@@ -14,6 +14,7 @@ import (
 // A refusal quoting 64 KiB of junk leaves a line of a few hundred bytes that says how much it
 // left out, so it neither evicts its neighbours nor reaches badger's value log.
 func TestEventQuotingHugeInputIsClipped(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "one")
 	junk := strings.Repeat("\x01é", 32<<10)
@@ -39,6 +40,7 @@ func TestEventQuotingHugeInputIsClipped(t *testing.T) {
 // indexes them by what each records and cuts each window to its bound — a uid's 40 refusals to
 // its last 32 — keeping every change; windows then slide as usual.
 func TestEventsWindowsOfAnOldFile(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	ctx := context.Background()
@@ -125,6 +127,7 @@ func legacyEvents(t *testing.T, e *Engine, cockpit, stack string, withWindows bo
 // An events file whose sequence, end and window counts an earlier version kept in three keys
 // reads the same, and its next line goes on from them into one head, the three keys gone.
 func TestEventsHeadOfAnOldFile(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	claim(t, e, "app", "main", "alice")

@@ -1,11 +1,8 @@
 package engine
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -213,7 +210,7 @@ func (e *Engine) healthStoreReads(cockpit, stack string) (healthReads, error) {
 // commit moves gen when it begins (before anything it writes can be read), dropping every entry,
 // and again when it ends; reads are kept only when taken with no commit under way.
 type healthCache struct {
-	mu       sync.Mutex
+	mu       sync.Mutex // guards every field below; a leaf
 	gen      uint64
 	underway int
 	m        map[string]healthReads
@@ -247,8 +244,8 @@ func (c *healthCache) put(key string, reads healthReads, at uint64) {
 	c.m[key] = reads
 }
 
-// begin and end bracket a commit.
-func (c *healthCache) begin() {
+// commitBegins and commitEnds bracket a commit.
+func (c *healthCache) commitBegins(string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++
@@ -256,7 +253,9 @@ func (c *healthCache) begin() {
 	c.m = nil // of a store that is about to change: removed stacks' entries go too
 }
 
-func (c *healthCache) end() {
+func (c *healthCache) commitOrdered(string, *commitOutcome) {}
+
+func (c *healthCache) commitEnds(string, *commitOutcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++
@@ -404,15 +403,6 @@ func ephemeralObservation(base Observation, ports []int, what, at string) Observ
 
 func leasePorts(l *Lease) []int { return familyPorts(portdecl.Family{Ports: l.Ports}) }
 
-func sortedPortKeys(ports map[string]int) []string {
-	keys := make([]string, 0, len(ports))
-	for k := range ports {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
 // declarationObservation says whether an active lease was taken under the config's current
 // [ports] declaration: when not, every claim (a new holder's, an existing one's touch) is refused
 // (ESTALE) and the stack keeps its old ports until it is drained.
@@ -430,63 +420,4 @@ func declarationObservation(base Observation, lease *Lease, configured bool, dec
 			lease.Declaration.Step, lease.Declaration.Count, lease.Declaration.Bases, declared.Step, declared.Count, declared.Bases), at)
 	}
 	return o
-}
-
-// AppendJSON appends o as encoding/json encodes it with HTML escaping off, without a newline.
-// Written out, since health is encoded at every open and reflection was a sixth of the
-// observation's CPU; TestObservationJSONIsEncodingJSONs holds the two together.
-func (o Observation) AppendJSON(b []byte) []byte {
-	b = appendJSONField(b, '{', "code", o.Code)
-	b = appendJSONField(b, ',', "result", o.Result)
-	b = appendJSONField(b, ',', "owner", o.Owner)
-	b = appendJSONField(b, ',', "stackId", o.StackID)
-	b = appendJSONField(b, ',', "source", o.Source)
-	if o.Target != "" {
-		b = appendJSONField(b, ',', "target", o.Target)
-	}
-	b = appendJSONKey(b, ',', "observed")
-	b = appendJSONField(b, '{', "state", o.Observed.State)
-	if o.Observed.Value != nil {
-		b = strconv.AppendBool(append(b, `,"value":`...), *o.Observed.Value)
-	}
-	if o.Observed.Reason != "" {
-		b = appendJSONField(b, ',', "reason", o.Observed.Reason)
-	}
-	b = appendJSONField(b, ',', "observedAt", o.Observed.ObservedAt)
-	b = appendJSONKey(append(b, '}'), ',', "expectation")
-	b = appendJSONField(b, '{', "kind", o.Expectation.Kind)
-	b = strconv.AppendBool(append(b, `,"value":`...), o.Expectation.Value)
-	b = appendJSONKey(append(b, '}'), ',', "applicability")
-	b = appendJSONField(b, '{', "state", o.Applicability.State)
-	b = appendJSONField(b, ',', "posture", o.Applicability.Posture)
-	b = appendJSONKey(append(b, '}'), ',', "freshness")
-	b = appendJSONField(b, '{', "state", o.Freshness.State)
-	b = appendJSONField(append(b, '}'), ',', "remedy", o.Remedy)
-	return append(b, '}')
-}
-
-// appendJSONKey appends sep (the object's '{' or a ','), then "name":.
-func appendJSONKey(b []byte, sep byte, name string) []byte {
-	return append(append(append(b, sep, '"'), name...), '"', ':')
-}
-
-// appendJSONField appends sep, then "name":value with value a JSON string.
-func appendJSONField(b []byte, sep byte, name, value string) []byte {
-	return appendJSONString(appendJSONKey(b, sep, name), value)
-}
-
-// appendJSONString appends s quoted. Printable ASCII other than `"` and `\` stands as it is, as
-// encoding/json writes it; anything else (control characters, non-ASCII, invalid UTF-8) is left
-// to encoding/json, so the two never differ.
-func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
-			var buf bytes.Buffer
-			enc := json.NewEncoder(&buf)
-			enc.SetEscapeHTML(false)
-			_ = enc.Encode(s) // a string always encodes
-			return append(b, bytes.TrimSuffix(buf.Bytes(), []byte("\n"))...)
-		}
-	}
-	return append(append(append(b, '"'), s...), '"')
 }

@@ -99,6 +99,7 @@ func TestHealthOfAClaimedStack(t *testing.T) {
 }
 
 func TestHealthOfAStackWithoutALease(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig, "a")
 	obs := health(t, e, "a")
@@ -114,6 +115,7 @@ func TestHealthOfAStackWithoutALease(t *testing.T) {
 }
 
 func TestHealthWithoutAConfigCannotJudgeTheEphemeralRange(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", "", "a")
 	o := observationOf(t, health(t, e, "a"), codeEphemeralRange, "")
@@ -125,6 +127,7 @@ func TestHealthWithoutAConfigCannotJudgeTheEphemeralRange(t *testing.T) {
 // Candidates in the kernel's range show in health before any lease: the warning outlives the
 // config's events line.
 func TestHealthWarnsOfEphemeralCandidates(t *testing.T) {
+	t.Parallel()
 	r := hostEphemeralRange(t)
 	e := newEngine(t)
 	newCockpit(t, e, "app", fmt.Sprintf("[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = %d\n", r.High), "a")
@@ -138,6 +141,7 @@ func TestHealthWarnsOfEphemeralCandidates(t *testing.T) {
 // Two active leases holding one port can only come from a corrupt store; health names the other
 // stack from both sides.
 func TestHealthSeesACollidingLease(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig, "a", "b")
 	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
@@ -162,6 +166,7 @@ func TestHealthSeesACollidingLease(t *testing.T) {
 }
 
 func TestHealthOfABrokenRecordFails(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig, "a", "b")
 	// Holders without a lease break an invariant; "b" is not even JSON.
@@ -184,6 +189,7 @@ func TestHealthOfABrokenRecordFails(t *testing.T) {
 }
 
 func TestHealthOfAMissingStackIsNotFound(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig)
 	_, err := e.Health("app", "nope")
@@ -214,6 +220,7 @@ func writeRecord(t *testing.T, db storage.Store, stack string, change func(*Reco
 // every coordination record of the namespace: one broken record makes every stack's claim-state
 // fail, naming it; another cockpit's record does not.
 func TestHealthClaimStateObservesTheCockpit(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig, "a", "b")
 	newCockpit(t, e, "other", healthConfig, "c")
@@ -243,6 +250,7 @@ func TestHealthClaimStateObservesTheCockpit(t *testing.T) {
 // port-family is false while any two active leases on the machine share a port, as the seeds'
 // observePortFamily judges the whole root inventory, not only this stack's ports.
 func TestHealthPortFamilySeesCollisionsBetweenOthers(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig, "a", "b")
 	newCockpit(t, e, "other", healthConfig, "c")
@@ -278,6 +286,7 @@ func TestHealthPortFamilySeesCollisionsBetweenOthers(t *testing.T) {
 // port-family reads true only with current host-listener evidence (the seeds'
 // listenerEvidenceCurrent); without it the observation is unavailable, never true.
 func TestHealthPortFamilyNeedsListenerEvidence(t *testing.T) {
+	t.Parallel()
 	lease := &Lease{Offset: 0, Ports: map[string]int{"HTTP": 21080}}
 	base := Observation{StackID: StackID("app", "a"), Expectation: expectation{Kind: "equal", Value: true}}
 	at := stamp(time.Now())
@@ -298,6 +307,7 @@ func TestHealthPortFamilyNeedsListenerEvidence(t *testing.T) {
 // A running stack whose lease was taken under another [ports] declaration than the config's says
 // so in health (the seeds' inspectRecordedPortDeclaration), before a co-tenant meets the ESTALE.
 func TestHealthSaysTheDeclarationChanged(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig, "a")
 	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
@@ -318,6 +328,7 @@ func TestHealthSaysTheDeclarationChanged(t *testing.T) {
 // AppendJSON writes what encoding/json writes (HTML escaping off), for every observation health
 // makes of a claimed stack, one without a lease, and one whose strings need escaping.
 func TestObservationJSONIsEncodingJSONs(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig, "a", "idle")
 	if err := e.Claim(context.Background(), me("create", "app/stacks/a/holders/me"), "app", "a", "me", untracked("me")); err != nil {
@@ -347,6 +358,7 @@ func TestObservationJSONIsEncodingJSONs(t *testing.T) {
 // A daemon restarted over an existing store checks a stack's record at its first health read and
 // keeps it checked, so later reads of the same bytes do not check every holder again.
 func TestHealthKeepsTheRecordItChecked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	db, err := kv.Open(dir)
 	if err != nil {
@@ -389,6 +401,7 @@ func TestHealthKeepsTheRecordItChecked(t *testing.T) {
 // since: a config written in between (a commit on the cockpit, not the stack) is seen, and so is
 // a claim's new holder count in the record.
 func TestHealthSeesEveryCommitSinceTheLastRead(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", healthConfig, "a")
 	ctx := context.Background()

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
-	"github.com/cockpitfs/cockpitfs/engine/portlock"
 )
 
 // The claim, holder-write and release steps on records built in memory: no store, no processes.
@@ -46,8 +45,6 @@ func (f *fakeReads) leasesOf(uint32) (int, error) {
 	f.made = append(f.made, "leasesOf")
 	return f.uidLeases, f.err
 }
-
-func (f *fakeReads) hold(map[string]int) (*portlock.Holder, int, error) { return nil, 0, nil }
 
 func (f *fakeReads) releasedDead([]Holder) {}
 
@@ -87,6 +84,7 @@ func holders(hs ...Holder) []Holder {
 }
 
 func TestClaimHolderStep(t *testing.T) {
+	t.Parallel()
 	tracked := func(name string, pid int) Holder {
 		h := newHolder(name).claimed(claimNow)
 		h.PID, h.ProcessStart = pid, "proc:00000000-0000-0000-0000-000000000000:1"
@@ -167,7 +165,7 @@ func TestClaimHolderStep(t *testing.T) {
 				p.busy[port] = true
 			}
 			reads := tc.reads
-			v, err := claimHolder(r, claimInput{holder: nh, dead: tc.dead, listening: p.listening}, &reads, claimNow.Add(time.Minute))
+			v, err := claimHolder(r, claimInput{holder: nh, dead: tc.dead}, &reads, stepEffects{probe: p.listening}, claimNow.Add(time.Minute))
 			if canonicalJSON(r) != before {
 				t.Fatalf("the step modified its input record")
 			}
@@ -311,6 +309,7 @@ func TestReleaseOwnStep(t *testing.T) {
 }
 
 func TestStackOwner(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig) // owned by the test's uid
 	cockpitUID := uint32(os.Getuid())

@@ -51,6 +51,8 @@ type holds struct {
 	space portlock.Space
 	self  DaemonIdentity
 
+	// mu guards the fields below. It is held across a bind and a connect (take), since whether
+	// this daemon holds a port and the hold itself change together (LOCK ORDERING 5).
 	mu      sync.Mutex
 	byPort  map[int]*portHold
 	byStack map[string]map[int]bool

@@ -18,7 +18,9 @@ import (
 )
 
 // Holds on real sockets, in a space of the test's own so that no other daemon on the machine meets
-// them. Two engines over two stores stand for two daemons.
+// them. Two engines over two stores stand for two daemons. Tests that hold ports do not run in
+// parallel: a parallel test's fork (exec.Command) copies every descriptor until the child execs,
+// so a hold let go meanwhile stays bound, unanswered, and a claim reads it as a stranger's.
 
 // spaces numbers the test spaces: a test run again (-count) holds nothing its last run still holds.
 var spaces atomic.Int64

@@ -55,7 +55,7 @@ func identity(prefix, s, suffix string) string {
 type identityKey struct{ prefix, s string } // each prefix has one suffix
 
 var identities = struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m; a leaf
 	m  map[identityKey]string
 }{m: map[identityKey]string{}}
 

@@ -385,6 +385,7 @@ func TestCheckRefusesEachBrokenInvariant(t *testing.T) {
 // saveRecord is where the invariants guard the store: a transition that breaks one commits
 // nothing, and the refusal says it is a bug.
 func TestCheckGuardsSaveRecord(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	claim(t, e, "app", "main", "alice")

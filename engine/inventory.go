@@ -20,7 +20,8 @@ import (
 // store (storage.Shared) is read whole at every health read.
 type inventory struct {
 	// mu orders health reads: each takes the stale stacks and reads them in one View, so no read
-	// stores an entry older than one another read stored.
+	// stores an entry older than one another read stored. It guards the fields up to staleMu and
+	// is held across that whole View (LOCK ORDERING 3).
 	mu       sync.Mutex
 	loaded   bool
 	stacks   map[string]inventoryEntry    // stack key → entry
@@ -29,7 +30,7 @@ type inventory struct {
 	unsound  map[string]map[string]string // cockpit → stack key → why its record is unsound
 	shared   map[int]bool                 // ports in more than one active lease
 
-	staleMu sync.Mutex      // guards stale and underway alone, so commits never wait for a health read
+	staleMu sync.Mutex      // guards stale and underway alone, so commits never wait for a health read; a leaf
 	stale   map[string]bool // stack keys committed since the last health read took them
 	// underway counts each stack's commits under way: every health read reads them again, since
 	// the store may show a commit before its committer is back.
@@ -46,9 +47,9 @@ type inventoryEntry struct {
 	ports   map[string]int // its active lease's ports; nil without one (or when unsound)
 }
 
-// begin and end bracket a commit on key (update calls end before acknowledging it), which end
-// marks stale.
-func (inv *inventory) begin(key string) {
+// commitBegins and commitEnds bracket a commit on key (update calls commitEnds before
+// acknowledging it), which commitEnds marks stale.
+func (inv *inventory) commitBegins(key string) {
 	if !strings.HasPrefix(key, allStacksPrefix) {
 		return
 	}
@@ -60,7 +61,9 @@ func (inv *inventory) begin(key string) {
 	inv.underway[key]++
 }
 
-func (inv *inventory) end(key string) {
+func (inv *inventory) commitOrdered(string, *commitOutcome) {}
+
+func (inv *inventory) commitEnds(key string, _ *commitOutcome) {
 	if !strings.HasPrefix(key, allStacksPrefix) {
 		return
 	}

@@ -13,6 +13,7 @@ import (
 // before it started) collide until one of them ends through a drain, and not after. An inventory
 // that missed the drain's commits would still hold s's lease.
 func TestHealthInventoryFollowsCommits(t *testing.T) {
+	t.Parallel()
 	e, _ := newDrainEngine(t) // app/s, claimed by "me"; app/t idle
 	s := stackOf(t, e)
 	err := e.db.Update(context.Background(), func(tx storage.Txn) error {
@@ -82,6 +83,7 @@ func TestInventoryCollisionsInScanOrder(t *testing.T) {
 // Health reads a stack again while a commit on it is under way: the store may show the commit
 // before its committer is back, and the inventory must not answer with the record it replaced.
 func TestHealthInventoryReadsCommitsUnderWay(t *testing.T) {
+	t.Parallel()
 	store := newPausingStore(t, true)
 	e := New(store)
 	newCockpit(t, e, "app", healthConfig, "a", "b")

@@ -92,6 +92,7 @@ func sleepStack(t *testing.T, e *Engine, cockpit, stack string) {
 }
 
 func TestLeasedPortsFollowLeases(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "a", "b", "c", "d")
 	for i, s := range []string{"a", "b", "c"} {
@@ -122,6 +123,7 @@ func TestLeasedPortsFollowLeases(t *testing.T) {
 }
 
 func TestLeasedPortsOfAnOlderStore(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "a", "b", "c", "d", "e")
 	for _, s := range []string{"a", "b", "c"} {
@@ -148,6 +150,7 @@ func TestLeasedPortsOfAnOlderStore(t *testing.T) {
 }
 
 func TestLeasedPortsLeftWithoutLeasesAreIgnored(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "a", "b")
 	// Ports named for a cockpit that leases nothing (a removed cockpit's, say): those of the
@@ -168,6 +171,7 @@ func TestLeasedPortsLeftWithoutLeasesAreIgnored(t *testing.T) {
 }
 
 func TestVerifyFindsWrongLeasedPorts(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "a", "b")
 	claimOffset(t, e, "app", "a")
@@ -190,7 +194,7 @@ func TestRefusalStepNamesFamiliesPassedUnread(t *testing.T) {
 	reads := fakeReads{meta: declared(pureDecl), active: 2, leasedKnown: true, leased: []int{20000, 20010, 21000, 21010},
 		owners: map[int]string{20000: "app/a"}}
 	p := &probes{busy: map[int]bool{20020: true}}
-	_, err := claimHolder(stepRecord(Value{}), claimInput{holder: newHolder("alice"), listening: p.listening}, &reads, claimNow.Add(time.Minute))
+	_, err := claimHolder(stepRecord(Value{}), claimInput{holder: newHolder("alice")}, &reads, stepEffects{probe: p.listening}, claimNow.Add(time.Minute))
 	requireCode(t, err, PortFamilyCollision)
 	for _, want := range []string{"20000,21000 (leased by app/a)", "20010,21010 (leased in this cockpit)", "20020,21020 (host listener on 20020)"} {
 		if !strings.Contains(err.Error(), want) {

@@ -54,6 +54,7 @@ func holderState(t *testing.T, e *Engine, cockpit, stack, holder string) string 
 }
 
 func TestDeadHolderReleasedByAnotherClaim(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	claim(t, e, "app", "main", "alice")
@@ -91,6 +92,7 @@ func TestDeadHolderReleasedByAnotherClaim(t *testing.T) {
 // Holders of one process share one probe, and all of them go when it dies; those of another,
 // live process stay.
 func TestDeadHoldersOfOneProcessReleasedTogether(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	claim(t, e, "app", "main", "alice")
@@ -107,6 +109,7 @@ func TestDeadHoldersOfOneProcessReleasedTogether(t *testing.T) {
 }
 
 func TestDeadOnlyHolderTakenOver(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	worker := sessionSleeper(t)
@@ -130,6 +133,7 @@ func TestDeadOnlyHolderTakenOver(t *testing.T) {
 }
 
 func TestLiveAndUntrackedHoldersStay(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	worker := sessionSleeper(t)
@@ -149,6 +153,7 @@ func TestLiveAndUntrackedHoldersStay(t *testing.T) {
 }
 
 func TestClaimRefusesDeadPID(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	refusedUnchanged(t, e, "app", "main", StateRecordMalformed, func() error {
@@ -158,6 +163,7 @@ func TestClaimRefusesDeadPID(t *testing.T) {
 }
 
 func TestClaimDefaultsToCallerSession(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	shell := sessionSleeper(t)
@@ -186,6 +192,7 @@ func TestClaimDefaultsToCallerSession(t *testing.T) {
 // declaration, as the reference's down and sleep release dead holders with the requester as the
 // successor before they reserve.
 func TestTakeoverKeepsLeaseUnderOldDeclaration(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	worker := sessionSleeper(t)
@@ -216,6 +223,7 @@ func TestTakeoverKeepsLeaseUnderOldDeclaration(t *testing.T) {
 // reports of it: a caller's session (live), a pid proposed (live), none (untracked); and nothing
 // when the name claimed the stack already.
 func TestClaimObservedIsTheRecordedHolderAndItsState(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "main")
 	ctx := context.Background()
@@ -249,6 +257,7 @@ func TestClaimObservedIsTheRecordedHolderAndItsState(t *testing.T) {
 // A holder of the process a claim just observed present (the claimant's session) is taken as
 // present without a second probe; any other holder of a dead process is found gone.
 func TestDeadHoldersTrustWhatTheOperationObserved(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	worker := sessionSleeper(t)
 	start, err := processOf(worker.Process.Pid)
@@ -277,6 +286,7 @@ func TestDeadHoldersTrustWhatTheOperationObserved(t *testing.T) {
 // uid may join: refused (PERMISSION_DENIED) and unchanged on a closed stack of another uid's, a
 // reservation for it once the stack is open.
 func TestTakeoverByDrainRequestFollowsTheStackMode(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "main")

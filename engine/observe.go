@@ -1,10 +1,7 @@
 package engine
 
 import (
-	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -14,8 +11,9 @@ import (
 // Host observation: what a use case learns about processes before its transaction. Probes are
 // slow and may block, so none runs while a stack's lock is held; a step then acts only on what is
 // still recorded exactly as observed. (The listener probe is the exception: which family it probes
-// depends on the port index read in the transaction, so the claim step calls it there; so does the
-// claimant's groups, read only when the stack's mode makes them decide.)
+// depends on the port index read in the transaction, so the claim step asks the commit path for it
+// there, an effect beside the holds (stepEffects); the claimant's groups are read there too, only
+// when the stack's mode makes them decide.)
 
 // processOf observes pid for a holder or executor: its start identity, refusing a pid that does
 // not exist. A pid whose start cannot be confirmed is kept without one (unknown is never dead).
@@ -123,20 +121,11 @@ func callerGroups(c Caller) []uint32 {
 	if c.PID <= 0 {
 		return groups
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.PID))
+	more, err := liveness.Groups(c.PID)
 	if err != nil {
 		return groups
 	}
-	for line := range strings.SplitSeq(string(status), "\n") {
-		if rest, ok := strings.CutPrefix(line, "Groups:"); ok {
-			for _, f := range strings.Fields(rest) {
-				if g, err := strconv.ParseUint(f, 10, 32); err == nil {
-					groups = append(groups, uint32(g))
-				}
-			}
-		}
-	}
-	return groups
+	return append(groups, more...)
 }
 
 // maxHolderProbes bounds concurrent liveness probes; a stack may have a thousand holders.

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/cockpitfs/cockpitfs/engine/listeners"
 )
 
 // The stack's use cases, every one in the same shape: observe what lies outside the store
@@ -45,12 +43,12 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 		return nil, err
 	}
 	id := holderID(name)
-	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, id, nh), listening: listeners.Listening,
+	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, id, nh),
 		uidLeaseLimit: e.leaseBound.of(nh.UID), groups: func() []uint32 { return callerGroups(c) }}
 	var added *Claimed // of the step's last run, the one committed
-	err = e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+	err = e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
 		added = nil
-		v, err := claimHolder(r, in, reads, now)
+		v, err := claimHolder(r, in, reads, fx, now)
 		if _, held := r.Value.holderByID(id); err == nil && !held {
 			if h, ok := v.holderByID(id); ok {
 				added = &Claimed{Holder: h, State: observedState(h)}
@@ -136,7 +134,7 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name, 
 			return err
 		}
 	}
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, _ stepReads, _ stepEffects, _ time.Time) (Value, error) {
 		return setHolder(r, c, w)
 	})
 }
@@ -163,7 +161,7 @@ func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name stri
 			}
 		}
 	}
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		m, err := reads.cockpit()
 		if err != nil {
 			return r.Value, err
@@ -187,7 +185,7 @@ func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name stri
 // Release removes a holder (§4): its owner, the stack's creator or its cockpit's owner may,
 // never while a drain is reserved, never the last one.
 func (e *Engine) Release(ctx context.Context, c Caller, cockpit, stack, name string) error {
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, _ time.Time) (Value, error) {
 		return releaseOwn(r, c, name, reads)
 	})
 }
@@ -221,14 +219,14 @@ func (e *Engine) ReserveDrain(ctx context.Context, c Caller, cockpit, stack stri
 		}
 		in.successor = &nh
 	}
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		return reserveDrain(r, in, reads, now)
 	})
 }
 
 // CancelDrain applies an unlink of drain/request.
 func (e *Engine) CancelDrain(ctx context.Context, c Caller, cockpit, stack string) error {
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, _ time.Time) (Value, error) {
 		return cancelDrain(r, c, reads)
 	})
 }
@@ -251,14 +249,14 @@ func (e *Engine) StartAttempt(ctx context.Context, c Caller, cockpit, stack stri
 		}
 	}
 	attemptID := randomHex()
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		return startAttempt(r, c, reads, ex, attemptID, now)
 	})
 }
 
 // PublishOutcome applies an outcome write to drain/outcome.
 func (e *Engine) PublishOutcome(ctx context.Context, c Caller, cockpit, stack string, o Outcome) error {
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		return publishOutcome(r, c, reads, o, now)
 	})
 }
@@ -271,7 +269,7 @@ func (e *Engine) Repair(ctx context.Context, c Caller, cockpit, stack string) er
 		return err
 	}
 	seen := e.observeExecutor(before)
-	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, now time.Time) (Value, error) {
+	return e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, _ stepEffects, now time.Time) (Value, error) {
 		return repairAttempt(r, c, reads, seen, now)
 	})
 }

@@ -1,10 +1,9 @@
 package engine
 
 import (
-	"encoding/json"
-	"fmt"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -226,19 +225,6 @@ func sortHolders(hs []Holder) {
 	slices.SortFunc(hs, func(a, b Holder) int { return strings.Compare(a.HolderID, b.HolderID) })
 }
 
-// decodeHead decodes a record's head (see saveRecord): every field but the holders stored under
-// their own keys.
-func decodeHead(data []byte) (Record, error) {
-	var r Record
-	if err := json.Unmarshal(data, &r); err != nil {
-		return Record{}, fmt.Errorf("decode record: %w", malformedValue{err})
-	}
-	if r.Value.Holders == nil {
-		r.Value.Holders = []Holder{}
-	}
-	return r, nil
-}
-
 // Entrypoints are the stack's URLs: a default one per port of its active lease, and each
 // entrypoint the cockpit's current config declares on a port the lease holds, derived anew at
 // every read as the seeds' deriveEntrypoints does, so editing one shows on a running stack while
@@ -320,4 +306,13 @@ func (r Record) env(declared []portdecl.Entrypoint) []EnvVar {
 		}
 	}
 	return env
+}
+
+func sortedPortKeys(ports map[string]int) []string {
+	keys := make([]string, 0, len(ports))
+	for k := range ports {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }

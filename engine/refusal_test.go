@@ -13,6 +13,7 @@ import (
 // A refusal code per cause: a store that fails is STATE_ROOT_UNAVAILABLE (the seeds' code for a
 // store that cannot be read), a stored record that does not decode is STATE_RECORD_MALFORMED.
 func TestStoreFailuresHaveTheirOwnCode(t *testing.T) {
+	t.Parallel()
 	db, err := kv.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +38,7 @@ func TestStoreFailuresHaveTheirOwnCode(t *testing.T) {
 
 // A cockpit holds at most MaxStacks stacks, as the seeds' inventory reads at most that many.
 func TestStackLimit(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	e.cockpits.begin()
@@ -64,6 +66,7 @@ func TestStackLimit(t *testing.T) {
 // A record is at most MaxRecordBytes: the claim that would grow it past that is refused and
 // changes nothing.
 func TestRecordByteLimit(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	long := "/" + strings.Repeat("c", 4000)

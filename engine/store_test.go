@@ -53,6 +53,7 @@ func requireVerified(t *testing.T, db storage.Store) {
 
 // A stack's holders each have a key of their own; its key holds the rest of the record.
 func TestHoldersStoredUnderTheirOwnKeys(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	for _, name := range []string{"alice", "bob", "carol"} {
@@ -75,6 +76,7 @@ func TestHoldersStoredUnderTheirOwnKeys(t *testing.T) {
 // A record written before holders had keys of their own keeps them all in the stack's key. It
 // reads the same, and each commit on the stack moves migrateBatch of them to their own keys.
 func TestInlineHoldersMigrate(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	n := 2*migrateBatch + 10
@@ -125,6 +127,7 @@ func TestInlineHoldersMigrate(t *testing.T) {
 // Verify names a holder's key that no stack has, or that holds another holder, and a holder
 // stored both inline and under its key.
 func TestVerifyNamesKeyDamage(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, key, says string
 		corrupt         func(tx storage.Txn, h Holder) error
@@ -228,6 +231,7 @@ func TestCheckTrustsOnlyTheSameLease(t *testing.T) {
 // The first commit on a record read from the store checks every holder: a holder damaged on disk
 // (or by a bug) refuses the commit instead of being carried on.
 func TestFirstCommitAfterReadChecksEveryHolder(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	newCockpit(t, e, "app", exampleConfig, "s")
 	claim(t, e, "app", "s", "alice")
@@ -305,6 +309,7 @@ func TestPortOwnerJSON(t *testing.T) {
 // decoding them, any other (escaped names) decoded, its own stack's as free, a malformed entry as
 // an error.
 func TestPortOwnerReadsIndexEntries(t *testing.T) {
+	t.Parallel()
 	e := newEngine(t)
 	entries := map[int]string{
 		1: `{"port":1,"cockpit":"app","stack":"other","key":"HTTP","offset":0}`,

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
@@ -16,7 +16,7 @@ import (
 // entry is one child of a directory as a listing produces it.
 type entry struct {
 	name string
-	node fs.InodeEmbedder
+	node gofs.InodeEmbedder
 	dir  bool
 	// frozen: a read-only file rendered from the stack's record alone. Each of its contents is
 	// a node of its own (see frozenFile), so the kernel may keep the node's pages and attributes
@@ -74,7 +74,7 @@ type (
 
 // dir is a directory of the tree; cockpit and stack say where it is (either may be "").
 type dir struct {
-	fs.Inode
+	gofs.Inode
 	fsys    *FS
 	path    string
 	cockpit string
@@ -97,18 +97,18 @@ func childPath(path, name string) string {
 }
 
 var (
-	_ = (fs.NodeLookuper)((*dir)(nil))
-	_ = (fs.NodeReaddirer)((*dir)(nil))
-	_ = (fs.NodeGetattrer)((*dir)(nil))
-	_ = (fs.NodeMkdirer)((*dir)(nil))
-	_ = (fs.NodeRmdirer)((*dir)(nil))
-	_ = (fs.NodeCreater)((*dir)(nil))
-	_ = (fs.NodeUnlinker)((*dir)(nil))
-	_ = (fs.NodeRenamer)((*dir)(nil))
-	_ = (fs.NodeMknoder)((*dir)(nil))
-	_ = (fs.NodeSymlinker)((*dir)(nil))
-	_ = (fs.NodeLinker)((*dir)(nil))
-	_ = (fs.NodeSetattrer)((*dir)(nil))
+	_ = (gofs.NodeLookuper)((*dir)(nil))
+	_ = (gofs.NodeReaddirer)((*dir)(nil))
+	_ = (gofs.NodeGetattrer)((*dir)(nil))
+	_ = (gofs.NodeMkdirer)((*dir)(nil))
+	_ = (gofs.NodeRmdirer)((*dir)(nil))
+	_ = (gofs.NodeCreater)((*dir)(nil))
+	_ = (gofs.NodeUnlinker)((*dir)(nil))
+	_ = (gofs.NodeRenamer)((*dir)(nil))
+	_ = (gofs.NodeMknoder)((*dir)(nil))
+	_ = (gofs.NodeSymlinker)((*dir)(nil))
+	_ = (gofs.NodeLinker)((*dir)(nil))
+	_ = (gofs.NodeSetattrer)((*dir)(nil))
 )
 
 // find is the child name of d now; a NotFound refusal when there is none.
@@ -138,7 +138,7 @@ func (d *dir) entry(ctx context.Context, name string) (entry, bool, error) {
 	return entry{}, false, nil
 }
 
-func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *gofs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("lookup", d.path, name, &errno)
 	e, found, err := d.entry(ctx, name)
 	if err != nil || !found {
@@ -157,13 +157,13 @@ func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (_ *f
 
 // enter answers a lookup of e: its inode (the one already known for its identity, if any), its
 // attributes (from fh's view when an open already took one) and its timeouts.
-func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh fs.FileHandle) (*fs.Inode, syscall.Errno) {
+func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh gofs.FileHandle) (*gofs.Inode, syscall.Errno) {
 	node, id, errno := d.node(ctx, e)
 	if errno != 0 {
 		return nil, errno
 	}
 	in := d.NewInode(ctx, node, id)
-	if g, ok := in.Operations().(fs.NodeGetattrer); ok {
+	if g, ok := in.Operations().(gofs.NodeGetattrer); ok {
 		var attr fuse.AttrOut
 		if errno := g.Getattr(ctx, fh, &attr); errno != 0 {
 			return nil, errno
@@ -179,26 +179,26 @@ func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh fs.File
 
 // node is what e is now, and its identity: for a frozen entry, the file rendered now, whose
 // inode number is that of its path and content, so the same content is the same node.
-func (d *dir) node(ctx context.Context, e entry) (fs.InodeEmbedder, fs.StableAttr, syscall.Errno) {
+func (d *dir) node(ctx context.Context, e entry) (gofs.InodeEmbedder, gofs.StableAttr, syscall.Errno) {
 	path := d.child(e.name)
 	if e.dir {
-		return e.node, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino(path)}, 0
+		return e.node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino(path)}, 0
 	}
 	if n, ok := e.node.(identified); ok {
-		return e.node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: n.identity()}, 0
+		return e.node, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: n.identity()}, 0
 	}
 	f, ok := e.node.(*file)
 	if !e.frozen || !ok {
-		return e.node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino(path)}, 0
+		return e.node, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: ino(path)}, 0
 	}
 	v, err := f.render()
 	if err != nil {
-		return nil, fs.StableAttr{}, d.fsys.failNoEvent("lookup", path, err)
+		return nil, gofs.StableAttr{}, d.fsys.failNoEvent("lookup", path, err)
 	}
-	return d.fsys.frozenFile(f, v), fs.StableAttr{Mode: syscall.S_IFREG, Ino: frozenIno(path, v)}, 0
+	return d.fsys.frozenFile(f, v), gofs.StableAttr{Mode: syscall.S_IFREG, Ino: frozenIno(path, v)}, 0
 }
 
-func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno) {
+func (d *dir) Readdir(ctx context.Context) (_ gofs.DirStream, errno syscall.Errno) {
 	defer d.fsys.guard("readdir", d.path, "", &errno)
 	es, err := d.list.entries(ctx, d)
 	if err != nil {
@@ -225,10 +225,10 @@ func (d *dir) Readdir(ctx context.Context) (_ fs.DirStream, errno syscall.Errno)
 		}
 		out = append(out, fuse.DirEntry{Name: e.name, Mode: id.Mode, Ino: id.Ino})
 	}
-	return fs.NewListDirStream(out), 0
+	return gofs.NewListDirStream(out), 0
 }
 
-func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+func (d *dir) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer d.fsys.guard("getattr", d.path, "", &errno)
 	out.Gid = d.fsys.gid
 	out.Mode = syscall.S_IFDIR | 0o755
@@ -263,7 +263,7 @@ func (d *dir) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (
 // Setattr refuses every change of a directory's attributes (EPERM, with an events line): its
 // mode, owner and times are derived from the record. `touch holders/` is a claim without a name.
 // A stack's directory takes a chmod of its group and other write bits: who else may join it.
-func (d *dir) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+func (d *dir) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer d.fsys.guard("setattr", d.path, "", &errno)
 	ctx = uninterrupted(ctx)
 	if in.Valid&settable == 0 {
@@ -296,7 +296,7 @@ func (d *dir) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, 
 	return d.fsys.fail(caller(ctx, op, d.path), d.cockpit, d.stack, refused(d.path))
 }
 
-func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+func (d *dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (_ *gofs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("mkdir", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	m, ok := d.list.(mkdirer)
@@ -321,7 +321,7 @@ func (d *dir) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
 	return d.fsys.undefined(ctx, "rmdir", d.child(name), d.cockpit, d.stack)
 }
 
-func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (_ *fs.Inode, _ fs.FileHandle, _ uint32, errno syscall.Errno) {
+func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (_ *gofs.Inode, _ gofs.FileHandle, _ uint32, errno syscall.Errno) {
 	defer d.fsys.guard("create", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	c, ok := d.list.(creator)
@@ -336,7 +336,7 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	}
 	// The create's open: a snapshot of the file just created.
 	e, err := d.find(ctx, name)
-	var h fs.FileHandle = scratchHandle{}
+	var h gofs.FileHandle = scratchHandle{}
 	if f, isFile := e.node.(*file); err == nil && isFile {
 		h, err = f.openCreated(created)
 	}
@@ -379,7 +379,7 @@ func uninterrupted(ctx context.Context) context.Context { return context.Without
 // Rename is refused (EPERM): a name of the tree is a record's key, not a label. The refusal says
 // what to do instead. Beside config, scratch files rename (scratch.go), and config renames aside to
 // a backup name (replace.go).
-func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) (errno syscall.Errno) {
+func (d *dir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) (errno syscall.Errno) {
 	defer d.fsys.guard("rename", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
 	to := newName
@@ -411,17 +411,17 @@ func (d *dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedde
 		Message: "renaming " + d.child(name) + " to " + to + " is not supported", Fix: fix})
 }
 
-func (d *dir) Mknod(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+func (d *dir) Mknod(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (_ *gofs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("mknod", d.path, name, &errno)
 	return nil, d.fsys.undefined(ctx, "mknod", d.child(name), d.cockpit, d.stack)
 }
 
-func (d *dir) Symlink(ctx context.Context, _, name string, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+func (d *dir) Symlink(ctx context.Context, _, name string, _ *fuse.EntryOut) (_ *gofs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("symlink", d.path, name, &errno)
 	return nil, d.fsys.undefined(ctx, "symlink", d.child(name), d.cockpit, d.stack)
 }
 
-func (d *dir) Link(ctx context.Context, _ fs.InodeEmbedder, name string, _ *fuse.EntryOut) (_ *fs.Inode, errno syscall.Errno) {
+func (d *dir) Link(ctx context.Context, _ gofs.InodeEmbedder, name string, _ *fuse.EntryOut) (_ *gofs.Inode, errno syscall.Errno) {
 	defer d.fsys.guard("link", d.path, name, &errno)
 	return nil, d.fsys.undefined(ctx, "link", d.child(name), d.cockpit, d.stack)
 }

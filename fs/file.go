@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
@@ -45,7 +45,7 @@ type writer interface {
 // file is a regular file of the tree: read-only views and writable control files alike. Every
 // open takes its own snapshot (like seq_file's single_open), so reads of one open agree.
 type file struct {
-	fs.Inode
+	gofs.Inode
 	fsys    *FS
 	path    string
 	cockpit string
@@ -203,20 +203,20 @@ func lineOffset(data []byte, i int) int {
 }
 
 var (
-	_ = (fs.NodeOpener)((*file)(nil))
-	_ = (fs.NodeReader)((*file)(nil))
-	_ = (fs.NodeWriter)((*file)(nil))
-	_ = (fs.NodeGetattrer)((*file)(nil))
-	_ = (fs.NodeSetattrer)((*file)(nil))
-	_ = (fs.NodeFsyncer)((*file)(nil))
-	_ = (fs.NodeReleaser)((*file)(nil))
-	_ = (fs.NodeFlusher)((*file)(nil))
+	_ = (gofs.NodeOpener)((*file)(nil))
+	_ = (gofs.NodeReader)((*file)(nil))
+	_ = (gofs.NodeWriter)((*file)(nil))
+	_ = (gofs.NodeGetattrer)((*file)(nil))
+	_ = (gofs.NodeSetattrer)((*file)(nil))
+	_ = (gofs.NodeFsyncer)((*file)(nil))
+	_ = (gofs.NodeReleaser)((*file)(nil))
+	_ = (gofs.NodeFlusher)((*file)(nil))
 )
 
 // Release forgets a followed open, and the open its thread's stats and SETATTRs went through,
 // and lets go of its snapshot. It applies what is still pending: a close that held back for
 // another descriptor of its process (see applyPending), where that descriptor was of another open.
-func (f *file) Release(ctx context.Context, fh fs.FileHandle) (errno syscall.Errno) {
+func (f *file) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
 	defer f.fsys.guard("release", f.path, "", &errno)
 	f.applyPending(ctx, fh, "release")
 	if h, ok := fh.(*handle); ok {
@@ -352,7 +352,7 @@ func (f *file) openCreated(created render) (*handle, error) {
 	return &handle{view: v, created: true}, err
 }
 
-func (f *file) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
+func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uint32, errno syscall.Errno) {
 	defer f.fsys.guard("open", f.path, "", &errno)
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && f.writer == nil {
 		return nil, 0, syscall.EACCES
@@ -407,7 +407,7 @@ func (f *file) pinned(ctx context.Context, v view) (*handle, syscall.Errno) {
 	return &handle{view: v, base: v.start, pin: p}, 0
 }
 
-func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
+func (f *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
 	defer f.fsys.guard("read", f.path, "", &errno)
 	h, ok := fh.(*handle)
 	if !ok {
@@ -438,7 +438,7 @@ func (f *file) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int6
 	return fuse.ReadResultData(data[from:to]), 0
 }
 
-func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (written uint32, errno syscall.Errno) {
+func (f *file) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (written uint32, errno syscall.Errno) {
 	defer f.fsys.guard("write", f.path, "", &errno)
 	ctx = uninterrupted(ctx)
 	h, ok := fh.(*handle)
@@ -472,7 +472,7 @@ func (f *file) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int
 
 // ownOpen is the open a Getattr is about: fh for an fstat, or, for a stat by path, the open of
 // the same thread (see threadOpens).
-func (f *file) ownOpen(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
+func (f *file) ownOpen(ctx context.Context, fh gofs.FileHandle) (*handle, bool) {
 	if h, ok := f.fsys.openedHandle(ctx, fh); ok {
 		return h, true
 	}
@@ -482,7 +482,7 @@ func (f *file) ownOpen(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
 	return nil, false
 }
 
-func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+func (f *file) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("getattr", f.path, "", &errno)
 	out.Gid = f.fsys.gid
 	var v view
@@ -553,7 +553,7 @@ func (f *file) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 // owners and times are derived from the record, so anything else (chmod, chown, touch -d, other
 // sizes) is refused with EPERM and an events line rather than answered with a success that
 // changed nothing.
-func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+func (f *file) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer f.fsys.guard("setattr", f.path, "", &errno)
 	ctx = uninterrupted(ctx)
 	own := f.callerOpen(ctx, fh)
@@ -615,7 +615,7 @@ func (f *file) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 // futimens and fchmod without the handle (only ftruncate's carries it), the caller's own open of
 // f when it has one (see threadOpens); nil when neither. touch(1) sets the times on the fd its
 // open created; cp -p restores a copy's times and mode on the fd it wrote.
-func (f *file) callerOpen(ctx context.Context, fh fs.FileHandle) *handle {
+func (f *file) callerOpen(ctx context.Context, fh gofs.FileHandle) *handle {
 	if h, ok := fh.(*handle); ok {
 		return h
 	}
@@ -700,7 +700,7 @@ func timesDerived(path string) error {
 // Fsync applies what was written on this open and is pending (vim fsyncs before it closes): a
 // document, or a command whose line no write ended; otherwise it succeeds, since an acknowledged
 // change is already durable.
-func (f *file) Fsync(ctx context.Context, fh fs.FileHandle, _ uint32) (errno syscall.Errno) {
+func (f *file) Fsync(ctx context.Context, fh gofs.FileHandle, _ uint32) (errno syscall.Errno) {
 	defer f.fsys.guard("fsync", f.path, "", &errno)
 	return f.applyPending(ctx, fh, "fsync")
 }
@@ -708,7 +708,7 @@ func (f *file) Fsync(ctx context.Context, fh fs.FileHandle, _ uint32) (errno sys
 // Flush is a close (of each descriptor of the open): it applies what was written on this open
 // and is pending, unless the writer was killed. cat, cp, dd, tee, python, sed and editors report
 // its errno; bash's builtins do not.
-func (f *file) Flush(ctx context.Context, fh fs.FileHandle) (errno syscall.Errno) {
+func (f *file) Flush(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
 	defer f.fsys.guard("flush", f.path, "", &errno)
 	return f.applyPending(ctx, fh, "write")
 }
@@ -732,7 +732,7 @@ type commandWriter interface {
 // nothing: what it wrote may stop anywhere (`HTTP = 2` of `HTTP = 26500`). One events line says
 // so; the writer is gone and reads no errno. A writer that exits without closing closes at its
 // exit, unkilled, and what it wrote applies.
-func (f *file) applyPending(ctx context.Context, fh fs.FileHandle, op string) syscall.Errno {
+func (f *file) applyPending(ctx context.Context, fh gofs.FileHandle, op string) syscall.Errno {
 	ctx = uninterrupted(ctx)
 	h, ok := fh.(*handle)
 	if !ok {

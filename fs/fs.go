@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -70,7 +70,7 @@ const MountType = "fuse." + fsName
 // Mount serves the tree for eng at dir. The kernel has the mount when it returns; requests that
 // arrive before the server has answered the kernel's INIT wait for it.
 //
-// fs.Mount is not used: its WaitMount opens and polls a file on the new mount from this process
+// gofs.Mount is not used: its WaitMount opens and polls a file on the new mount from this process
 // (go-fuse's poll hack). A daemon killed during that holds a request to itself that nothing will
 // answer, and lingers as a zombie keeping the mount and the store's lock. The daemon never opens
 // its own files, so the hack buys it nothing.
@@ -95,7 +95,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	// this mount's own operations create names (see ownNames). No NegativeTimeout: with one,
 	// go-fuse's bridge would override Lookup's.
 	var zero time.Duration
-	options := &fs.Options{
+	options := &gofs.Options{
 		AttrTimeout: &zero,
 		MountOptions: fuse.MountOptions{
 			AllowOther:    o.AllowOther,
@@ -116,7 +116,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			DisableReadDirPlus: true,
 		},
 	}
-	raw := rawLayer{fs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}
+	raw := rawLayer{gofs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}
 	server, err := fuse.NewServer(raw, dir, &options.MountOptions)
 	if err != nil {
 		return nil, err
@@ -156,7 +156,7 @@ func (s rawLayer) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name str
 }
 
 // openedHandle is the handle a Getattr is about: fh, unless the request is a stat by path.
-func (f *FS) openedHandle(ctx context.Context, fh fs.FileHandle) (*handle, bool) {
+func (f *FS) openedHandle(ctx context.Context, fh gofs.FileHandle) (*handle, bool) {
 	h, ok := fh.(*handle)
 	if !ok {
 		return nil, false

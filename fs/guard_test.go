@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -48,7 +48,7 @@ func TestPanicIsEIOAndTheMountServesOn(t *testing.T) {
 	fsys := &FS{eng: engine.New(db), started: time.Now(), log: log.New(logs, "", 0)}
 	mnt := t.TempDir()
 	var zero time.Duration
-	server, err := fs.Mount(mnt, fsys.newDir("", "", "", panicListing{}), &fs.Options{
+	server, err := gofs.Mount(mnt, fsys.newDir("", "", "", panicListing{}), &gofs.Options{
 		EntryTimeout: &zero, AttrTimeout: &zero,
 		MountOptions: fuse.MountOptions{DirectMount: os.Geteuid() == 0},
 	})

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
@@ -247,32 +247,32 @@ type replacementFile struct {
 }
 
 var (
-	_ = (fs.NodeOpener)((*replacementFile)(nil))
-	_ = (fs.NodeFlusher)((*replacementFile)(nil))
-	_ = (fs.NodeFsyncer)((*replacementFile)(nil))
-	_ = (fs.NodeReleaser)((*replacementFile)(nil))
+	_ = (gofs.NodeOpener)((*replacementFile)(nil))
+	_ = (gofs.NodeFlusher)((*replacementFile)(nil))
+	_ = (gofs.NodeFsyncer)((*replacementFile)(nil))
+	_ = (gofs.NodeReleaser)((*replacementFile)(nil))
 )
 
-func (n *replacementFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+func (n *replacementFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if n.fsys.replacing.ended(n.r) {
 		return nil, 0, syscall.ESTALE // config is config again: the kernel looks it up anew
 	}
 	return n.scratchFile.Open(ctx, flags)
 }
 
-func (n *replacementFile) Fsync(ctx context.Context, _ fs.FileHandle, _ uint32) (errno syscall.Errno) {
+func (n *replacementFile) Fsync(ctx context.Context, _ gofs.FileHandle, _ uint32) (errno syscall.Errno) {
 	defer n.fsys.guard("fsync", n.path, "", &errno)
 	return n.apply(uninterrupted(ctx), "fsync")
 }
 
-func (n *replacementFile) Flush(ctx context.Context, _ fs.FileHandle) (errno syscall.Errno) {
+func (n *replacementFile) Flush(ctx context.Context, _ gofs.FileHandle) (errno syscall.Errno) {
 	defer n.fsys.guard("flush", n.path, "", &errno)
 	return n.apply(uninterrupted(ctx), "write")
 }
 
 // Release applies what a close held back for another descriptor of its process (see apply) once
 // the last one is gone.
-func (n *replacementFile) Release(ctx context.Context, _ fs.FileHandle) (errno syscall.Errno) {
+func (n *replacementFile) Release(ctx context.Context, _ gofs.FileHandle) (errno syscall.Errno) {
 	defer n.fsys.guard("release", n.path, "", &errno)
 	n.apply(uninterrupted(ctx), "release")
 	return 0

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -114,7 +114,7 @@ func (s *scratchFiles) forgetCockpit(cockpit string) {
 
 // scratchFile is the node of one scratch file: a plain in-memory file, shared by its opens.
 type scratchFile struct {
-	fs.Inode
+	gofs.Inode
 	fsys *FS
 	path string
 	s    *scratch
@@ -128,12 +128,12 @@ type identified interface{ identity() uint64 }
 func (n *scratchFile) identity() uint64 { return n.s.ino }
 
 var (
-	_ = (fs.NodeOpener)((*scratchFile)(nil))
-	_ = (fs.NodeReader)((*scratchFile)(nil))
-	_ = (fs.NodeWriter)((*scratchFile)(nil))
-	_ = (fs.NodeGetattrer)((*scratchFile)(nil))
-	_ = (fs.NodeSetattrer)((*scratchFile)(nil))
-	_ = (fs.NodeFsyncer)((*scratchFile)(nil))
+	_ = (gofs.NodeOpener)((*scratchFile)(nil))
+	_ = (gofs.NodeReader)((*scratchFile)(nil))
+	_ = (gofs.NodeWriter)((*scratchFile)(nil))
+	_ = (gofs.NodeGetattrer)((*scratchFile)(nil))
+	_ = (gofs.NodeSetattrer)((*scratchFile)(nil))
+	_ = (gofs.NodeFsyncer)((*scratchFile)(nil))
 )
 
 // mine says the caller may use sc: its creator (or root).
@@ -142,7 +142,7 @@ func (sc *scratch) mine(ctx context.Context) bool {
 	return c.UID == 0 || c.UID == sc.uid
 }
 
-func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
+func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uint32, errno syscall.Errno) {
 	defer n.fsys.guard("open", n.path, "", &errno)
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
@@ -158,7 +158,7 @@ func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, 
 	return scratchHandle{}, fuse.FOPEN_DIRECT_IO, 0
 }
 
-func (n *scratchFile) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
+func (n *scratchFile) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
 	defer n.fsys.guard("read", n.path, "", &errno)
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
@@ -168,7 +168,7 @@ func (n *scratchFile) Read(ctx context.Context, _ fs.FileHandle, dest []byte, of
 	return fuse.ReadResultData(append([]byte(nil), n.s.data[off:min(int64(len(n.s.data)), off+int64(len(dest)))]...)), 0
 }
 
-func (n *scratchFile) Write(ctx context.Context, _ fs.FileHandle, data []byte, off int64) (_ uint32, errno syscall.Errno) {
+func (n *scratchFile) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (_ uint32, errno syscall.Errno) {
 	defer n.fsys.guard("write", n.path, "", &errno)
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
@@ -184,7 +184,7 @@ func (n *scratchFile) Write(ctx context.Context, _ fs.FileHandle, data []byte, o
 	return uint32(len(data)), 0
 }
 
-func (n *scratchFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+func (n *scratchFile) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer n.fsys.guard("getattr", n.path, "", &errno)
 	out.Gid = n.fsys.gid
 	n.s.mu.Lock()
@@ -198,7 +198,7 @@ func (n *scratchFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.At
 }
 
 // Setattr changes what a plain file would: size, mode, times; its owner stays its creator.
-func (n *scratchFile) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+func (n *scratchFile) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer n.fsys.guard("setattr", n.path, "", &errno)
 	n.s.mu.Lock()
 	if !n.s.mine(ctx) {
@@ -228,7 +228,7 @@ func (n *scratchFile) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.Set
 	return n.Getattr(ctx, nil, out)
 }
 
-func (n *scratchFile) Fsync(context.Context, fs.FileHandle, uint32) syscall.Errno { return 0 }
+func (n *scratchFile) Fsync(context.Context, gofs.FileHandle, uint32) syscall.Errno { return 0 }
 
 // The cockpit directory's scratch side: lookup, create, unlink and rename of names beside config.
 

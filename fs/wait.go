@@ -6,7 +6,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/hanwen/go-fuse/v2/fs"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
@@ -19,7 +19,7 @@ import (
 // `wait` is not listed by readdir, so tree walkers (grep -r, cp -r, rsync, tar, find) never
 // block on it; it is found by name, as /proc finds a thread id it does not list.
 type waitFile struct {
-	fs.Inode
+	gofs.Inode
 	fsys    *FS
 	path    string
 	cockpit string
@@ -34,16 +34,16 @@ type waitHandle struct {
 }
 
 var (
-	_ = (fs.NodeOpener)((*waitFile)(nil))
-	_ = (fs.NodeReader)((*waitFile)(nil))
-	_ = (fs.NodeGetattrer)((*waitFile)(nil))
+	_ = (gofs.NodeOpener)((*waitFile)(nil))
+	_ = (gofs.NodeReader)((*waitFile)(nil))
+	_ = (gofs.NodeGetattrer)((*waitFile)(nil))
 )
 
 func (f *FS) newWaitFile(path, cockpit, stack string) *waitFile {
 	return &waitFile{fsys: f, path: path, cockpit: cockpit, stack: stack}
 }
 
-func (w *waitFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ uint32, errno syscall.Errno) {
+func (w *waitFile) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uint32, errno syscall.Errno) {
 	defer w.fsys.guard("open", w.path, "", &errno)
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
@@ -62,7 +62,7 @@ func (w *waitFile) Open(ctx context.Context, flags uint32) (_ fs.FileHandle, _ u
 	return &waitHandle{seen: r.Revision}, openFlags, 0
 }
 
-func (w *waitFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
+func (w *waitFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
 	defer w.fsys.guard("read", w.path, "", &errno)
 	h, ok := fh.(*waitHandle)
 	if !ok {
@@ -94,7 +94,7 @@ func (w *waitFile) next(ctx context.Context, h *waitHandle) (string, error) {
 }
 
 // Getattr reports size 0: what a read returns is not known until something changes.
-func (w *waitFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+func (w *waitFile) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer w.fsys.guard("getattr", w.path, "", &errno)
 	out.Gid = w.fsys.gid
 	out.Mode = syscall.S_IFREG | 0o444

@@ -10,7 +10,7 @@ import (
 
 func TestConformance(t *testing.T) {
 	storagetest.Run(t, storagetest.Backend{
-		Budget: lockWait,
+		Budget: storage.Budget,
 		Open: func(t *testing.T) (storage.Store, func() storage.Store) {
 			dir := filepath.Join(t.TempDir(), "data")
 			db, err := Open(dir)

@@ -24,9 +24,6 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// lockWait bounds how long Update keeps retrying conflicts (SPEC: STATE_LOCKED).
-const lockWait = 2 * time.Second
-
 // Backoff between conflict retries: long enough to let the winner's fdatasync
 // (≈0.2 ms) land, short enough not to matter next to it.
 const (
@@ -493,7 +490,7 @@ func (db *DB) Commit(ctx context.Context, fn func(storage.Txn) error) (durable f
 	if err := db.damaged.Load(); err != nil {
 		return nil, *err
 	}
-	deadline := time.Now().Add(lockWait)
+	deadline := time.Now().Add(storage.Budget)
 	backoff := firstBackoff
 	for attempt := 1; ; attempt++ {
 		durable, err := db.tryCommit(fn)
@@ -501,7 +498,7 @@ func (db *DB) Commit(ctx context.Context, fn func(storage.Txn) error) (durable f
 			return durable, err
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: %d attempts conflicted over %v", storage.ErrLocked, attempt, lockWait)
+			return nil, fmt.Errorf("%w: %d attempts conflicted over %v", storage.ErrLocked, attempt, storage.Budget)
 		}
 		db.conflicts.Add(1)
 		if err := sleep(ctx, rand.N(backoff)+backoff/2); err != nil {

@@ -28,6 +28,11 @@ import (
 	"time"
 )
 
+// Budget is how long an operation may wait — for its stack, its lock and the store's conflicts
+// together — before it is refused with STATE_LOCKED (SPEC): the engine's bound on one operation,
+// and a backend's bound on Update's retries and on any call waiting for its server.
+const Budget = 2 * time.Second
+
 // ErrNotFound is returned (unwrapped) by Txn.Get for a missing key.
 var ErrNotFound = errors.New("storage: key not found")
 

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	cfs "github.com/cockpitfs/cockpitfs/fs"
 	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
@@ -514,7 +515,7 @@ func mountDaemon(mnt string, m mountinfo.Info) (pid int, start string) {
 			}
 		}
 		if fuseDev && beneath {
-			return n, processStart(n)
+			return n, liveness.RunningStart(n)
 		}
 	}
 	return 0, ""
@@ -530,21 +531,6 @@ func fdinfoField(info, name string) string {
 	return ""
 }
 
-// processStart is when process pid started (in clock ticks since boot), "" once it has exited:
-// when it is gone, or a zombie nobody has reaped yet.
-func processStart(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 20 || fields[0] == "Z" {
-		return ""
-	}
-	return fields[19]
-}
-
 // daemonExitWait is how long unmount waits for the daemon of the mount it unmounted to close its
 // store and exit.
 const daemonExitWait = 10 * time.Second
@@ -553,7 +539,7 @@ const daemonExitWait = 10 * time.Second
 // daemonExitWait.
 func waitExit(pid int, start string) bool {
 	deadline := time.Now().Add(daemonExitWait)
-	for processStart(pid) == start {
+	for liveness.RunningStart(pid) == start {
 		if time.Now().After(deadline) {
 			return false
 		}

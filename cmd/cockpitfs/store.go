@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/storage"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
@@ -25,7 +26,7 @@ func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 		key:      fs.String("key", "", "etcd: client certificate's key"),
 		user:     fs.String("user", "", "etcd: USER or USER:PASSWORD"),
 		password: fs.String("password", "", "etcd: password of --user"),
-		timeout:  fs.Duration("command-timeout", etcdstore.DefaultBudget, "etcd: how long an operation waits for a quorum"),
+		timeout:  fs.Duration("command-timeout", storage.Budget, "etcd: how long an operation waits for a quorum"),
 	}
 }
 

@@ -123,7 +123,8 @@ func observeProc(pid int) Observation {
 }
 
 // bootID is read once: it names this boot, so it cannot change while we run, and every
-// observation would otherwise read it again.
+// observation would otherwise read it again. Its mutex guards id and is held across the read (a
+// leaf of engine's LOCK ORDERING).
 var bootID struct {
 	sync.Mutex
 	id string

@@ -339,3 +339,48 @@ func TestDigits(t *testing.T) {
 		}
 	}
 }
+
+// KilledBy reads the same line as parseStat: after the last ')', whatever the name holds, the
+// flags and the exit code, the last field, whose newline is no part of it.
+func TestParseKilledBy(t *testing.T) {
+	line := func(comm, flags, code string) string {
+		text := statLine(comm, "777", "123")
+		fields := strings.Split(strings.TrimSuffix(text[strings.LastIndexByte(text, ')')+2:], "\n"), " ")
+		fields[6], fields[49] = flags, code
+		return text[:strings.LastIndexByte(text, ')')+2] + strings.Join(fields, " ") + "\n"
+	}
+	for _, comm := range []string{"sleep", "a) S 1 2 3", "two\nlines"} {
+		if sig, ok := parseKilledBy(line(comm, "4194372", "9")); !ok || sig != unix.SIGKILL {
+			t.Errorf("comm %q, exiting with code 9: %v, %v; want SIGKILL", comm, sig, ok)
+		}
+	}
+	refused := map[string]string{
+		"not exiting":          line("x", "4194368", "9"),
+		"exited, not signaled": line("x", "4194372", "256"),
+		"exit code unreadable": line("x", "4194372", "0"),
+		"short line":           "1 (x) S 1 1 1 0 -1 4194372",
+		"no name":              "1 x S",
+	}
+	for name, text := range refused {
+		if sig, ok := parseKilledBy(text); ok {
+			t.Errorf("%s: parseKilledBy(%q) = %v, want no signal", name, text, sig)
+		}
+	}
+}
+
+func TestGroupsOfSelf(t *testing.T) {
+	groups, err := Groups(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.Getgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(groups) != fmt.Sprint(want) && !(len(groups) == 0 && len(want) == 0) {
+		t.Errorf("Groups(self) = %v, want getgroups() = %v", groups, want)
+	}
+	if got := parseGroups("Name:\tx\nGroups:\t4 24 x 27\nNgid:\t0\n"); fmt.Sprint(got) != "[4 24 27]" {
+		t.Errorf("parseGroups = %v, want [4 24 27]", got)
+	}
+}

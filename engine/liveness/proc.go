@@ -55,7 +55,7 @@ var threadGroups = threadGroupHints{m: map[int]int{}}
 const maxThreadGroupHints = 256
 
 type threadGroupHints struct {
-	mu sync.Mutex
+	mu sync.Mutex  // guards m; a leaf
 	m  map[int]int // thread id → process id
 }
 
@@ -169,7 +169,7 @@ var leaders = leaderSet{m: map[int]heldLeader{}}
 const maxLeaders = 64
 
 type leaderSet struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards m and is held across the pidfd calls on its entries; a leaf
 	m  map[int]heldLeader
 }
 
@@ -271,6 +271,20 @@ func readProcFrom(path string, size int) ([]byte, error) {
 	}
 }
 
+// RunningStart is when process pid started, in clock ticks since boot, while it runs; "" once it
+// has exited: when it is gone, or a zombie nobody has reaped yet.
+func RunningStart(pid int) string {
+	stat, err := readProc(procFile(pid, "stat"))
+	if err != nil {
+		return ""
+	}
+	var fields [20]string // index 0 is the state, 19 the start time (see parseStat)
+	if !statFieldsAfterName(string(stat), fields[:]) || fields[0] == "Z" {
+		return ""
+	}
+	return fields[19]
+}
+
 // Cwd returns the process's working directory. A directory removed since reads with the kernel's
 // " (deleted)" suffix.
 func Cwd(pid int) (string, error) {
@@ -301,24 +315,32 @@ func digits(s string, most int) bool {
 	return true
 }
 
-// parseStat reads the fields of /proc/<pid>/stat after the command name. The name, in
-// parentheses, may itself hold spaces, parentheses and newlines, so the fields start after the
-// last ')': there index 0 is field 3 (state), so field 4 (ppid) is index 1, field 6 (session)
-// index 3 and field 22 (start time) index 19.
-func parseStat(text string) (statFields, bool) {
+// statFieldsAfterName fills fields with the fields of /proc/<pid>/stat that follow the command
+// name, the one reading of that line: the name, in parentheses, may itself hold spaces,
+// parentheses and newlines, so the fields start after the last ')', where index 0 is field 3
+// (state). Only as many fields as asked for are split; false if the line has fewer.
+func statFieldsAfterName(text string, fields []string) bool {
 	end := strings.LastIndexByte(text, ')')
 	if end < 0 || !strings.HasPrefix(text[end+1:], " ") {
-		return statFields{}, false
+		return false
 	}
-	// The first 20 fields, without splitting the 30-odd after them.
-	var fields [20]string
-	rest := text[end+2:]
+	rest := strings.TrimSuffix(text[end+2:], "\n")
 	for i := range fields {
 		field, after, more := strings.Cut(rest, " ")
 		if !more && i < len(fields)-1 {
-			return statFields{}, false
+			return false
 		}
 		fields[i], rest = field, after
+	}
+	return true
+}
+
+// parseStat reads the fields of /proc/<pid>/stat a process's identity needs: field 4 (ppid,
+// index 1), field 6 (session, index 3) and field 22 (start time, index 19).
+func parseStat(text string) (statFields, bool) {
+	var fields [20]string
+	if !statFieldsAfterName(text, fields[:]) {
+		return statFields{}, false
 	}
 	if !digits(fields[1], 10) || !digits(fields[3], 10) || !digits(fields[19], 20) {
 		return statFields{}, false
@@ -384,6 +406,30 @@ func parseTgid(text string) (int, bool) {
 		return pid, true
 	}
 	return 0, false
+}
+
+// Groups returns process pid's supplementary groups, as /proc/<pid>/status lists them.
+func Groups(pid int) ([]uint32, error) {
+	status, err := readProc(procFile(pid, "status"))
+	if err != nil {
+		return nil, err
+	}
+	return parseGroups(string(status)), nil
+}
+
+// parseGroups reads the Groups line of /proc/<pid>/status; a field that is no gid is skipped.
+func parseGroups(text string) []uint32 {
+	var groups []uint32
+	for line := range strings.Lines(text) {
+		if rest, ok := strings.CutPrefix(line, "Groups:"); ok {
+			for _, f := range strings.Fields(rest) {
+				if g, err := strconv.ParseUint(f, 10, 32); err == nil {
+					groups = append(groups, uint32(g))
+				}
+			}
+		}
+	}
+	return groups
 }
 
 var psLstart = regexp.MustCompile(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +([0-9]{1,2}) ([0-9]{2}):([0-9]{2}):([0-9]{2}) ([0-9]{4})$`)
@@ -471,15 +517,14 @@ func KilledBy(tid int) (unix.Signal, bool) {
 	if err != nil {
 		return 0, false
 	}
-	text := string(stat)
-	end := strings.LastIndexByte(text, ')')
-	if end < 0 {
-		return 0, false
-	}
-	// After the name, index 0 is field 3: the flags (field 9) are index 6, the exit code (field
-	// 52, the last) index 49.
-	fields := strings.Fields(text[end+1:])
-	if len(fields) < 50 {
+	return parseKilledBy(string(stat))
+}
+
+// parseKilledBy reads KilledBy's answer from a /proc/<tid>/stat line: the flags (field 9) are
+// index 6 after the name, the exit code (field 52, the last) index 49.
+func parseKilledBy(text string) (unix.Signal, bool) {
+	var fields [50]string
+	if !statFieldsAfterName(text, fields[:]) {
 		return 0, false
 	}
 	flags, err := strconv.ParseUint(fields[6], 10, 64)

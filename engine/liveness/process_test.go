@@ -528,3 +528,40 @@ func tasksWithASecondThread(t *testing.T) []os.DirEntry {
 	}
 	return tasks
 }
+
+// RunningStart names a running process by its start, and a killed one that nobody has reaped yet
+// (a zombie, which signal 0 still finds) as exited.
+func TestRunningStartEndsAtTheZombie(t *testing.T) {
+	cmd := exec.Command("sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	fields, err := readStat(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := RunningStart(pid); got != fields.startTicks {
+		t.Fatalf("RunningStart of a running sleep = %q, want its start %q", got, fields.startTicks)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			t.Fatalf("the killed sleep is gone before it was reaped (%v): not the zombie case", err)
+		}
+		if text := string(stat); strings.HasPrefix(text[strings.LastIndexByte(text, ')'):], ") Z ") {
+			break
+		}
+		runtime.Gosched() // until the kill lands
+	}
+	if got := RunningStart(pid); got != "" {
+		t.Fatalf("RunningStart of a zombie = %q, want \"\"", got)
+	}
+	cmd.Wait()
+	if got := RunningStart(pid); got != "" {
+		t.Fatalf("RunningStart of a reaped process = %q", got)
+	}
+}

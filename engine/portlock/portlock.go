@@ -148,7 +148,7 @@ type answerLoop struct {
 	start sync.Once
 	err   error
 	ep    int
-	mu    sync.Mutex
+	mu    sync.Mutex       // guards lines, held across the loop's accepts and answers; a leaf
 	lines map[int32][]byte // by listening fd
 }
 

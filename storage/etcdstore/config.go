@@ -18,8 +18,8 @@ type Config struct {
 	TLS       *tls.Config // nil: plain connections
 	Username  string
 	Password  string
-	// Budget is how long Update retries conflicts and any call waits for a quorum; 0 means
-	// DefaultBudget.
+	// Budget is how long Update retries conflicts and any read or commit waits for a quorum (a
+	// lost quorum refuses after it, never hangs); 0 means storage.Budget.
 	Budget time.Duration
 }
 

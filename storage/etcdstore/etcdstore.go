@@ -71,10 +71,6 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// DefaultBudget bounds how long Update keeps retrying conflicts, and how long any read or commit
-// waits for etcd (a lost quorum refuses after it, never hangs): the engine's STATE_LOCKED bound.
-const DefaultBudget = 2 * time.Second
-
 const (
 	minSpread = 200 * time.Microsecond
 	maxSpread = 500 * time.Millisecond
@@ -104,7 +100,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	budget := cfg.Budget
 	if budget == 0 {
-		budget = DefaultBudget
+		budget = storage.Budget
 	}
 	cc := clientv3.Config{
 		Endpoints:   cfg.Endpoints,

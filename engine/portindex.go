@@ -1,0 +1,198 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+)
+
+// The port index: which stack's active lease holds each port, machine-wide (p/), with the counts
+// and sets kept beside it (n/, l/, u/) so that a claim reads what it must without a scan.
+
+// PortOwner is one entry of the machine-wide port index.
+type PortOwner struct {
+	Port    int    `json:"port"`
+	Cockpit string `json:"cockpit"`
+	Stack   string `json:"stack"`
+	Key     string `json:"key"`
+	Offset  int    `json:"offset"`
+}
+
+// reindexLease moves the port index, the cockpit's active-lease count and the count of the uid
+// the lease counts against from before's lease to after's. Every key is read with Get so a concurrent lease of the same port conflicts.
+func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) error {
+	if before.Active() && after.Active() && before.Offset == after.Offset {
+		return recharge(tx, leaseUID(before), leaseUID(after))
+	}
+	if before.Active() == after.Active() && !before.Active() {
+		return nil
+	}
+	if before.Active() {
+		for _, port := range before.Ports {
+			if err := tx.Delete(portKey(port)); err != nil {
+				return err
+			}
+		}
+	}
+	if after.Active() {
+		for key, port := range after.Ports {
+			var owner PortOwner
+			taken, err := getJSON(tx, portKey(port), &owner)
+			if err != nil {
+				return err
+			}
+			if taken && (owner.Cockpit != cockpit || owner.Stack != stack) {
+				return refuse(PortLeaseExhausted, portKey(port), "", "port %d is already leased by %s/%s", port, owner.Cockpit, owner.Stack)
+			}
+			if err := setJSON(tx, portKey(port), PortOwner{Port: port, Cockpit: cockpit, Stack: stack, Key: key, Offset: after.Offset}); err != nil {
+				return err
+			}
+		}
+	}
+	if err := reindexLeasedPorts(tx, cockpit, before, after); err != nil {
+		return err
+	}
+	delta := 0
+	if after.Active() && !before.Active() {
+		delta = 1
+	} else if before.Active() && !after.Active() {
+		delta = -1
+	}
+	if delta == 0 {
+		return nil
+	}
+	if err := addCount(tx, leaseCountKey(cockpit), delta); err != nil {
+		return err
+	}
+	// A released lease leaves the count of the uid it counted against until then.
+	charged := after
+	if delta < 0 {
+		charged = before
+	}
+	if charged.UID == nil {
+		return nil
+	}
+	return addCount(tx, uidLeasesKey(*charged.UID), delta)
+}
+
+// recharge moves an active lease's count from the uid it counted against to the one it counts
+// against now (chargeLease): a takeover's, or a release of the last holder of the first.
+func recharge(tx storage.Txn, was, is *uint32) error {
+	if was == nil || is == nil || *was == *is {
+		return nil
+	}
+	if err := addCount(tx, uidLeasesKey(*was), -1); err != nil {
+		return err
+	}
+	return addCount(tx, uidLeasesKey(*is), 1)
+}
+
+// leasedPorts is the set of ports the cockpit's active leases hold, as kept at its
+// leasedPortsKey, so that a new lease passes the families its cockpit leases without reading
+// each one's index entry. A cockpit without active leases holds none, whatever the key says.
+// known is false for a store written before the key, where a cockpit with active leases has
+// none yet: its next lease change writes it (reindexLeasedPorts).
+func leasedPorts(tx storage.Txn, cockpit string) (ports []int, known bool, err error) {
+	var n int
+	if _, err := getJSON(tx, leaseCountKey(cockpit), &n); err != nil || n == 0 {
+		return nil, err == nil, err
+	}
+	data, err := tx.Get(leasedPortsKey(cockpit))
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	ports, err = decodePorts(data)
+	if err != nil {
+		return nil, false, fmt.Errorf("decode %s: %w", leasedPortsKey(cockpit), malformedValue{err})
+	}
+	return ports, true, nil
+}
+
+// reindexLeasedPorts keeps the cockpit's leasedPortsKey in step with a lease that goes from
+// before to after, once the port index has been changed: a set it does not know yet (an older
+// store) is read from that index instead, this change included.
+func reindexLeasedPorts(tx storage.Txn, cockpit string, before, after *Lease) error {
+	ports, known, err := leasedPorts(tx, cockpit)
+	if err != nil {
+		return err
+	}
+	if !known {
+		err := tx.Scan(portsPrefix, func(key string, value []byte) error {
+			// An entry that does not decode is verify's to report; a family it would have
+			// passed unread is then read as before.
+			var owner PortOwner
+			if decodeJSON(key, value, &owner) == nil && owner.Cockpit == cockpit {
+				ports = append(ports, owner.Port)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	} else {
+		if before.Active() {
+			gone := slices.Collect(maps.Values(before.Ports))
+			ports = slices.DeleteFunc(ports, func(p int) bool { return slices.Contains(gone, p) })
+		}
+		if after.Active() {
+			ports = slices.AppendSeq(ports, maps.Values(after.Ports))
+		}
+	}
+	slices.Sort(ports)
+	ports = slices.Compact(ports)
+	if len(ports) == 0 {
+		return tx.Delete(leasedPortsKey(cockpit))
+	}
+	return tx.Set(leasedPortsKey(cockpit), appendPorts(nil, ports))
+}
+
+// addCount adds delta to the count kept at key, read with Get so concurrent changes conflict.
+// A count that reaches zero is deleted: a uid that holds nothing leaves no key behind.
+func addCount(tx storage.Txn, key string, delta int) error {
+	var n int
+	if _, err := getJSON(tx, key, &n); err != nil {
+		return err
+	}
+	if n+delta <= 0 && strings.HasPrefix(key, uidLeasesPrefix) {
+		return tx.Delete(key)
+	}
+	return setJSON(tx, key, n+delta)
+}
+
+// leaseIndexProblems says where the port index does not give a port of lease, an active lease of
+// (cockpit, stack), to that stack under its key and offset: one line per port, in key order; none
+// when the index agrees. Each entry is read with Get. Health and verify both check with it.
+func leaseIndexProblems(tx storage.Txn, cockpit, stack string, lease *Lease) ([]string, error) {
+	var problems []string
+	for _, key := range sortedPortKeys(lease.Ports) {
+		port := lease.Ports[key]
+		data, err := tx.Get(portKey(port))
+		if errors.Is(err, storage.ErrNotFound) {
+			problems = append(problems, fmt.Sprintf("port %d (%s) is missing from the machine's port index", port, key))
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Equal(data, appendPortOwnerJSON(nil, PortOwner{Port: port, Cockpit: cockpit, Stack: stack, Key: key, Offset: lease.Offset})) {
+			continue // exactly what the lease's commit wrote: no need to decode it
+		}
+		var owner PortOwner
+		switch err := json.Unmarshal(data, &owner); {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("port %d (%s) has an unreadable index entry: %v", port, key, err))
+		case owner.Cockpit != cockpit || owner.Stack != stack || owner.Key != key || owner.Offset != lease.Offset:
+			problems = append(problems, fmt.Sprintf("port %d (%s) is indexed to %s/%s %s at offset %d", port, key, owner.Cockpit, owner.Stack, owner.Key, owner.Offset))
+		}
+	}
+	return problems, nil
+}
