@@ -36,6 +36,9 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 	if err := checkName("holder", name); err != nil {
 		return nil, err
 	}
+	if err := e.proveMachine(); err != nil {
+		return nil, err
+	}
 	nh, err := observeClaimant(c, name, proposed)
 	if err != nil {
 		return nil, err
@@ -127,6 +130,9 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name, 
 	if err != nil {
 		return err
 	}
+	if err := e.proveMachine(); err != nil {
+		return err
+	}
 	w.createdHere = createdHere
 	if w.setsPID && w.PID != 0 {
 		if err := mayName(c, name, w.PID); err != nil {
@@ -147,6 +153,9 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name, 
 func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name string) error {
 	nh, err := defaultHolder(c, name)
 	if err != nil {
+		return err
+	}
+	if err := e.proveMachine(); err != nil {
 		return err
 	}
 	// Most touches change nothing (a Makefile's claim target touches on every run): the current

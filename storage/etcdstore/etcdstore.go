@@ -60,6 +60,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -67,6 +68,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -91,6 +93,8 @@ type Store struct {
 	cache      *cache
 	// watching is the context of the cache's watch, whose stream a progress request must name.
 	watching atomic.Pointer[context.Context]
+	// announcements are the keys Announce keeps, by key: *announcement.
+	announcements sync.Map
 	// closing ends the watch when the store closes.
 	closing context.Context
 	close   context.CancelFunc
@@ -185,39 +189,101 @@ func (s *Store) Watch(prefix string, fn func(key string)) error {
 // Announce implements storage.Shared with an etcd lease of ttl, kept alive until Close. When the
 // lease is lost (expired while cut off) the key is written again under a new one.
 func (s *Store) Announce(key string, ttl time.Duration) error {
-	lost, err := s.announce(s.prefix+key, ttl)
+	a := &announcement{full: s.prefix + key, ttl: ttl}
+	a.mu.Lock()
+	err := s.announce(a)
+	a.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("etcd announce %s: %w", key, s.describe(err))
 	}
+	s.announcements.Store(key, a)
 	go func() {
 		for s.closing.Err() == nil {
+			a.mu.Lock()
+			lost := a.lost
+			a.mu.Unlock()
 			<-lost
 			_ = sleep(s.closing, time.Second)
-			for s.closing.Err() == nil {
-				if lost, err = s.announce(s.prefix+key, ttl); err == nil {
+			a.mu.Lock()
+			for s.closing.Err() == nil && a.lost == lost { // Prove may have written it again already
+				if err := s.announce(a); err == nil {
 					break
 				}
+				a.mu.Unlock()
 				_ = sleep(s.closing, time.Second)
+				a.mu.Lock()
 			}
+			a.mu.Unlock()
 		}
 	}()
 	return nil
 }
 
-// announce writes key under a new lease and returns a channel closed once the lease is lost.
-func (s *Store) announce(full string, ttl time.Duration) (<-chan struct{}, error) {
+// announcement is one key Announce keeps, under its current lease.
+type announcement struct {
+	full string
+	ttl  time.Duration
+
+	mu     sync.Mutex // held across a renewal or a new lease, so one Prove asks for all
+	lease  clientv3.LeaseID
+	lost   <-chan struct{} // closed once the lease's keep-alive ends
+	proven time.Duration   // boot-time clock when the last renewal that succeeded was sent
+}
+
+// Prove implements storage.Shared.
+func (s *Store) Prove(key string) error {
+	v, ok := s.announcements.Load(key)
+	if !ok {
+		return fmt.Errorf("%w: %s was never announced", storage.ErrLocked, key)
+	}
+	a := v.(*announcement)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if bootClock()-a.proven < a.ttl/2 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(s.closing, s.budget)
 	defer cancel()
-	lease, err := s.cli.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
-	if err != nil {
-		return nil, err
+	sent := bootClock()
+	_, err := s.cli.KeepAliveOnce(ctx, a.lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// Expired while this process was paused or cut off: others have read its machine gone
+		// meanwhile. It is announced again before anything it does relies on it.
+		err = s.announce(a)
+	} else if err == nil {
+		a.proven = sent
 	}
-	if _, err := s.cli.Put(ctx, full, "", clientv3.WithLease(lease.ID)); err != nil {
-		return nil, err
+	if err != nil {
+		return fmt.Errorf("%w: etcd could not renew %s: %w", storage.ErrLocked, key, s.describe(err))
+	}
+	return nil
+}
+
+// bootClock reads CLOCK_BOOTTIME, which, unlike Go's monotonic clock, counts the time a machine
+// spent suspended: an etcd lease expires through a suspend.
+func bootClock() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 1 << 62 // unreadable: every Prove renews
+	}
+	return time.Duration(ts.Nano())
+}
+
+// announce writes a's key under a new lease and keeps it alive; a.mu is held.
+func (s *Store) announce(a *announcement) error {
+	ctx, cancel := context.WithTimeout(s.closing, s.budget)
+	defer cancel()
+	sent := bootClock()
+	lease, err := s.cli.Grant(ctx, int64((a.ttl+time.Second-1)/time.Second))
+	if err != nil {
+		return err
+	}
+	if _, err := s.cli.Put(ctx, a.full, "", clientv3.WithLease(lease.ID)); err != nil {
+		return err
 	}
 	alive, err := s.cli.KeepAlive(s.closing, lease.ID)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	lost := make(chan struct{})
 	go func() {
@@ -225,7 +291,8 @@ func (s *Store) announce(full string, ttl time.Duration) (<-chan struct{}, error
 		}
 		close(lost)
 	}()
-	return lost, nil
+	a.lease, a.lost, a.proven = lease.ID, lost, sent
+	return nil
 }
 
 // catchUp bounds how long a read waits for the watch to bring the cache up to the revision it

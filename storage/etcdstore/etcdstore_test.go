@@ -12,6 +12,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func set(t *testing.T, s storage.Store, key, value string) {
@@ -280,5 +281,57 @@ func TestReadOutOfCallersTimeIsNotAQuorumLoss(t *testing.T) {
 	}
 	if got := get(t, s, "k"); got != "<missing>" {
 		t.Errorf("k = %s after the refused Update", got)
+	}
+}
+
+// Prove renews an announcement only when its last renewal is older than half its TTL, writes it
+// again under a new lease when it was lost (revoked here, as etcd does to an expired one), and
+// without a quorum fails with ErrLocked.
+func TestProveAnnouncement(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	s := c.Open(t, "prove")
+	if err := s.Prove("m/a"); !errors.Is(err, storage.ErrLocked) {
+		t.Fatalf("Prove of a key never announced: %v", err)
+	}
+	if err := s.Announce("m/a", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	leaseOf := func() clientv3.LeaseID {
+		resp, err := s.Client().Get(context.Background(), "prove/m/a")
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("the announced key: %v %v", resp, err)
+		}
+		return clientv3.LeaseID(resp.Kvs[0].Lease)
+	}
+	first := leaseOf()
+	provenAt := s.AgeAnnouncement("m/a", 0)
+	if err := s.Prove("m/a"); err != nil {
+		t.Fatal(err)
+	}
+	if now := s.AgeAnnouncement("m/a", 0); now != provenAt {
+		t.Errorf("a Prove within half the TTL renewed (proven moved)")
+	}
+	aged := s.AgeAnnouncement("m/a", time.Second) // past half the TTL
+	if err := s.Prove("m/a"); err != nil {
+		t.Fatal(err)
+	}
+	if now := s.AgeAnnouncement("m/a", 0); now <= aged {
+		t.Errorf("a Prove past half the TTL did not renew")
+	}
+	s.AgeAnnouncement("m/a", time.Second)
+	if _, err := s.Client().Revoke(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Prove("m/a"); err != nil {
+		t.Fatalf("Prove of a lost announcement: %v", err)
+	}
+	if again := leaseOf(); again == first {
+		t.Fatalf("the key is under the revoked lease %x", first)
+	}
+
+	s.AgeAnnouncement("m/a", time.Second)
+	c.Stop(0)
+	if err := s.Prove("m/a"); !errors.Is(err, storage.ErrLocked) {
+		t.Fatalf("Prove without a quorum: %v", err)
 	}
 }
