@@ -123,6 +123,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	cli, err := clientv3.New(cc)
 	if err != nil {
+		if cause := describeAuth(err); cause != nil { // with --user, New authenticates
+			err = cause
+		}
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
 	s := &Store{cli: cli, prefix: prefix, budget: budget, cache: newCache()}
@@ -130,6 +133,12 @@ func Open(cfg Config) (*Store, error) {
 	// A linearizable read needs a quorum: a cluster that cannot serve one is refused now.
 	if err := s.load(); err != nil {
 		s.Close()
+		// The client hides why it could not connect behind a deadline: say it as etcdctl would.
+		if cause := describeAuth(err); cause != nil {
+			err = cause
+		} else if cause := diagnose(cfg, budget); cause != nil {
+			err = cause
+		}
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
 	go s.follow()

@@ -2,8 +2,10 @@ package etcdstore_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -334,4 +336,106 @@ func TestProveAnnouncement(t *testing.T) {
 	if err := s.Prove("m/a"); !errors.Is(err, storage.ErrLocked) {
 		t.Fatalf("Prove without a quorum: %v", err)
 	}
+}
+
+// A cluster Open cannot reach is refused with why, as etcdctl and Go's TLS say it, and the flag
+// that fixes it, not a bare deadline.
+func TestOpenSaysWhyItCannotConnect(t *testing.T) {
+	plain := etcdtest.Start(t, 1)
+	secure, files := etcdtest.StartTLS(t, 1, false)
+	mutual, mutualFiles := etcdtest.StartTLS(t, 1, true)
+	tlsOf := func(f etcdstore.TLSFiles) *tls.Config {
+		c, err := f.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := free.Addr().String()
+	free.Close()
+	for _, c := range []struct {
+		name      string
+		endpoints []string
+		tls       *tls.Config
+		want      []string
+	}{
+		{"nothing listens", []string{nobody}, nil, []string{"connection refused", "--store"}},
+		{"plain client, TLS server", secure.Endpoints(), nil, []string{"speaks TLS", "--cacert"}},
+		{"another CA", secure.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: files.OtherCA}), []string{"x509: certificate signed by unknown authority", "--cacert"}},
+		{"a name the certificate does not name", []string{strings.Replace(secure.Endpoints()[0], "127.0.0.1", "localhost", 1)},
+			tlsOf(etcdstore.TLSFiles{CACert: files.CA}), []string{"x509: certificate is not valid for any names, but wanted to match localhost", "--store"}},
+		{"no client certificate", mutual.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: mutualFiles.CA}), []string{"requires a client certificate", "--cert and --key"}},
+		{"TLS client, plain server", plain.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: files.CA}), []string{"does not speak TLS", "leave out --cacert"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.endpoints, Prefix: "p", TLS: c.tls, Budget: time.Second})
+			if err == nil {
+				s.Close()
+				t.Fatal("opened")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+	// The right flags open both.
+	for _, c := range []struct {
+		cluster *etcdtest.Cluster
+		files   etcdstore.TLSFiles
+	}{
+		{secure, etcdstore.TLSFiles{CACert: files.CA}},
+		{mutual, etcdstore.TLSFiles{CACert: mutualFiles.CA, Cert: mutualFiles.ClientCert, Key: mutualFiles.ClientKey}},
+	} {
+		s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.cluster.Endpoints(), Prefix: "p", TLS: tlsOf(c.files), Budget: etcdtest.Budget})
+		if err != nil {
+			t.Fatalf("with the right flags: %v", err)
+		}
+		s.Close()
+	}
+}
+
+// With authentication on, a wrong password or none names the flags to fix.
+func TestOpenSaysWhyAuthenticationFailed(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Open(t, "auth").Client()
+	ctx := context.Background()
+	for _, step := range []func() error{
+		func() error { _, err := cli.UserAdd(ctx, "root", "secret"); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := cli.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		user, password string
+		want           []string
+	}{
+		{"root", "wrong", []string{"authentication failed", "--user and --password"}},
+		{"", "", []string{"--user USER[:PASSWORD]"}},
+	} {
+		s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "p", Username: tc.user, Password: tc.password, Budget: time.Second})
+		if err == nil {
+			s.Close()
+			t.Fatalf("opened as %q", tc.user)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("as %q: error %q does not say %q", tc.user, err, w)
+			}
+		}
+	}
+	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "p", Username: "root", Password: "secret", Budget: etcdtest.Budget})
+	if err != nil {
+		t.Fatalf("with the right password: %v", err)
+	}
+	s.Close()
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
@@ -45,8 +46,14 @@ type Cluster struct {
 // Start starts n members and waits until they serve; they stop when the test ends.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return startWith(t, n, nil)
+}
+
+// startWith is Start, the client port served with TLS when tlsInfo is not nil.
+func startWith(t testing.TB, n int, tlsInfo *transport.TLSInfo) *Cluster {
+	t.Helper()
 	for attempt := 1; ; attempt++ {
-		c, err := start(t, n)
+		c, err := start(t, n, tlsInfo)
 		if err == nil {
 			return c
 		}
@@ -57,7 +64,7 @@ func Start(t testing.TB, n int) *Cluster {
 	}
 }
 
-func start(t testing.TB, n int) (*Cluster, error) {
+func start(t testing.TB, n int, tlsInfo *transport.TLSInfo) (*Cluster, error) {
 	c := &Cluster{t: t, members: make([]*embed.Etcd, n), closing: make([]chan struct{}, n)}
 	root := t.TempDir()
 	var initial []string
@@ -66,6 +73,10 @@ func start(t testing.TB, n int) (*Cluster, error) {
 		cfg.Name = fmt.Sprintf("m%d", i)
 		cfg.Dir = filepath.Join(root, cfg.Name)
 		peer, client := freeURL(t), freeURL(t)
+		if tlsInfo != nil {
+			client.Scheme = "https"
+			cfg.ClientTLSInfo = *tlsInfo
+		}
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 		cfg.InitialClusterToken = t.Name()
