@@ -57,6 +57,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -64,6 +65,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -93,6 +95,14 @@ type Store struct {
 	cache      *cache
 	// watching is the context of the cache's watch, whose stream a progress request must name.
 	watching atomic.Pointer[context.Context]
+	// seen is the highest revision etcd has answered this store with, and clusterID the cluster
+	// that answered first: a revision below seen, or another cluster, means the store behind the
+	// endpoints is not the one this store's cache and caller know (revoked, below).
+	seen      atomic.Int64
+	clusterID atomic.Uint64
+	// revoked, once set, fails every read and commit: the store was restored from an older
+	// snapshot or replaced, and nothing this process holds of it can be trusted.
+	revoked atomic.Pointer[error]
 	// announcements are the keys Announce keeps, by key: *announcement.
 	announcements sync.Map
 	// closing ends the watch when the store closes.
@@ -339,12 +349,18 @@ func (s *Store) Recent(fn func(storage.Txn) error) error {
 func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
 	late := ctx.Err() != nil
 	checkCtx, cancel := context.WithTimeout(ctx, s.budget)
-	began := time.Now()
+	began, floor := time.Now(), s.seen.Load()
 	resp, err := s.cli.Get(checkCtx, s.prefix, clientv3.WithCountOnly())
 	cancel()
 	s.roundTrips.Add(1)
 	if err != nil {
+		if failed := s.revoked.Load(); failed != nil {
+			return nil, *failed
+		}
 		return nil, fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, s.describeRead(late, time.Since(began), err))
+	}
+	if err := s.observe(resp.Header, floor); err != nil {
+		return nil, err
 	}
 	t := s.newTxn(ctx, writable)
 	t.rev = resp.Header.Revision
@@ -440,11 +456,15 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.budget)
 	defer cancel()
+	floor := s.seen.Load()
 	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
 	s.roundTrips.Add(1)
 	if err != nil {
 		// The Txn may have reached a quorum before the answer was lost: ask etcd.
 		return t.settle(ctx, err)
+	}
+	if err := s.observe(resp.Header, floor); err != nil {
+		return false, err
 	}
 	return !resp.Succeeded, nil
 }
@@ -453,18 +473,76 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 func (s *Store) load() error {
 	ctx, cancel := context.WithTimeout(s.closing, 2*s.budget)
 	defer cancel()
+	floor := s.seen.Load()
 	resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithPrefix())
 	if err != nil {
 		return s.describe(err)
+	}
+	if err := s.observe(resp.Header, floor); err != nil {
+		return err
 	}
 	notify(s.cache.reload(resp.Kvs, resp.Header.Revision))
 	return nil
 }
 
+// observe checks an answer's header against what this store has seen: etcd's revision never goes
+// backward and its cluster never changes, unless the cluster behind the endpoints was restored
+// from an older snapshot (etcdutl snapshot restore) or replaced. Then every key this process
+// holds may be one the cluster no longer has, and a commit it makes may be invisible to the
+// daemons that still read the old state: the store refuses everything from then on, and says why
+// once in the daemon's log.
+//
+// floor is what seen was when the request was sent: a linearizable answer is at least every
+// revision answered before it was asked (answers to requests in flight together come in any
+// order).
+func (s *Store) observe(h *etcdserverpb.ResponseHeader, floor int64) error {
+	if failed := s.revoked.Load(); failed != nil {
+		return *failed
+	}
+	if h == nil {
+		return nil
+	}
+	if err := s.observeCluster(h); err != nil {
+		return err
+	}
+	if h.Revision < floor {
+		return s.revoke(fmt.Sprintf("etcd's revision went backward: this daemon had seen %d, the cluster now answers %d", floor, h.Revision))
+	}
+	for {
+		seen := s.seen.Load()
+		if h.Revision <= seen || s.seen.CompareAndSwap(seen, h.Revision) {
+			return nil
+		}
+	}
+}
+
+// observeCluster is observe's check of the cluster alone, for answers (a watch's) that may lag.
+func (s *Store) observeCluster(h *etcdserverpb.ResponseHeader) error {
+	if failed := s.revoked.Load(); failed != nil {
+		return *failed
+	}
+	if h == nil || h.ClusterId == 0 {
+		return nil
+	}
+	if s.clusterID.CompareAndSwap(0, h.ClusterId) || s.clusterID.Load() == h.ClusterId {
+		return nil
+	}
+	return s.revoke(fmt.Sprintf("another etcd cluster (id %x) answers where cluster %x did", h.ClusterId, s.clusterID.Load()))
+}
+
+// revoke fails the store for good, saying why once in the daemon's log.
+func (s *Store) revoke(why string) error {
+	err := fmt.Errorf("%s: the store behind --store was restored from an older snapshot or replaced, so what this daemon read of %s may no longer be there; it serves the prefix no more: restart it (cockpitfs unmount, then cockpitfs mount --store …) to read the prefix as it is now", why, s.prefix)
+	if s.revoked.CompareAndSwap(nil, &err) {
+		log.Print(err)
+	}
+	return *s.revoked.Load()
+}
+
 // follow keeps the cache current from one watch on the prefix, resuming where it left off when a
 // member goes away, and loading the prefix again when the history it missed was compacted.
 func (s *Store) follow() {
-	for s.closing.Err() == nil {
+	for s.closing.Err() == nil && s.revoked.Load() == nil {
 		// WithRequireLeader ends the watch when its member loses the cluster, so it moves on to
 		// one that has it instead of staying silent.
 		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.closing))
@@ -479,6 +557,11 @@ func (s *Store) follow() {
 				continue
 			}
 			if resp.Err() != nil {
+				break
+			}
+			// A watch's member may lag behind the revision a linearizable read saw: only a
+			// revocation found by a read, or another cluster, stops the cache.
+			if s.observeCluster(resp.Header) != nil {
 				break
 			}
 			switch {
