@@ -34,6 +34,9 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 	if err := checkName("holder", name); err != nil {
 		return nil, err
 	}
+	if err := e.proveMachine(); err != nil {
+		return nil, err
+	}
 	nh, err := observeClaimant(c, name, proposed)
 	if err != nil {
 		return nil, err
@@ -125,6 +128,9 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name, 
 	if err != nil {
 		return err
 	}
+	if err := e.proveMachine(); err != nil {
+		return err
+	}
 	w.createdHere = createdHere
 	if w.setsPID && w.PID != 0 {
 		if err := mayName(c, name, w.PID); err != nil {
@@ -146,6 +152,9 @@ func (e *Engine) SetHolder(ctx context.Context, c Caller, cockpit, stack, name, 
 func (e *Engine) Rebind(ctx context.Context, c Caller, cockpit, stack, name string) error {
 	nh, err := defaultHolder(c, name)
 	if err != nil {
+		return err
+	}
+	if err := e.proveMachine(); err != nil {
 		return err
 	}
 	var dead []Holder

@@ -50,6 +50,9 @@ const (
 	// WriteAbandoned: a writer killed by a signal before it closed a document or ended a command's
 	// line; nothing of what it wrote is applied.
 	WriteAbandoned Code = "WRITE_ABANDONED"
+	// MachineUnannounced: over a shared store, this daemon could not renew its machine's
+	// announcement before an operation that creates or keeps a holder (proveMachine).
+	MachineUnannounced Code = "MACHINE_UNANNOUNCED"
 )
 
 // Refusal is why an operation changed nothing: a value the adapter maps to an errno and an events

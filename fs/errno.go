@@ -31,6 +31,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.LifecycleEvidenceInvalid:     syscall.ESTALE,
 	engine.DrainAttemptRepairRequired:   syscall.ENOTRECOVERABLE,
 	engine.StateLocked:                  syscall.EAGAIN,
+	engine.MachineUnannounced:           syscall.EAGAIN,
 	engine.StateRootUnavailable:         syscall.EIO,
 	engine.ClaimHolderLimit:             syscall.ENOSPC,
 	engine.StateInventoryLimit:          syscall.ENOSPC,

@@ -96,4 +96,9 @@ type Shared interface {
 	// once the process has not renewed it for ttl (killed, its machine down, cut off from the
 	// store), and the process writes it again if it reaches the store after that.
 	Announce(key string, ttl time.Duration) error
+	// Prove makes sure key, announced by this process, stays in the store for at least ttl/2
+	// more: unless a renewal sent within the last ttl/2 (by a clock that runs through a suspend)
+	// proves it, it renews it now, and writes it again if it was lost (this process was paused or
+	// cut off past ttl). An error wraps ErrLocked: the store did not answer.
+	Prove(key string) error
 }

@@ -57,16 +57,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -87,6 +91,16 @@ type Store struct {
 	cache      *cache
 	// watching is the context of the cache's watch, whose stream a progress request must name.
 	watching atomic.Pointer[context.Context]
+	// seen is the highest revision etcd has answered this store with, and clusterID the cluster
+	// that answered first: a revision below seen, or another cluster, means the store behind the
+	// endpoints is not the one this store's cache and caller know (revoked, below).
+	seen      atomic.Int64
+	clusterID atomic.Uint64
+	// revoked, once set, fails every read and commit: the store was restored from an older
+	// snapshot or replaced, and nothing this process holds of it can be trusted.
+	revoked atomic.Pointer[error]
+	// announcements are the keys Announce keeps, by key: *announcement.
+	announcements sync.Map
 	// closing ends the watch when the store closes.
 	closing context.Context
 	close   context.CancelFunc
@@ -115,6 +129,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	cli, err := clientv3.New(cc)
 	if err != nil {
+		if cause := describeAuth(err); cause != nil { // with --user, New authenticates
+			err = cause
+		}
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
 	s := &Store{cli: cli, prefix: prefix, budget: budget, cache: newCache()}
@@ -122,6 +139,12 @@ func Open(cfg Config) (*Store, error) {
 	// A linearizable read needs a quorum: a cluster that cannot serve one is refused now.
 	if err := s.load(); err != nil {
 		s.Close()
+		// The client hides why it could not connect behind a deadline: say it as etcdctl would.
+		if cause := describeAuth(err); cause != nil {
+			err = cause
+		} else if cause := diagnose(cfg, budget); cause != nil {
+			err = cause
+		}
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
 	go s.follow()
@@ -181,39 +204,101 @@ func (s *Store) Watch(prefix string, fn func(key string)) error {
 // Announce implements storage.Shared with an etcd lease of ttl, kept alive until Close. When the
 // lease is lost (expired while cut off) the key is written again under a new one.
 func (s *Store) Announce(key string, ttl time.Duration) error {
-	lost, err := s.announce(s.prefix+key, ttl)
+	a := &announcement{full: s.prefix + key, ttl: ttl}
+	a.mu.Lock()
+	err := s.announce(a)
+	a.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("etcd announce %s: %w", key, s.describe(err))
 	}
+	s.announcements.Store(key, a)
 	go func() {
 		for s.closing.Err() == nil {
+			a.mu.Lock()
+			lost := a.lost
+			a.mu.Unlock()
 			<-lost
 			_ = sleep(s.closing, time.Second)
-			for s.closing.Err() == nil {
-				if lost, err = s.announce(s.prefix+key, ttl); err == nil {
+			a.mu.Lock()
+			for s.closing.Err() == nil && a.lost == lost { // Prove may have written it again already
+				if err := s.announce(a); err == nil {
 					break
 				}
+				a.mu.Unlock()
 				_ = sleep(s.closing, time.Second)
+				a.mu.Lock()
 			}
+			a.mu.Unlock()
 		}
 	}()
 	return nil
 }
 
-// announce writes key under a new lease and returns a channel closed once the lease is lost.
-func (s *Store) announce(full string, ttl time.Duration) (<-chan struct{}, error) {
+// announcement is one key Announce keeps, under its current lease.
+type announcement struct {
+	full string
+	ttl  time.Duration
+
+	mu     sync.Mutex // held across a renewal or a new lease, so one Prove asks for all
+	lease  clientv3.LeaseID
+	lost   <-chan struct{} // closed once the lease's keep-alive ends
+	proven time.Duration   // boot-time clock when the last renewal that succeeded was sent
+}
+
+// Prove implements storage.Shared.
+func (s *Store) Prove(key string) error {
+	v, ok := s.announcements.Load(key)
+	if !ok {
+		return fmt.Errorf("%w: %s was never announced", storage.ErrLocked, key)
+	}
+	a := v.(*announcement)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if bootClock()-a.proven < a.ttl/2 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(s.closing, s.budget)
 	defer cancel()
-	lease, err := s.cli.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
-	if err != nil {
-		return nil, err
+	sent := bootClock()
+	_, err := s.cli.KeepAliveOnce(ctx, a.lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// Expired while this process was paused or cut off: others have read its machine gone
+		// meanwhile. It is announced again before anything it does relies on it.
+		err = s.announce(a)
+	} else if err == nil {
+		a.proven = sent
 	}
-	if _, err := s.cli.Put(ctx, full, "", clientv3.WithLease(lease.ID)); err != nil {
-		return nil, err
+	if err != nil {
+		return fmt.Errorf("%w: etcd could not renew %s: %w", storage.ErrLocked, key, s.describe(err))
+	}
+	return nil
+}
+
+// bootClock reads CLOCK_BOOTTIME, which, unlike Go's monotonic clock, counts the time a machine
+// spent suspended: an etcd lease expires through a suspend.
+func bootClock() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 1 << 62 // unreadable: every Prove renews
+	}
+	return time.Duration(ts.Nano())
+}
+
+// announce writes a's key under a new lease and keeps it alive; a.mu is held.
+func (s *Store) announce(a *announcement) error {
+	ctx, cancel := context.WithTimeout(s.closing, s.budget)
+	defer cancel()
+	sent := bootClock()
+	lease, err := s.cli.Grant(ctx, int64((a.ttl+time.Second-1)/time.Second))
+	if err != nil {
+		return err
+	}
+	if _, err := s.cli.Put(ctx, a.full, "", clientv3.WithLease(lease.ID)); err != nil {
+		return err
 	}
 	alive, err := s.cli.KeepAlive(s.closing, lease.ID)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	lost := make(chan struct{})
 	go func() {
@@ -221,7 +306,8 @@ func (s *Store) announce(full string, ttl time.Duration) (<-chan struct{}, error
 		}
 		close(lost)
 	}()
-	return lost, nil
+	a.lease, a.lost, a.proven = lease.ID, lost, sent
+	return nil
 }
 
 // catchUp bounds how long a read waits for the watch to bring the cache up to the revision it
@@ -259,12 +345,18 @@ func (s *Store) Recent(fn func(storage.Txn) error) error {
 func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
 	late := ctx.Err() != nil
 	checkCtx, cancel := context.WithTimeout(ctx, s.budget)
-	began := time.Now()
+	began, floor := time.Now(), s.seen.Load()
 	resp, err := s.cli.Get(checkCtx, s.prefix, clientv3.WithCountOnly())
 	cancel()
 	s.roundTrips.Add(1)
 	if err != nil {
+		if failed := s.revoked.Load(); failed != nil {
+			return nil, *failed
+		}
 		return nil, fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, s.describeRead(late, time.Since(began), err))
+	}
+	if err := s.observe(resp.Header, floor); err != nil {
+		return nil, err
 	}
 	t := s.newTxn(ctx, writable)
 	t.rev = resp.Header.Revision
@@ -360,11 +452,15 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.budget)
 	defer cancel()
+	floor := s.seen.Load()
 	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
 	s.roundTrips.Add(1)
 	if err != nil {
 		// The Txn may have reached a quorum before the answer was lost: ask etcd.
 		return t.settle(ctx, err)
+	}
+	if err := s.observe(resp.Header, floor); err != nil {
+		return false, err
 	}
 	return !resp.Succeeded, nil
 }
@@ -373,18 +469,76 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 func (s *Store) load() error {
 	ctx, cancel := context.WithTimeout(s.closing, 2*s.budget)
 	defer cancel()
+	floor := s.seen.Load()
 	resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithPrefix())
 	if err != nil {
 		return s.describe(err)
+	}
+	if err := s.observe(resp.Header, floor); err != nil {
+		return err
 	}
 	notify(s.cache.reload(resp.Kvs, resp.Header.Revision))
 	return nil
 }
 
+// observe checks an answer's header against what this store has seen: etcd's revision never goes
+// backward and its cluster never changes, unless the cluster behind the endpoints was restored
+// from an older snapshot (etcdutl snapshot restore) or replaced. Then every key this process
+// holds may be one the cluster no longer has, and a commit it makes may be invisible to the
+// daemons that still read the old state: the store refuses everything from then on, and says why
+// once in the daemon's log.
+//
+// floor is what seen was when the request was sent: a linearizable answer is at least every
+// revision answered before it was asked (answers to requests in flight together come in any
+// order).
+func (s *Store) observe(h *etcdserverpb.ResponseHeader, floor int64) error {
+	if failed := s.revoked.Load(); failed != nil {
+		return *failed
+	}
+	if h == nil {
+		return nil
+	}
+	if err := s.observeCluster(h); err != nil {
+		return err
+	}
+	if h.Revision < floor {
+		return s.revoke(fmt.Sprintf("etcd's revision went backward: this daemon had seen %d, the cluster now answers %d", floor, h.Revision))
+	}
+	for {
+		seen := s.seen.Load()
+		if h.Revision <= seen || s.seen.CompareAndSwap(seen, h.Revision) {
+			return nil
+		}
+	}
+}
+
+// observeCluster is observe's check of the cluster alone, for answers (a watch's) that may lag.
+func (s *Store) observeCluster(h *etcdserverpb.ResponseHeader) error {
+	if failed := s.revoked.Load(); failed != nil {
+		return *failed
+	}
+	if h == nil || h.ClusterId == 0 {
+		return nil
+	}
+	if s.clusterID.CompareAndSwap(0, h.ClusterId) || s.clusterID.Load() == h.ClusterId {
+		return nil
+	}
+	return s.revoke(fmt.Sprintf("another etcd cluster (id %x) answers where cluster %x did", h.ClusterId, s.clusterID.Load()))
+}
+
+// revoke fails the store for good, saying why once in the daemon's log.
+func (s *Store) revoke(why string) error {
+	err := fmt.Errorf("%s: the store behind --store was restored from an older snapshot or replaced, so what this daemon read of %s may no longer be there; it serves the prefix no more: restart it (cockpitfs unmount, then cockpitfs mount --store …) to read the prefix as it is now", why, s.prefix)
+	if s.revoked.CompareAndSwap(nil, &err) {
+		log.Print(err)
+	}
+	return *s.revoked.Load()
+}
+
 // follow keeps the cache current from one watch on the prefix, resuming where it left off when a
 // member goes away, and loading the prefix again when the history it missed was compacted.
 func (s *Store) follow() {
-	for s.closing.Err() == nil {
+	for s.closing.Err() == nil && s.revoked.Load() == nil {
 		// WithRequireLeader ends the watch when its member loses the cluster, so it moves on to
 		// one that has it instead of staying silent.
 		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.closing))
@@ -399,6 +553,11 @@ func (s *Store) follow() {
 				continue
 			}
 			if resp.Err() != nil {
+				break
+			}
+			// A watch's member may lag behind the revision a linearizable read saw: only a
+			// revocation found by a read, or another cluster, stops the cache.
+			if s.observeCluster(resp.Header) != nil {
 				break
 			}
 			switch {

@@ -2,8 +2,10 @@ package etcdstore_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func set(t *testing.T, s storage.Store, key, value string) {
@@ -280,5 +283,202 @@ func TestReadOutOfCallersTimeIsNotAQuorumLoss(t *testing.T) {
 	}
 	if got := get(t, s, "k"); got != "<missing>" {
 		t.Errorf("k = %s after the refused Update", got)
+	}
+}
+
+// Prove renews an announcement only when its last renewal is older than half its TTL, writes it
+// again under a new lease when it was lost (revoked here, as etcd does to an expired one), and
+// without a quorum fails with ErrLocked.
+func TestProveAnnouncement(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	s := c.Open(t, "prove")
+	if err := s.Prove("m/a"); !errors.Is(err, storage.ErrLocked) {
+		t.Fatalf("Prove of a key never announced: %v", err)
+	}
+	if err := s.Announce("m/a", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	leaseOf := func() clientv3.LeaseID {
+		resp, err := s.Client().Get(context.Background(), "prove/m/a")
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("the announced key: %v %v", resp, err)
+		}
+		return clientv3.LeaseID(resp.Kvs[0].Lease)
+	}
+	first := leaseOf()
+	provenAt := s.AgeAnnouncement("m/a", 0)
+	if err := s.Prove("m/a"); err != nil {
+		t.Fatal(err)
+	}
+	if now := s.AgeAnnouncement("m/a", 0); now != provenAt {
+		t.Errorf("a Prove within half the TTL renewed (proven moved)")
+	}
+	aged := s.AgeAnnouncement("m/a", time.Second) // past half the TTL
+	if err := s.Prove("m/a"); err != nil {
+		t.Fatal(err)
+	}
+	if now := s.AgeAnnouncement("m/a", 0); now <= aged {
+		t.Errorf("a Prove past half the TTL did not renew")
+	}
+	s.AgeAnnouncement("m/a", time.Second)
+	if _, err := s.Client().Revoke(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Prove("m/a"); err != nil {
+		t.Fatalf("Prove of a lost announcement: %v", err)
+	}
+	if again := leaseOf(); again == first {
+		t.Fatalf("the key is under the revoked lease %x", first)
+	}
+
+	s.AgeAnnouncement("m/a", time.Second)
+	quick, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "prove", Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quick.Close()
+	if err := quick.Announce("m/b", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	quick.AgeAnnouncement("m/b", time.Second)
+	c.Stop(0)
+	if err := quick.Prove("m/b"); !errors.Is(err, storage.ErrLocked) {
+		t.Fatalf("Prove without a quorum: %v", err)
+	}
+}
+
+// A cluster Open cannot reach is refused with why, as etcdctl and Go's TLS say it, and the flag
+// that fixes it, not a bare deadline.
+func TestOpenSaysWhyItCannotConnect(t *testing.T) {
+	plain := etcdtest.Start(t, 1)
+	secure, files := etcdtest.StartTLS(t, 1, false)
+	mutual, mutualFiles := etcdtest.StartTLS(t, 1, true)
+	tlsOf := func(f etcdstore.TLSFiles) *tls.Config {
+		c, err := f.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := free.Addr().String()
+	free.Close()
+	for _, c := range []struct {
+		name      string
+		endpoints []string
+		tls       *tls.Config
+		want      []string
+	}{
+		{"nothing listens", []string{nobody}, nil, []string{"connection refused", "--store"}},
+		{"plain client, TLS server", secure.Endpoints(), nil, []string{"speaks TLS", "--cacert"}},
+		{"another CA", secure.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: files.OtherCA}), []string{"x509: certificate signed by unknown authority", "--cacert"}},
+		{"a name the certificate does not name", []string{strings.Replace(secure.Endpoints()[0], "127.0.0.1", "localhost", 1)},
+			tlsOf(etcdstore.TLSFiles{CACert: files.CA}), []string{"x509: certificate is not valid for any names, but wanted to match localhost", "--store"}},
+		{"no client certificate", mutual.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: mutualFiles.CA}), []string{"requires a client certificate", "--cert and --key"}},
+		{"TLS client, plain server", plain.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: files.CA}), []string{"does not speak TLS", "leave out --cacert"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.endpoints, Prefix: "p", TLS: c.tls, Budget: time.Second})
+			if err == nil {
+				s.Close()
+				t.Fatal("opened")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+	// The right flags open both.
+	for _, c := range []struct {
+		cluster *etcdtest.Cluster
+		files   etcdstore.TLSFiles
+	}{
+		{secure, etcdstore.TLSFiles{CACert: files.CA}},
+		{mutual, etcdstore.TLSFiles{CACert: mutualFiles.CA, Cert: mutualFiles.ClientCert, Key: mutualFiles.ClientKey}},
+	} {
+		s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.cluster.Endpoints(), Prefix: "p", TLS: tlsOf(c.files), Budget: etcdtest.Budget})
+		if err != nil {
+			t.Fatalf("with the right flags: %v", err)
+		}
+		s.Close()
+	}
+}
+
+// With authentication on, a wrong password or none names the flags to fix.
+func TestOpenSaysWhyAuthenticationFailed(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Open(t, "auth").Client()
+	ctx := context.Background()
+	for _, step := range []func() error{
+		func() error { _, err := cli.UserAdd(ctx, "root", "secret"); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := cli.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		user, password string
+		want           []string
+	}{
+		{"root", "wrong", []string{"authentication failed", "--user and --password"}},
+		{"", "", []string{"--user USER[:PASSWORD]"}},
+	} {
+		s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "p", Username: tc.user, Password: tc.password, Budget: time.Second})
+		if err == nil {
+			s.Close()
+			t.Fatalf("opened as %q", tc.user)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("as %q: error %q does not say %q", tc.user, err, w)
+			}
+		}
+	}
+	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "p", Username: "root", Password: "secret", Budget: etcdtest.Budget})
+	if err != nil {
+		t.Fatalf("with the right password: %v", err)
+	}
+	s.Close()
+}
+
+// A cluster restored from an older snapshot behind the same endpoints (etcd's revision goes
+// backward) is detected at the next read of a store that saw later revisions: it refuses that read
+// and every one after it, naming the condition and the restart that reads the prefix anew, instead
+// of serving keys the cluster no longer has. A store opened after the restore serves it.
+func TestRestoredClusterIsRefused(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	s := c.Open(t, "restored")
+	set(t, s, "k1", "v1")
+	snap := c.Snapshot()
+	for _, k := range []string{"k2", "k3", "k4"} {
+		set(t, s, k, "v")
+	}
+	if got := get(t, s, "k4"); got != "v" {
+		t.Fatalf("k4 before the restore: %q", got)
+	}
+	c.RestoreFrom(snap)
+	for range 2 { // refused, and still refused
+		err := s.View(func(tx storage.Txn) error { _, err := tx.Get("k4"); return err })
+		if err == nil || !strings.Contains(err.Error(), "revision went backward") || !strings.Contains(err.Error(), "restart it") {
+			t.Fatalf("a read after the restore: %v", err)
+		}
+		if err := s.Update(context.Background(), func(tx storage.Txn) error { return tx.Set("k5", []byte("v")) }); err == nil {
+			t.Fatal("a commit after the restore was accepted")
+		}
+	}
+	fresh := c.Open(t, "restored")
+	if got := get(t, fresh, "k1"); got != "v1" {
+		t.Fatalf("k1 after the restore: %q", got)
+	}
+	if err := fresh.View(func(tx storage.Txn) error { _, err := tx.Get("k4"); return err }); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("k4, written after the snapshot, read by a fresh store: %v", err)
 	}
 }

@@ -4,6 +4,7 @@
 package etcdtest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
@@ -45,8 +49,14 @@ type Cluster struct {
 // Start starts n members and waits until they serve; they stop when the test ends.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return startWith(t, n, nil)
+}
+
+// startWith is Start, the client port served with TLS when tlsInfo is not nil.
+func startWith(t testing.TB, n int, tlsInfo *transport.TLSInfo) *Cluster {
+	t.Helper()
 	for attempt := 1; ; attempt++ {
-		c, err := start(t, n)
+		c, err := start(t, n, tlsInfo)
 		if err == nil {
 			return c
 		}
@@ -57,7 +67,7 @@ func Start(t testing.TB, n int) *Cluster {
 	}
 }
 
-func start(t testing.TB, n int) (*Cluster, error) {
+func start(t testing.TB, n int, tlsInfo *transport.TLSInfo) (*Cluster, error) {
 	c := &Cluster{t: t, members: make([]*embed.Etcd, n), closing: make([]chan struct{}, n)}
 	root := t.TempDir()
 	var initial []string
@@ -66,6 +76,10 @@ func start(t testing.TB, n int) (*Cluster, error) {
 		cfg.Name = fmt.Sprintf("m%d", i)
 		cfg.Dir = filepath.Join(root, cfg.Name)
 		peer, client := freeURL(t), freeURL(t)
+		if tlsInfo != nil {
+			client.Scheme = "https"
+			cfg.ClientTLSInfo = *tlsInfo
+		}
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 		cfg.InitialClusterToken = t.Name()
@@ -211,6 +225,26 @@ func (c *Cluster) Dropped(i int) []byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]byte{}, f.dropped...)
+}
+
+// RestartAll starts every stopped member again, together (a member of a cluster that lost its
+// quorum becomes ready only once enough others are back).
+func (c *Cluster) RestartAll() {
+	c.t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(c.configs))
+	for i := range c.configs {
+		c.mu.Lock()
+		stopped := c.members[i] == nil
+		c.mu.Unlock()
+		if stopped {
+			wg.Go(func() { errs[i] = c.start(i) })
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 // Restart starts stopped member i again on its data directory.
@@ -359,4 +393,43 @@ func (f *front) cut() {
 	}
 	f.listener, f.conns = nil, nil
 	f.dropping, f.dropped = none, nil
+}
+
+// Snapshot saves member 0's database to a file in the test's temporary directory, as
+// `etcdctl snapshot save` does.
+func (c *Cluster) Snapshot() string {
+	c.t.Helper()
+	path := filepath.Join(c.t.TempDir(), "snapshot.db")
+	cfg := clientv3.Config{Endpoints: []string{c.configs[0].ListenClientUrls[0].Host}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()}
+	if c.configs[0].ClientTLSInfo.CertFile != "" {
+		c.t.Fatal("Snapshot of a TLS cluster is not supported")
+	}
+	if _, err := snapshot.NewV3(zap.NewNop()).Save(context.Background(), cfg, path); err != nil {
+		c.t.Fatal(err)
+	}
+	return path
+}
+
+// RestoreFrom stops every member and starts the cluster again from the snapshot at path, as
+// `etcdutl snapshot restore` into fresh data directories and a restart of every member do: the
+// same names, peers and endpoints, the state (and revision) of the snapshot.
+func (c *Cluster) RestoreFrom(path string) {
+	c.t.Helper()
+	for i := range c.configs {
+		c.Stop(i) // RestartAll waits for each to let its ports go
+	}
+	restoredRoot := c.t.TempDir()
+	for _, cfg := range c.configs {
+		dir := filepath.Join(restoredRoot, cfg.Name)
+		err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+			SnapshotPath: path, Name: cfg.Name, OutputDataDir: dir,
+			PeerURLs:       []string{cfg.AdvertisePeerUrls[0].String()},
+			InitialCluster: cfg.InitialCluster, InitialClusterToken: cfg.InitialClusterToken,
+		})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		cfg.Dir = dir
+	}
+	c.RestartAll()
 }
