@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -82,6 +83,8 @@ type Engine struct {
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
 	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
 	staged sync.Map
+	// proxyBase is where the daemon's web proxy serves (ServeProxy); nil: it serves none.
+	proxyBase atomic.Pointer[proxyBase]
 }
 
 // New returns an engine over db, which this process alone writes.
