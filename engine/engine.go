@@ -175,6 +175,8 @@ type CockpitInfo struct {
 	BaseOrder []string
 	// Derived are the [env] derived values every stack's env file renders.
 	Derived []portdecl.Derived
+	// proxy is where the daemon's web proxy serves, nil when it serves none (ProxiedURL).
+	proxy *proxyBase
 }
 
 func (m cockpitMeta) info() CockpitInfo {
@@ -197,7 +199,9 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 			if err := json.Unmarshal(v, &m); err != nil {
 				return err
 			}
-			out = append(out, m.info())
+			info := m.info()
+			info.proxy = e.proxyBase.Load()
+			out = append(out, info)
 			return nil
 		})
 	})
@@ -207,7 +211,9 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 // Cockpit returns one cockpit.
 func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 	m, err := e.cockpitMeta(name)
-	return m.info(), err
+	info := m.info()
+	info.proxy = e.proxyBase.Load()
+	return info, err
 }
 
 // cockpitMeta reads one cockpit, from the cache when it is current.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"fmt"
 	"net/url"
 	"slices"
@@ -16,10 +17,10 @@ type RouteState string
 // The states of a route, each one a page the proxy shows (but Routed).
 const (
 	Routed          RouteState = "routed"
-	RouteUnknown    RouteState = "unknown"     // no cockpit and stack by that name
-	RouteAmbiguous  RouteState = "ambiguous"   // the name reads as more than one entrypoint
-	RouteNoLease    RouteState = "no-lease"    // the stack holds no ports
-	RouteDraining   RouteState = "draining"    // a drain is reserved: the stack is stopping
+	RouteUnknown    RouteState = "unknown"   // no cockpit and stack by that name
+	RouteAmbiguous  RouteState = "ambiguous" // the name reads as more than one entrypoint
+	RouteNoLease    RouteState = "no-lease"  // the stack holds no ports
+	RouteDraining   RouteState = "draining"  // a drain is reserved: the stack is stopping
 	RouteNoEntry    RouteState = "no-entrypoint"
 	RouteNotHTTP    RouteState = "not-http"    // the entrypoint's scheme is not http or https
 	RouteNotServing RouteState = "not-serving" // nothing listens on the entrypoint's port
@@ -227,11 +228,16 @@ type proxyBase struct {
 	port   int
 }
 
-// ProxiedURL is the proxied URL of a stack's entrypoint, "" when the daemon serves no proxy.
-func (e *Engine) ProxiedURL(cockpit, stack, entrypoint string) string {
-	b := e.proxyBase.Load()
+// ProxiedURL is the URL through the daemon's proxy of the stack's entrypoint whose own URL is
+// portURL (its path kept): "" when the daemon serves no proxy or portURL is not http or https.
+func (info CockpitInfo) ProxiedURL(stack, entrypoint, portURL string) string {
+	b := info.proxy
 	if b == nil {
 		return ""
 	}
-	return fmt.Sprintf("%s://%s:%d/", b.scheme, ProxyHost(cockpit, stack, entrypoint), b.port)
+	u, err := url.Parse(portURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return ""
+	}
+	return fmt.Sprintf("%s://%s:%d%s", b.scheme, ProxyHost(info.Name, stack, entrypoint), b.port, cmp.Or(u.EscapedPath(), "/"))
 }

@@ -7,9 +7,9 @@
 package proxy
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
-	"context"
 	"fmt"
 	"html/template"
 	"log"
