@@ -83,6 +83,8 @@ type Engine struct {
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
 	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
 	staged sync.Map
+	// routes index the stacks' names for the web proxy (ResolveRoute).
+	routes routeIndexes
 	// proxyBase is where the daemon's web proxy serves (ServeProxy); nil: it serves none.
 	proxyBase atomic.Pointer[proxyBase]
 }

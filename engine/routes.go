@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -55,40 +57,24 @@ func ProxyHost(cockpit, stack, entrypoint string) string {
 // could split more than one way is resolved only when exactly one split names an existing
 // cockpit, stack and entrypoint. Every state but Routed is an answer, not an error; the error is
 // for a store that cannot be read.
+//
+// The stack's record, its lease and what listens are read afresh at every request. Which stacks
+// exist is looked up in an index of names folded to lower case, rebuilt from the store when a
+// name is missing from it (so a new stack is found at once) and at least every second (so a stack
+// made since, whose name differs from another's only in case, is seen to be ambiguous within a
+// second); a removed stack is gone at once, its record being read.
 func (e *Engine) ResolveRoute(host string) (Route, error) {
 	name, ok := strings.CutSuffix(strings.ToLower(strings.TrimSuffix(host, ".")), ".localhost")
 	if !ok || name == "" {
 		return Route{State: RouteUnknown, Message: fmt.Sprintf("%q is not a stack's name", host),
 			Fix: "open http://<entrypoint>.<stack>.<cockpit>.localhost:<proxy port>/"}, nil
 	}
-	cockpits, err := e.Cockpits()
+	found, err := e.resolveIn(name, false)
+	if err == nil && len(found) == 0 {
+		found, err = e.resolveIn(name, true)
+	}
 	if err != nil {
 		return Route{}, err
-	}
-	var found []Route
-	for _, c := range cockpits {
-		rest, ok := strings.CutSuffix(name, "."+strings.ToLower(c.Name))
-		if !ok {
-			continue
-		}
-		stacks, err := e.Stacks(c.Name)
-		if err != nil {
-			return Route{}, err
-		}
-		for _, s := range stacks {
-			entrypoint, ok := strings.CutSuffix(rest, "."+strings.ToLower(s))
-			if !ok || entrypoint == "" {
-				continue
-			}
-			r, err := e.route(c, s, entrypoint)
-			if err != nil {
-				if AsRefusal(err).Code == NotFound {
-					continue // removed since the listing
-				}
-				return Route{}, err
-			}
-			found = append(found, r)
-		}
 	}
 	switch {
 	case len(found) == 0:
@@ -109,6 +95,89 @@ func (e *Engine) ResolveRoute(host string) (Route, error) {
 			Fix: "rename one of the stacks or cockpits"}, nil
 	}
 	return found[0], nil
+}
+
+// resolveIn reads the route of every stack name (lower-cased, "<entrypoint>.<stack>.<cockpit>")
+// may mean, by the route index (rebuilt first when fresh).
+func (e *Engine) resolveIn(name string, fresh bool) ([]Route, error) {
+	idx, err := e.routes.get(e, fresh)
+	if err != nil {
+		return nil, err
+	}
+	labels := strings.Split(name, ".")
+	var found []Route
+	for j := 2; j < len(labels); j++ { // the cockpit is labels[j:]
+		for i := 1; i < j; i++ { // the entrypoint labels[:i], the stack labels[i:j]
+			folded := strings.Join(labels[j:], ".") + "/" + strings.Join(labels[i:j], ".")
+			for _, ref := range idx.stacks[folded] {
+				c, err := e.Cockpit(ref.cockpit)
+				if err == nil {
+					var r Route
+					r, err = e.route(c, ref.stack, strings.Join(labels[:i], "."))
+					if err == nil {
+						found = append(found, r)
+						continue
+					}
+				}
+				if AsRefusal(err).Code == NotFound {
+					continue // removed since the index was built
+				}
+				return nil, err
+			}
+		}
+	}
+	return found, nil
+}
+
+// routeIndex is every stack by its cockpit's and its own name folded to lower case
+// ("cockpit/stack"), as of built.
+type routeIndex struct {
+	built  time.Time
+	stacks map[string][]stackRef
+}
+
+type stackRef struct{ cockpit, stack string }
+
+// routeIndexes keeps the current routeIndex.
+type routeIndexes struct {
+	mu  sync.Mutex // held across a rebuild, so concurrent requests share one
+	cur *routeIndex
+}
+
+// Bounds of the route index's age: rebuilt when older than routeIndexMaxAge, and when a name is
+// missing from it only once older than routeIndexMinAge (a client asking names that do not exist
+// costs one store scan per interval, not one per request).
+const (
+	routeIndexMaxAge = time.Second
+	routeIndexMinAge = 50 * time.Millisecond
+)
+
+func (x *routeIndexes) get(e *Engine, fresh bool) (*routeIndex, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.cur != nil {
+		age := time.Since(x.cur.built)
+		if age < routeIndexMinAge || !fresh && age < routeIndexMaxAge {
+			return x.cur, nil
+		}
+	}
+	idx := &routeIndex{built: time.Now(), stacks: map[string][]stackRef{}}
+	cockpits, err := e.Cockpits()
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cockpits {
+		stacks, err := e.Stacks(c.Name)
+		if err != nil && AsRefusal(err).Code != NotFound {
+			return nil, err
+		}
+		for _, s := range stacks {
+			key := strings.ToLower(c.Name) + "/" + strings.ToLower(s)
+			idx.stacks[key] = append(idx.stacks[key], stackRef{c.Name, s})
+		}
+	}
+	x.cur = idx
+	return idx, nil
 }
 
 // route reads entrypoint (lower-cased) of stack now.

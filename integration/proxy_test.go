@@ -207,6 +207,15 @@ func TestProxyAnswers(t *testing.T) {
 			t.Errorf("%s: %d %v, want %d %s", c.host, code, st, c.code, c.state)
 		}
 	}
+	// A stack made after the proxy last looked is found at once, and a removed one is gone.
+	m.ok("mkdir $M/app/stacks/late")
+	if body, code := m.curl(url("http.late", "/")); code != 503 || routeState(t, body)["state"] != "no-lease" {
+		t.Fatalf("a stack made a moment ago: %d %s", code, body)
+	}
+	m.ok("rmdir $M/app/stacks/late")
+	if body, code := m.curl(url("http.late", "/")); code != 404 || routeState(t, body)["state"] != "unknown" {
+		t.Fatalf("a stack removed a moment ago: %d %s", code, body)
+	}
 	// A browser's request gets a page that reloads itself while the stack may come back.
 	out, _ := m.curl("-i", "-H", "Accept: text/html", url("http.idle", "/"))
 	if !strings.Contains(out, "Refresh: 2") || !strings.Contains(out, `data-state="no-lease"`) {
@@ -325,5 +334,64 @@ func TestProxyPortTaken(t *testing.T) {
 	m.ok("touch $M/app/stacks/s/holders/me")
 	if got := m.read("app/stacks/s/ports/HTTP"); got != strconv.Itoa(proxyPort+10)+"\n" {
 		t.Fatalf("lease beside the proxy's port: %q, want %d", got, proxyPort+10)
+	}
+}
+
+// With --proxy-https each name gets a certificate from a local CA made once in the data
+// directory, its key 0600: curl trusting that CA reaches the stack; a key others can read is
+// refused at the next mount.
+func TestProxyHTTPS(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort), "--proxy-https")
+	m.setupApp(20, map[string]int{"HTTP": 37400}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	port, _ := strconv.Atoi(strings.TrimSpace(m.read("app/stacks/s/ports/HTTP")))
+	startStackServer(t, m, port, "s", false)
+	ca, key := filepath.Join(m.Data, "proxy-ca.pem"), filepath.Join(m.Data, "proxy-ca-key.pem")
+	if fi, err := os.Stat(key); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("CA key: %v %v", fi.Mode(), err)
+	}
+	url := fmt.Sprintf("https://http.s.app.localhost:%d/headers", proxyPort)
+	body, code := m.curl("--cacert", ca, url)
+	if code != 200 || !strings.Contains(body, `"X-Forwarded-Proto": "https"`) {
+		t.Fatalf("through HTTPS: %d %s", code, body)
+	}
+	if got := m.read("app/stacks/s/entrypoints.json"); !strings.Contains(got, fmt.Sprintf(`"proxied":"https://http.s.app.localhost:%d/"`, proxyPort)) {
+		t.Fatalf("entrypoints.json: %s", got)
+	}
+	// Without the CA, curl refuses the certificate: nothing is trusted by accident.
+	cmd := exec.Command("curl", "-sS", url)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := m.ns.Do(cmd.Run); err == nil || !strings.Contains(errb.String(), "certificate") {
+		t.Fatalf("curl without the CA: %v %s", err, errb.String())
+	}
+
+	m.Stop()
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	again := exec.Command(binary, "mount", "--data", m.Data, "--proxy", strconv.Itoa(proxyPort), "--proxy-https", m.Dir)
+	var out bytes.Buffer
+	again.Stdout, again.Stderr = &out, &out
+	if err := m.ns.Do(again.Run); err == nil || !strings.Contains(out.String(), "is readable by others") || mounted(m.Dir) {
+		t.Fatalf("mount with a CA key others can read: %v\n%s", err, out.String())
+	}
+	if err := os.Chmod(key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m.start(m.args...)
+}
+
+// A name that reads as two stacks' entrypoints (names differing only in case) is answered with
+// what to rename, never routed to either.
+func TestProxyAmbiguousName(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
+	m.setupApp(20, map[string]int{"HTTP": 37500}, "Feat", "feat")
+	m.ok("touch $M/app/stacks/Feat/holders/me $M/app/stacks/feat/holders/me")
+	body, code := m.curl(fmt.Sprintf("http://http.feat.app.localhost:%d/", proxyPort))
+	if st := routeState(t, body); code != 409 || st["state"] != "ambiguous" || !strings.Contains(st["fix"].(string), "rename") {
+		t.Fatalf("two stacks differing in case: %d %v", code, st)
 	}
 }
