@@ -86,9 +86,9 @@ func run(m *testing.M) int {
 
 // daemon is one cockpitfs process serving a mount point.
 type daemon struct {
-	Dir  string // the mount point
-	Data string // the store
-	bin  string // the cockpitfs it runs: binary unless set
+	Dir  string   // the mount point
+	Data string   // the store
+	bin  string   // the cockpitfs it runs: binary unless set
 	args []string // more mount flags
 	cmd  *exec.Cmd
 	log  bytes.Buffer

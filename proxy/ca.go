@@ -115,7 +115,8 @@ func writeWhole(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err == nil {
+	_, err = tmp.Write(data)
+	if err == nil {
 		err = tmp.Chmod(mode)
 	}
 	if err == nil {
