@@ -86,9 +86,10 @@ func run(m *testing.M) int {
 
 // daemon is one cockpitfs process serving a mount point.
 type daemon struct {
-	Dir  string // the mount point
-	Data string // the store
-	bin  string // the cockpitfs it runs: binary unless set
+	Dir  string   // the mount point
+	Data string   // the store
+	bin  string   // the cockpitfs it runs: binary unless set
+	args []string // more mount flags
 	cmd  *exec.Cmd
 	log  bytes.Buffer
 	done chan error
@@ -107,7 +108,7 @@ func (d *daemon) start() (time.Duration, error) {
 	if d.bin != "" {
 		bin = d.bin
 	}
-	d.cmd = exec.Command(bin, "mount", "--data", d.Data, d.Dir)
+	d.cmd = exec.Command(bin, append(append([]string{"mount", "--data", d.Data}, d.args...), d.Dir)...)
 	d.cmd.Stdout, d.cmd.Stderr = &d.log, &d.log
 	began := time.Now()
 	if err := daemonNetns.Do(d.cmd.Start); err != nil {

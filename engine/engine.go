@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -105,6 +106,10 @@ type Engine struct {
 	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
 	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
 	staged sync.Map
+	// routes index the stacks' names for the web proxy (ResolveRoute).
+	routes routeIndexes
+	// proxyBase is where the daemon's web proxy serves (ServeProxy); nil: it serves none.
+	proxyBase atomic.Pointer[proxyBase]
 }
 
 // New returns an engine over db, which this process alone writes.
@@ -195,6 +200,8 @@ type CockpitInfo struct {
 	BaseOrder []string
 	// Derived are the [env] derived values every stack's env file renders.
 	Derived []portdecl.Derived
+	// proxy is where the daemon's web proxy serves, nil when it serves none (ProxiedURL).
+	proxy *proxyBase
 }
 
 func (m cockpitMeta) info() CockpitInfo {
@@ -217,7 +224,9 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 			if err := json.Unmarshal(v, &m); err != nil {
 				return err
 			}
-			out = append(out, m.info())
+			info := m.info()
+			info.proxy = e.proxyBase.Load()
+			out = append(out, info)
 			return nil
 		})
 	})
@@ -227,7 +236,9 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 // Cockpit returns one cockpit.
 func (e *Engine) Cockpit(name string) (CockpitInfo, error) {
 	m, err := e.cockpitMeta(name)
-	return m.info(), err
+	info := m.info()
+	info.proxy = e.proxyBase.Load()
+	return info, err
 }
 
 // cockpitMeta reads one cockpit, from the cache when it is current.

@@ -40,6 +40,9 @@ type entrypointValue struct {
 	Kind  string `json:"kind"`
 	Port  string `json:"port"`
 	Value string `json:"value"`
+	// Proxied is the URL through the daemon's proxy (CockpitInfo.ProxiedURL), when it serves one:
+	// not the reference's, so absent otherwise.
+	Proxied string `json:"proxied,omitempty"`
 }
 
 // diagnostic is the seeds' diagnostic: severity error (a refusal), warning or info.

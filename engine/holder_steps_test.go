@@ -343,21 +343,21 @@ func TestStackOwner(t *testing.T) {
 func TestEnv(t *testing.T) {
 	lease := leaseAt(t, pureDecl, 10)
 	declared := []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/app"}}
-	got := stepRecord(Value{Lease: lease}).env(declared)
+	got := stepRecord(Value{Lease: lease}).env(CockpitInfo{Entrypoints: declared})
 	// The default entrypoints (db, http) are not exported: only declared ones are.
 	want := []EnvVar{{"DB", "21010"}, {"HTTP", "20010"}, {"WEB_URL", "http://127.0.0.1:20010/app"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("env %v, want %v", got, want)
 	}
 	edited := []portdecl.Entrypoint{{Name: "web", Port: "HTTP", Path: "/v2"}, {Name: "api", Port: "DB", Path: "/"}, {Name: "gone", Port: "ADMIN", Path: "/"}}
-	got = stepRecord(Value{Lease: lease}).env(edited)
+	got = stepRecord(Value{Lease: lease}).env(CockpitInfo{Entrypoints: edited})
 	want = []EnvVar{{"DB", "21010"}, {"HTTP", "20010"}, {"API_URL", "http://127.0.0.1:21010/"}, {"WEB_URL", "http://127.0.0.1:20010/v2"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("env after the edit %v, want %v", got, want)
 	}
 	released := *lease
 	released.Released = true
-	if env := stepRecord(Value{Lease: &released}).env(declared); env != nil {
+	if env := stepRecord(Value{Lease: &released}).env(CockpitInfo{Entrypoints: declared}); env != nil {
 		t.Fatalf("a released lease has env %v", env)
 	}
 }

@@ -58,6 +58,11 @@ type holds struct {
 	byStack map[string]map[int]bool
 	lost    map[string][]LostPort // by stack key
 	known   map[int]knownHolder   // other processes' holds, as they answered
+
+	boundMu    sync.Mutex // guards bound, boundAt and boundReads only; never held with mu
+	bound      map[int]string
+	boundAt    time.Time
+	boundReads int // reads of the kernel's table by recentBound
 }
 
 // portHold is one held port: the stack whose lease (or claim under way, pending) it belongs to.
@@ -340,7 +345,13 @@ func (e *Engine) ForeignHold(port int) (portlock.Holder, bool) {
 	if h == nil {
 		return portlock.Holder{}, false
 	}
-	bound, err := h.space.Bound()
+	h.mu.Lock()
+	_, mine := h.byPort[port]
+	h.mu.Unlock()
+	if mine { // a port of this daemon's leases: no need to read the kernel's table
+		return portlock.Holder{}, false
+	}
+	bound, err := h.recentBound()
 	if err != nil {
 		return portlock.Holder{}, false
 	}
@@ -349,6 +360,28 @@ func (e *Engine) ForeignHold(port int) (portlock.Holder, bool) {
 		return portlock.Holder{}, false
 	}
 	return h.foreign(port, inode)
+}
+
+// boundFor is how long ForeignHold trusts one read of the kernel's table of bound names: `ls -l
+// ports` asks it once per entry, and each read walks every unix socket on the machine, so a
+// listing of n held ports read it n times (quadratic: 7 s for 1,000). A hold taken or let go
+// shows in ports/<n> within it; the listing itself (ForeignHolds) always reads afresh.
+var boundFor = 100 * time.Millisecond
+
+// recentBound is space.Bound(), read at most once per boundFor.
+func (h *holds) recentBound() (map[int]string, error) {
+	h.boundMu.Lock()
+	defer h.boundMu.Unlock()
+	if h.bound != nil && time.Since(h.boundAt) < boundFor {
+		return h.bound, nil
+	}
+	bound, err := h.space.Bound()
+	if err != nil {
+		return nil, err
+	}
+	h.bound, h.boundAt = bound, time.Now()
+	h.boundReads++
+	return bound, nil
 }
 
 // foreign says who holds port with the socket inode, unless this daemon does.

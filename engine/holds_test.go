@@ -315,3 +315,32 @@ func TestClaimWaitsOnceForAHoldNoSnapshotShows(t *testing.T) {
 	}
 	requireCode(t, claimErr(e, "app", "y", "a"), PortLeaseExhausted)
 }
+
+// ports/<n> asks ForeignHold once per entry of `ls -l ports`: a port this daemon holds is answered
+// without reading the kernel's table of bound names, and another daemon's ports share one read of
+// it (each read walks every unix socket on the machine: a listing of 1,000 took 7 s).
+func TestForeignHoldReadsTheKernelsTableOncePerListing(t *testing.T) {
+	defer func(was time.Duration) { boundFor = was }(boundFor)
+	boundFor = time.Hour // this test is about the count of reads, not their age
+	space := holdSpace(t)
+	a, b := holdingEngine(t, space, "/a"), holdingEngine(t, space, "/b")
+	newCockpit(t, a, "app", holdConfig, "s", "t", "u")
+	for _, s := range []string{"s", "t", "u"} {
+		claim(t, a, "app", s, "alice")
+	}
+	held, err := space.Held()
+	if err != nil || len(held) != 6 {
+		t.Fatalf("held: %v %v", held, err)
+	}
+	for _, port := range held {
+		if _, foreign := a.ForeignHold(port); foreign {
+			t.Fatalf("a's own port %d is foreign to a", port)
+		}
+		if h, foreign := b.ForeignHold(port); !foreign || h.Identity == nil || h.Identity.Data != "/a" {
+			t.Fatalf("b's view of a's port %d: %+v %v", port, h, foreign)
+		}
+	}
+	if a.holds.boundReads != 0 || b.holds.boundReads != 1 {
+		t.Fatalf("reads of the kernel's table: a %d (its own ports), b %d (six of a's), want 0 and 1", a.holds.boundReads, b.holds.boundReads)
+	}
+}

@@ -237,6 +237,21 @@ func (r Record) Entrypoints(declared []portdecl.Entrypoint) []portdecl.Resolved 
 	return portdecl.Entrypoints(declared, l.Ports)
 }
 
+// EntrypointsFor is Entrypoints under the cockpit's current config, each one the config asks to
+// be proxied given its proxied URL when the daemon serves the proxy: the URL env, entrypoints/<name>
+// and {url.NAME} show.
+func (r Record) EntrypointsFor(info CockpitInfo) []portdecl.Resolved {
+	all := r.Entrypoints(info.Entrypoints)
+	for i, e := range all {
+		if e.Proxied {
+			if u := info.ProxiedURL(r.Stack, e.Name, e.URL); u != "" {
+				all[i].URL = u
+			}
+		}
+	}
+	return all
+}
+
 // EnvVar is one line of a stack's environment.
 type EnvVar struct{ Name, Value string }
 
@@ -247,7 +262,7 @@ type EnvVar struct{ Name, Value string }
 // (portdecl.CheckExported, CheckValue), is left out: a config accepted before those rules may
 // declare one.
 func (r Record) EnvFor(info CockpitInfo) []EnvVar {
-	env := r.env(info.Entrypoints)
+	env := r.env(info)
 	kept := env[:0]
 	for _, v := range env {
 		v.Name = info.EnvPrefix + v.Name
@@ -258,7 +273,7 @@ func (r Record) EnvFor(info CockpitInfo) []EnvVar {
 	if !r.Value.Lease.Active() || len(info.Derived) == 0 {
 		return kept // nil without a lease, as env
 	}
-	facts := r.facts(info.Entrypoints)
+	facts := r.facts(info)
 	for _, d := range info.Derived {
 		if value, ok := d.Render(facts); ok && portdecl.CheckExported(d.Name) == nil {
 			kept = append(kept, EnvVar{d.Name, value})
@@ -270,9 +285,9 @@ func (r Record) EnvFor(info CockpitInfo) []EnvVar {
 // facts are what the stack's derived values render from: its names, its lease's ports, its
 // declared entrypoints' URLs, and the folder name of the checkout of its earliest holder whose
 // checkout is known, as NameFor maps it ("" when none is).
-func (r Record) facts(declared []portdecl.Entrypoint) portdecl.Facts {
+func (r Record) facts(info CockpitInfo) portdecl.Facts {
 	f := portdecl.Facts{Cockpit: r.Cockpit, Stack: r.Stack, Ports: r.Value.Lease.Ports, URLs: map[string]string{}}
-	for _, e := range r.Entrypoints(declared) {
+	for _, e := range r.EntrypointsFor(info) {
 		if !e.Default {
 			f.URLs[e.Name] = e.URL
 		}
@@ -291,7 +306,7 @@ func (r Record) facts(declared []portdecl.Entrypoint) portdecl.Facts {
 
 // env is the stack's environment while it holds a lease: each port by key in key order, then
 // each declared entrypoint's URL as <NAME>_URL. Nil without an active lease.
-func (r Record) env(declared []portdecl.Entrypoint) []EnvVar {
+func (r Record) env(info CockpitInfo) []EnvVar {
 	l := r.Value.Lease
 	if !l.Active() {
 		return nil
@@ -300,7 +315,7 @@ func (r Record) env(declared []portdecl.Entrypoint) []EnvVar {
 	for _, k := range sortedPortKeys(l.Ports) {
 		env = append(env, EnvVar{k, strconv.Itoa(l.Ports[k])})
 	}
-	for _, e := range r.Entrypoints(declared) {
+	for _, e := range r.EntrypointsFor(info) {
 		if !e.Default { // only what the config declared: see portdecl.Resolved
 			env = append(env, EnvVar{portdecl.EnvName(e.Name), e.URL})
 		}

@@ -35,6 +35,9 @@ type stackStatus struct {
 	Ports    map[string]int `json:"ports"` // the active lease's; null without one
 	Holders  []holderStatus `json:"holders"`
 	Drain    *drainStatus   `json:"drain"` // null without a reservation
+	// Proxied are the stack's web entrypoints' URLs through the daemon's proxy, by entrypoint
+	// name, while it holds a lease and the daemon serves a proxy.
+	Proxied map[string]string `json:"proxied,omitempty"`
 }
 
 // holderStatus is one holder as its file reads, plus the command its process runs.
@@ -77,6 +80,8 @@ func (e *Engine) Status() (Status, error) {
 		for _, m := range metas {
 			st.UpdatedAt = later(st.UpdatedAt, m.UpdatedAt)
 			c := cockpitStatus{Name: m.Name, UID: m.UID, Stacks: []stackStatus{}}
+			info := m.info()
+			info.proxy = e.proxyBase.Load()
 			var keys []string
 			heads := map[string][]byte{}
 			if err := tx.Scan(stacksPrefix(m.Name), func(k string, v []byte) error {
@@ -95,7 +100,7 @@ func (e *Engine) Status() (Status, error) {
 					return err
 				}
 				st.UpdatedAt = later(st.UpdatedAt, r.UpdatedAt)
-				c.Stacks = append(c.Stacks, e.stackStatus(r.Record))
+				c.Stacks = append(c.Stacks, e.stackStatus(r.Record, info))
 			}
 			st.Cockpits = append(st.Cockpits, c)
 		}
@@ -128,10 +133,18 @@ func later(a, b string) string {
 	return a
 }
 
-func (e *Engine) stackStatus(r Record) stackStatus {
+func (e *Engine) stackStatus(r Record, info CockpitInfo) stackStatus {
 	s := stackStatus{Name: r.Stack, Revision: r.Revision, Holders: []holderStatus{}}
 	if l := r.Value.Lease; l.Active() {
 		s.Ports = l.Ports
+	}
+	for _, ep := range r.Entrypoints(info.Entrypoints) {
+		if u := info.ProxiedURL(r.Stack, ep.Name, ep.URL); u != "" {
+			if s.Proxied == nil {
+				s.Proxied = map[string]string{}
+			}
+			s.Proxied[ep.Name] = u
+		}
 	}
 	for _, h := range r.Value.Holders {
 		s.Holders = append(s.Holders, holderStatus{Name: h.Name, State: e.HolderState(h), PID: h.PID, Checkout: h.CheckoutPath, UID: h.UID})
@@ -172,28 +185,56 @@ func commandLine(pid int) string {
 func (st Status) Table() ([]byte, error) {
 	var b bytes.Buffer
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "COCKPIT\tSTACK\tREV\tPORTS\tHOLDER\tSTATE\tPID\tCOMMAND\tCHECKOUT\tDRAIN")
+	// The proxied URLs get a column only while the daemon serves a proxy.
+	proxied := false
+	for _, c := range st.Cockpits {
+		for _, s := range c.Stacks {
+			proxied = proxied || len(s.Proxied) > 0
+		}
+	}
+	header, tail := "", func(stackStatus) string { return "" }
+	if proxied {
+		header, tail = "\tPROXIED", func(s stackStatus) string { return "\t" + proxiedText(s.Proxied) }
+	}
+	fmt.Fprintln(w, "COCKPIT\tSTACK\tREV\tPORTS\tHOLDER\tSTATE\tPID\tCOMMAND\tCHECKOUT\tDRAIN"+header)
 	for _, c := range st.Cockpits {
 		if len(c.Stacks) == 0 {
-			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\n", c.Name)
+			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-%s\n", c.Name, tail(stackStatus{}))
 		}
 		for _, s := range c.Stacks {
 			ports, drain := portsText(s.Ports), drainText(s.Drain)
 			if len(s.Holders) == 0 {
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t-\t-\t-\t-\t-\t%s\n", c.Name, s.Name, s.Revision, ports, drain)
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t-\t-\t-\t-\t-\t%s%s\n", c.Name, s.Name, s.Revision, ports, drain, tail(s))
 			}
 			for _, h := range s.Holders {
 				pid := "-"
 				if h.PID != 0 {
 					pid = fmt.Sprint(h.PID)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Name, s.Name, s.Revision, ports,
-					h.Name, h.State, pid, dash(h.Command), dash(h.Checkout), drain)
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", c.Name, s.Name, s.Revision, ports,
+					h.Name, h.State, pid, dash(h.Command), dash(h.Checkout), drain, tail(s))
 			}
 		}
 	}
 	err := w.Flush()
 	return b.Bytes(), err
+}
+
+// proxiedText is the proxied URLs in entrypoint order, joined by commas.
+func proxiedText(urls map[string]string) string {
+	if len(urls) == 0 {
+		return "-"
+	}
+	names := make([]string, 0, len(urls))
+	for name := range urls {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, name := range names {
+		parts[i] = Printable(urls[name])
+	}
+	return strings.Join(parts, ",")
 }
 
 // JSON renders the status for scripts, as PrintableJSON.

@@ -228,7 +228,7 @@ func (f *FS) leasePortView(cockpit, stack, key string) render {
 
 func (f *FS) entrypointView(cockpit, stack, name string) render {
 	return f.configuredView(cockpit, stack, "entrypoints/"+name, func(r engine.Record, info engine.CockpitInfo) []byte {
-		for _, e := range r.Entrypoints(info.Entrypoints) {
+		for _, e := range r.EntrypointsFor(info) {
 			if e.Name == name {
 				return []byte(e.URL + "\n")
 			}
@@ -266,6 +266,9 @@ func (f *FS) entrypointsJSONView(cockpit, stack string) render {
 			result := r.DeriveEntrypoints(info.Entrypoints, info.BaseOrder, dv.Values)
 			if result == nil {
 				return nil
+			}
+			for i, v := range result.Values { // beside each URL, the proxy's for it when it serves
+				result.Values[i].Proxied = info.ProxiedURL(stack, v.Name, v.Value)
 			}
 			data, _ := json.Marshal(result)
 			return append(data, '\n')

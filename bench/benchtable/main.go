@@ -257,6 +257,15 @@ func main() {
 	t.row("  the same MCP claim in-process (the Go SDK's in-memory transports)", "MCP", "ns/inmemory", us, "µs", r+" of its file operations", "", "")
 	t.row("  part: the claim tool's file operations alone (create, pid, holders, lease, env, entrypoints)", "MCP", "ns/files", us, "µs", "", "", "")
 
+	r, _ = t.ratio("Proxy", "ns/proxied", "Proxy", "ns/direct", atLeast(0))
+	t.row("proxy: a GET through http://http.<stack>.<cockpit>.localhost (kept-alive)", "Proxy", "ns/proxied", us, "µs", r+" of the same GET to the port", "", "")
+	t.row("  the same GET straight to the stack's port, same run", "Proxy", "ns/direct", us, "µs", "", "", "")
+	r, _ = t.ratio("Proxy", "ns/proxied-1000", "Proxy", "ns/proxied", atLeast(0))
+	t.row("  the proxied GET with 1,000 stacks leased", "Proxy", "ns/proxied-1000", us, "µs", r+" of it with one", "", "")
+	t.row("proxy: daemon RSS with 1,000 stacks leased", "Proxy", "MiB-stacks-1000", 1, "MiB", "", "", "")
+	r, _ = t.ratio("Proxy", "MiB-routes-1000", "Proxy", "MiB-stacks-1000", atLeast(0))
+	t.row("  after each of their 1,000 routes is asked once", "Proxy", "MiB-routes-1000", 1, "MiB", r+" of before", "", "")
+
 	r, v = t.ratio("EtcdClaim", "ns/claim", "EtcdClaim", "ns/bare", atMost(1.5))
 	t.row("etcd: claim in an engine over 3 members on loopback", "EtcdClaim", "ns/claim", us, "µs", r+" of bare Get+Txn", "≤ 1.5× bare", v)
 	t.row("etcd: bare linearizable Get + Txn compare-and-swap, same cluster", "EtcdClaim", "ns/bare", us, "µs", "", "", "")

@@ -49,6 +49,10 @@ flags:
                      content it saw; opens of one content share it), so one user cannot
                      exhaust the daemon's memory (default 67108864; 0: no bound)
   --log-level LEVEL  error, info (default) or debug (every FUSE request)
+  --proxy PORT       also serve each stack's web entrypoints on loopback PORT as
+                     http://<entrypoint>.<stack>.<cockpit>.localhost:PORT/ (docs/proxy.md)
+  --proxy-https      serve the proxy with HTTPS, certificates signed by a local CA made in
+                     DIR (proxy-ca.pem: trust it once, docs/proxy.md)
 ` + etcdFlagsUsage, mountCommand},
 		"unmount": {`usage: cockpitfs unmount [--lazy] MOUNTPOINT
 

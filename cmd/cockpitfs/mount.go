@@ -59,6 +59,8 @@ func mountCommand(args []string) error {
 	leasesPerUID := fset.Int("max-leases-per-uid", defaultLeasesPerUID, "")
 	openBytesPerUID := fset.Int64("max-open-bytes-per-uid", cfs.DefaultMaxOpenBytesPerUID, "")
 	level := fset.String("log-level", "info", "")
+	proxyPort := fset.Int("proxy", 0, "")
+	proxyHTTPS := fset.Bool("proxy-https", false, "")
 	debug := fset.Bool("debug", false, "") // kept for scripts of earlier releases: --log-level debug
 	positional, err := parseInterspersed(fset, args)
 	if err != nil {
@@ -86,6 +88,12 @@ func mountCommand(args []string) error {
 	if *openBytesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-open-bytes-per-uid %d is negative (0: no bound)", *openBytesPerUID)}
 	}
+	if *proxyPort < 0 || *proxyPort > 65535 {
+		return &usageError{command: "mount", msg: fmt.Sprintf("--proxy %d is not a TCP port", *proxyPort)}
+	}
+	if *proxyHTTPS && *proxyPort == 0 {
+		return &usageError{command: "mount", msg: "--proxy-https needs --proxy PORT"}
+	}
 	mnt, err := resolveMountpoint(positional[0])
 	if err != nil {
 		return err
@@ -105,7 +113,7 @@ func mountCommand(args []string) error {
 		}
 		return daemonize(args, *data)
 	}
-	st := storeChoice{data: *data, leasesPerUID: *leasesPerUID}
+	st := storeChoice{data: *data, leasesPerUID: *leasesPerUID, proxyPort: *proxyPort, proxyHTTPS: *proxyHTTPS}
 	if isEtcd {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
@@ -120,6 +128,10 @@ type storeChoice struct {
 	etcd         *etcdstore.Config
 	url          string
 	leasesPerUID int
+	// proxyPort, when not 0, is the loopback port the stacks' web proxy serves on (with HTTPS
+	// when proxyHTTPS).
+	proxyPort  int
+	proxyHTTPS bool
 }
 
 // defaultLeasesPerUID is --max-leases-per-uid's default: one developer's stacks running at once
@@ -187,6 +199,16 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	if err != nil {
 		discardStore()
 		return err
+	}
+	if st.proxyPort != 0 {
+		// Before the mount, so a port that is taken refuses the whole mount and leaves nothing.
+		stopProxy, err := startProxy(eng, st, mnt)
+		if err != nil {
+			closeStore()
+			discardStore()
+			return err
+		}
+		defer stopProxy()
 	}
 	beneath, undoMountpoint, err := prepareMountpoint(mnt, nonempty, restart)
 	if err != nil {

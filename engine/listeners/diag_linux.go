@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -26,7 +27,8 @@ const (
 	tcpDiagGetSock   = 18
 	inetDiagReqSize  = 60
 	inetDiagReqState = 52 // offset of idiag_states
-	inetDiagMsgSize  = 72 // up to inode; only family, state and the local port are read
+	inetDiagMsgSize  = 72 // up to inode; family, state, the local port and the uid are read
+	inetDiagMsgUID   = 64
 	bcPortSize       = 12 // per port: S_EQ, the port, JMP (see portFilter)
 
 	// diagPortsPerRequest keeps a filter's jumps within its 16-bit offsets (12 bytes a port).
@@ -58,20 +60,44 @@ func init() { diag.fd = -1 }
 // errDiagUnavailable when the kernel cannot be asked, and one wrapping ErrUndecided when its
 // answer does not parse.
 func sockDiagListening(want map[int]bool) (map[int]bool, error) {
+	found := make(map[int]bool, len(want))
+	err := sockDiag(want, func(port int, _ uint32) { found[port] = true })
+	if err != nil {
+		return nil, err
+	}
+	return found, nil
+}
+
+// sockDiagOwners is sockDiagListening with the uid of every listening socket, per port.
+func sockDiagOwners(want map[int]bool) (map[int][]uint32, error) {
+	owners := make(map[int][]uint32, len(want))
+	err := sockDiag(want, func(port int, uid uint32) {
+		if !slices.Contains(owners[port], uid) {
+			owners[port] = append(owners[port], uid)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return owners, nil
+}
+
+// sockDiag calls mark with the port and uid of each TCP socket in LISTEN state on a port of want.
+func sockDiag(want map[int]bool, mark func(port int, uid uint32)) error {
 	diag.mu.Lock()
 	defer diag.mu.Unlock()
 	if diag.fd < 0 {
 		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", errDiagUnavailable, err)
+			return fmt.Errorf("%w: %v", errDiagUnavailable, err)
 		}
 		diag.fd = fd
 		diag.buf = make([]byte, 32<<10)
 	}
-	found, err := askListeners(diag.fd, diag.buf, &diag.seq, want, diag.perFamily)
+	err := askListeners(diag.fd, diag.buf, &diag.seq, want, diag.perFamily, mark)
 	if !diag.perFamily && oneWalkRefused(err) {
 		diag.perFamily = true
-		found, err = askListeners(diag.fd, diag.buf, &diag.seq, want, true)
+		err = askListeners(diag.fd, diag.buf, &diag.seq, want, true, mark)
 	}
 	if err != nil {
 		// A socket that failed, or whose reply did not parse, is not asked again: the next check
@@ -79,7 +105,7 @@ func sockDiagListening(want map[int]bool) (map[int]bool, error) {
 		unix.Close(diag.fd)
 		diag.fd = -1
 	}
-	return found, err
+	return err
 }
 
 // oneWalkRefused: the kernel answered the one-walk request with an error saying it does not
@@ -90,39 +116,37 @@ func oneWalkRefused(err error) bool {
 
 // askListeners dumps the listeners of want's ports, both families, on fd: in one request, or
 // perFamily, one request per family.
-func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool, perFamily bool) (map[int]bool, error) {
+func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool, perFamily bool, mark func(int, uint32)) error {
 	ports := make([]int, 0, len(want))
 	for port := range want {
 		ports = append(ports, port)
 	}
-	found := make(map[int]bool, len(want))
 	for start := 0; start < len(ports); start += diagPortsPerRequest {
 		chunk := ports[start:min(start+diagPortsPerRequest, len(ports))]
 		if !perFamily {
 			*seq++
-			if err := dumpListeners(fd, buf, *seq, bothFamiliesRequest(*seq, chunk), found); err != nil {
-				return nil, err
+			if err := dumpListeners(fd, buf, *seq, bothFamiliesRequest(*seq, chunk), mark); err != nil {
+				return err
 			}
 			continue
 		}
 		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 			*seq++
-			err := dumpListeners(fd, buf, *seq, familyRequest(*seq, family, chunk), found)
+			err := dumpListeners(fd, buf, *seq, familyRequest(*seq, family, chunk), mark)
 			// Without IPv6 in the kernel there is no AF_INET6 handler (ENOENT): no IPv6 listeners.
 			if family == unix.AF_INET6 && errors.Is(err, unix.ENOENT) {
 				continue
 			}
 			if err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	return found, nil
+	return nil
 }
 
-// dumpListeners sends one dump request numbered seq and marks the ports of the listeners it
-// returns.
-func dumpListeners(fd int, buf []byte, seq uint32, request []byte, found map[int]bool) error {
+// dumpListeners sends one dump request numbered seq and marks the listeners it returns.
+func dumpListeners(fd int, buf []byte, seq uint32, request []byte, mark func(int, uint32)) error {
 	if err := unix.Sendto(fd, request, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("%w: send: %v", errDiagUnavailable, err)
 	}
@@ -134,7 +158,7 @@ func dumpListeners(fd int, buf []byte, seq uint32, request []byte, found map[int
 		if err != nil {
 			return fmt.Errorf("%w: receive: %v", errDiagUnavailable, err)
 		}
-		done, err := readDiagReplies(buf[:n], seq, found)
+		done, err := readDiagReplies(buf[:n], seq, mark)
 		if done || err != nil {
 			return err
 		}
@@ -205,9 +229,9 @@ func portFilter(ports []int) []byte {
 	return bc
 }
 
-// readDiagReplies parses one datagram of the dump answering seq, marking listeners' ports; done
-// once it holds NLMSG_DONE. An NLMSG_ERROR is returned as the errno it carries.
-func readDiagReplies(b []byte, seq uint32, found map[int]bool) (done bool, err error) {
+// readDiagReplies parses one datagram of the dump answering seq, marking each listener's port
+// and uid; done once it holds NLMSG_DONE. An NLMSG_ERROR is returned as the errno it carries.
+func readDiagReplies(b []byte, seq uint32, mark func(int, uint32)) (done bool, err error) {
 	ne := binary.NativeEndian
 	for len(b) >= unix.NLMSG_HDRLEN {
 		size := int(ne.Uint32(b[0:]))
@@ -236,9 +260,10 @@ func readDiagReplies(b []byte, seq uint32, found map[int]bool) (done bool, err e
 				return true, fmt.Errorf("%w: sock_diag: short socket reply (%d bytes)", ErrUndecided, len(body))
 			}
 			// inet_diag_msg: family, state, timer, retrans, then the socket id whose first field
-			// is the local port in network byte order.
+			// is the local port in network byte order; after the id (48 bytes), expires, rqueue
+			// and wqueue, the socket's uid.
 			if body[1] == tcpListenState {
-				found[int(binary.BigEndian.Uint16(body[4:]))] = true
+				mark(int(binary.BigEndian.Uint16(body[4:])), ne.Uint32(body[inetDiagMsgUID:]))
 			}
 		}
 	}

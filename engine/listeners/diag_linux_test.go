@@ -4,6 +4,7 @@ import (
 	"errors"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -236,12 +237,40 @@ func TestSockDiagOneWalkAndPerFamilyAgree(t *testing.T) {
 	buf := make([]byte, 32<<10)
 	var seq uint32
 	for _, perFamily := range []bool{false, true} {
-		got, err := askListeners(fd, buf, &seq, setOf(ports...), perFamily)
+		got := map[int]bool{}
+		err := askListeners(fd, buf, &seq, setOf(ports...), perFamily, func(port int, _ uint32) { got[port] = true })
 		if err != nil {
 			t.Fatalf("perFamily=%v: %v", perFamily, err)
 		}
 		if !maps.Equal(got, want) {
 			t.Fatalf("perFamily=%v: found %v, want %v", perFamily, got, want)
 		}
+	}
+}
+
+// TestSockDiagOwnersAreTheListenersUIDs: Owners names the uid of each listener (here this
+// process's; the proxy's tests meet another user's) and nothing for a port without one.
+func TestSockDiagOwnersAreTheListenersUIDs(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	mine := l.Addr().(*net.TCPAddr).Port
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unused := free.Addr().(*net.TCPAddr).Port
+	free.Close()
+	owners, err := Owners([]int{mine, unused})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := owners[mine]; len(got) != 1 || got[0] != uint32(os.Getuid()) {
+		t.Fatalf("owners of %d = %v, want [%d]", mine, got, os.Getuid())
+	}
+	if got, ok := owners[unused]; ok {
+		t.Fatalf("a port nothing listens on has owners %v", got)
 	}
 }

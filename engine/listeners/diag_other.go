@@ -8,3 +8,5 @@ import "errors"
 var errDiagUnavailable = errors.New("sock_diag unavailable")
 
 func sockDiagListening(map[int]bool) (map[int]bool, error) { return nil, errDiagUnavailable }
+
+func sockDiagOwners(map[int]bool) (map[int][]uint32, error) { return nil, errDiagUnavailable }

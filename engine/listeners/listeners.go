@@ -41,6 +41,21 @@ func Listening(ports []int) ([]int, error) {
 	return inOrder(ports, found), nil
 }
 
+// Owners returns the uids of the TCP sockets listening on each of ports that has one, as the
+// kernel's sock_diag reports them: who a connection to the port would reach. Where sock_diag cannot
+// answer it returns an error wrapping ErrUndecided: no other source tells owners apart reliably.
+func Owners(ports []int) (map[int][]uint32, error) {
+	want, err := wanted(ports)
+	if err != nil {
+		return nil, err
+	}
+	owners, err := sockDiagOwners(want)
+	if err != nil && !errors.Is(err, ErrUndecided) {
+		err = fmt.Errorf("%w: %w", ErrUndecided, err)
+	}
+	return owners, err
+}
+
 // wanted is the set of ports, each checked to be a TCP port.
 func wanted(ports []int) (map[int]bool, error) {
 	want := make(map[int]bool, len(ports))

@@ -41,6 +41,10 @@ type Entrypoint struct {
 	// Kind says what the URL is for (the seeds' entrypoint kind): "" (a config accepted before
 	// kinds existed) reads as DefaultKind.
 	Kind string `json:"kind,omitempty"`
+	// Proxied asks for the entrypoint's URL through the daemon's web proxy
+	// (http://<name>.<stack>.<cockpit>.localhost:<port><path>) wherever a URL is exported — env,
+	// entrypoints/<name>, {url.NAME} — when the daemon serves one (mount --proxy). http or https only.
+	Proxied bool `json:"proxied,omitempty"`
 }
 
 // Config is an accepted config document.
@@ -329,7 +333,7 @@ func parseEntrypoint(name string, raw any, where string, bases map[string]int, l
 	if err != nil {
 		return Entrypoint{}, err
 	}
-	if err := onlyKeys(fields, where+".", "hostname", "kind", "path", "port", "scheme"); err != nil {
+	if err := onlyKeys(fields, where+".", "hostname", "kind", "path", "port", "proxied", "scheme"); err != nil {
 		return Entrypoint{}, err
 	}
 	entrypoint := Entrypoint{Name: name, Scheme: defaultScheme, Hostname: defaultHostname, Kind: DefaultKind}
@@ -385,6 +389,16 @@ func parseEntrypoint(name string, raw any, where string, bases map[string]int, l
 		if entrypoint.Hostname, err = loopbackHostname(hostname); err != nil {
 			return Entrypoint{}, fmt.Errorf("%s.hostname: %w", where, err)
 		}
+	}
+	if v, given := fields["proxied"]; given {
+		proxied, ok := v.(bool)
+		if !ok {
+			return Entrypoint{}, fmt.Errorf("%s.proxied: %v is not true or false", where, v)
+		}
+		if proxied && entrypoint.Scheme != "http" && entrypoint.Scheme != "https" {
+			return Entrypoint{}, fmt.Errorf("%s.proxied: only an http or https entrypoint can be proxied, not %s", where, entrypoint.Scheme)
+		}
+		entrypoint.Proxied = proxied
 	}
 	return entrypoint, nil
 }

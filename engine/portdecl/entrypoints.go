@@ -15,6 +15,8 @@ type Resolved struct {
 	// Default: the entrypoint every port key gets (entrypoints/<key>), which env does not export:
 	// a <KEY>_URL nobody declared would clobber what conventional tools read (DATABASE_URL).
 	Default bool
+	// Proxied: the config asks for this entrypoint's URL through the daemon's proxy.
+	Proxied bool
 }
 
 // Entrypoints derives every entrypoint for a lease's ports: one default per port key, named
@@ -51,10 +53,11 @@ func (e Entrypoint) On(port int) Resolved {
 		hostname = ipv6Loopback
 	}
 	return Resolved{
-		Name: e.Name,
-		URL:  scheme + "://" + hostname + ":" + strconv.Itoa(port) + e.Path,
-		Kind: cmp.Or(e.Kind, DefaultKind),
-		Port: e.Port,
+		Name:    e.Name,
+		URL:     scheme + "://" + hostname + ":" + strconv.Itoa(port) + e.Path,
+		Kind:    cmp.Or(e.Kind, DefaultKind),
+		Port:    e.Port,
+		Proxied: e.Proxied,
 	}
 }
 

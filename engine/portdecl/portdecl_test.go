@@ -480,13 +480,13 @@ func TestEntrypoints(t *testing.T) {
 		{Name: "http", Port: "DB", Path: "/shadow"},
 	}
 	want := []Resolved{
-		{"bare", "http://127.0.0.1:8091/bare", "oauth-callback", "HTTP_ADMIN", false},
-		{"db", "http://127.0.0.1:5442/", "entrypoint", "DB", true},
-		{"db-v6", "http://[::1]:5442/", "entrypoint", "DB", false},
-		{"http", "http://127.0.0.1:8090/", "entrypoint", "HTTP", true},
-		{"http-admin", "http://127.0.0.1:8091/", "entrypoint", "HTTP_ADMIN", true},
-		{"v6-unbracketed", "http://[::1]:5442/x", "entrypoint", "DB", false},
-		{"web", "https://localhost:8090/app?x=1", "entrypoint", "HTTP", false},
+		{"bare", "http://127.0.0.1:8091/bare", "oauth-callback", "HTTP_ADMIN", false, false},
+		{"db", "http://127.0.0.1:5442/", "entrypoint", "DB", true, false},
+		{"db-v6", "http://[::1]:5442/", "entrypoint", "DB", false, false},
+		{"http", "http://127.0.0.1:8090/", "entrypoint", "HTTP", true, false},
+		{"http-admin", "http://127.0.0.1:8091/", "entrypoint", "HTTP_ADMIN", true, false},
+		{"v6-unbracketed", "http://[::1]:5442/x", "entrypoint", "DB", false, false},
+		{"web", "https://localhost:8090/app?x=1", "entrypoint", "HTTP", false, false},
 	}
 	if got := Entrypoints(declared, leased); !reflect.DeepEqual(got, want) {
 		t.Errorf("Entrypoints =\n%v\nwant\n%v", got, want)
@@ -501,9 +501,9 @@ func TestEntrypoints(t *testing.T) {
 	}
 	family, _ := config.Declaration.FamilyAt(10)
 	wantSpec := []Resolved{
-		{"db", "http://127.0.0.1:5442/", "entrypoint", "DB", true},
-		{"http", "http://127.0.0.1:8090/", "entrypoint", "HTTP", true},
-		{"web", "http://127.0.0.1:8090/", "entrypoint", "HTTP", false},
+		{"db", "http://127.0.0.1:5442/", "entrypoint", "DB", true, false},
+		{"http", "http://127.0.0.1:8090/", "entrypoint", "HTTP", true, false},
+		{"web", "http://127.0.0.1:8090/", "entrypoint", "HTTP", false, false},
 	}
 	if got := Entrypoints(config.Entrypoints, family.Ports); !reflect.DeepEqual(got, wantSpec) {
 		t.Errorf("Entrypoints of the SPEC's example at offset 10 = %v, want %v", got, wantSpec)

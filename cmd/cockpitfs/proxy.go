@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
+	"github.com/cockpitfs/cockpitfs/proxy"
+)
+
+// startProxy serves the stacks' web proxy on st.proxyPort of 127.0.0.1 (and ::1 where the machine
+// has IPv6: browsers try it first for *.localhost). Only loopback: a stack's dev server is no more
+// reachable from the network through the proxy than it is on its own port. The port is first held
+// machine-wide as a leased port is, so no daemon's new lease takes it, and refused if a lease in
+// this store has it. stop shuts the proxy down, ending its connections.
+func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), err error) {
+	port := st.proxyPort
+	if owner, leased, err := eng.PortOwner(port); err != nil {
+		return nil, err
+	} else if leased {
+		return nil, fmt.Errorf("--proxy %d: the port is leased to %s/%s; choose another port, or drain that stack", port, owner.Cockpit, owner.Stack)
+	}
+	var hold *portlock.Hold
+	if st.etcd == nil { // a team's daemons hold no machine-wide ports (openServed)
+		hold, err = portlock.Machine.Take(port, portlock.Identity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: st.data, Mount: mnt, Key: "proxy", Port: port})
+		if errors.Is(err, portlock.ErrHeld) {
+			who := "another process"
+			if h, ok, _ := portlock.Machine.Ask(port); ok {
+				who = h.String()
+			}
+			return nil, fmt.Errorf("--proxy %d: the port is held by %s; choose another port", port, who)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	release := func() {
+		if hold != nil {
+			hold.Release()
+		}
+	}
+	srv := &http.Server{Handler: proxy.New(eng), ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(proxyLog{}, "", 0)}
+	scheme := "http"
+	if st.proxyHTTPS {
+		ca, err := proxy.LoadCA(st.data)
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("--proxy-https: %w", err)
+		}
+		srv.TLSConfig, scheme = ca.TLSConfig(), "https"
+	}
+	var lns []net.Listener
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil && host == "::1" && !ipv6Loopback() {
+			continue // no IPv6 on this machine: browsers then use 127.0.0.1
+		}
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			release()
+			return nil, fmt.Errorf("--proxy %d: %w", port, err)
+		}
+		lns = append(lns, ln)
+	}
+	tlsOn := srv.TLSConfig != nil // read once: Serve sets a TLSConfig of its own for HTTP/2
+	for _, ln := range lns {
+		go func() {
+			var err error
+			if tlsOn {
+				err = srv.ServeTLS(ln, "", "")
+			} else {
+				err = srv.Serve(ln)
+			}
+			if !errors.Is(err, http.ErrServerClosed) {
+				log.Printf("proxy: %v", err)
+			}
+		}()
+	}
+	eng.ServeProxy(scheme, port)
+	infof("proxying the stacks' web entrypoints at %s://<entrypoint>.<stack>.<cockpit>.localhost:%d/", scheme, port)
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			srv.Close() // websockets and streams do not end by themselves
+		}
+		release()
+	}, nil
+}
+
+// ipv6Loopback says the machine has ::1 at all (a kernel booted with ipv6.disable has none).
+func ipv6Loopback() bool {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}
+
+// proxyLog keeps net/http's per-connection chatter (a browser's aborted TLS handshake against a CA
+// it does not trust yet) at debug level; a handler's panic is always logged.
+type proxyLog struct{}
+
+func (proxyLog) Write(p []byte) (int, error) {
+	if logLevel >= logDebug || bytes.Contains(p, []byte("panic")) {
+		log.Printf("proxy: %s", p)
+	}
+	return len(p), nil
+}

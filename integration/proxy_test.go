@@ -1,0 +1,397 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
+)
+
+const proxyPort = 7391
+
+// startStackServer runs testdata/proxy-server.py on port in the daemon's network namespace (as
+// uid 65534 when nobody), stopped when the test ends; it returns once the port listens.
+func startStackServer(t *testing.T, m *mount, port int, name string, nobody bool) *exec.Cmd {
+	t.Helper()
+	testtool.Need(t, "python3")
+	script, err := filepath.Abs("testdata/proxy-server.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"/usr/bin/python3", script, strconv.Itoa(port), name} // Debian's, which any user may run
+	if nobody {
+		args = append([]string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := m.ns.Do(cmd.Start); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := m.ns.Do(func() error {
+			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		if err == nil {
+			return cmd
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stack's server on %d did not listen: %v\n%s", port, err, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// curl runs curl in the daemon's network namespace and returns its output and the response's
+// status code (curl's -w).
+func (m *mount) curl(args ...string) (body string, code int) {
+	m.t.Helper()
+	testtool.Need(m.t, "curl")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "curl", append([]string{"-sS", "-w", "\n%{http_code}"}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := m.ns.Do(cmd.Run); err != nil {
+		m.t.Fatalf("curl %v: %v\n%s", args, err, errb.String())
+	}
+	s := out.String()
+	i := strings.LastIndexByte(s, '\n')
+	code, _ = strconv.Atoi(s[i+1:])
+	return s[:i], code
+}
+
+// routeState is a non-routed answer's JSON.
+func routeState(t *testing.T, body string) map[string]any {
+	t.Helper()
+	var st map[string]any
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("not the proxy's JSON answer: %v\n%s", err, body)
+	}
+	return st
+}
+
+// Two stacks through the proxy in a real browser: each page is its own origin, so each sees only
+// its own cookie; a WebSocket echoes through; a drain shows on the page at once; curl gets the
+// same answers as JSON.
+func TestProxyInABrowser(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
+	m.setupApp(20, map[string]int{"HTTP": 37000, "API": 37001}, "a", "b")
+	m.ok("touch $M/app/stacks/a/holders/me $M/app/stacks/b/holders/me")
+	pa, _ := strconv.Atoi(strings.TrimSpace(m.read("app/stacks/a/ports/HTTP")))
+	pb, _ := strconv.Atoi(strings.TrimSpace(m.read("app/stacks/b/ports/HTTP")))
+	startStackServer(t, m, pa, "a", false)
+	startStackServer(t, m, pb, "b", false)
+	urlA := fmt.Sprintf("http://http.a.app.localhost:%d/", proxyPort)
+	urlB := fmt.Sprintf("http://http.b.app.localhost:%d/", proxyPort)
+
+	br := startBrowser(t, m.ns)
+	stackAndCookies := `document.getElementById("stack").textContent + " " + document.getElementById("cookies").textContent`
+	br.open(urlA)
+	if got := br.eval(stackAndCookies); got != "a " {
+		t.Fatalf("first load of a: %q", got)
+	}
+	br.open(urlB)
+	if got := br.eval(stackAndCookies); got != "b " {
+		t.Fatalf("first load of b (a's cookie set before it): %q", got)
+	}
+	br.open(urlB)
+	if got := br.eval(`document.getElementById("cookies").textContent`); got != "stack=b" {
+		t.Fatalf("b's second load was sent %q, want only its own cookie stack=b", got)
+	}
+	br.open(urlA)
+	if got := br.eval(`document.getElementById("cookies").textContent`); got != "stack=a" {
+		t.Fatalf("a's second load was sent %q, want only its own cookie stack=a", got)
+	}
+	echo := br.eval(`new Promise((resolve, reject) => {
+		const ws = new WebSocket("ws://" + location.host + "/ws");
+		ws.onopen = () => ws.send("ping");
+		ws.onmessage = e => { resolve(e.data); ws.close(); };
+		ws.onerror = () => reject(new Error("websocket failed"));
+	})`)
+	if echo != "a:ping" {
+		t.Fatalf("websocket echo through the proxy: %q, want a:ping", echo)
+	}
+
+	// A drain reserved: the page says so, while the server still runs.
+	m.ok("cd $M/app/stacks/a && echo sleep > drain/request")
+	if got := br.open(urlA); !strings.Contains(got, "draining") {
+		t.Fatalf("a's page while draining: %q", got)
+	}
+	if got := br.eval(`document.getElementById("state").dataset.state`); got != "draining" {
+		t.Fatalf("a's page state while draining: %q", got)
+	}
+	body, code := m.curl(urlA)
+	if st := routeState(t, body); code != 503 || st["state"] != "draining" || st["stack"] != "a" {
+		t.Fatalf("curl while draining: %d %v", code, st)
+	}
+	// Drained: the lease is gone, and the port with it, though the server still listens.
+	m.ok("cd $M/app/stacks/a && echo start > drain/attempt && echo success > drain/outcome")
+	if got := br.eval(`fetch(location.href, {headers: {Accept: "text/html"}}).then(r => r.text())`); !strings.Contains(got, `data-state="no-lease"`) {
+		t.Fatalf("a's page after the drain: %q", got)
+	}
+	body, code = m.curl(urlA)
+	if st := routeState(t, body); code != 503 || st["state"] != "no-lease" {
+		t.Fatalf("curl after the drain: %d %v", code, st)
+	}
+	// b is untouched.
+	br.open(urlB)
+	if got := br.eval(stackAndCookies); got != "b stack=b" {
+		t.Fatalf("b after a's drain: %q", got)
+	}
+}
+
+// What the upstream is sent, streaming, and every answer that is not a route, through curl.
+func TestProxyAnswers(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
+	m.setupApp(20, map[string]int{"HTTP": 37100}, "s", "idle")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	port, _ := strconv.Atoi(strings.TrimSpace(m.read("app/stacks/s/ports/HTTP")))
+	url := func(name string, path string) string {
+		return fmt.Sprintf("http://%s.app.localhost:%d%s", name, proxyPort, path)
+	}
+
+	// Nothing listens yet.
+	body, code := m.curl(url("http.s", "/"))
+	if st := routeState(t, body); code != 503 || st["state"] != "not-serving" || !strings.Contains(st["fix"].(string), strconv.Itoa(port)) {
+		t.Fatalf("before the server starts: %d %v", code, st)
+	}
+	server := startStackServer(t, m, port, "s", false)
+
+	body, code = m.curl(url("http.s", "/headers"))
+	var h map[string]string
+	if err := json.Unmarshal([]byte(body), &h); err != nil || code != 200 {
+		t.Fatalf("/headers: %d %s", code, body)
+	}
+	if h["Host"] != fmt.Sprintf("http.s.app.localhost:%d", proxyPort) || h["X-Forwarded-Host"] != h["Host"] ||
+		h["X-Forwarded-Proto"] != "http" || h["X-Forwarded-For"] != "127.0.0.1" {
+		t.Fatalf("headers the server was sent: %v", h)
+	}
+	// Names are matched without case, as browsers lower-case them.
+	if _, code := m.curl(url("HTTP.S", "/")); code != 200 {
+		t.Fatalf("upper-case name: %d", code)
+	}
+	if body, _ := m.curl("-N", url("http.s", "/stream")); body != "line 0\nline 1\nline 2\n" {
+		t.Fatalf("streamed: %q", body)
+	}
+
+	for _, c := range []struct {
+		host, state string
+		code        int
+	}{
+		{"http.nosuch", "unknown", 404},
+		{"web.s", "no-entrypoint", 404},
+		{"http.idle", "no-lease", 503},
+	} {
+		body, code := m.curl(url(c.host, "/"))
+		if st := routeState(t, body); code != c.code || st["state"] != c.state || st["message"] == "" || st["fix"] == "" {
+			t.Errorf("%s: %d %v, want %d %s", c.host, code, st, c.code, c.state)
+		}
+	}
+	// A stack made after the proxy last looked is found at once, and a removed one is gone.
+	m.ok("mkdir $M/app/stacks/late")
+	if body, code := m.curl(url("http.late", "/")); code != 503 || routeState(t, body)["state"] != "no-lease" {
+		t.Fatalf("a stack made a moment ago: %d %s", code, body)
+	}
+	m.ok("rmdir $M/app/stacks/late")
+	if body, code := m.curl(url("http.late", "/")); code != 404 || routeState(t, body)["state"] != "unknown" {
+		t.Fatalf("a stack removed a moment ago: %d %s", code, body)
+	}
+	// A browser's request gets a page that reloads itself while the stack may come back.
+	out, _ := m.curl("-i", "-H", "Accept: text/html", url("http.idle", "/"))
+	if !strings.Contains(out, "Refresh: 2") || !strings.Contains(out, `data-state="no-lease"`) {
+		t.Fatalf("HTML answer:\n%s", out)
+	}
+
+	// Another user listening on the stack's port is not proxied to.
+	server.Process.Kill()
+	server.Wait()
+	startStackServer(t, m, port, "intruder", true)
+	body, code = m.curl(url("http.s", "/"))
+	if st := routeState(t, body); code != 502 || st["state"] != "foreign" || !strings.Contains(st["message"].(string), "uid 65534") {
+		t.Fatalf("a co-user's server on the port: %d %v", code, st)
+	}
+
+	// The index lists every stack's web entrypoints.
+	body, _ = m.curl(fmt.Sprintf("http://localhost:%d/", proxyPort))
+	if !strings.Contains(body, url("http.s", "/")) || strings.Contains(body, "idle") {
+		t.Fatalf("index: %s", body)
+	}
+}
+
+// The proxied URLs are shown beside the ports' where users look, and an entrypoint declared
+// proxied exports its proxied URL; without --proxy nothing changes.
+func TestProxyURLsInTheTree(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
+	m.ok(`mkdir $M/app && cat > $M/app/config <<'EOF'
+[ports]
+step = 10
+count = 20
+[ports.bases]
+HTTP = 37200
+DB = 37201
+[entrypoints.web]
+port = "HTTP"
+path = "/app"
+proxied = true
+[entrypoints.database]
+port = "DB"
+path = "/"
+scheme = "postgres"
+EOF
+mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
+	want := fmt.Sprintf("http://web.s.app.localhost:%d/app", proxyPort)
+	if got := m.read("app/stacks/s/entrypoints/web"); got != want+"\n" {
+		t.Fatalf("entrypoints/web = %q, want %q", got, want)
+	}
+	if env := m.read("app/stacks/s/env"); !strings.Contains(env, "WEB_URL="+want+"\n") || !strings.Contains(env, "DATABASE_URL=postgres://127.0.0.1:37201/\n") {
+		t.Fatalf("env:\n%s", env)
+	}
+	var eps struct{ Values []map[string]string }
+	if err := json.Unmarshal([]byte(m.read("app/stacks/s/entrypoints.json")), &eps); err != nil {
+		t.Fatal(err)
+	}
+	proxied := map[string]string{}
+	for _, v := range eps.Values {
+		proxied[v["name"]] = v["proxied"]
+		if v["name"] == "web" && v["value"] != "http://127.0.0.1:37200/app" {
+			t.Fatalf("entrypoints.json keeps the port URL as value: %v", v)
+		}
+	}
+	if proxied["web"] != want || proxied["http"] != fmt.Sprintf("http://http.s.app.localhost:%d/", proxyPort) || proxied["database"] != "" {
+		t.Fatalf("entrypoints.json proxied URLs: %v", proxied)
+	}
+	if st := m.read("status"); !strings.Contains(st, "PROXIED") || !strings.Contains(st, want) {
+		t.Fatalf("status:\n%s", st)
+	}
+	if st := m.read("status.json"); !strings.Contains(st, `"proxied"`) {
+		t.Fatalf("status.json:\n%s", st)
+	}
+
+	// proxied on a non-web scheme is refused at the write, the config unchanged.
+	before := m.read("app/config")
+	m.refused(`printf '[ports]\nstep = 10\ncount = 20\n[ports.bases]\nDB = 37201\n[entrypoints.database]\nport = "DB"\npath = "/"\nscheme = "postgres"\nproxied = true\n' > $M/app/config`, syscall.EINVAL)
+	if after := m.read("app/config"); after != before {
+		t.Fatalf("config changed by a refused write:\n%s", after)
+	}
+	if ev := m.lastEvent("app/events"); !strings.Contains(ev, "only an http or https entrypoint can be proxied") {
+		t.Fatalf("events line: %s", ev)
+	}
+
+	// Without a proxy, the port URLs, and no proxied column or field.
+	plain := newMount(t)
+	plain.ok(`mkdir $M/app && printf '[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 37300\n[entrypoints.web]\nport = "HTTP"\npath = "/"\nproxied = true\n' > $M/app/config && mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
+	if got := plain.read("app/stacks/s/entrypoints/web"); got != "http://127.0.0.1:37300/\n" {
+		t.Fatalf("entrypoints/web without a proxy: %q", got)
+	}
+	if st := plain.read("status"); strings.Contains(st, "PROXIED") {
+		t.Fatalf("status without a proxy:\n%s", st)
+	}
+}
+
+// The proxy's port is refused when taken, before anything is mounted; it is held machine-wide,
+// so no lease takes it.
+func TestProxyPortTaken(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
+	// A second daemon in the same namespace cannot serve the same proxy port.
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "mount", "--data", filepath.Join(dir, "data"), "--proxy", strconv.Itoa(proxyPort), filepath.Join(dir, "mnt"))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := m.ns.Do(cmd.Run)
+	if err == nil || !strings.Contains(out.String(), fmt.Sprintf("--proxy %d: the port is held by", proxyPort)) {
+		t.Fatalf("second daemon on the same proxy port: %v\n%s", err, out.String())
+	}
+	if mounted(filepath.Join(dir, "mnt")) {
+		t.Fatal("a refused proxy left a mount")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Fatalf("a refused mount left its fresh store: %v", err)
+	}
+	// A cockpit whose first family would hold the proxy's port leases the next one.
+	m.setupApp(20, map[string]int{"HTTP": proxyPort}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	if got := m.read("app/stacks/s/ports/HTTP"); got != strconv.Itoa(proxyPort+10)+"\n" {
+		t.Fatalf("lease beside the proxy's port: %q, want %d", got, proxyPort+10)
+	}
+}
+
+// With --proxy-https each name gets a certificate from a local CA made once in the data
+// directory, its key 0600: curl trusting that CA reaches the stack; a key others can read is
+// refused at the next mount.
+func TestProxyHTTPS(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort), "--proxy-https")
+	m.setupApp(20, map[string]int{"HTTP": 37400}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	port, _ := strconv.Atoi(strings.TrimSpace(m.read("app/stacks/s/ports/HTTP")))
+	startStackServer(t, m, port, "s", false)
+	ca, key := filepath.Join(m.Data, "proxy-ca.pem"), filepath.Join(m.Data, "proxy-ca-key.pem")
+	if fi, err := os.Stat(key); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("CA key: %v %v", fi.Mode(), err)
+	}
+	url := fmt.Sprintf("https://http.s.app.localhost:%d/headers", proxyPort)
+	body, code := m.curl("--cacert", ca, url)
+	if code != 200 || !strings.Contains(body, `"X-Forwarded-Proto": "https"`) {
+		t.Fatalf("through HTTPS: %d %s", code, body)
+	}
+	if got := m.read("app/stacks/s/entrypoints.json"); !strings.Contains(got, fmt.Sprintf(`"proxied":"https://http.s.app.localhost:%d/"`, proxyPort)) {
+		t.Fatalf("entrypoints.json: %s", got)
+	}
+	// Without the CA, curl refuses the certificate: nothing is trusted by accident.
+	cmd := exec.Command("curl", "-sS", url)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := m.ns.Do(cmd.Run); err == nil || !strings.Contains(errb.String(), "certificate") {
+		t.Fatalf("curl without the CA: %v %s", err, errb.String())
+	}
+
+	m.Stop()
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	again := exec.Command(binary, "mount", "--data", m.Data, "--proxy", strconv.Itoa(proxyPort), "--proxy-https", m.Dir)
+	var out bytes.Buffer
+	again.Stdout, again.Stderr = &out, &out
+	if err := m.ns.Do(again.Run); err == nil || !strings.Contains(out.String(), "is readable by others") || mounted(m.Dir) {
+		t.Fatalf("mount with a CA key others can read: %v\n%s", err, out.String())
+	}
+	if err := os.Chmod(key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m.start(m.args...)
+}
+
+// A name that reads as two stacks' entrypoints (names differing only in case) is answered with
+// what to rename, never routed to either.
+func TestProxyAmbiguousName(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
+	m.setupApp(20, map[string]int{"HTTP": 37500}, "Feat", "feat")
+	m.ok("touch $M/app/stacks/Feat/holders/me $M/app/stacks/feat/holders/me")
+	body, code := m.curl(fmt.Sprintf("http://http.feat.app.localhost:%d/", proxyPort))
+	if st := routeState(t, body); code != 409 || st["state"] != "ambiguous" || !strings.Contains(st["fix"].(string), "rename") {
+		t.Fatalf("two stacks differing in case: %d %v", code, st)
+	}
+}
