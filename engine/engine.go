@@ -66,7 +66,8 @@ import (
 //     claim waits for a waiting one, so no cycle forms; and each wait is bounded by the
 //     operation's budget (STATE_LOCKED). TestCrossStackWait* drive it.
 //  3. inventory.mu: a health read's, held across its whole View of the store (observeInventory);
-//     taken with no key's lock held.
+//     taken with no key's lock held. routeIndexes.mu likewise: the web proxy's, held across the
+//     Views that rebuild its index of names (ResolveRoute), with no other lock held.
 //  4. the store's transaction (kv's group-commit lock inside it). The store calls back into the
 //     engine only through fn, which takes the locks below.
 //  5. holds.mu, held across portlock's bind and connect (holds.take: Space.Take, Space.Ask): in a
@@ -75,11 +76,13 @@ import (
 //  6. leaves held across one system call or read, taking no lock but those of level 7:
 //     ephemeralRangeFile (a pread), liveness's bootID (a read) and leaders (pidfd calls),
 //     listeners' diag.mu (a sock_diag round trip), portlock's answerLoop.mu (accepts and answers)
-//     and owners.mu (a scan of /proc).
+//     and owners.mu (a scan of /proc), holds.boundMu (a read of /proc/net/unix; never with
+//     holds.mu).
 //  7. leaves held for a map or counter access alone: keyedLocks.mu, notifier.mu,
 //     cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, healthCache.mu, inventory.staleMu,
 //     budgetContext.mu, identities.mu, liveness's threadGroups, staged (a sync.Map), fs's own maps'
-//     (snapshots.mu and those of file.go, nested.go, render.go and scratch.go).
+//     (snapshots.mu, replacements.mu and those of file.go, nested.go, render.go and scratch.go),
+//     the proxy's CA.mu (its certificates by name).
 type Engine struct {
 	db     storage.Store
 	shared bool // other processes write db too: serve no read from the caches
