@@ -169,11 +169,17 @@ func TestToolsConfigReplacementKeepsConfigWhole(t *testing.T) {
 		})
 	}
 
-	// Killed after taking config away, before creating it again.
-	t.Run("install killed", func(t *testing.T) {
+	// Killed after taking config away, before creating it again: a writer that unlinks config,
+	// then waits on a FIFO before its create (install itself goes from its unlink to its create
+	// without a pause a test could kill it in).
+	t.Run("killed between unlink and create", func(t *testing.T) {
+		testtool.Need(t, "python3")
 		fifo := replaceFifo(t)
 		n := claimsEventCount(m, "app/events")
-		w := startReader(t, m, "exec install -m 0644 "+fifo+" $M/app/config")
+		w := startReader(t, m, `exec python3 -c 'import os, sys
+os.unlink(sys.argv[2])
+open(sys.argv[1]).read()
+open(sys.argv[2], "x").write("never")' `+fifo+" $M/app/config")
 		defer replaceWriterWaits(t, fifo).Close()
 		w.cmd.Process.Kill()
 		w.wait(t)
