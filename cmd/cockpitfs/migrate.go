@@ -154,7 +154,7 @@ type migrating struct {
 // migratingName marks a data directory a migration copies into, and migratingKey an etcd prefix,
 // from before its first key to after the copy is verified: it names the source. mount, verify
 // and backup refuse such a store (a kill may have left part of the keys), and migrating into it
-// again copies anew. (No record's key is without a slash: see engine/store.go.)
+// again copies anew. (No record's key is without a slash: see engine/keys.go.)
 const (
 	migratingName = "MIGRATING"
 	migratingKey  = "migrating"

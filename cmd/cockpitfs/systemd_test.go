@@ -44,10 +44,14 @@ func TestSystemdUnitsVerify(t *testing.T) {
 				verify = []string{"--user", "verify", unit}
 			}
 			cmd := exec.Command(analyze, verify...)
-			runtime := filepath.Join(dir, "runtime") // a user manager needs its runtime directory
-			if err := os.Mkdir(runtime, 0o700); err != nil {
+			// A user manager needs its runtime directory, and the sockets of the machine's other
+			// user units (gpg-agent's, which chromium's dependencies install) are named in it: a
+			// path under a long TMPDIR passes a socket name's 108 bytes, which systemd reports.
+			runtime, err := os.MkdirTemp("/tmp", "rt")
+			if err != nil {
 				t.Fatal(err)
 			}
+			defer os.RemoveAll(runtime)
 			cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+runtime, "SYSTEMD_LOG_COLOR=0")
 			out, err := cmd.CombinedOutput()
 			if err != nil || len(strings.TrimSpace(string(out))) > 0 {
