@@ -90,6 +90,9 @@ type daemon struct {
 	Data string   // the store
 	bin  string   // the cockpitfs it runs: binary unless set
 	args []string // more mount flags
+	// hostNet runs it in the benchmark's own network namespace (an etcd daemon: the cluster
+	// listens there), not daemonNetns.
+	hostNet bool
 	cmd  *exec.Cmd
 	log  bytes.Buffer
 	done chan error
@@ -111,7 +114,11 @@ func (d *daemon) start() (time.Duration, error) {
 	d.cmd = exec.Command(bin, append(append([]string{"mount", "--data", d.Data}, d.args...), d.Dir)...)
 	d.cmd.Stdout, d.cmd.Stderr = &d.log, &d.log
 	began := time.Now()
-	if err := daemonNetns.Do(d.cmd.Start); err != nil {
+	ns := daemonNetns
+	if d.hostNet {
+		ns = nil
+	}
+	if err := ns.Do(d.cmd.Start); err != nil {
 		return 0, err
 	}
 	d.done = make(chan error, 1)
