@@ -114,7 +114,7 @@ flags:
 Drain every stale stack of the mount (default $COCKPITFS_MOUNT, else ~/cockpit) that you may
 drain (yours, your cockpits', all for root) now, without waiting for its cockpit's [gc] grace: a
 stack is stale when every holder is dead or pid-less and every holder's checkout is gone. Each is
-drained with `+"`down`"+`, stopping what it still runs as you may (docs/worktrees.md). Prints
+drained with ` + "`down`" + `, stopping what it still runs as you may (docs/worktrees.md). Prints
 each stack drained; MOUNTPOINT/gc lists every stack with an active lease, drain or keep, and why.
 
 flags:
