@@ -529,3 +529,25 @@ func TestWorktreesStopRefusedForAnotherUsersServer(t *testing.T) {
 		t.Fatal("the drain did not end")
 	}
 }
+
+// A grace that is not a duration within its bounds is refused when the config is written
+// (EINVAL, PORT_FAMILY_OUT_OF_RANGE), leaving the config as it was, with a line in the events.
+func TestWorktreesGraceRefused(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47990, "10m", "5s") + "EOF")
+	before := m.read("app/config")
+	for bad, message := range map[string]string{
+		worktreesConfig(47990, "soon", "5s"): `gc.grace: "soon" is not a duration such as "90s", "10m" or "1h30m"`,
+		worktreesConfig(47990, "10m", "5m"):  "stop.grace: 5m0s is outside 1s-1m0s",
+	} {
+		m.refused("cat > $M/app/config <<'EOF'\n"+bad+"EOF", syscall.EINVAL)
+		ev := claimsRefusalEvent(t, m, "app/events", "PORT_FAMILY_OUT_OF_RANGE", "EINVAL")
+		if msg, _ := ev["message"].(string); !strings.Contains(msg, message) {
+			t.Errorf("the refusal's message %q lacks %q", msg, message)
+		}
+		if got := m.read("app/config"); got != before {
+			t.Fatalf("a refused config changed it:\n%s", got)
+		}
+	}
+}
