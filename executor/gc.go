@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -17,7 +16,8 @@ import (
 // pid-less and whose every holder's checkout is known and gone (`git worktree remove`, rm -rf)
 // runs for nobody. gc drains it (`down`) through the engine's fenced drain path, stopping what it
 // still runs. A holder that is live or unknown, a checkout that exists or cannot be told gone
-// (unknown, unreadable), or a drain already reserved keeps the stack.
+// (unknown, unreadable), or a drain reserved with more than its runtime-stop left, or whose
+// attempt's executor may still run, keeps the stack.
 
 // gcHolder is the holder a gc drain reserves for when every holder is dead: it takes the stack
 // over from them, as any drain request naming a new holder does.
@@ -71,8 +71,16 @@ func (x *Executor) Survey() ([]Verdict, error) {
 func (x *Executor) judge(r engine.Record) Verdict {
 	v := Verdict{Cockpit: r.Cockpit, Stack: r.Stack, record: r}
 	if d := r.Value.Drain; d != nil {
-		v.Why = fmt.Sprintf("a %s drain by holder %s is reserved", d.Purpose, d.HolderName)
-		return v
+		// A drain whose only action left is the runtime-stop (a gc drain its daemon died in, a
+		// `down` its holder reserved and left) is gc's to finish; any other is its executor's.
+		if d.CompletedActionCount != len(d.Actions)-1 || d.Actions[d.CompletedActionCount].Stage != runtimeStop {
+			v.Why = fmt.Sprintf("a %s drain by holder %s is reserved", d.Purpose, d.HolderName)
+			return v
+		}
+		if a := d.Attempt; a != nil && a.Status == "active" && x.eng.HolderState(engine.Holder{PID: a.ExecutorPID, ProcessStart: a.ExecutorStart}) != "dead" {
+			v.Why = fmt.Sprintf("the %s drain's attempt is active, its executor (process %d) not known to be gone", d.Purpose, a.ExecutorPID)
+			return v
+		}
 	}
 	if len(r.Value.Holders) == 0 {
 		v.Why = "no holder"
@@ -127,17 +135,27 @@ func (x *Executor) mayDrain(uid uint32, r engine.Record) bool {
 	return ok && uid == creator || err == nil && uid == info.UID
 }
 
-// DrainStale drains the stack v judged stale, for c (nothing when it is no longer stale): it releases all pid-less holders but the
-// first, reserves `down` for that one (or, when every holder is dead, for a new holder named gc,
-// which takes the stack over), and runs the drain's one action with the stop step. The
-// reservation is planned at the revision judged, so a stack changed since (claimed again) is
-// refused by the engine, not drained.
+// DrainStale drains the stack v judged stale, for c (nothing when it is no longer stale). A drain
+// already reserved is finished: its orphaned attempt repaired, its runtime-stop run. Otherwise it
+// releases all pid-less holders but the first, reserves `down` for that one (or, when every holder
+// is dead, for a new holder named gc, which takes the stack over), and runs the drain's one action
+// with the stop step. The reservation is planned at the revision judged, so a stack changed since
+// (claimed again) is refused by the engine, not drained.
 func (x *Executor) DrainStale(ctx context.Context, c engine.Caller, v Verdict) ([]Stopped, error) {
 	r := v.record
 	at := func(path string) engine.Caller {
 		c := c
 		c.Path = r.Cockpit + "/stacks/" + r.Stack + "/" + path
 		return c
+	}
+	if d := r.Value.Drain; d != nil {
+		// judge found the drain's runtime-stop left, its attempt (if active) orphaned.
+		if a := d.Attempt; a != nil && a.Status == "active" {
+			if err := x.eng.Repair(ctx, at("drain/repair"), r.Cockpit, r.Stack); err != nil {
+				return nil, err
+			}
+		}
+		return x.stopStack(ctx, c, r, r.Value.Holders)
 	}
 	var pidless []engine.Holder
 	for _, h := range r.Value.Holders {
@@ -205,10 +223,9 @@ const maxDrainsPerSweep = 8
 // interval (Run). It remembers when it first saw each stack stale: a restart starts the grace
 // again, which only ever delays a drain.
 type Sweeper struct {
-	x   *Executor
-	now func() time.Time
-	mu  sync.Mutex
-	// since is when a sweep first saw each stack ("cockpit/stack") stale, GUARDED_BY(mu).
+	x *Executor
+	// since is when a sweep first saw each stack ("cockpit/stack") stale; only Run's goroutine
+	// sweeps.
 	since map[string]time.Time
 	// report reports why a stack's drain was refused, or failed: in its events.
 	report func(c engine.Caller, cockpit, stack string, err error)
@@ -216,7 +233,7 @@ type Sweeper struct {
 
 // NewSweeper returns the sweeper of x, reporting each drain refused or failed to report.
 func NewSweeper(x *Executor, report func(c engine.Caller, cockpit, stack string, err error)) *Sweeper {
-	return &Sweeper{x: x, now: time.Now, since: map[string]time.Time{}, report: report}
+	return &Sweeper{x: x, since: map[string]time.Time{}, report: report}
 }
 
 // Run sweeps every interval until ctx ends. Sweeps never overlap.
@@ -241,8 +258,7 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 		s.report(engine.Caller{PID: s.x.self, Op: "gc"}, "", "", err)
 		return
 	}
-	s.mu.Lock()
-	now := s.now()
+	now := time.Now()
 	stale := map[string]time.Time{}
 	var due []Verdict
 	for _, v := range verdicts {
@@ -260,7 +276,6 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 		}
 	}
 	s.since = stale
-	s.mu.Unlock()
 	for _, v := range due {
 		creator, ok := s.x.eng.StackCreator(v.record)
 		if !ok {

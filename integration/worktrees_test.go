@@ -551,3 +551,45 @@ func TestWorktreesGraceRefused(t *testing.T) {
 		}
 	}
 }
+
+// A drain its holder reserved and left (the holder dead, its worktree removed) is finished by gc
+// when only its runtime-stop is left; one with a reclaim left is its executor's, and gc keeps it.
+func TestWorktreesGCFinishesALeftDrain(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "git", "setsid")
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(48000, "10m", "5s") + "EOF")
+	repo := worktreesRepo(t)
+	stacks := map[string]string{}
+	for name, request := range map[string]string{"left": "down", "reclaims": "down volume:db"} {
+		wt := filepath.Join(filepath.Dir(repo), name)
+		worktreesGit(t, repo, "worktree", "add", "-q", wt)
+		stacks[name] = stackOf(t, wt)
+		m.ok("mkdir $M/app/stacks/" + stacks[name])
+		claim := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/$S/holders/me" && echo "$R" > "$M/app/stacks/$S/drain/request"`)
+		claim.Dir, claim.Env = wt, append(os.Environ(), "M="+m.Dir, "S="+stacks[name], "R="+request)
+		if out, err := claim.CombinedOutput(); err != nil {
+			t.Fatalf("claim and request %s: %v\n%s", request, err, out)
+		}
+		worktreesGit(t, repo, "worktree", "remove", "--force", wt)
+	}
+	gc := m.read("gc")
+	for _, want := range []string{
+		"drain app/stacks/" + stacks["left"] + ": holders me (dead, process ",
+		"keep app/stacks/" + stacks["reclaims"] + ": a down drain by holder me is reserved",
+	} {
+		if !strings.Contains(gc, want) {
+			t.Fatalf("gc lacks %q:\n%s", want, gc)
+		}
+	}
+	reclaims := m.read("app/stacks", stacks["reclaims"], "record")
+	if r := shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir); r.Code != 0 {
+		t.Fatalf("gc: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if !strings.Contains(m.read("app/stacks", stacks["left"], "lease"), "released=true") {
+		t.Fatal("gc did not finish the left drain")
+	}
+	if got := m.read("app/stacks", stacks["reclaims"], "record"); got != reclaims {
+		t.Fatalf("gc changed the drain with a reclaim left:\n%s\n->\n%s", reclaims, got)
+	}
+}
