@@ -115,12 +115,12 @@ func lifecycleOf(eng *engine.Engine, cockpit string) portdecl.Lifecycle {
 	return cfg.Lifecycle
 }
 
-// holderGroups maps the process group of each holder with a process to the holder's name: the
-// group of its process while it runs as recorded; once it is gone, the group it led (its pid),
+// holderGroups are the process groups of the holders with a process: the group of its process
+// while it runs as recorded; once it is gone, the group it led (its pid) in the session it led,
 // whose members outlive it (a dev server a closed terminal's job left behind). A holder whose pid
 // now belongs to another process names no group.
-func holderGroups(holders []engine.Holder) map[int]string {
-	groups := map[int]string{}
+func holderGroups(holders []engine.Holder) map[int]Group {
+	groups := map[int]Group{}
 	for _, h := range holders {
 		if h.PID <= 0 {
 			continue
@@ -128,9 +128,9 @@ func holderGroups(holders []engine.Holder) map[int]string {
 		st, running := readStat(h.PID)
 		switch {
 		case !running:
-			groups[h.PID] = h.Name
+			groups[h.PID] = Group{Holder: h.Name, Session: h.PID}
 		case strings.HasSuffix(h.ProcessStart, ":"+st.start):
-			groups[st.pgrp] = h.Name
+			groups[st.pgrp] = Group{Holder: h.Name}
 		}
 	}
 	return groups

@@ -140,12 +140,20 @@ func listeningSockets(ports []int) (map[string]listeningSocket, error) {
 	return found, nil
 }
 
+// Group is a holder's process group, as Find looks for its members.
+type Group struct {
+	Holder string
+	// Session, when not 0, is the session a member must be in: the one a dead holder led, so a
+	// group whose id was the holder's pid but that a process reusing the pid made is not taken.
+	Session int
+}
+
 // Find names the processes a stack runs: each process with a listening socket on one of ports
 // (a daemonized server that leads its own session too), and each member of the process groups
-// groups names (process group id → holder name) but their session leaders (a terminal's shell,
-// an agent's session: ending one closes the terminal); never a process exclude names. A listening socket whose process the daemon may not see (another
+// groups names (by process group id) but their session leaders (a terminal's shell, an agent's
+// session: ending one closes the terminal); never a process exclude names. A listening socket whose process the daemon may not see (another
 // user's, for a daemon that is not root) is a Target with PID 0, its uid the socket's.
-func Find(ports []int, groups map[int]string, exclude map[int]bool) ([]Target, error) {
+func Find(ports []int, groups map[int]Group, exclude map[int]bool) ([]Target, error) {
 	sockets := map[string]listeningSocket{}
 	if len(ports) > 0 {
 		var err error
@@ -169,8 +177,8 @@ func Find(ports []int, groups map[int]string, exclude map[int]bool) ([]Target, e
 			continue // gone
 		}
 		var why []string
-		if holder, ok := groups[st.pgrp]; ok && st.session != pid {
-			why = append(why, "in the process group of holder "+holder)
+		if g, ok := groups[st.pgrp]; ok && st.session != pid && (g.Session == 0 || g.Session == st.session) {
+			why = append(why, "in the process group of holder "+g.Holder)
 		}
 		if len(sockets) > 0 {
 			fds, _ := os.ReadDir("/proc/" + e.Name() + "/fd")
