@@ -83,12 +83,12 @@ func (x *Executor) stopStack(ctx context.Context, c engine.Caller, r engine.Reco
 			outcome.Success = false
 		}
 		if s.Result == "not signalled" && s.Errno != "" {
-			who := "process " + strconv.Itoa(s.PID)
+			who := fmt.Sprintf("process %d (%s, uid %d, %s)", s.PID, s.Command, s.UID, strings.Join(s.Why, ", "))
 			if s.PID == 0 {
-				who = "a process the daemon cannot see"
+				who = fmt.Sprintf("a process the daemon cannot see (uid %d, %s)", s.UID, strings.Join(s.Why, ", "))
 			}
 			_ = x.eng.LogRefusal(at("attempt"), cockpit, stack, &engine.Refusal{Code: engine.PermissionDenied,
-				Message: fmt.Sprintf("stop: %s (%s, uid %d, %s) is not one uid %d may signal: not signalled", who, s.Command, s.UID, strings.Join(s.Why, ", "), c.UID),
+				Message: fmt.Sprintf("stop: %s is not one uid %d may signal: not signalled", who, c.UID),
 				Fix:     fmt.Sprintf("stop it as uid %d or root", s.UID)}, s.Errno)
 			continue
 		}

@@ -206,7 +206,7 @@ func Find(ports []int, groups map[int]Group, exclude map[int]bool) ([]Target, er
 	}
 	for inode, s := range sockets {
 		if !seen[inode] {
-			out = append(out, Target{UID: s.uid, Command: "?", Why: []string{"listens on port " + strconv.Itoa(s.port)}})
+			out = append(out, Target{UID: s.uid, Why: []string{"listens on port " + strconv.Itoa(s.port)}})
 		}
 	}
 	slices.SortFunc(out, func(a, b Target) int { return a.PID - b.PID })

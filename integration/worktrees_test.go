@@ -593,3 +593,33 @@ func TestWorktreesGCFinishesALeftDrain(t *testing.T) {
 		t.Fatalf("gc changed the drain with a reclaim left:\n%s\n->\n%s", reclaims, got)
 	}
 }
+
+// A daemon run by a user sees only that user's processes: root's server listening on the stack's
+// port is named as a process it cannot see, not signalled (EPERM, PERMISSION_DENIED), and goes
+// on serving; the user's own server is ended.
+func TestWorktreesStopByUsersDaemonLeavesWhatItCannotSee(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "python3", "node", "setpriv")
+	m := machineNobodyMountIn(t, ownNetns(t), "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(48020, "10m", "2s") + "EOF\nmkdir $M/app/stacks/s && echo pid=none > $M/app/stacks/s/holders/me")
+	httpPort, _ := strconv.Atoi(strings.TrimSpace(m.ok("cat $M/app/stacks/s/ports/HTTP")))
+	apiPort, _ := strconv.Atoi(strings.TrimSpace(m.ok("cat $M/app/stacks/s/ports/API")))
+	rootServer := startIn(m, "listening", "python3", "-c", pythonServer, strconv.Itoa(httpPort))
+	nobodyServer := startIn(m, "listening", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "node", "-e", nodeServer, strconv.Itoa(apiPort))
+
+	m.ok("echo down > $M/app/stacks/s/drain/request && echo stop > $M/app/stacks/s/drain/attempt")
+	if got := nobodyServer.endedBy(t); got != "SIGTERM" {
+		t.Errorf("nobody's server ended by %q, want SIGTERM", got)
+	}
+	if !rootServer.running() || !servesHTTP(m, httpPort) {
+		t.Fatal("root's server was stopped by a drain of nobody's daemon")
+	}
+	events := m.ok("cat $M/app/stacks/s/events")
+	refusal := fmt.Sprintf(`"result":"refused","code":"PERMISSION_DENIED","errno":"EPERM","message":"stop: a process the daemon cannot see (uid 0, listens on port %d) is not one uid 65534 may signal: not signalled"`, httpPort)
+	stopped := fmt.Sprintf(`"result":"stopped","message":"stop: process %d node (uid 65534, listens on port %d): terminated"`, nobodyServer.cmd.Process.Pid, apiPort)
+	for _, want := range []string{refusal, stopped} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events lack %s:\n%s", want, events)
+		}
+	}
+}
