@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
 )
 
 // Stale stacks (docs/worktrees.md): a stack with an active lease whose every holder is dead or
@@ -88,6 +89,12 @@ func (x *Executor) judge(r engine.Record) Verdict {
 	}
 	var holders, gone []string
 	for _, h := range r.Value.Holders {
+		if x.eng.Shared() && !thisMachines(h) {
+			// A checkout path names a directory of the holder's machine, which only that
+			// machine's daemon can look at; a pid-less holder names no machine at all.
+			v.Why = fmt.Sprintf("holder %s may be another machine's, whose checkouts this daemon cannot see", h.Name)
+			return v
+		}
 		switch state := x.eng.HolderState(h); state {
 		case "dead":
 			holders = append(holders, fmt.Sprintf("%s (dead, process %d)", h.Name, h.PID))
@@ -113,6 +120,13 @@ func (x *Executor) judge(r engine.Record) Verdict {
 	v.Stale = true
 	v.Why = fmt.Sprintf("holders %s; checkouts gone: %s", strings.Join(holders, ", "), strings.Join(gone, ", "))
 	return v
+}
+
+// thisMachines says h's process was started on this machine's current boot.
+func thisMachines(h engine.Holder) bool {
+	boot, ok := liveness.BootOf(h.ProcessStart)
+	here, err := liveness.BootID()
+	return h.PID != 0 && ok && err == nil && boot == here
 }
 
 func appendNew(list []string, s string) []string {
