@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/internal/testtool"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
 // A worktree's life (docs/worktrees.md): stale stacks drained by the daemon's sweep and by
@@ -621,5 +622,41 @@ func TestWorktreesStopByUsersDaemonLeavesWhatItCannotSee(t *testing.T) {
 		if !strings.Contains(events, want) {
 			t.Errorf("events lack %s:\n%s", want, events)
 		}
+	}
+}
+
+// On a team's shared store a daemon judges only the holders its own machine started: a pid-less
+// holder's checkout path may be another machine's, so its stack is kept; a stack of a holder this
+// machine started, dead, its checkout gone, is drained.
+func TestWorktreesGCOnSharedStoreJudgesOnlyItsMachine(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "setsid")
+	cluster := etcdtest.Start(t, 1)
+	m := newEtcdMount(t, cluster.URL("team"))
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(18100, "10m", "5s") + "EOF")
+	gone := filepath.Join(t.TempDir(), "gone")
+	m.ok("mkdir $M/app/stacks/pidless $M/app/stacks/mine && echo 'pid=none checkout=" + gone + "' > $M/app/stacks/pidless/holders/me")
+	claim := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/mine/holders/me"`)
+	claim.Dir, claim.Env = t.TempDir(), append(os.Environ(), "M="+m.Dir)
+	if out, err := claim.CombinedOutput(); err != nil {
+		t.Fatalf("claim: %v\n%s", err, out)
+	}
+	if err := os.Remove(claim.Dir); err != nil {
+		t.Fatal(err)
+	}
+	gc := m.read("gc")
+	for _, want := range []string{
+		"keep app/stacks/pidless: holder me may be another machine's, whose checkouts this daemon cannot see",
+		"drain app/stacks/mine: holders me (dead, process ",
+	} {
+		if !strings.Contains(gc, want) {
+			t.Fatalf("gc lacks %q:\n%s", want, gc)
+		}
+	}
+	if r := shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir); r.Code != 0 || strings.Contains(r.Stdout, "pidless") {
+		t.Fatalf("gc: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if !strings.Contains(m.read("app/stacks/pidless/lease"), "released=false") || !strings.Contains(m.read("app/stacks/mine/lease"), "released=true") {
+		t.Fatal("gc drained the wrong stack")
 	}
 }
