@@ -3,7 +3,6 @@ package fs
 import (
 	"context"
 	"strings"
-	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
 )
@@ -24,7 +23,8 @@ func (f *FS) gcView() (view, error) {
 		b.WriteString(engine.Printable(v.Line()))
 		b.WriteByte('\n')
 	}
-	return view{data: []byte(b.String()), mtime: time.Now(), uid: f.uid}, nil
+	// Its content follows processes and directories, not commits: no change has a time to show.
+	return view{data: []byte(b.String()), mtime: f.started, uid: f.uid}, nil
 }
 
 // gcWriter applies `run` to the gc file.
