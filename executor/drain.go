@@ -44,8 +44,8 @@ func (x *Executor) StopAttempt(ctx context.Context, c engine.Caller, cockpit, st
 // stopStack starts an attempt of the drain reserved in r's stack with c's process as its
 // executor, signals the processes the stack runs as c may (Find, Stop: those listening on the
 // lease's ports and the members of holders' process groups, never c's own process, its
-// ancestors or the daemon), records each in the stack's events, and publishes the attempt's
-// outcome.
+// ancestors, the daemon, or a process listening on another stack's leased port), records each in
+// the stack's events, and publishes the attempt's outcome.
 func (x *Executor) stopStack(ctx context.Context, c engine.Caller, r engine.Record, holders []engine.Holder) ([]Stopped, error) {
 	cockpit, stack := r.Cockpit, r.Stack
 	at := func(name string) engine.Caller {
@@ -70,9 +70,17 @@ func (x *Executor) stopStack(ctx context.Context, c engine.Caller, r engine.Reco
 			ports = append(ports, p)
 		}
 	}
+	others := map[int]string{}
+	if owners, err := x.eng.Ports(); err == nil {
+		for _, o := range owners {
+			if o.Cockpit != cockpit || o.Stack != stack {
+				others[o.Port] = o.Cockpit + "/stacks/" + o.Stack
+			}
+		}
+	}
 	exclude := ancestors(c.PID)
 	exclude[x.self] = true
-	targets, err := Find(ports, holderGroups(holders), exclude)
+	targets, err := Find(ports, others, holderGroups(holders), exclude)
 	if err != nil {
 		return nil, err
 	}

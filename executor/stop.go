@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -28,15 +29,17 @@ type Target struct {
 	UID     uint32 // its real uid
 	Command string // its comm
 	Why     []string
-	start   string // its start ticks when found: a pid reused since is not signalled
+	// Kept says why the process, though the stack's, is never signalled ("": it may be).
+	Kept  string
+	start string // its start ticks when found: a pid reused since is not signalled
 }
 
 // Stopped is what the stop step did to one target.
 type Stopped struct {
 	Target
 	// Result is "terminated" (it ended after SIGTERM), "killed" (after SIGKILL), "gone" (it ended
-	// before any signal), "not signalled" (the requester may not signal it: Errno says why) or
-	// "survived SIGKILL".
+	// before any signal), "not signalled" (the requester may not signal it: Errno says why), "not
+	// signalled: <why>" (it runs another stack too) or "survived SIGKILL".
 	Result string
 	Errno  string
 }
@@ -151,13 +154,16 @@ type Group struct {
 // Find names the processes a stack runs: each process with a listening socket on one of ports
 // (a daemonized server that leads its own session too), and each member of the process groups
 // groups names (by process group id) but their session leaders (a terminal's shell, an agent's
-// session: ending one closes the terminal); never a process exclude names. A listening socket whose process the daemon may not see (another
-// user's, for a daemon that is not root) is a Target with PID 0, its uid the socket's.
-func Find(ports []int, groups map[int]Group, exclude map[int]bool) ([]Target, error) {
+// session: ending one closes the terminal); never a process exclude names. A process that also
+// listens on a port of another stack's lease (others: port → its stack) runs that stack too: it
+// is named, Kept saying why, and never signalled. A listening socket on one of ports whose
+// process the daemon may not see (another user's, for a daemon that is not root) is a Target
+// with PID 0, its uid the socket's.
+func Find(ports []int, others map[int]string, groups map[int]Group, exclude map[int]bool) ([]Target, error) {
 	sockets := map[string]listeningSocket{}
-	if len(ports) > 0 {
+	if len(ports)+len(others) > 0 {
 		var err error
-		if sockets, err = listeningSockets(ports); err != nil {
+		if sockets, err = listeningSockets(append(slices.Clone(ports), slices.Collect(maps.Keys(others))...)); err != nil {
 			return nil, err
 		}
 	}
@@ -180,37 +186,52 @@ func Find(ports []int, groups map[int]Group, exclude map[int]bool) ([]Target, er
 		if g, ok := groups[st.pgrp]; ok && st.session != pid && (g.Session == 0 || g.Session == st.session) {
 			why = append(why, "in the process group of holder "+g.Holder)
 		}
+		var own, foreign []int
 		if len(sockets) > 0 {
 			fds, _ := os.ReadDir("/proc/" + e.Name() + "/fd")
-			var ports []int
 			for _, fd := range fds {
 				link, _ := os.Readlink("/proc/" + e.Name() + "/fd/" + fd.Name())
 				inode, ok := strings.CutPrefix(link, "socket:[")
-				if s, listens := sockets[strings.TrimSuffix(inode, "]")]; ok && listens {
-					seen[strings.TrimSuffix(inode, "]")] = true
-					if !slices.Contains(ports, s.port) {
-						ports = append(ports, s.port)
-					}
+				inode = strings.TrimSuffix(inode, "]")
+				s, listens := sockets[inode]
+				switch {
+				case !ok || !listens:
+				case others[s.port] != "":
+					foreign = appendPort(foreign, s.port)
+				default:
+					seen[inode] = true
+					own = appendPort(own, s.port)
 				}
 			}
-			slices.Sort(ports)
-			for _, p := range ports {
-				why = append(why, "listens on port "+strconv.Itoa(p))
-			}
+		}
+		for _, p := range own {
+			why = append(why, "listens on port "+strconv.Itoa(p))
 		}
 		if len(why) == 0 {
 			continue
 		}
-		uid, _ := realUID(pid)
-		out = append(out, Target{PID: pid, UID: uid, Command: st.comm, Why: why, start: st.start})
+		t := Target{PID: pid, Command: st.comm, Why: why, start: st.start}
+		t.UID, _ = realUID(pid)
+		if len(foreign) > 0 {
+			t.Kept = fmt.Sprintf("it also listens on port %d of %s", foreign[0], others[foreign[0]])
+		}
+		out = append(out, t)
 	}
 	for inode, s := range sockets {
-		if !seen[inode] {
+		if !seen[inode] && others[s.port] == "" {
 			out = append(out, Target{UID: s.uid, Why: []string{"listens on port " + strconv.Itoa(s.port)}})
 		}
 	}
 	slices.SortFunc(out, func(a, b Target) int { return a.PID - b.PID })
 	return out, nil
+}
+
+// appendPort adds port to ports once, in order.
+func appendPort(ports []int, port int) []int {
+	if i, found := slices.BinarySearch(ports, port); !found {
+		return slices.Insert(ports, i, port)
+	}
+	return ports
 }
 
 // killWait bounds the wait for a process to end after SIGKILL: only one in uninterruptible sleep
@@ -228,6 +249,9 @@ func Stop(targets []Target, requester uint32, grace time.Duration) []Stopped {
 	for i, t := range targets {
 		out[i], pidfds[i] = Stopped{Target: t}, -1
 		switch {
+		case t.Kept != "":
+			out[i].Result = "not signalled: " + t.Kept
+			continue
 		case t.PID == 0:
 			out[i].Result, out[i].Errno = "not signalled", "EPERM"
 			continue

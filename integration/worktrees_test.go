@@ -418,29 +418,41 @@ func TestWorktreesHookClaimsNewWorktree(t *testing.T) {
 // echo stop > drain/attempt: the daemon runs the drain's runtime-stop itself. It ends a python
 // and a node server listening on the stack's ports (SIGTERM; SIGKILL for the node server that
 // ignores it, after the cockpit's [stop] grace) and the process group of the holder (but its
-// session leader), names each in the events, and publishes the outcome; the clients connected
-// to the servers go on. stop for an action that is not the runtime-stop is refused (EINVAL),
+// session leader, and a server of another stack in it), names each in the events, and publishes
+// the outcome; the clients connected to the servers go on. stop for an action that is not the runtime-stop is refused (EINVAL),
 // changing nothing.
 func TestWorktreesStopStepEndsServersNotClients(t *testing.T) {
 	t.Parallel()
 	testtool.Need(t, "python3", "node", "setsid")
 	m := newMount(t, "--gc-interval", "0")
 	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47960, "10m", "1s") + "EOF")
-	m.ok("mkdir $M/app/stacks/s")
-	// The holder: a session whose leader goes on running, with a worker in its process group.
-	holder := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/s/holders/me" || exit 1; sleep 3600 & echo $!; exec sleep 3600`)
-	holder.Dir, holder.Env = t.TempDir(), append(os.Environ(), "M="+m.Dir)
+	m.ok("mkdir $M/app/stacks/s $M/app/stacks/t && echo pid=none > $M/app/stacks/t/holders/me")
+	otherPort := portOf(m, "t", "HTTP")
+	// The holder: a session whose leader goes on running, with a worker in its process group,
+	// and a server of the other stack t.
+	holder := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/s/holders/me" || exit 1
+sleep 3600 & echo $!
+python3 -c "$PY" "$PORT" >/dev/null 2>&1 & echo $!
+exec sleep 3600`)
+	holder.Dir, holder.Env = t.TempDir(), append(os.Environ(), "M="+m.Dir, "PY="+pythonServer, "PORT="+strconv.Itoa(otherPort))
 	holderOut, _ := holder.StdoutPipe()
-	if err := holder.Start(); err != nil {
+	if err := m.ns.Do(holder.Start); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
-	line, _ := bufio.NewReader(holderOut).ReadString('\n')
-	worker, err := strconv.Atoi(strings.TrimSpace(line))
-	if err != nil {
-		t.Fatalf("the holder's worker: %q", line)
+	var pids []int
+	lines := bufio.NewReader(holderOut)
+	for range 2 {
+		line, _ := lines.ReadString('\n')
+		pid, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil {
+			t.Fatalf("the holder's processes: %q", line)
+		}
+		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+		pids = append(pids, pid)
 	}
-	t.Cleanup(func() { syscall.Kill(worker, syscall.SIGKILL) })
+	worker, otherServer := pids[0], pids[1]
+	waitFor(t, func() string { return "the other stack's server to answer" }, func() bool { return servesHTTP(m, otherPort) })
 	httpPort, apiPort := portOf(m, "s", "HTTP"), portOf(m, "s", "API")
 	py := startIn(m, "listening", "python3", "-c", pythonServer, strconv.Itoa(httpPort))
 	node := startIn(m, "listening", "node", "-e", nodeServer, strconv.Itoa(apiPort), "stubborn")
@@ -458,14 +470,16 @@ func TestWorktreesStopStepEndsServersNotClients(t *testing.T) {
 	if !pyClient.running() || !nodeClient.running() {
 		t.Errorf("a client connected to a server was ended: python's %v, node's %v", pyClient.running(), nodeClient.running())
 	}
-	if processGone(holder.Process.Pid) || !processGone(worker) {
-		t.Errorf("the holder's session leader gone: %v (want false); its worker gone: %v (want true)", processGone(holder.Process.Pid), processGone(worker))
+	if processGone(holder.Process.Pid) || !processGone(worker) || processGone(otherServer) {
+		t.Errorf("gone: the holder's session leader %v (want false), its worker %v (want true), the other stack's server %v (want false)",
+			processGone(holder.Process.Pid), processGone(worker), processGone(otherServer))
 	}
 	events := m.read("app/stacks/s/events")
 	for _, want := range []string{
 		fmt.Sprintf(`"result":"stopped","message":"stop: process %d python3 (uid 0, listens on port %d): terminated"`, py.cmd.Process.Pid, httpPort),
 		fmt.Sprintf(`"result":"stopped","message":"stop: process %d node (uid 0, listens on port %d): killed"`, node.cmd.Process.Pid, apiPort),
 		fmt.Sprintf(`"result":"stopped","message":"stop: process %d sleep (uid 0, in the process group of holder me): terminated"`, worker),
+		fmt.Sprintf(`"result":"stopped","message":"stop: process %d python3 (uid 0, in the process group of holder me): not signalled: it also listens on port %d of app/stacks/t"`, otherServer, otherPort),
 		`"path":"app/stacks/s/drain/outcome"`,
 	} {
 		if !strings.Contains(events, want) {
