@@ -17,10 +17,14 @@ type Executor struct {
 	eng *engine.Engine
 	// self is the daemon's own pid: never stopped.
 	self int
+	// mount is the daemon's mount point, absolute: gc looks at no checkout below it.
+	mount string
 }
 
-// New returns the executor of the daemon serving eng.
-func New(eng *engine.Engine) *Executor { return &Executor{eng: eng, self: os.Getpid()} }
+// New returns the executor of the daemon serving eng at mount.
+func New(eng *engine.Engine, mount string) *Executor {
+	return &Executor{eng: eng, self: os.Getpid(), mount: mount}
+}
 
 const runtimeStop = "runtime-stop"
 

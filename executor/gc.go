@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,6 +109,11 @@ func (x *Executor) judge(r engine.Record) Verdict {
 			v.Why = fmt.Sprintf("holder %s's checkout is unknown", h.Name)
 			return v
 		}
+		if x.mount != "" && (h.CheckoutPath == x.mount || strings.HasPrefix(h.CheckoutPath, x.mount+"/")) {
+			// The daemon makes no request to its own mount.
+			v.Why = fmt.Sprintf("holder %s's checkout %s is inside the mount", h.Name, engine.Printable(h.CheckoutPath))
+			return v
+		}
 		if _, err := os.Lstat(h.CheckoutPath); !errors.Is(err, fs.ErrNotExist) {
 			v.Why = fmt.Sprintf("holder %s's checkout %s exists", h.Name, engine.Printable(h.CheckoutPath))
 			if err != nil {
@@ -115,7 +121,9 @@ func (x *Executor) judge(r engine.Record) Verdict {
 			}
 			return v
 		}
-		gone = appendNew(gone, engine.Printable(h.CheckoutPath))
+		if path := engine.Printable(h.CheckoutPath); !slices.Contains(gone, path) {
+			gone = append(gone, path)
+		}
 	}
 	v.Stale = true
 	v.Why = fmt.Sprintf("holders %s; checkouts gone: %s", strings.Join(holders, ", "), strings.Join(gone, ", "))
@@ -127,15 +135,6 @@ func thisMachines(h engine.Holder) bool {
 	boot, ok := liveness.BootOf(h.ProcessStart)
 	here, err := liveness.BootID()
 	return h.PID != 0 && ok && err == nil && boot == here
-}
-
-func appendNew(list []string, s string) []string {
-	for _, have := range list {
-		if have == s {
-			return list
-		}
-	}
-	return append(list, s)
 }
 
 // mayDrain says whether uid may drain the stack of r as gc does: root, the stack's creator or

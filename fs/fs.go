@@ -83,7 +83,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
 	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), log: logger,
-		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}, dir: dir, exec: executor.New(eng)}
+		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}, dir: dir}
 	// As the kernel names it in /proc/<pid>/fd: absolute, through no symbolic link.
 	if abs, err := filepath.Abs(dir); err == nil {
 		fsys.dir = abs
@@ -91,6 +91,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			fsys.dir = real
 		}
 	}
+	fsys.exec = executor.New(eng, fsys.dir)
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
 	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the
 	// exception: their nodes never change, and their names are looked up at every open (see

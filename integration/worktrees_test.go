@@ -308,7 +308,7 @@ func leasedPort(m *mount, stack string) int {
 
 // cockpitfs gc --dry-run lists what it would drain and why and changes nothing; cockpitfs gc
 // then drains it, without waiting for the grace. A stack with the same dead holder whose
-// checkout still exists is kept by both.
+// checkout still exists is kept by both, and so is one whose checkout is inside the mount.
 func TestWorktreesGCDryRunThenRun(t *testing.T) {
 	t.Parallel()
 	testtool.Need(t, "git", "python3", "setsid")
@@ -323,6 +323,8 @@ func TestWorktreesGCDryRunThenRun(t *testing.T) {
 	server, _ := claimAndLeave(m, gone, sGone)
 	claimAndLeave(m, kept, sKept)
 	worktreesGit(t, repo, "worktree", "remove", "--force", gone)
+	// A holder claimed from inside the mount: the daemon looks at nothing below its own mount.
+	m.ok("mkdir $M/app/stacks/inmount && cd $M/app && echo pid=none > $M/app/stacks/inmount/holders/me")
 
 	state := func() string {
 		return m.read("app/stacks", sGone, "record") + m.read("app/stacks", sGone, "events") + m.read("app/stacks", sKept, "record") + m.read("app/stacks", sKept, "events")
@@ -331,7 +333,8 @@ func TestWorktreesGCDryRunThenRun(t *testing.T) {
 	r := shIn(t, "/", `"$B" gc --dry-run "$M"`, "B="+binary, "M="+m.Dir)
 	wantDrain := "drain app/stacks/" + sGone + ": holders me (dead, process "
 	wantKeep := "keep app/stacks/" + sKept + ": holder me's checkout " + kept + " exists"
-	if r.Code != 0 || !strings.Contains(r.Stdout, wantDrain) || !strings.Contains(r.Stdout, "checkouts gone: "+gone) || !strings.Contains(r.Stdout, wantKeep) {
+	wantInMount := "keep app/stacks/inmount: holder me's checkout " + m.Path("app") + " is inside the mount"
+	if r.Code != 0 || !strings.Contains(r.Stdout, wantDrain) || !strings.Contains(r.Stdout, "checkouts gone: "+gone) || !strings.Contains(r.Stdout, wantKeep) || !strings.Contains(r.Stdout, wantInMount) {
 		t.Fatalf("gc --dry-run: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
 	}
 	if after := state(); after != before {
