@@ -191,6 +191,8 @@ commands:
   exec STACK_DIR -- CMD...   hold a stack for CMD's lifetime, with its env
   mcp [--mount DIR]          serve the Model Context Protocol to a coding agent (stdio)
   name stack|holder          the stack name of a checkout, the holder name of a user
+  gc [--dry-run] [MOUNTPOINT]  drain stale stacks (holders dead, checkouts gone) now
+  git install-hook --cockpit NAME  claim each new git worktree's stack
   completion bash            print bash completion
   version                    print the build's version
   help [COMMAND]             print a command's usage (also: COMMAND --help)
