@@ -343,6 +343,12 @@ func TestWorktreesGCDryRunThenRun(t *testing.T) {
 	if processGone(server) {
 		t.Fatal("gc --dry-run stopped the server")
 	}
+	// The gc file takes only run: anything else is refused (EINVAL) and drains nothing. (The root
+	// has no events file: the errno is the whole report.)
+	m.refused("echo collect > $M/gc", syscall.EINVAL)
+	if after := state(); after != before {
+		t.Fatalf("a refused gc command changed the stacks:\n%s\n->\n%s", before, after)
+	}
 
 	r = shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir)
 	if r.Code != 0 || !strings.Contains(r.Stdout, "drained app/stacks/"+sGone+": ") || strings.Contains(r.Stdout, sKept) {
