@@ -683,3 +683,25 @@ func TestWorktreesGCOnSharedStoreJudgesOnlyItsMachine(t *testing.T) {
 		t.Fatal("gc drained the wrong stack")
 	}
 }
+
+// cockpitfs gc drains, as its user, only the stale stacks that user may drain: another user's
+// run leaves root's stale stack as it was and prints nothing; root's run drains it.
+func TestWorktreesGCDrainsOnlyWhatItsUserMay(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "setpriv")
+	m := ownershipMount(t, "--allow-other")
+	gone := filepath.Join(t.TempDir(), "gone")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(48040, "10m", "5s") + "EOF\nmkdir $M/app/stacks/s && echo 'pid=none checkout=" + gone + "' > $M/app/stacks/s/holders/me")
+	before := m.read("app/stacks/s/record") + m.read("app/stacks/s/events")
+	r := shIn(t, "/", `exec setpriv --reuid=65534 --regid=65534 --clear-groups "$B" gc "$M"`, "B="+binary, "M="+m.Dir)
+	if r.Code != 0 || r.Stdout != "" {
+		t.Fatalf("gc as nobody: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if after := m.read("app/stacks/s/record") + m.read("app/stacks/s/events"); after != before {
+		t.Fatalf("gc as nobody changed root's stack:\n%s\n->\n%s", before, after)
+	}
+	r = shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir)
+	if r.Code != 0 || !strings.HasPrefix(r.Stdout, "drained app/stacks/s: holders me (pid-less)") {
+		t.Fatalf("gc as root: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+}

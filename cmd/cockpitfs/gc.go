@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -33,17 +35,12 @@ func gcCommand(args []string) error {
 		_, err := os.Stdout.Write(listing)
 		return err
 	}
-	var drains []string
-	for line := range strings.SplitSeq(string(listing), "\n") {
-		if strings.HasPrefix(line, "drain ") {
-			drains = append(drains, line)
-		}
-	}
+	drains := drainLines(listing)
 	if len(drains) == 0 {
 		return nil
 	}
-	// The daemon drains what is stale when it reads the command, which may be less (claimed
-	// again) or more than the listing: each stack's events say what it did.
+	// The daemon drains what is stale, and yours, when it reads the command: each stack's events
+	// say what it did, and the list read again says which are drained.
 	f, err := os.OpenFile(file, os.O_WRONLY, 0)
 	if err != nil {
 		return err
@@ -57,8 +54,27 @@ func gcCommand(args []string) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("gc: %w (each stack's events say why)", err)
 	}
-	for _, line := range drains {
-		fmt.Println(strings.Replace(line, "drain ", "drained ", 1))
+	after, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	left := drainLines(after)
+	for _, stack := range slices.Sorted(maps.Keys(drains)) {
+		if _, still := left[stack]; !still {
+			fmt.Println("drained " + strings.TrimPrefix(drains[stack], "drain "))
+		}
 	}
 	return nil
+}
+
+// drainLines are the gc file's drain lines by stack ("app/stacks/x").
+func drainLines(listing []byte) map[string]string {
+	out := map[string]string{}
+	for line := range strings.SplitSeq(string(listing), "\n") {
+		if rest, ok := strings.CutPrefix(line, "drain "); ok {
+			stack, _, _ := strings.Cut(rest, ":")
+			out[stack] = line
+		}
+	}
+	return out
 }
