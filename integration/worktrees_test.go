@@ -220,7 +220,8 @@ func processGone(pid int) bool {
 // The daemon's sweep drains a stack whose holder died and whose worktree was removed, once its
 // cockpit's grace has passed, stopping the server and the sleep the holder's terminal left
 // (each named in its events) but not a client connected to the server; a stack whose holder
-// lives, and one whose worktree still exists, are untouched.
+// lives, one whose worktree still exists, and a stale one within its cockpit's longer grace are
+// untouched.
 func TestWorktreesStaleStackDrainedAfterGrace(t *testing.T) {
 	t.Parallel()
 	testtool.Need(t, "git", "python3", "setsid")
@@ -249,11 +250,15 @@ func TestWorktreesStaleStackDrainedAfterGrace(t *testing.T) {
 		t.Fatalf("the live claim: %q", line)
 	}
 	client := startIn(m, "connected", "python3", "-c", keepAliveClient, strconv.Itoa(portOf(m, stacks["stale"], "HTTP")))
+	// A stack as stale, in a cockpit whose grace is 30 days: the sweeps pass it by.
+	m.ok("mkdir $M/slow && cat > $M/slow/config <<'EOF'\n" + worktreesConfig(47950, "720h", "5s") + "EOF\n" +
+		"mkdir $M/slow/stacks/w && echo 'pid=none checkout=" + filepath.Join(t.TempDir(), "gone") + "' > $M/slow/stacks/w/holders/me")
 
 	before := map[string]string{}
 	for _, name := range []string{"live", "kept"} {
 		before[name] = m.read("app/stacks", stacks[name], "record") + m.read("app/stacks", stacks[name], "events")
 	}
+	slow := m.read("slow/stacks/w/record") + m.read("slow/stacks/w/events")
 	worktreesGit(t, repo, "worktree", "remove", "--force", wt["stale"])
 	worktreesGit(t, repo, "worktree", "remove", "--force", wt["live"])
 
@@ -281,10 +286,14 @@ func TestWorktreesStaleStackDrainedAfterGrace(t *testing.T) {
 			t.Errorf("the %s stack changed:\n%s\n->\n%s", name, before[name], after)
 		}
 	}
+	if after := m.read("slow/stacks/w/record") + m.read("slow/stacks/w/events"); after != slow {
+		t.Errorf("the stack within its cockpit's grace changed:\n%s\n->\n%s", slow, after)
+	}
 	gc := m.read("gc")
 	for _, want := range []string{
 		"keep app/stacks/" + stacks["live"] + ": holder me is live (process ",
 		"keep app/stacks/" + stacks["kept"] + ": holder me's checkout " + wt["kept"] + " exists",
+		"drain slow/stacks/w: holders me (pid-less); checkouts gone: ",
 	} {
 		if !strings.Contains(gc, want) {
 			t.Errorf("gc lacks %q:\n%s", want, gc)
