@@ -6,7 +6,6 @@ package engine
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"sort"
 	"strings"
 	"sync"
@@ -445,45 +444,10 @@ func (n *cockpitNotifier) publish(key string) {
 }
 
 // LogRefusal records a refused operation in the events file of the stack, or of the cockpit when
-// stack is "" or no longer exists (the nearest one), errno named by the adapter that chose it. A
-// cockpit that does not exist has no events file, and then nothing is recorded.
-//
-// It does not queue for the stack's lock: a refusal for contention (STATE_LOCKED) would otherwise
-// wait for the same contention again before the caller hears of it. The events sequence is read
-// with Get, so the store orders this line against the stack's commits.
+// stack is "" or no longer exists (the nearest one), errno named by the adapter that chose it
+// (see logLine: it takes no lock).
 func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), e.budget)
-	defer cancel()
-	level := stack
-	e.cockpits.begin()
-	err := e.db.Update(ctx, func(tx storage.Txn) error {
-		now := e.now()
-		level = stack
-		if stack == "" || !exists(tx, stackKey(cockpit, stack)) {
-			level = cockpitLevel
-		}
-		if !exists(tx, cockpitKey(cockpit)) {
-			return errUnchanged
-		}
-		return appendEvent(tx, cockpit, level, event{
-			At: stamp(now), Op: c.Op, Path: c.Path, PID: c.PID, UID: c.UID, Result: "refused",
-			Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix,
-		})
-	})
-	e.cockpits.end()
-	switch {
-	case errors.Is(err, errUnchanged):
-		return nil
-	case err != nil:
-		return err
-	}
-	// The line is a change of its events file: the cockpit's waiters hear of it.
-	if level == cockpitLevel {
-		e.cockpitChanges.publish(cockpitKey(cockpit))
-	} else {
-		e.cockpitChanges.publish(stackKey(cockpit, stack))
-	}
-	return nil
+	return e.logLine(c, cockpit, stack, event{Result: "refused", Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix})
 }
 
 // exists reads key with Get, so the transaction conflicts with its creation or removal.

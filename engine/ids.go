@@ -117,7 +117,7 @@ func StackNameFor(dir string) string {
 
 // validCockpitName adds the names the root directory already uses.
 func validCockpitName(s string) bool {
-	return ValidName(s) && s != "README" && s != "ports" && s != "status" && s != "status.json"
+	return ValidName(s) && s != "README" && s != "ports" && s != "status" && s != "status.json" && s != "gc"
 }
 
 func checkName(kind, name string) error {

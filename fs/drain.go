@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"syscall"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -109,6 +110,11 @@ func reserveDrain(ctx context.Context, f *file, h *handle, c engine.Caller, text
 }
 
 func startAttempt(ctx context.Context, f *file, _ *handle, c engine.Caller, text string) error {
+	if strings.TrimSpace(text) == "stop" {
+		// The daemon runs the runtime-stop action itself (docs/drains.md, "The stop step").
+		_, err := f.fsys.exec.StopAttempt(ctx, c, f.cockpit, f.stack)
+		return err
+	}
 	pid, err := engine.ParseAttemptCommand(text)
 	if err != nil {
 		return err

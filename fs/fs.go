@@ -19,6 +19,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/executor"
 )
 
 // maxCommand bounds one control write and a config document (SPEC §2): the same 64 KiB the
@@ -48,6 +49,8 @@ type FS struct {
 	made madeStacks
 	// dir is the mount point, absolute: a path of the tree as /proc/<pid>/fd names it is under it.
 	dir string
+	// exec is the daemon's own drain executor: gc and the stop step (executor package).
+	exec *executor.Executor
 }
 
 // Options configure a mount.
@@ -58,6 +61,9 @@ type Options struct {
 	// MaxOpenBytesPerUID bounds the snapshot bytes one uid's opens may hold (see snapshots.go);
 	// 0: no bound.
 	MaxOpenBytesPerUID int64
+	// GCInterval is how often the daemon drains the stacks stale for their cockpit's [gc] grace
+	// (executor.Sweeper); 0: never.
+	GCInterval time.Duration
 }
 
 // fsName is every cockpitfs mount's source and FUSE subtype.
@@ -88,6 +94,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			fsys.dir = real
 		}
 	}
+	fsys.exec = executor.New(eng, fsys.dir)
 	// Zero attribute timeouts and direct I/O: every open, stat and readdir reaches us, so a change
 	// by anyone is visible at the next one whatever the kernel cached. Frozen files are the
 	// exception: their nodes never change, and their names are looked up at every open (see
@@ -122,6 +129,14 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 		return nil, err
 	}
 	go server.Serve()
+	if o.GCInterval > 0 {
+		sweeper := executor.NewSweeper(fsys.exec, func(c engine.Caller, cockpit, stack string, err error) {
+			fsys.fail(c, cockpit, stack, err)
+		})
+		ctx, stop := context.WithCancel(context.Background())
+		go sweeper.Run(ctx, o.GCInterval)
+		go func() { server.Wait(); stop() }()
+	}
 	return server, nil
 }
 

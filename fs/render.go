@@ -351,6 +351,8 @@ const readmeText = `cockpitfs: coordinate copies of a development environment th
   cat <cockpit>/stacks/<stack>/env         KEY=port lines for docker compose --env-file
   rm <cockpit>/stacks/<stack>/holders/<me> release a co-tenant's claim
   echo down > <cockpit>/stacks/<stack>/drain/request   stop the stack (then drain/attempt, drain/outcome)
+  echo stop > <cockpit>/stacks/<stack>/drain/attempt   the daemon stops what the stack runs, as you may
+  cat gc                                   stale stacks (holders dead, checkouts gone); echo run > gc drains them
   ls ports/                                every port leased on this machine
   cat status                               every cockpit, stack, port, holder and drain (status.json: JSON)
   cat <cockpit>/events                     why something was refused (code, message, fix)

@@ -37,6 +37,7 @@ func rootFiles(f *FS) []entry {
 		{name: "status", node: f.newFile("status", "", "", f.statusView(engine.Status.Table), nil)},
 		{name: "status.json", node: f.newFile("status.json", "", "", f.statusView(engine.Status.JSON), nil)},
 		{name: "ports", node: f.newDir("ports", "", "", portsListing{}), dir: true},
+		{name: "gc", node: f.newFile("gc", "", "", f.gcView, gcWriter{})},
 	}
 }
 

@@ -150,7 +150,7 @@ func TestClaimsCoTenant(t *testing.T) {
 	}
 	// rmdir of a cockpit with stacks: ENOTEMPTY.
 	m.refused("rmdir $M/app", syscall.ENOTEMPTY)
-	if got := m.ok("ls $M"); got != "README\napp\nports\nstatus\nstatus.json\n" {
+	if got := m.ok("ls $M"); got != "README\napp\ngc\nports\nstatus\nstatus.json\n" {
 		t.Fatalf("root after refused rmdir = %q", got)
 	}
 	// mkdir of an existing stack: EEXIST.

@@ -318,7 +318,7 @@ func TestMountNonEmptyRefused(t *testing.T) {
 	m := &mount{t: t, ns: ownNetns(t), Dir: mnt, Data: data}
 	m.start("--nonempty")
 	t.Cleanup(m.stop)
-	if got := m.ok("ls $M"); got != "README\nports\nstatus\nstatus.json\n" {
+	if got := m.ok("ls $M"); got != "README\ngc\nports\nstatus\nstatus.json\n" {
 		t.Fatalf("ls of the mount over a non-empty directory: %q", got)
 	}
 }

@@ -184,7 +184,7 @@ func TestMCPClaim(t *testing.T) {
 	if r.Errno != "EINVAL" || r.Code != "STATE_RECORD_MALFORMED" || !strings.Contains(r.Message, `stack name "../../x" is invalid`) {
 		t.Errorf("claim of a path: %+v", r)
 	}
-	if ls := m.ok("ls $M; ls $M/bare/stacks"); ls != "README\nbare\nports\nstatus\nstatus.json\ns\n" {
+	if ls := m.ok("ls $M; ls $M/bare/stacks"); ls != "README\nbare\ngc\nports\nstatus\nstatus.json\ns\n" {
 		t.Errorf("after the refused claim: %q", ls)
 	}
 

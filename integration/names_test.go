@@ -69,7 +69,7 @@ func TestNamesHostileCockpits(t *testing.T) {
 		})
 	}
 	// Reserved names exist already as the tree's own entries.
-	for _, name := range []string{"README", "ports", "status", "status.json"} {
+	for _, name := range []string{"README", "ports", "status", "status.json", "gc"} {
 		m.refused("mkdir $M/"+name, syscall.EEXIST)
 	}
 	if after := namesState(m); after != before {

@@ -1,5 +1,5 @@
 // Command cockpitfs mounts the cockpitfs tree (docs/spec.md §1): mount, unmount, verify, backup,
-// restore, exec, mcp, name, completion, version, help.
+// restore, exec, mcp, name, gc, git, completion, version, help.
 package main
 
 import (
@@ -48,6 +48,8 @@ flags:
                      the most bytes the open files of one user may hold (each open keeps the
                      content it saw; opens of one content share it), so one user cannot
                      exhaust the daemon's memory (default 67108864; 0: no bound)
+  --gc-interval D    how often stacks stale for their cockpit's [gc] grace are drained
+                     (default 1m; 0: never; docs/worktrees.md)
   --log-level LEVEL  error, info (default) or debug (every FUSE request)
   --proxy PORT       also serve each stack's web entrypoints on loopback PORT as
                      http://<entrypoint>.<stack>.<cockpit>.localhost:PORT/ (docs/proxy.md)
@@ -111,6 +113,31 @@ flags:
   --cockpit NAME   the cockpit a call that names none means (default: each call names one)
   --holder NAME    the session's holder name (default mcp-$USER-<this process's pid>)
 `, mcpCommand},
+		"gc": {`usage: cockpitfs gc [--dry-run] [MOUNTPOINT]
+
+Drain every stale stack of the mount (default $COCKPITFS_MOUNT, else ~/cockpit) that you may
+drain (yours, your cockpits', all for root) now, without waiting for its cockpit's [gc] grace: a
+stack is stale when every holder is dead or pid-less and every holder's checkout is gone. Each is
+drained with ` + "`down`" + `, stopping what it still runs as you may (docs/worktrees.md). Prints
+each stack drained; MOUNTPOINT/gc lists every stack with an active lease, drain or keep, and why.
+
+flags:
+  --dry-run   print that list and change nothing
+`, gcCommand},
+		"git": {`usage: cockpitfs git install-hook [--force] [--mount DIR] --cockpit NAME [REPO]
+
+Install a post-checkout hook in the git repository REPO (default: the working directory's) that
+claims each new worktree's stack (git worktree add) in cockpit NAME for a pid-less holder named
+after your user, as cockpitfs name stack and name holder name them; gc drains it once the
+worktree is removed (docs/worktrees.md). Running it again rewrites the hook; a post-checkout hook
+cockpitfs did not write is refused unless --force, which keeps it as post-checkout.local and
+runs it first.
+
+flags:
+  --cockpit NAME   the cockpit the stacks are in (required)
+  --mount DIR      the cockpitfs mount (default $COCKPITFS_MOUNT, else ~/cockpit)
+  --force          take the place of a post-checkout hook cockpitfs did not write
+`, gitCommand},
 		"name": {`usage: cockpitfs name stack [DIR] | holder [USER]
 
 Print the stack name of the checkout at DIR (default: the working directory), or the holder name
@@ -168,6 +195,8 @@ commands:
   exec STACK_DIR -- CMD...   hold a stack for CMD's lifetime, with its env
   mcp [--mount DIR]          serve the Model Context Protocol to a coding agent (stdio)
   name stack|holder          the stack name of a checkout, the holder name of a user
+  gc [--dry-run] [MOUNTPOINT]  drain stale stacks (holders dead, checkouts gone) now
+  git install-hook --cockpit NAME  claim each new git worktree's stack
   completion bash            print bash completion
   version                    print the build's version
   help [COMMAND]             print a command's usage (also: COMMAND --help)

@@ -58,6 +58,7 @@ func mountCommand(args []string) error {
 	nonempty := fset.Bool("nonempty", false, "")
 	leasesPerUID := fset.Int("max-leases-per-uid", defaultLeasesPerUID, "")
 	openBytesPerUID := fset.Int64("max-open-bytes-per-uid", cfs.DefaultMaxOpenBytesPerUID, "")
+	gcInterval := fset.Duration("gc-interval", defaultGCInterval, "")
 	level := fset.String("log-level", "info", "")
 	proxyPort := fset.Int("proxy", 0, "")
 	proxyHTTPS := fset.Bool("proxy-https", false, "")
@@ -84,6 +85,9 @@ func mountCommand(args []string) error {
 	}
 	if *leasesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-leases-per-uid %d is negative (0: no bound)", *leasesPerUID)}
+	}
+	if *gcInterval < 0 {
+		return &usageError{command: "mount", msg: fmt.Sprintf("--gc-interval %s is negative (0: never)", *gcInterval)}
 	}
 	if *openBytesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-open-bytes-per-uid %d is negative (0: no bound)", *openBytesPerUID)}
@@ -118,7 +122,7 @@ func mountCommand(args []string) error {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
 	restart := restartCommand(mnt, st, sf, *allowOther)
-	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug, MaxOpenBytesPerUID: *openBytesPerUID})
+	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug, MaxOpenBytesPerUID: *openBytesPerUID, GCInterval: *gcInterval})
 }
 
 // storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names; and
@@ -133,6 +137,11 @@ type storeChoice struct {
 	proxyPort  int
 	proxyHTTPS bool
 }
+
+// defaultGCInterval is --gc-interval's default: a sweep reads every active stack's record (from
+// memory), probes its holders and stats their checkouts, so once a minute costs nothing a
+// machine notices, and a stack waits at most a minute past its cockpit's grace.
+const defaultGCInterval = time.Minute
 
 // defaultLeasesPerUID is --max-leases-per-uid's default: one developer's stacks running at once
 // on a shared machine, with room left for everyone else in a cockpit of the usual 20 families.

@@ -60,6 +60,8 @@ type Config struct {
 	// Derived are the [env] table's other keys, by name: names exported as written, with values
 	// rendered per stack from a template (see Derived).
 	Derived []Derived `json:",omitempty"`
+	// Lifecycle is [gc] and [stop]: when a stale stack is drained, how long a stop waits.
+	Lifecycle Lifecycle `json:",omitzero"`
 }
 
 // OrderPorts orders port keys as order (a Config's BaseOrder) declares them; keys it does not
@@ -131,7 +133,7 @@ func parse(text []byte, partial bool) (Config, error) {
 		}
 		return Config{}, fmt.Errorf("config: %v", err)
 	}
-	if err := onlyKeys(document, "", "entrypoints", "env", "ports"); err != nil {
+	if err := onlyKeys(document, "", "entrypoints", "env", "gc", "ports", "stop"); err != nil {
 		return Config{}, err
 	}
 	var declaration Declaration
@@ -170,13 +172,17 @@ func parse(text []byte, partial bool) (Config, error) {
 			return Config{}, err
 		}
 	}
+	lifecycle, err := parseLifecycle(document)
+	if err != nil {
+		return Config{}, err
+	}
 	var order []string
 	for _, key := range meta.Keys() {
 		if len(key) == 3 && key[0] == "ports" && key[1] == "bases" {
 			order = append(order, key[2])
 		}
 	}
-	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix, BaseOrder: order, Derived: derived}, nil
+	return Config{Declaration: declaration, Entrypoints: entrypoints, EnvPrefix: prefix, BaseOrder: order, Derived: derived, Lifecycle: lifecycle}, nil
 }
 
 // checkExported refuses a config whose env file would export a name CheckExported refuses.

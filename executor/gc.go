@@ -1,0 +1,302 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
+)
+
+// Stale stacks (docs/worktrees.md): a stack with an active lease whose every holder is dead or
+// pid-less and whose every holder's checkout is known and gone (`git worktree remove`, rm -rf)
+// runs for nobody. gc drains it (`down`) through the engine's fenced drain path, stopping what it
+// still runs. A holder that is live or unknown, a checkout that exists or cannot be told gone
+// (unknown, unreadable), or a drain reserved with more than its runtime-stop left, or whose
+// attempt's executor may still run, keeps the stack.
+
+// gcHolder is the holder a gc drain reserves for when every holder is dead: it takes the stack
+// over from them, as any drain request naming a new holder does.
+const gcHolder = "gc"
+
+// Verdict is what gc makes of one stack with an active lease.
+type Verdict struct {
+	Cockpit, Stack string
+	Stale          bool
+	Why            string
+	Grace          time.Duration // the cockpit's [gc] grace
+	record         engine.Record
+}
+
+// Line is v as the gc file lists it: "drain" or "keep", the stack, why.
+func (v Verdict) Line() string {
+	verb := "keep"
+	if v.Stale {
+		verb = "drain"
+	}
+	return fmt.Sprintf("%s %s/stacks/%s: %s", verb, v.Cockpit, v.Stack, v.Why)
+}
+
+// Survey judges every stack with an active lease, cockpit by cockpit.
+func (x *Executor) Survey() ([]Verdict, error) {
+	cockpits, err := x.eng.Cockpits()
+	if err != nil {
+		return nil, err
+	}
+	var out []Verdict
+	for _, c := range cockpits {
+		stacks, err := x.eng.Stacks(c.Name)
+		if err != nil {
+			continue // removed since
+		}
+		grace := lifecycleOf(x.eng, c.Name).GCGrace()
+		for _, s := range stacks {
+			r, err := x.eng.Stack(c.Name, s)
+			if err != nil || !r.Value.Lease.Active() {
+				continue
+			}
+			v := x.judge(r)
+			v.Grace = grace
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+// judge is gc's verdict on r, whose lease is active.
+func (x *Executor) judge(r engine.Record) Verdict {
+	v := Verdict{Cockpit: r.Cockpit, Stack: r.Stack, record: r}
+	if d := r.Value.Drain; d != nil {
+		// A drain whose only action left is the runtime-stop (a gc drain its daemon died in, a
+		// `down` its holder reserved and left) is gc's to finish; any other is its executor's.
+		if d.CompletedActionCount != len(d.Actions)-1 || d.Actions[d.CompletedActionCount].Stage != runtimeStop {
+			v.Why = fmt.Sprintf("a %s drain by holder %s is reserved", d.Purpose, d.HolderName)
+			return v
+		}
+		if a := d.Attempt; a != nil && a.Status == "active" && x.eng.HolderState(engine.Holder{PID: a.ExecutorPID, ProcessStart: a.ExecutorStart}) != "dead" {
+			v.Why = fmt.Sprintf("the %s drain's attempt is active, its executor (process %d) not known to be gone", d.Purpose, a.ExecutorPID)
+			return v
+		}
+	}
+	if len(r.Value.Holders) == 0 {
+		v.Why = "no holder"
+		return v
+	}
+	var holders, gone []string
+	for _, h := range r.Value.Holders {
+		if x.eng.Shared() && !thisMachines(h) {
+			// A checkout path names a directory of the holder's machine, which only that
+			// machine's daemon can look at; a pid-less holder names no machine at all.
+			v.Why = fmt.Sprintf("holder %s may be another machine's, whose checkouts this daemon cannot see", h.Name)
+			return v
+		}
+		switch state := x.eng.HolderState(h); state {
+		case "dead":
+			holders = append(holders, fmt.Sprintf("%s (dead, process %d)", h.Name, h.PID))
+		case "untracked":
+			holders = append(holders, h.Name+" (pid-less)")
+		default:
+			v.Why = fmt.Sprintf("holder %s is %s (process %d)", h.Name, state, h.PID)
+			return v
+		}
+		if h.CheckoutPath == "" {
+			v.Why = fmt.Sprintf("holder %s's checkout is unknown", h.Name)
+			return v
+		}
+		if x.mount != "" && (h.CheckoutPath == x.mount || strings.HasPrefix(h.CheckoutPath, x.mount+"/")) {
+			// The daemon makes no request to its own mount.
+			v.Why = fmt.Sprintf("holder %s's checkout %s is inside the mount", h.Name, engine.Printable(h.CheckoutPath))
+			return v
+		}
+		if _, err := os.Lstat(h.CheckoutPath); !errors.Is(err, fs.ErrNotExist) {
+			v.Why = fmt.Sprintf("holder %s's checkout %s exists", h.Name, engine.Printable(h.CheckoutPath))
+			if err != nil {
+				v.Why = fmt.Sprintf("holder %s's checkout %s cannot be told gone: %v", h.Name, engine.Printable(h.CheckoutPath), err)
+			}
+			return v
+		}
+		if path := engine.Printable(h.CheckoutPath); !slices.Contains(gone, path) {
+			gone = append(gone, path)
+		}
+	}
+	v.Stale = true
+	v.Why = fmt.Sprintf("holders %s; checkouts gone: %s", strings.Join(holders, ", "), strings.Join(gone, ", "))
+	return v
+}
+
+// thisMachines says h's process was started on this machine's current boot.
+func thisMachines(h engine.Holder) bool {
+	boot, ok := liveness.BootOf(h.ProcessStart)
+	here, err := liveness.BootID()
+	return h.PID != 0 && ok && err == nil && boot == here
+}
+
+// mayDrain says whether uid may drain the stack of r as gc does: root, the stack's creator or
+// its cockpit's owner (who may act on any holder of it and take it over).
+func (x *Executor) mayDrain(uid uint32, r engine.Record) bool {
+	if uid == 0 {
+		return true
+	}
+	creator, ok := x.eng.StackCreator(r)
+	info, err := x.eng.Cockpit(r.Cockpit)
+	return ok && uid == creator || err == nil && uid == info.UID
+}
+
+// DrainStale drains the stack v judged stale, for c (nothing when it is no longer stale). A drain
+// already reserved is finished: its orphaned attempt repaired, its runtime-stop run. Otherwise it
+// releases all pid-less holders but the first, reserves `down` for that one (or, when every holder
+// is dead, for a new holder named gc, which takes the stack over), and runs the drain's one action
+// with the stop step. The reservation is planned at the revision judged, so a stack changed since
+// (claimed again) is refused by the engine, not drained.
+func (x *Executor) DrainStale(ctx context.Context, c engine.Caller, v Verdict) ([]Stopped, error) {
+	r := v.record
+	at := func(path string) engine.Caller {
+		c := c
+		c.Path = r.Cockpit + "/stacks/" + r.Stack + "/" + path
+		return c
+	}
+	if d := r.Value.Drain; d != nil {
+		// judge found the drain's runtime-stop left, its attempt (if active) orphaned.
+		if a := d.Attempt; a != nil && a.Status == "active" {
+			if err := x.eng.Repair(ctx, at("drain/repair"), r.Cockpit, r.Stack); err != nil {
+				return nil, err
+			}
+		}
+		return x.stopStack(ctx, c, r, r.Value.Holders)
+	}
+	var pidless []engine.Holder
+	for _, h := range r.Value.Holders {
+		if h.PID == 0 {
+			pidless = append(pidless, h)
+		}
+	}
+	holder := gcHolder
+	if len(pidless) > 0 {
+		holder = pidless[0].Name
+		for _, h := range pidless[1:] {
+			if err := x.eng.Release(ctx, at("holders/"+h.Name), r.Cockpit, r.Stack, h.Name); err != nil {
+				return nil, err
+			}
+		}
+		if len(pidless) > 1 {
+			now, err := x.eng.Stack(r.Cockpit, r.Stack)
+			if err != nil {
+				return nil, err
+			}
+			if v = x.judge(now); !v.Stale {
+				return nil, nil // claimed again meanwhile: kept
+			}
+			r = now
+		}
+	}
+	req, err := engine.ParseDrainRequest("down holder=" + holder)
+	if err != nil {
+		return nil, err
+	}
+	if err := x.eng.ReserveDrain(ctx, at("drain/request"), r.Cockpit, r.Stack, req, r.Revision); err != nil {
+		return nil, err
+	}
+	return x.stopStack(ctx, c, r, r.Value.Holders)
+}
+
+// Drained is one stack a gc run drained, or tried to.
+type Drained struct {
+	Verdict
+	Stopped []Stopped
+	Err     error
+}
+
+// Collect drains, for c, every stale stack c may drain (root, its creator, its cockpit's
+// owner), without waiting for any grace: what `cockpitfs gc` asks for.
+func (x *Executor) Collect(ctx context.Context, c engine.Caller) ([]Drained, error) {
+	verdicts, err := x.Survey()
+	if err != nil {
+		return nil, err
+	}
+	var out []Drained
+	for _, v := range verdicts {
+		if v.Stale && x.mayDrain(c.UID, v.record) {
+			stopped, err := x.DrainStale(ctx, c, v)
+			out = append(out, Drained{Verdict: v, Stopped: stopped, Err: err})
+		}
+	}
+	return out, nil
+}
+
+// maxDrainsPerSweep bounds a sweep's drains: each may wait out its cockpit's stop grace.
+const maxDrainsPerSweep = 8
+
+// Sweeper drains stacks stale for their cockpit's [gc] grace, as the stack's creator, once per
+// interval (Run). It remembers when it first saw each stack stale: a restart starts the grace
+// again, which only ever delays a drain.
+type Sweeper struct {
+	x *Executor
+	// since is when a sweep first saw each stack ("cockpit/stack") stale; only Run's goroutine
+	// sweeps.
+	since map[string]time.Time
+	// report reports why a stack's drain was refused, or failed: in its events.
+	report func(c engine.Caller, cockpit, stack string, err error)
+}
+
+// NewSweeper returns the sweeper of x, reporting each drain refused or failed to report.
+func NewSweeper(x *Executor, report func(c engine.Caller, cockpit, stack string, err error)) *Sweeper {
+	return &Sweeper{x: x, since: map[string]time.Time{}, report: report}
+}
+
+// Run sweeps every interval until ctx ends. Sweeps never overlap.
+func (s *Sweeper) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Sweep(ctx)
+		}
+	}
+}
+
+// Sweep judges every stack with an active lease once and drains, as its creator, up to
+// maxDrainsPerSweep of those stale for their cockpit's grace; the rest wait for the next sweep.
+func (s *Sweeper) Sweep(ctx context.Context) {
+	verdicts, err := s.x.Survey()
+	if err != nil {
+		s.report(engine.Caller{PID: s.x.self, Op: "gc"}, "", "", err)
+		return
+	}
+	now := time.Now()
+	stale := map[string]time.Time{}
+	var due []Verdict
+	for _, v := range verdicts {
+		if !v.Stale {
+			continue
+		}
+		key := v.Cockpit + "/" + v.Stack
+		since, seen := s.since[key]
+		if !seen {
+			since = now
+		}
+		stale[key] = since
+		if now.Sub(since) >= v.Grace && len(due) < maxDrainsPerSweep {
+			due = append(due, v)
+		}
+	}
+	s.since = stale
+	for _, v := range due {
+		creator, ok := s.x.eng.StackCreator(v.record)
+		if !ok {
+			continue
+		}
+		c := engine.Caller{PID: s.x.self, UID: creator, Op: "gc"}
+		if _, err := s.x.DrainStale(ctx, c, v); err != nil {
+			s.report(c, v.Cockpit, v.Stack, err)
+		}
+	}
+}

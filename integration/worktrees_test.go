@@ -1,0 +1,716 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+)
+
+// A worktree's life (docs/worktrees.md): stale stacks drained by the daemon's sweep and by
+// cockpitfs gc, the post-checkout hook's claim, and the stop step ending the servers a stack runs
+// but never a client connected to them nor what the requester may not signal.
+
+// worktreesConfig is a cockpit's config with HTTP and API at base and base+1, and the graces.
+func worktreesConfig(base int, gcGrace, stopGrace string) string {
+	return fmt.Sprintf("[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = %d\nAPI = %d\n[gc]\ngrace = %q\n[stop]\ngrace = %q\n",
+		base, base+1, gcGrace, stopGrace)
+}
+
+// worktreesRepo makes a git repository with one commit in a fresh directory; it returns the
+// repository's path.
+func worktreesRepo(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	worktreesGit(t, dir, "init", "-q", repo)
+	worktreesGit(t, repo, "-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "init")
+	return repo
+}
+
+// worktreesGit runs git in dir and fails the test unless it succeeds; it returns its output.
+func worktreesGit(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// stackOf is the stack cockpitfs name stack gives the checkout at dir.
+func stackOf(t *testing.T, dir string) string {
+	t.Helper()
+	out, err := exec.Command(binary, "name", "stack", dir).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// process is a program the test started in the daemon's network namespace, in a process group
+// of its own; it is killed when the test ends.
+type process struct {
+	cmd  *exec.Cmd
+	out  *bufio.Reader
+	done chan struct{}
+}
+
+// startIn starts name with args in m's network namespace and waits until it prints ready.
+func startIn(m *mount, ready string, name string, args ...string) *process {
+	m.t.Helper()
+	p := &process{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	p.cmd.Stderr = os.Stderr
+	if err := m.ns.Do(p.cmd.Start); err != nil {
+		m.t.Fatal(err)
+	}
+	go func() { p.cmd.Wait(); close(p.done) }()
+	m.t.Cleanup(func() { p.cmd.Process.Kill(); <-p.done })
+	p.out = bufio.NewReader(stdout)
+	line, err := p.out.ReadString('\n')
+	if err != nil || !strings.Contains(line, ready) {
+		m.t.Fatalf("%s %v: want %q, got %q (%v)", name, args, ready, line, err)
+	}
+	go io.Copy(io.Discard, p.out)
+	return p
+}
+
+// running says whether p has not ended.
+func (p *process) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// endedBy waits for p to end and says by which signal ("" for none).
+func (p *process) endedBy(t *testing.T) string {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("process %d still runs", p.cmd.Process.Pid)
+	}
+	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return unixSignalName(ws.Signal())
+	}
+	return ""
+}
+
+func unixSignalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	}
+	return s.String()
+}
+
+// Servers and a client, as a developer runs them: python's http.server, a node server (one that
+// ignores SIGTERM, as a server busy shutting down does), and a client holding a connection.
+const (
+	nodeServer = `const port = +process.argv[1];
+if (process.argv[2] === "stubborn") process.on("SIGTERM", () => {});
+require("http").createServer((q, s) => s.end("node\n")).listen(port, "127.0.0.1", () => console.log("listening"));`
+	// The client sends a keep-alive request and holds the connection, as a browser's tab does.
+	keepAliveClient = `import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: keep-alive\r\n\r\n")
+s.recv(4096)
+print("connected", flush=True)
+time.sleep(3600)`
+	pythonServer = `import http.server, sys
+s = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler)
+print("listening", flush=True)
+s.serve_forever()`
+)
+
+// servesHTTP says whether something answers HTTP on port in m's network namespace.
+func servesHTTP(m *mount, port int) bool {
+	var ok bool
+	m.ns.Do(func() error {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), 5*time.Second)
+		if err != nil {
+			return nil
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\n\r\n")
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		ok = strings.HasPrefix(line, "HTTP/")
+		return nil
+	})
+	return ok
+}
+
+// portOf is the stack's leased port of key.
+func portOf(m *mount, stack, key string) int {
+	m.t.Helper()
+	port, err := strconv.Atoi(strings.TrimSpace(m.read("app/stacks", stack, "ports", key)))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return port
+}
+
+// claimAndLeave claims the stack from dir in a session of its own whose leader then exits,
+// leaving running a python server on the stack's HTTP port and a sleep, both in the leader's
+// process group: what a terminal closed on its dev server leaves. It returns their pids.
+func claimAndLeave(m *mount, dir, stack string) (server, sleeper int) {
+	m.t.Helper()
+	script := `touch "$M/app/stacks/$S/holders/me" || exit 1
+port=$(cat "$M/app/stacks/$S/ports/HTTP")
+python3 -c "$PY" "$port" >/dev/null 2>&1 &
+echo $!
+sleep 3600 >/dev/null 2>&1 &
+echo $!`
+	cmd := exec.Command("setsid", "bash", "-c", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "M="+m.Dir, "S="+stack, "PY="+pythonServer)
+	var out []byte
+	err := m.ns.Do(func() (err error) { out, err = cmd.Output(); return err })
+	if err != nil {
+		m.t.Fatalf("claim from %s: %v", dir, err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		pid, _ := strconv.Atoi(f)
+		pids = append(pids, pid)
+		m.t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	}
+	if len(pids) != 2 {
+		m.t.Fatalf("claim from %s printed %q", dir, out)
+	}
+	port := portOf(m, stack, "HTTP")
+	waitFor(m.t, func() string { return "the left server to answer" }, func() bool { return servesHTTP(m, port) })
+	return pids[0], pids[1]
+}
+
+// processGone says whether pid has ended (a zombie waiting for init has).
+func processGone(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	text := string(stat)
+	fields := strings.Fields(text[strings.LastIndexByte(text, ')')+1:])
+	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
+}
+
+// The daemon's sweep drains a stack whose holder died and whose worktree was removed, once its
+// cockpit's grace has passed, stopping the server and the sleep the holder's terminal left
+// (each named in its events) but not a client connected to the server; a stack whose holder
+// lives, one whose worktree still exists, and a stale one within its cockpit's longer grace are
+// untouched.
+func TestWorktreesStaleStackDrainedAfterGrace(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "git", "python3", "setsid")
+	m := newMount(t, "--gc-interval", "100ms")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47900, "1s", "5s") + "EOF")
+	repo := worktreesRepo(t)
+	wt := map[string]string{}
+	stacks := map[string]string{}
+	for _, name := range []string{"stale", "live", "kept"} {
+		wt[name] = filepath.Join(filepath.Dir(repo), name)
+		worktreesGit(t, repo, "worktree", "add", "-q", wt[name])
+		stacks[name] = stackOf(t, wt[name])
+		m.ok("mkdir $M/app/stacks/" + stacks[name])
+	}
+	server, sleeper := claimAndLeave(m, wt["stale"], stacks["stale"])
+	claimAndLeave(m, wt["kept"], stacks["kept"])
+	// The live stack's holder is a session that goes on running.
+	live := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/$S/holders/me" && echo claimed && exec sleep 3600`)
+	live.Dir, live.Env = wt["live"], append(os.Environ(), "M="+m.Dir, "S="+stacks["live"])
+	liveOut, _ := live.StdoutPipe()
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { live.Process.Kill(); live.Wait() })
+	if line, _ := bufio.NewReader(liveOut).ReadString('\n'); line != "claimed\n" {
+		t.Fatalf("the live claim: %q", line)
+	}
+	client := startIn(m, "connected", "python3", "-c", keepAliveClient, strconv.Itoa(portOf(m, stacks["stale"], "HTTP")))
+	// A stack as stale, in a cockpit whose grace is 30 days: the sweeps pass it by.
+	m.ok("mkdir $M/slow && cat > $M/slow/config <<'EOF'\n" + worktreesConfig(47950, "720h", "5s") + "EOF\n" +
+		"mkdir $M/slow/stacks/w && echo 'pid=none checkout=" + filepath.Join(t.TempDir(), "gone") + "' > $M/slow/stacks/w/holders/me")
+
+	before := map[string]string{}
+	for _, name := range []string{"live", "kept"} {
+		before[name] = m.read("app/stacks", stacks[name], "record") + m.read("app/stacks", stacks[name], "events")
+	}
+	slow := m.read("slow/stacks/w/record") + m.read("slow/stacks/w/events")
+	worktreesGit(t, repo, "worktree", "remove", "--force", wt["stale"])
+	worktreesGit(t, repo, "worktree", "remove", "--force", wt["live"])
+
+	waitFor(t, func() string { return "the stale stack drained: " + m.read("app/stacks", stacks["stale"], "lease") },
+		func() bool { return strings.Contains(m.read("app/stacks", stacks["stale"], "lease"), "released=true") })
+	events := m.read("app/stacks", stacks["stale"], "events")
+	for _, want := range []string{
+		`"op":"gc","path":"app/stacks/` + stacks["stale"] + `/drain/request","pid":`,
+		`"warning":"released dead holders: me (process `,
+		fmt.Sprintf(`"result":"stopped","message":"stop: process %d python3 (uid 0, in the process group of holder me, listens on port %d): terminated"`, server, leasedPort(m, stacks["stale"])),
+		fmt.Sprintf(`"result":"stopped","message":"stop: process %d sleep (uid 0, in the process group of holder me): terminated"`, sleeper),
+		`/drain/outcome","pid":`,
+	} {
+		if !strings.Contains(events, want) {
+			t.Errorf("the stale stack's events lack %s:\n%s", want, events)
+		}
+	}
+	waitFor(t, func() string { return "the left server and sleep to end" }, func() bool { return processGone(server) && processGone(sleeper) })
+	if !client.running() {
+		t.Errorf("the client connected to the stale stack's server ended with it")
+	}
+	// A sweep has passed over the others since the stale stack was drained: nothing changed.
+	for _, name := range []string{"live", "kept"} {
+		if after := m.read("app/stacks", stacks[name], "record") + m.read("app/stacks", stacks[name], "events"); after != before[name] {
+			t.Errorf("the %s stack changed:\n%s\n->\n%s", name, before[name], after)
+		}
+	}
+	if after := m.read("slow/stacks/w/record") + m.read("slow/stacks/w/events"); after != slow {
+		t.Errorf("the stack within its cockpit's grace changed:\n%s\n->\n%s", slow, after)
+	}
+	gc := m.read("gc")
+	for _, want := range []string{
+		"keep app/stacks/" + stacks["live"] + ": holder me is live (process ",
+		"keep app/stacks/" + stacks["kept"] + ": holder me's checkout " + wt["kept"] + " exists",
+		"drain slow/stacks/w: holders me (pid-less); checkouts gone: ",
+	} {
+		if !strings.Contains(gc, want) {
+			t.Errorf("gc lacks %q:\n%s", want, gc)
+		}
+	}
+}
+
+// leasedPort is the stack's HTTP port as its lease recorded it (its ports/ are gone once it is
+// drained).
+func leasedPort(m *mount, stack string) int {
+	m.t.Helper()
+	for _, line := range strings.Split(m.read("app/stacks", stack, "lease"), "\n") {
+		if v, ok := strings.CutPrefix(line, "HTTP="); ok {
+			port, _ := strconv.Atoi(v)
+			return port
+		}
+	}
+	m.t.Fatal("no HTTP in the lease")
+	return 0
+}
+
+// cockpitfs gc --dry-run lists what it would drain and why and changes nothing; cockpitfs gc
+// then drains it, without waiting for the grace. A stack with the same dead holder whose
+// checkout still exists is kept by both, and so is one whose checkout is inside the mount.
+func TestWorktreesGCDryRunThenRun(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "git", "python3", "setsid")
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47920, "720h", "5s") + "EOF")
+	repo := worktreesRepo(t)
+	gone, kept := filepath.Join(filepath.Dir(repo), "gone"), filepath.Join(filepath.Dir(repo), "kept")
+	worktreesGit(t, repo, "worktree", "add", "-q", gone)
+	worktreesGit(t, repo, "worktree", "add", "-q", kept)
+	sGone, sKept := stackOf(t, gone), stackOf(t, kept)
+	m.ok("mkdir $M/app/stacks/" + sGone + " $M/app/stacks/" + sKept)
+	server, _ := claimAndLeave(m, gone, sGone)
+	claimAndLeave(m, kept, sKept)
+	worktreesGit(t, repo, "worktree", "remove", "--force", gone)
+	// A holder claimed from inside the mount: the daemon looks at nothing below its own mount.
+	m.ok("mkdir $M/app/stacks/inmount && cd $M/app && echo pid=none > $M/app/stacks/inmount/holders/me")
+
+	state := func() string {
+		return m.read("app/stacks", sGone, "record") + m.read("app/stacks", sGone, "events") + m.read("app/stacks", sKept, "record") + m.read("app/stacks", sKept, "events")
+	}
+	before := state()
+	r := shIn(t, "/", `"$B" gc --dry-run "$M"`, "B="+binary, "M="+m.Dir)
+	wantDrain := "drain app/stacks/" + sGone + ": holders me (dead, process "
+	wantKeep := "keep app/stacks/" + sKept + ": holder me's checkout " + kept + " exists"
+	wantInMount := "keep app/stacks/inmount: holder me's checkout " + m.Path("app") + " is inside the mount"
+	if r.Code != 0 || !strings.Contains(r.Stdout, wantDrain) || !strings.Contains(r.Stdout, "checkouts gone: "+gone) || !strings.Contains(r.Stdout, wantKeep) || !strings.Contains(r.Stdout, wantInMount) {
+		t.Fatalf("gc --dry-run: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if after := state(); after != before {
+		t.Fatalf("gc --dry-run changed the stacks:\n%s\n->\n%s", before, after)
+	}
+	if processGone(server) {
+		t.Fatal("gc --dry-run stopped the server")
+	}
+	// The gc file takes only run: anything else is refused (EINVAL) and drains nothing. (The root
+	// has no events file: the errno is the whole report.)
+	m.refused("echo collect > $M/gc", syscall.EINVAL)
+	if after := state(); after != before {
+		t.Fatalf("a refused gc command changed the stacks:\n%s\n->\n%s", before, after)
+	}
+
+	r = shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "drained app/stacks/"+sGone+": ") || strings.Contains(r.Stdout, sKept) {
+		t.Fatalf("gc: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if lease := m.read("app/stacks", sGone, "lease"); !strings.Contains(lease, "released=true") {
+		t.Fatalf("after gc the stale stack's lease: %s", lease)
+	}
+	if !strings.Contains(m.read("app/stacks", sKept, "lease"), "released=false") {
+		t.Fatal("gc drained the stack whose checkout exists")
+	}
+	waitFor(t, func() string { return "the left server to end" }, func() bool { return processGone(server) })
+}
+
+// cockpitfs git install-hook writes a post-checkout hook that claims each new worktree's stack
+// for a pid-less holder; installing it again changes nothing, and a hook cockpitfs did not write
+// is left as it is unless --force (then it is kept and run first). gc drains the stack once the
+// worktree is removed.
+func TestWorktreesHookClaimsNewWorktree(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "git")
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47940, "10m", "5s") + "EOF")
+	repo := worktreesRepo(t)
+	hook := filepath.Join(repo, ".git", "hooks", "post-checkout")
+	foreign := "#!/bin/sh\necho foreign hook ran >> \"$(git rev-parse --git-common-dir)/foreign.log\"\n"
+	if err := os.WriteFile(hook, []byte(foreign), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := shIn(t, repo, `"$B" git install-hook --mount "$M" --cockpit app`, "B="+binary, "M="+m.Dir)
+	if data, _ := os.ReadFile(hook); r.Code != 1 || !strings.Contains(r.Stderr, "a hook cockpitfs did not write: left as it is") || string(data) != foreign {
+		t.Fatalf("install over a foreign hook: exit %d, stderr %q; the hook now:\n%s", r.Code, r.Stderr, data)
+	}
+	for i, want := range []string{"installed (cockpit app on " + m.Dir + ")", "already installed"} {
+		r = shIn(t, repo, `"$B" git install-hook --force --mount "$M" --cockpit app`, "B="+binary, "M="+m.Dir)
+		if r.Code != 0 || !strings.Contains(r.Stdout, want) {
+			t.Fatalf("install %d: exit %d\nstdout: %s\nstderr: %s", i, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	if data, err := os.ReadFile(hook + ".local"); err != nil || string(data) != foreign {
+		t.Fatalf("the foreign hook kept as post-checkout.local: %q, %v", data, err)
+	}
+
+	wt := filepath.Join(filepath.Dir(repo), "feature")
+	worktreesGit(t, repo, "worktree", "add", "-q", wt)
+	if data, err := os.ReadFile(filepath.Join(repo, ".git", "foreign.log")); err != nil || string(data) != "foreign hook ran\n" {
+		t.Errorf("the foreign hook did not run first: %q, %v", data, err)
+	}
+	stack := stackOf(t, wt)
+	holder := strings.TrimSpace(shIn(t, "/", `"$B" name holder`, "B="+binary).Stdout)
+	h := m.read("app/stacks", stack, "holders", holder)
+	for _, want := range []string{"pid=none\n", "state=untracked\n", "checkout_path=" + wt + "\n"} {
+		if !strings.Contains(h, want) {
+			t.Errorf("the hook's holder lacks %q:\n%s", want, h)
+		}
+	}
+	if !strings.Contains(m.read("app/stacks", stack, "lease"), "released=false") {
+		t.Fatal("the hook's claim leased nothing")
+	}
+	// A checkout of a branch in an existing worktree claims nothing new.
+	worktreesGit(t, wt, "checkout", "-q", "-b", "other")
+	if got := m.ok("ls $M/app/stacks"); got != stack+"\n" {
+		t.Fatalf("stacks after a checkout in the worktree: %q", got)
+	}
+
+	worktreesGit(t, repo, "worktree", "remove", wt)
+	r = shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "drained app/stacks/"+stack+": holders "+holder+" (pid-less); checkouts gone: "+wt) {
+		t.Fatalf("gc after the worktree's removal: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if !strings.Contains(m.read("app/stacks", stack, "lease"), "released=true") {
+		t.Fatal("gc left the removed worktree's lease")
+	}
+}
+
+// echo stop > drain/attempt: the daemon runs the drain's runtime-stop itself. It ends a python
+// and a node server listening on the stack's ports (SIGTERM; SIGKILL for the node server that
+// ignores it, after the cockpit's [stop] grace) and the process group of the holder (but its
+// session leader, and a server of another stack in it), names each in the events, and publishes
+// the outcome; the clients connected to the servers go on. stop for an action that is not the runtime-stop is refused (EINVAL),
+// changing nothing.
+func TestWorktreesStopStepEndsServersNotClients(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "python3", "node", "setsid")
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47960, "10m", "1s") + "EOF")
+	m.ok("mkdir $M/app/stacks/s $M/app/stacks/t && echo pid=none > $M/app/stacks/t/holders/me")
+	otherPort := portOf(m, "t", "HTTP")
+	// The holder: a session whose leader goes on running, with a worker in its process group,
+	// and a server of the other stack t.
+	holder := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/s/holders/me" || exit 1
+sleep 3600 & echo $!
+python3 -c "$PY" "$PORT" >/dev/null 2>&1 & echo $!
+exec sleep 3600`)
+	holder.Dir, holder.Env = t.TempDir(), append(os.Environ(), "M="+m.Dir, "PY="+pythonServer, "PORT="+strconv.Itoa(otherPort))
+	holderOut, _ := holder.StdoutPipe()
+	if err := m.ns.Do(holder.Start); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	var pids []int
+	lines := bufio.NewReader(holderOut)
+	for range 2 {
+		line, _ := lines.ReadString('\n')
+		pid, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil {
+			t.Fatalf("the holder's processes: %q", line)
+		}
+		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+		pids = append(pids, pid)
+	}
+	worker, otherServer := pids[0], pids[1]
+	waitFor(t, func() string { return "the other stack's server to answer" }, func() bool { return servesHTTP(m, otherPort) })
+	httpPort, apiPort := portOf(m, "s", "HTTP"), portOf(m, "s", "API")
+	py := startIn(m, "listening", "python3", "-c", pythonServer, strconv.Itoa(httpPort))
+	node := startIn(m, "listening", "node", "-e", nodeServer, strconv.Itoa(apiPort), "stubborn")
+	pyClient := startIn(m, "connected", "python3", "-c", keepAliveClient, strconv.Itoa(httpPort))
+	nodeClient := startIn(m, "connected", "python3", "-c", keepAliveClient, strconv.Itoa(apiPort))
+
+	m.ok("echo 'down volume:db' > $M/app/stacks/s/drain/request")
+	m.ok("echo stop > $M/app/stacks/s/drain/attempt")
+	if got := py.endedBy(t); got != "SIGTERM" {
+		t.Errorf("the python server ended by %q, want SIGTERM", got)
+	}
+	if got := node.endedBy(t); got != "SIGKILL" {
+		t.Errorf("the node server ended by %q, want SIGKILL", got)
+	}
+	if !pyClient.running() || !nodeClient.running() {
+		t.Errorf("a client connected to a server was ended: python's %v, node's %v", pyClient.running(), nodeClient.running())
+	}
+	if processGone(holder.Process.Pid) || !processGone(worker) || processGone(otherServer) {
+		t.Errorf("gone: the holder's session leader %v (want false), its worker %v (want true), the other stack's server %v (want false)",
+			processGone(holder.Process.Pid), processGone(worker), processGone(otherServer))
+	}
+	events := m.read("app/stacks/s/events")
+	for _, want := range []string{
+		fmt.Sprintf(`"result":"stopped","message":"stop: process %d python3 (uid 0, listens on port %d): terminated"`, py.cmd.Process.Pid, httpPort),
+		fmt.Sprintf(`"result":"stopped","message":"stop: process %d node (uid 0, listens on port %d): killed"`, node.cmd.Process.Pid, apiPort),
+		fmt.Sprintf(`"result":"stopped","message":"stop: process %d sleep (uid 0, in the process group of holder me): terminated"`, worker),
+		fmt.Sprintf(`"result":"stopped","message":"stop: process %d python3 (uid 0, in the process group of holder me): not signalled: it also listens on port %d of app/stacks/t"`, otherServer, otherPort),
+		`"path":"app/stacks/s/drain/outcome"`,
+	} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events lack %s:\n%s", want, events)
+		}
+	}
+	for _, pid := range []int{pyClient.cmd.Process.Pid, nodeClient.cmd.Process.Pid, holder.Process.Pid} {
+		if strings.Contains(events, fmt.Sprintf("stop: process %d ", pid)) {
+			t.Errorf("events name process %d, a client or the session leader:\n%s", pid, events)
+		}
+	}
+	attempt := m.read("app/stacks/s/drain/request")
+	if !strings.Contains(attempt, `"completedActionCount":1`) {
+		t.Fatalf("after stop the drain: %s", attempt)
+	}
+
+	// The next action is a reclaim: stop is refused, and changes nothing.
+	record := m.read("app/stacks/s/record")
+	m.refused("echo stop > $M/app/stacks/s/drain/attempt", syscall.EINVAL)
+	ev := claimsRefusalEvent(t, m, "app/stacks/s/events", "STATE_RECORD_MALFORMED", "EINVAL")
+	if msg, _ := ev["message"].(string); !strings.Contains(msg, "the drain's next action is reclaim of volume:db") {
+		t.Errorf("the refusal's message: %q", msg)
+	}
+	if got := m.read("app/stacks/s/record"); got != record {
+		t.Fatalf("a refused stop changed the record:\n%s\n->\n%s", record, got)
+	}
+	m.ok("echo start > $M/app/stacks/s/drain/attempt && echo success > $M/app/stacks/s/drain/outcome")
+	if !strings.Contains(m.read("app/stacks/s/lease"), "released=true") {
+		t.Fatal("the drain did not end")
+	}
+}
+
+// A stop requested by a user who is not root signals only that user's processes: root's server
+// on the stack's port is named as not signalled (EPERM, PERMISSION_DENIED in the events) and
+// goes on serving, while the user's own server is ended.
+func TestWorktreesStopRefusedForAnotherUsersServer(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "python3", "node", "setpriv")
+	m := ownershipMount(t, "--allow-other")
+	ownershipNobodyOK(m, "mkdir $M/app && cat > $M/app/config <<'EOF'\n"+worktreesConfig(47980, "10m", "2s")+"EOF\nmkdir $M/app/stacks/s && echo pid=none > $M/app/stacks/s/holders/me")
+	httpPort, apiPort := portOf(m, "s", "HTTP"), portOf(m, "s", "API")
+	rootServer := startIn(m, "listening", "python3", "-c", pythonServer, strconv.Itoa(httpPort))
+	nobodyServer := startIn(m, "listening", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "node", "-e", nodeServer, strconv.Itoa(apiPort))
+
+	ownershipNobodyOK(m, "echo down > $M/app/stacks/s/drain/request && echo stop > $M/app/stacks/s/drain/attempt")
+	if got := nobodyServer.endedBy(t); got != "SIGTERM" {
+		t.Errorf("nobody's server ended by %q, want SIGTERM", got)
+	}
+	if !rootServer.running() || !servesHTTP(m, httpPort) {
+		t.Fatal("root's server was stopped by nobody's drain")
+	}
+	events := m.read("app/stacks/s/events")
+	refusal := fmt.Sprintf(`"uid":65534,"result":"refused","code":"PERMISSION_DENIED","errno":"EPERM","message":"stop: process %d (python3, uid 0, listens on port %d) is not one uid 65534 may signal: not signalled","fix":"stop it as uid 0 or root"`,
+		rootServer.cmd.Process.Pid, httpPort)
+	stopped := fmt.Sprintf(`"result":"stopped","message":"stop: process %d node (uid 65534, listens on port %d): terminated"`, nobodyServer.cmd.Process.Pid, apiPort)
+	for _, want := range []string{refusal, stopped} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events lack %s:\n%s", want, events)
+		}
+	}
+	if !strings.Contains(m.read("app/stacks/s/lease"), "released=true") {
+		t.Fatal("the drain did not end")
+	}
+}
+
+// A grace that is not a duration within its bounds is refused when the config is written
+// (EINVAL, PORT_FAMILY_OUT_OF_RANGE), leaving the config as it was, with a line in the events.
+func TestWorktreesGraceRefused(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47990, "10m", "5s") + "EOF")
+	before := m.read("app/config")
+	for bad, message := range map[string]string{
+		worktreesConfig(47990, "soon", "5s"): `gc.grace: "soon" is not a duration such as "90s", "10m" or "1h30m"`,
+		worktreesConfig(47990, "10m", "5m"):  "stop.grace: 5m0s is outside 1s-1m0s",
+	} {
+		m.refused("cat > $M/app/config <<'EOF'\n"+bad+"EOF", syscall.EINVAL)
+		ev := claimsRefusalEvent(t, m, "app/events", "PORT_FAMILY_OUT_OF_RANGE", "EINVAL")
+		if msg, _ := ev["message"].(string); !strings.Contains(msg, message) {
+			t.Errorf("the refusal's message %q lacks %q", msg, message)
+		}
+		if got := m.read("app/config"); got != before {
+			t.Fatalf("a refused config changed it:\n%s", got)
+		}
+	}
+}
+
+// A drain its holder reserved and left (the holder dead, its worktree removed) is finished by gc
+// when only its runtime-stop is left; one with a reclaim left is its executor's, and gc keeps it.
+func TestWorktreesGCFinishesALeftDrain(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "git", "setsid")
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(48000, "10m", "5s") + "EOF")
+	repo := worktreesRepo(t)
+	stacks := map[string]string{}
+	for name, request := range map[string]string{"left": "down", "reclaims": "down volume:db"} {
+		wt := filepath.Join(filepath.Dir(repo), name)
+		worktreesGit(t, repo, "worktree", "add", "-q", wt)
+		stacks[name] = stackOf(t, wt)
+		m.ok("mkdir $M/app/stacks/" + stacks[name])
+		claim := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/$S/holders/me" && echo "$R" > "$M/app/stacks/$S/drain/request"`)
+		claim.Dir, claim.Env = wt, append(os.Environ(), "M="+m.Dir, "S="+stacks[name], "R="+request)
+		if out, err := claim.CombinedOutput(); err != nil {
+			t.Fatalf("claim and request %s: %v\n%s", request, err, out)
+		}
+		worktreesGit(t, repo, "worktree", "remove", "--force", wt)
+	}
+	gc := m.read("gc")
+	for _, want := range []string{
+		"drain app/stacks/" + stacks["left"] + ": holders me (dead, process ",
+		"keep app/stacks/" + stacks["reclaims"] + ": a down drain by holder me is reserved",
+	} {
+		if !strings.Contains(gc, want) {
+			t.Fatalf("gc lacks %q:\n%s", want, gc)
+		}
+	}
+	reclaims := m.read("app/stacks", stacks["reclaims"], "record")
+	if r := shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir); r.Code != 0 {
+		t.Fatalf("gc: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if !strings.Contains(m.read("app/stacks", stacks["left"], "lease"), "released=true") {
+		t.Fatal("gc did not finish the left drain")
+	}
+	if got := m.read("app/stacks", stacks["reclaims"], "record"); got != reclaims {
+		t.Fatalf("gc changed the drain with a reclaim left:\n%s\n->\n%s", reclaims, got)
+	}
+}
+
+// A daemon run by a user sees only that user's processes: root's server listening on the stack's
+// port is named as a process it cannot see, not signalled (EPERM, PERMISSION_DENIED), and goes
+// on serving; the user's own server is ended.
+func TestWorktreesStopByUsersDaemonLeavesWhatItCannotSee(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "python3", "node", "setpriv")
+	m := machineNobodyMountIn(t, ownNetns(t), "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(48020, "10m", "2s") + "EOF\nmkdir $M/app/stacks/s && echo pid=none > $M/app/stacks/s/holders/me")
+	httpPort, _ := strconv.Atoi(strings.TrimSpace(m.ok("cat $M/app/stacks/s/ports/HTTP")))
+	apiPort, _ := strconv.Atoi(strings.TrimSpace(m.ok("cat $M/app/stacks/s/ports/API")))
+	rootServer := startIn(m, "listening", "python3", "-c", pythonServer, strconv.Itoa(httpPort))
+	nobodyServer := startIn(m, "listening", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "node", "-e", nodeServer, strconv.Itoa(apiPort))
+
+	m.ok("echo down > $M/app/stacks/s/drain/request && echo stop > $M/app/stacks/s/drain/attempt")
+	if got := nobodyServer.endedBy(t); got != "SIGTERM" {
+		t.Errorf("nobody's server ended by %q, want SIGTERM", got)
+	}
+	if !rootServer.running() || !servesHTTP(m, httpPort) {
+		t.Fatal("root's server was stopped by a drain of nobody's daemon")
+	}
+	events := m.ok("cat $M/app/stacks/s/events")
+	refusal := fmt.Sprintf(`"result":"refused","code":"PERMISSION_DENIED","errno":"EPERM","message":"stop: a process the daemon cannot see (uid 0, listens on port %d) is not one uid 65534 may signal: not signalled"`, httpPort)
+	stopped := fmt.Sprintf(`"result":"stopped","message":"stop: process %d node (uid 65534, listens on port %d): terminated"`, nobodyServer.cmd.Process.Pid, apiPort)
+	for _, want := range []string{refusal, stopped} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events lack %s:\n%s", want, events)
+		}
+	}
+}
+
+// On a team's shared store a daemon judges only the holders its own machine started: a pid-less
+// holder's checkout path may be another machine's, so its stack is kept; a stack of a holder this
+// machine started, dead, its checkout gone, is drained.
+func TestWorktreesGCOnSharedStoreJudgesOnlyItsMachine(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "setsid")
+	cluster := etcdtest.Start(t, 1)
+	m := newEtcdMount(t, cluster.URL("team"))
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(18100, "10m", "5s") + "EOF")
+	gone := filepath.Join(t.TempDir(), "gone")
+	m.ok("mkdir $M/app/stacks/pidless $M/app/stacks/mine && echo 'pid=none checkout=" + gone + "' > $M/app/stacks/pidless/holders/me")
+	claim := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/mine/holders/me"`)
+	claim.Dir, claim.Env = t.TempDir(), append(os.Environ(), "M="+m.Dir)
+	if out, err := claim.CombinedOutput(); err != nil {
+		t.Fatalf("claim: %v\n%s", err, out)
+	}
+	if err := os.Remove(claim.Dir); err != nil {
+		t.Fatal(err)
+	}
+	gc := m.read("gc")
+	for _, want := range []string{
+		"keep app/stacks/pidless: holder me may be another machine's, whose checkouts this daemon cannot see",
+		"drain app/stacks/mine: holders me (dead, process ",
+	} {
+		if !strings.Contains(gc, want) {
+			t.Fatalf("gc lacks %q:\n%s", want, gc)
+		}
+	}
+	if r := shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir); r.Code != 0 || strings.Contains(r.Stdout, "pidless") {
+		t.Fatalf("gc: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if !strings.Contains(m.read("app/stacks/pidless/lease"), "released=false") || !strings.Contains(m.read("app/stacks/mine/lease"), "released=true") {
+		t.Fatal("gc drained the wrong stack")
+	}
+}
+
+// cockpitfs gc drains, as its user, only the stale stacks that user may drain: another user's
+// run leaves root's stale stack as it was and prints nothing; root's run drains it.
+func TestWorktreesGCDrainsOnlyWhatItsUserMay(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "setpriv")
+	m := ownershipMount(t, "--allow-other")
+	gone := filepath.Join(t.TempDir(), "gone")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(48040, "10m", "5s") + "EOF\nmkdir $M/app/stacks/s && echo 'pid=none checkout=" + gone + "' > $M/app/stacks/s/holders/me")
+	before := m.read("app/stacks/s/record") + m.read("app/stacks/s/events")
+	r := shIn(t, "/", `exec setpriv --reuid=65534 --regid=65534 --clear-groups "$B" gc "$M"`, "B="+binary, "M="+m.Dir)
+	if r.Code != 0 || r.Stdout != "" {
+		t.Fatalf("gc as nobody: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if after := m.read("app/stacks/s/record") + m.read("app/stacks/s/events"); after != before {
+		t.Fatalf("gc as nobody changed root's stack:\n%s\n->\n%s", before, after)
+	}
+	r = shIn(t, "/", `"$B" gc "$M"`, "B="+binary, "M="+m.Dir)
+	if r.Code != 0 || !strings.HasPrefix(r.Stdout, "drained app/stacks/s: holders me (pid-less)") {
+		t.Fatalf("gc as root: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+}
