@@ -93,9 +93,9 @@ type daemon struct {
 	// hostNet runs it in the benchmark's own network namespace (an etcd daemon: the cluster
 	// listens there), not daemonNetns.
 	hostNet bool
-	cmd  *exec.Cmd
-	log  bytes.Buffer
-	done chan error
+	cmd     *exec.Cmd
+	log     bytes.Buffer
+	done    chan error
 }
 
 // newDaemon returns a daemon for a fresh mount point and store below workDir, not yet started.

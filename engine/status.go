@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -222,17 +224,18 @@ func (st Status) Table() ([]byte, error) {
 
 // proxiedText is the proxied URLs in entrypoint order, joined by commas.
 func proxiedText(urls map[string]string) string {
-	if len(urls) == 0 {
+	return cellOf(urls, func(_, url string) string { return Printable(url) })
+}
+
+// cellOf is one cell of m's entries in key order, each as cell renders it, joined by commas; "-"
+// for none.
+func cellOf[V any](m map[string]V, cell func(key string, v V) string) string {
+	if len(m) == 0 {
 		return "-"
 	}
-	names := make([]string, 0, len(urls))
-	for name := range urls {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	parts := make([]string, len(names))
-	for i, name := range names {
-		parts[i] = Printable(urls[name])
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, cell(k, m[k]))
 	}
 	return strings.Join(parts, ",")
 }
@@ -254,19 +257,7 @@ func dash(s string) string {
 
 // portsText is KEY=port pairs in key order, joined by commas.
 func portsText(ports map[string]int) string {
-	if len(ports) == 0 {
-		return "-"
-	}
-	keys := make([]string, 0, len(ports))
-	for k := range ports {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s=%d", k, ports[k])
-	}
-	return strings.Join(parts, ",")
+	return cellOf(ports, func(k string, port int) string { return fmt.Sprintf("%s=%d", k, port) })
 }
 
 // drainText is e.g. "down 1/3 reclaim volume:cache (active)".
