@@ -90,7 +90,9 @@ func TestServedChecksRaceCompactions(t *testing.T) {
 func TestServedCheckOutlivesCompaction(t *testing.T) {
 	db, dir := openTemp(t)
 	big := strings.Repeat("y", 60<<10)
-	for i := range 200 {
+	// Badger flushes full memtables to tables on a goroutine of its own, which under -race on a
+	// busy machine may not have run after the 200th write: keep writing until a table is there.
+	for i := 0; i < 200 || len(db.bdb.Tables()) == 0 && i < 20000; i++ {
 		set(t, db, fmt.Sprintf("churn/%05d", i), big)
 	}
 	var files []string
