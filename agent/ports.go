@@ -2,16 +2,15 @@ package agent
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -176,28 +175,15 @@ func (s *Server) ports(ctx context.Context, _ *mcp.CallToolRequest, _ Empty) (*m
 // listening reads the kernel's TCP socket tables of this network namespace for sockets listening
 // on port (0: any), and names the process of each where /proc lets this user see it.
 func listening(port int) ([]Listener, error) {
+	sockets, err := listeners.Sockets(func(p int) bool { return port == 0 || p == port })
+	if err != nil {
+		return nil, err
+	}
 	found := []Listener{}
 	inodes := map[string][]int{} // socket inode → indexes into found
-	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		data, err := os.ReadFile(table)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // no IPv6
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, line := range strings.Split(string(data), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 10 || f[3] != "0A" { // 0A: TCP_LISTEN
-				continue
-			}
-			addr, p, ok := parseSocketAddress(f[1])
-			if !ok || port != 0 && p != port {
-				continue
-			}
-			inodes[f[9]] = append(inodes[f[9]], len(found))
-			found = append(found, Listener{Address: addr, Port: p})
-		}
+	for _, s := range sockets {
+		inodes[s.Inode] = append(inodes[s.Inode], len(found))
+		found = append(found, Listener{Address: s.Address, Port: s.Port})
 	}
 	if len(found) > 0 {
 		owners(inodes, found)
@@ -209,27 +195,6 @@ func listening(port int) ([]Listener, error) {
 		return found[i].Address < found[j].Address
 	})
 	return found, nil
-}
-
-// parseSocketAddress reads a socket table's "ADDR:PORT" in hex: the address as the kernel stores
-// it, 32-bit words in host (little-endian) order.
-func parseSocketAddress(s string) (string, int, bool) {
-	a, p, ok := strings.Cut(s, ":")
-	if !ok {
-		return "", 0, false
-	}
-	port, err := strconv.ParseUint(p, 16, 16)
-	if err != nil {
-		return "", 0, false
-	}
-	raw, err := hex.DecodeString(a)
-	if err != nil || len(raw)%4 != 0 {
-		return "", 0, false
-	}
-	for i := 0; i < len(raw); i += 4 {
-		raw[i], raw[i+1], raw[i+2], raw[i+3] = raw[i+3], raw[i+2], raw[i+1], raw[i]
-	}
-	return net.IP(raw).String(), int(port), true
 }
 
 // owners fills in the process of each listener whose socket inode a process's fd table shows.

@@ -7,8 +7,6 @@
 package executor
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -20,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
 )
 
@@ -109,36 +108,15 @@ type listeningSocket struct {
 }
 
 // listeningSockets maps the inode of every listening TCP socket (IPv4 and IPv6) on one of ports
-// to its port and owner. Only LISTEN rows count: a client connected to the port (a browser,
-// curl) has a socket of its own whose remote port is the port, never a listening one on it.
+// to its port and owner (listeners.Sockets: never a client connected to the port).
 func listeningSockets(ports []int) (map[string]listeningSocket, error) {
-	found := map[string]listeningSocket{}
-	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		data, err := os.ReadFile(table)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // no IPv6
-		}
-		if err != nil {
-			return nil, err
-		}
-		scanner := bufio.NewScanner(bytes.NewReader(data))
-		scanner.Scan() // the header
-		for scanner.Scan() {
-			f := strings.Fields(scanner.Text())
-			if len(f) < 10 || f[3] != "0A" { // 0A: TCP_LISTEN
-				continue
-			}
-			_, hexPort, ok := strings.Cut(f[1], ":")
-			port, err := strconv.ParseUint(hexPort, 16, 16)
-			if !ok || err != nil || !slices.Contains(ports, int(port)) {
-				continue
-			}
-			uid, err := strconv.ParseUint(f[7], 10, 32)
-			if err != nil {
-				continue
-			}
-			found[f[9]] = listeningSocket{port: int(port), uid: uint32(uid)}
-		}
+	sockets, err := listeners.Sockets(func(port int) bool { return slices.Contains(ports, port) })
+	if err != nil {
+		return nil, err
+	}
+	found := make(map[string]listeningSocket, len(sockets))
+	for _, s := range sockets {
+		found[s.Inode] = listeningSocket{port: s.Port, uid: s.UID}
 	}
 	return found, nil
 }

@@ -199,3 +199,35 @@ func BenchmarkListening(b *testing.B) {
 		}
 	}
 }
+
+// Sockets lists a listening socket with its address, port, owner and inode, on both families,
+// and never a client's socket connected to the port.
+func TestSocketsListListenersWithTheirInodes(t *testing.T) {
+	l4, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l4.Close()
+	port := l4.Addr().(*net.TCPAddr).Port
+	client, err := net.Dial("tcp4", l4.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	got, err := Sockets(func(p int) bool { return p == port })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Address != "127.0.0.1" || got[0].Port != port || got[0].UID != uint32(os.Getuid()) || got[0].Inode == "" {
+		t.Fatalf("Sockets = %+v, want one listener on 127.0.0.1:%d", got, port)
+	}
+	l6, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skip("no IPv6 loopback")
+	}
+	defer l6.Close()
+	port6 := l6.Addr().(*net.TCPAddr).Port
+	if got, err := Sockets(func(p int) bool { return p == port6 }); err != nil || len(got) != 1 || got[0].Address != "::1" {
+		t.Fatalf("Sockets on ::1 = %+v, %v", got, err)
+	}
+}
