@@ -25,6 +25,9 @@ func (e *Engine) Claim(ctx context.Context, c Caller, cockpit, stack, name strin
 type Claimed struct {
 	Holder Holder
 	State  string
+	// Revision is the stack's revision the claim committed: over a shared store the create
+	// shows the holder from it, where a read would cost a round trip to etcd.
+	Revision int64
 }
 
 // ClaimObserved is Claim, also returning the holder it added and the state it just observed it
@@ -54,7 +57,7 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 		v, err := claimHolder(r, in, reads, fx, now)
 		if _, held := r.Value.holderByID(id); err == nil && !held {
 			if h, ok := v.holderByID(id); ok {
-				added = &Claimed{Holder: h, State: observedState(h)}
+				added = &Claimed{Holder: h, State: observedState(h), Revision: r.Revision + 1} // r.next
 			}
 		}
 		return v, err

@@ -334,8 +334,14 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	} else if err != nil {
 		return nil, nil, 0, d.fsys.fail(caller(ctx, "create", d.child(name)), d.cockpit, d.stack, err)
 	}
-	// The create's open: a snapshot of the file just created.
-	e, err := d.find(ctx, name)
+	// The create's open: a snapshot of the file just created. A creator that knows the entry it
+	// made says so, where finding it over a shared store would ask etcd again.
+	var e entry
+	if k, ok := d.list.(knowsCreated); ok && d.fsys.eng.Shared() {
+		e = k.created(d, name)
+	} else {
+		e, err = d.find(ctx, name)
+	}
 	var h gofs.FileHandle = scratchHandle{}
 	if f, isFile := e.node.(*file); err == nil && isFile {
 		h, err = f.openCreated(created)

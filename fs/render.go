@@ -174,6 +174,12 @@ func (f *FS) stackUID(r engine.Record) uint32 {
 // claim that added it, whose observation is the state while the holder is still as it recorded it.
 func (f *FS) holderView(cockpit, stack, name string, claimed *engine.Claimed) render {
 	return func() (view, error) {
+		if claimed != nil && f.eng.Shared() {
+			// The holder as the claim committed it: over a shared store reading it back would
+			// cost a round trip to etcd for what this daemon has just written.
+			h := claimed.Holder
+			return view{data: renderHolder(h, claimed.State), mtime: stamp(h.ClaimedAt), uid: h.UID, revision: claimed.Revision}, nil
+		}
 		r, err := f.eng.Stack(cockpit, stack)
 		if err != nil {
 			return view{}, err

@@ -265,6 +265,13 @@ func holderEntry(d *dir, name string) entry {
 	return entry{name: name, node: node, unkept: true}
 }
 
+// knowsCreated is a creator that knows the entry its create made without reading it back.
+type knowsCreated interface {
+	created(d *dir, name string) entry
+}
+
+func (holdersListing) created(d *dir, name string) entry { return holderEntry(d, name) }
+
 // create claims the stack for a new holder (§4). The create's open shows the holder in the state
 // the claim just observed its process in, rather than probing it again.
 func (holdersListing) create(ctx context.Context, d *dir, name string, _ uint32) (render, error) {
