@@ -346,6 +346,14 @@ func main() {
 		t.row(fmt.Sprintf("allocation: lease with %d active stacks (side by side)", n), "Allocation", unit, us, "µs", r+" of 1 stack", target, v)
 	}
 
+	t.row("machine view: ls -l ports with 8,192 leased ports", "MachineView", "ns/ls-8192", us, "µs", "", "≤ 1 s", t.limit("MachineView", "ns/ls-8192", atMost(1e9)))
+	r, v = t.ratio("MachineView", "ns/ls-entry-8192", "MachineView", "ns/ls-entry-1024", atMost(1.2))
+	t.row("  per entry, 8,192 leased ports", "MachineView", "ns/ls-entry-8192", us, "µs", r+" of per entry at 1,024", "≤ 1.2× (independent)", v)
+	t.row("  per entry, 1,024 leased ports", "MachineView", "ns/ls-entry-1024", us, "µs", "", "", "")
+	r, v = t.ratio("MachineView", "ns/status-1000", "MachineView", "ns/status-10", atMost(2))
+	t.row("machine view: cat status with 1,000 stacks", "MachineView", "ns/status-1000", us, "µs", r+" of 10 stacks", "≤ 2×", v)
+	t.row("  cat status with 10 stacks", "MachineView", "ns/status-10", us, "µs", "", "", "")
+
 	t.row("footprint: mount ready (exec to serving)", "Footprint", "ms-ready", 1, "ms", "", "≤ 300 ms", t.limit("Footprint", "ms-ready", atMost(300)))
 	t.row("footprint: idle RSS", "Footprint", "MiB-idle", 1, "MiB", "", "≤ 40 MiB", t.limit("Footprint", "MiB-idle", atMost(40)))
 	t.row("footprint: peak RSS over 10k ops (VmHWM)", "Footprint", "MiB-peak", 1, "MiB", "", "≤ 100 MiB", t.limit("Footprint", "MiB-peak", atMost(100)))
