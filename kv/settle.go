@@ -13,6 +13,8 @@ import (
 //     last commit and moves badger's discard version up to it (every older version of a key, and
 //     a deleted key, may then be dropped), removes the log segments, and a compaction of level 0
 //     into the level below rewrites the tables it overlaps without what was dropped;
+//   - the caches of a store being written (pending's latest versions, the keys recently written
+//     that a conflict check looks up) are emptied: a map keeps the room of its busiest moment;
 //   - settleRelease later, once badger's pool of table builders has let go of the buffers the
 //     compactions grew (it frees one every 2 s it was not asked for one, and holds at most 8), the
 //     Go heap is collected and its free pages returned to the kernel (debug.FreeOSMemory): the
@@ -78,5 +80,16 @@ func (l *commitLog) settle() bool {
 	if err := l.bdb.Flatten(1); err != nil {
 		l.bdb.Opts().Logger.Warningf("settling the store: %v", err)
 	}
+	l.pending.forget()
+	l.mu.Lock()
+	oldest := l.oldestRead()
+	recent := map[string]uint64{}
+	for key, ts := range l.recent {
+		if ts > oldest {
+			recent[key] = ts
+		}
+	}
+	l.recent = recent
+	l.mu.Unlock()
 	return true
 }

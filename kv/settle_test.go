@@ -33,8 +33,9 @@ func allocated(t *testing.T, dir string) int64 {
 // TestSettleLeavesNothingOfDeletedKeys writes 36 MiB of 60 KB values, as 600 cockpit configs
 // made and removed would, deletes them all, and settles the store as it does once idle: the
 // data directory is then at most twice a fresh one's, every log segment the checkpoint no
-// longer needs removed and the tables compacted without the deleted keys. Without the settle
-// the directory held the tables and segments of every value.
+// longer needs removed and the tables compacted without the deleted keys, and the caches of a
+// store being written are empty. Without the settle the directory held the tables and segments
+// of every value.
 func TestSettleLeavesNothingOfDeletedKeys(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -57,6 +58,9 @@ func TestSettleLeavesNothingOfDeletedKeys(t *testing.T) {
 	applied(t, db)
 	if !db.log.settle() {
 		t.Fatal("a checkpoint was under way when nothing was committing")
+	}
+	if len(db.log.pending.latest) != 0 || len(db.log.recent) != 0 {
+		t.Fatalf("settled, the store still caches %d latest versions and %d recent writes", len(db.log.pending.latest), len(db.log.recent))
 	}
 	if got := allocated(t, dir); got > 2*fresh {
 		t.Fatalf("after 600 values of 60 KB written, deleted and settled, the data directory takes %d KiB; a fresh one %d KiB (bound: twice that)", got>>10, fresh>>10)
