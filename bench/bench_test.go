@@ -565,8 +565,8 @@ func allocationEngine(b *testing.B, active int) *engineFixture {
 
 // 5. footprint: a fresh daemon's mount-ready time, idle RSS, peak RSS and allocated disk over 10k
 // operations (5000 claim+release cycles through the mount), the same once the store settled, then
-// after 3,000 cockpits each written a 60 KB config and removed, and its restart time after
-// kill -9. One measurement per invocation: run it with -benchtime=1x.
+// after 3,000 cockpits each written a 60 KB config and removed, its peak and settled RSS as it
+// makes 10,000 stacks, and its restart time after kill -9 (with them). One measurement per invocation: run it with -benchtime=1x.
 func BenchmarkFootprint(b *testing.B) {
 	d := newDaemon(fmt.Sprintf("footprint-%d", time.Now().UnixNano()))
 	defer os.RemoveAll(filepath.Dir(d.Dir))
@@ -613,6 +613,26 @@ func BenchmarkFootprint(b *testing.B) {
 	time.Sleep(settled)
 	churnIdle := d.mib(b, "VmRSS")
 	churnDisk := allocatedMiB(b, d.Data)
+	// 10,000 stacks in 10 cockpits, the peak counted from here (clear_refs 5 resets VmHWM).
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", d.cmd.Process.Pid), []byte("5"), 0); err != nil {
+		b.Fatal(err)
+	}
+	for c := range 10 {
+		cockpit := fmt.Sprintf("many%d", c)
+		err := os.Mkdir(d.path(cockpit), 0o755)
+		if err == nil {
+			err = writeFile(d.path(cockpit, "config"), unix.O_TRUNC, config(30000+1000*c, 10, 20))
+		}
+		for s := 0; s < 1000 && err == nil; s++ {
+			err = os.Mkdir(d.path(cockpit, "stacks", fmt.Sprintf("s%d", s)), 0o755)
+		}
+		if err != nil {
+			b.Fatalf("10,000 stacks: %v\n%s", err, d.log.String())
+		}
+	}
+	stacksPeak := d.mib(b, "VmHWM")
+	time.Sleep(settled)
+	stacksIdle := d.mib(b, "VmRSS")
 	if err := d.kill(); err != nil {
 		b.Fatal(err)
 	}
@@ -638,6 +658,8 @@ func BenchmarkFootprint(b *testing.B) {
 	b.ReportMetric(churnPeak, "MiB-churn-peak")
 	b.ReportMetric(churnIdle, "MiB-churn-idle")
 	b.ReportMetric(churnDisk, "MiB-churn-disk")
+	b.ReportMetric(stacksPeak, "MiB-stacks-peak")
+	b.ReportMetric(stacksIdle, "MiB-stacks-idle")
 	b.ReportMetric(float64(restart.Microseconds())/1000, "ms-restart")
 	b.ReportMetric(staleMountRefused, "stale-mount-refused")
 	b.ReportMetric(opsPerSecond, "ops/s")

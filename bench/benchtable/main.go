@@ -355,7 +355,9 @@ func main() {
 	t.row("churn: idle RSS after them, the store settled (35 s)", "Footprint", "MiB-churn-idle", 1, "MiB", r+" of fresh idle", "≤ 1.5× fresh", v)
 	r, v = t.ratio("Footprint", "MiB-churn-disk", "Footprint", "MiB-disk-fresh", atMost(2))
 	t.row("churn: allocated disk after them, settled (du)", "Footprint", "MiB-churn-disk", 1, "MiB", r+" of fresh", "≤ 2× fresh", v)
-	t.row("footprint: restart after kill -9 (to serving)", "Footprint", "ms-restart", 1, "ms", "", "", "")
+	t.row("10,000 stacks: peak RSS as they are made (VmHWM from the first)", "Footprint", "MiB-stacks-peak", 1, "MiB", "", "≤ 100 MiB", t.limit("Footprint", "MiB-stacks-peak", atMost(100)))
+	t.row("10,000 stacks: idle RSS with them, settled (35 s)", "Footprint", "MiB-stacks-idle", 1, "MiB", "", "", "")
+	t.row("footprint: restart after kill -9, 10,000 stacks in the store (to serving)", "Footprint", "ms-restart", 1, "ms", "", "", "")
 	t.row("  restart refused on the dead mount (1 = yes; then timed after umount -l)", "Footprint", "stale-mount-refused", 1, "", "", "0 (SPEC §1)", t.limit("Footprint", "stale-mount-refused", atMost(0)))
 	t.row("footprint: ops/s during the 10k ops", "Footprint", "ops/s", 1, "/s", "", "", "")
 
