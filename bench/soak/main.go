@@ -392,7 +392,8 @@ func (w *worker) write(rel, content string) {
 	w.do("write", func(p string) error { return os.WriteFile(p, []byte(content), 0o644) }, rel)
 }
 
-// refusedWrite writes content in one write(2) and wants errno.
+// refusedWrite writes content in one write(2) and wants errno, from the write or, for a file the
+// daemon checks whole, from the close.
 func (w *worker) refusedWrite(rel, content string, errno syscall.Errno) {
 	w.do("write", func(p string) error {
 		f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
@@ -400,7 +401,9 @@ func (w *worker) refusedWrite(rel, content string, errno syscall.Errno) {
 			return err
 		}
 		_, werr := f.Write([]byte(content))
-		f.Close()
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
 		if !errors.Is(werr, errno) {
 			return fmt.Errorf("want %v, got %v", errno, werr)
 		}
