@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"path/filepath"
 	"runtime/debug"
 	"time"
 )
@@ -52,7 +53,7 @@ func (l *commitLog) settler() {
 			seen = now
 		case now != settled:
 			if !l.settle() {
-				continue // a checkpoint was under way: the next poll tries again
+				continue // a checkpoint or a flush was under way: the next poll tries again
 			}
 			settled = l.sequenced.Load() // past the settle's own checkpoint record
 			seen = settled
@@ -64,8 +65,12 @@ func (l *commitLog) settler() {
 	}
 }
 
-// settle checkpoints and compacts level 0 away; false if a checkpoint was already running.
+// settle checkpoints and compacts level 0 away; false if a checkpoint was already running or
+// badger was still flushing a full memtable into level 0, whose table the compaction would miss.
 func (l *commitLog) settle() bool {
+	if mems, _ := filepath.Glob(filepath.Join(l.dir, "*.mem")); len(mems) > 1 {
+		return false // each memtable badger has yet to flush keeps its log
+	}
 	if !l.checkpointing.CompareAndSwap(false, true) {
 		return false
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -57,8 +58,9 @@ func TestSettleLeavesNothingOfDeletedKeys(t *testing.T) {
 		}
 	}
 	applied(t, db)
-	for !db.log.settle() { // a checkpoint the last commits began is under way
+	for !db.log.settle() { // a checkpoint the last commits began, or badger's flush, is under way
 		db.log.background.Wait()
+		time.Sleep(10 * time.Millisecond)
 	}
 	if len(db.log.pending.latest) != 0 || len(db.log.recent) != 0 {
 		t.Fatalf("settled, the store still caches %d latest versions and %d recent writes", len(db.log.pending.latest), len(db.log.recent))
