@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -563,8 +564,9 @@ func allocationEngine(b *testing.B, active int) *engineFixture {
 }
 
 // 5. footprint: a fresh daemon's mount-ready time, idle RSS, peak RSS and allocated disk over 10k
-// operations (5000 claim+release cycles through the mount), and its restart time after kill -9.
-// One measurement per invocation: run it with -benchtime=1x.
+// operations (5000 claim+release cycles through the mount), the same once the store settled, then
+// after 3,000 cockpits each written a 60 KB config and removed, its peak and settled RSS as it
+// makes 10,000 stacks, and its restart time after kill -9 (with them). One measurement per invocation: run it with -benchtime=1x.
 func BenchmarkFootprint(b *testing.B) {
 	d := newDaemon(fmt.Sprintf("footprint-%d", time.Now().UnixNano()))
 	defer os.RemoveAll(filepath.Dir(d.Dir))
@@ -578,6 +580,7 @@ func BenchmarkFootprint(b *testing.B) {
 	}
 	time.Sleep(time.Second)
 	idle := d.mib(b, "VmRSS")
+	diskFresh := allocatedMiB(b, d.Data)
 	holder := d.path("app", "stacks", "s", "holders", "w")
 	began := time.Now()
 	for range 5000 {
@@ -589,10 +592,47 @@ func BenchmarkFootprint(b *testing.B) {
 	peak := d.mib(b, "VmHWM")
 	time.Sleep(time.Second)
 	idleAfter := d.mib(b, "VmRSS")
-	disk, err := allocatedBytes(d.Data)
-	if err != nil {
+	disk := allocatedMiB(b, d.Data)
+	time.Sleep(settled)
+	idleSettled := d.mib(b, "VmRSS")
+	doc := "[ports]\nstep = 10\ncount = 20\n[ports.bases]\nHTTP = 40500\n#" + strings.Repeat("x", 60000) + "\n"
+	for i := range 3000 {
+		c := d.path(fmt.Sprintf("churn%d", i))
+		err := os.Mkdir(c, 0o755)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(c, "config"), []byte(doc), 0o644)
+		}
+		if err == nil {
+			err = os.Remove(c)
+		}
+		if err != nil {
+			b.Fatalf("churn: %v\n%s", err, d.log.String())
+		}
+	}
+	churnPeak := d.mib(b, "VmHWM")
+	time.Sleep(settled)
+	churnIdle := d.mib(b, "VmRSS")
+	churnDisk := allocatedMiB(b, d.Data)
+	// 10,000 stacks in 10 cockpits, the peak counted from here (clear_refs 5 resets VmHWM).
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", d.cmd.Process.Pid), []byte("5"), 0); err != nil {
 		b.Fatal(err)
 	}
+	for c := range 10 {
+		cockpit := fmt.Sprintf("many%d", c)
+		err := os.Mkdir(d.path(cockpit), 0o755)
+		if err == nil {
+			err = writeFile(d.path(cockpit, "config"), unix.O_TRUNC, config(30000+1000*c, 10, 20))
+		}
+		for s := 0; s < 1000 && err == nil; s++ {
+			err = os.Mkdir(d.path(cockpit, "stacks", fmt.Sprintf("s%d", s)), 0o755)
+		}
+		if err != nil {
+			b.Fatalf("10,000 stacks: %v\n%s", err, d.log.String())
+		}
+	}
+	stacksPeak := d.mib(b, "VmHWM")
+	time.Sleep(settled)
+	stacksIdle := d.mib(b, "VmRSS")
 	if err := d.kill(); err != nil {
 		b.Fatal(err)
 	}
@@ -612,10 +652,29 @@ func BenchmarkFootprint(b *testing.B) {
 	b.ReportMetric(idle, "MiB-idle")
 	b.ReportMetric(peak, "MiB-peak")
 	b.ReportMetric(idleAfter, "MiB-idle-after")
-	b.ReportMetric(float64(disk)/(1<<20), "MiB-disk")
+	b.ReportMetric(idleSettled, "MiB-idle-settled")
+	b.ReportMetric(disk, "MiB-disk")
+	b.ReportMetric(diskFresh, "MiB-disk-fresh")
+	b.ReportMetric(churnPeak, "MiB-churn-peak")
+	b.ReportMetric(churnIdle, "MiB-churn-idle")
+	b.ReportMetric(churnDisk, "MiB-churn-disk")
+	b.ReportMetric(stacksPeak, "MiB-stacks-peak")
+	b.ReportMetric(stacksIdle, "MiB-stacks-idle")
 	b.ReportMetric(float64(restart.Microseconds())/1000, "ms-restart")
 	b.ReportMetric(staleMountRefused, "stale-mount-refused")
 	b.ReportMetric(opsPerSecond, "ops/s")
+}
+
+// settled is how long a store written and then left idle takes to settle (kv/settle.go: up to two
+// polls of 5 s, a checkpoint and compaction, and 20 s more before its freed memory goes back).
+const settled = 35 * time.Second
+
+func allocatedMiB(b *testing.B, dir string) float64 {
+	n, err := allocatedBytes(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return float64(n) / (1 << 20)
 }
 
 func (d *daemon) mib(b *testing.B, field string) float64 {

@@ -96,11 +96,21 @@ type commitLog struct {
 	lastCheckpoint atomic.Uint64
 	logs           badgerLogs // used by one checkpoint at a time
 	background     sync.WaitGroup
+
+	// quit ends the settler (settle.go), which closes settleDone as it ends (nil until the log
+	// is open and the settler runs).
+	quit       chan struct{}
+	settleDone chan struct{}
 }
 
 // checkpointEvery is how many versions may be sequenced after a checkpoint began before the
 // next one: what Open replays at most, with what the segments hold beyond it.
 const checkpointEvery = 1024
+
+// checkpointSegments is how many segments rotated away the log keeps before a checkpoint, however
+// few versions they hold: 1,024 commits of 60 KB configs would otherwise keep 60 MiB of segments,
+// and badger's discard version as far behind.
+const checkpointSegments = 2
 
 // applyReq is a sequenced commit for the applier to hand to badger.
 type applyReq struct {
@@ -197,7 +207,8 @@ type spareSegment struct {
 
 func newCommitLog(dir string, bdb *badger.DB) *commitLog {
 	l := &commitLog{dir: dir, bdb: bdb, recent: map[string]uint64{}, readers: map[uint64]int{},
-		spare: make(chan spareSegment, 1), apply: make(chan applyReq, 1024), applyNow: make(chan struct{}, 1), applierDone: make(chan struct{}), logs: badgerLogs{dir: dir}}
+		spare: make(chan spareSegment, 1), apply: make(chan applyReq, 1024), applyNow: make(chan struct{}, 1), applierDone: make(chan struct{}), logs: badgerLogs{dir: dir},
+		quit: make(chan struct{})}
 	l.roundEnd = sync.NewCond(&l.smu)
 	l.applied.changed = sync.NewCond(&l.applied.mu)
 	return l
@@ -287,7 +298,8 @@ func (l *commitLog) sequence(t *txn) (uint64, error) {
 			}
 		}
 	}
-	if ts-l.lastCheckpoint.Load() >= checkpointEvery && l.checkpointing.CompareAndSwap(false, true) {
+	due := ts-l.lastCheckpoint.Load() >= checkpointEvery || len(l.segments) >= checkpointSegments
+	if due && l.checkpointing.CompareAndSwap(false, true) {
 		l.background.Add(1)
 		go l.checkpoint()
 	}
@@ -514,6 +526,11 @@ func (l *commitLog) finalCheckpoint() error {
 // close. No commit may begin after it.
 func (l *commitLog) stop() {
 	l.stopOnce.Do(func() {
+		// The settler checkpoints through the applier and compacts badger: it ends first.
+		close(l.quit)
+		if l.settleDone != nil {
+			<-l.settleDone
+		}
 		// Closed first, then hurried: the wake the hurry leaves is taken after the close, so the
 		// applier's next look at the channel finds it closed. Hurried first, a turn could take
 		// the wake, find the channel still open and wait out a whole applyDelay.

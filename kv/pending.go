@@ -131,6 +131,19 @@ func (p *pending) at(key string, rts uint64) (pendingVersion, bool) {
 	return pendingVersion{}, false
 }
 
+// forget empties latest, and pending's map if no commit is pending, when the store settles
+// (settle.go): a map keeps the room of its busiest moment, and the next commits read badger
+// once to fill latest again.
+func (p *pending) forget() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latest, p.latestBytes = nil, 0
+	p.generation++
+	if len(p.keys) == 0 {
+		p.keys = nil
+	}
+}
+
 // gen is the generation of latest, taken when a transaction begins.
 func (p *pending) gen() uint64 {
 	p.mu.Lock()

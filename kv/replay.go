@@ -76,6 +76,8 @@ func openLog(dir string, bdb *badger.DB) (*commitLog, error) {
 	}
 	bdb.SetDiscardTs(last)
 	l.prepareSpare(seg.index + 1)
+	l.settleDone = make(chan struct{})
+	go l.settler()
 	return l, nil
 }
 

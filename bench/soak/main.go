@@ -150,6 +150,9 @@ func soak(bin string, ops, churn, samples int) error {
 	end.ops = w.ops - startOps
 	fmt.Println(end.row("end"))
 	fmt.Printf("%d operations in %s\n", w.ops-startOps, time.Since(began).Round(time.Second))
+	if err := settledRow(daemon.Process.Pid, data, logPath, end.ops); err != nil {
+		return err
+	}
 	daemon.Process.Signal(syscall.SIGTERM)
 	if err := daemon.Wait(); err != nil {
 		return fmt.Errorf("the daemon's exit: %w (its log: %s)", err, logPath)
@@ -231,7 +234,27 @@ func churnCockpits(w *worker, pid int, data, logPath string, n int) error {
 		return err
 	}
 	fmt.Println(after.row("end"))
-	fmt.Printf("churn: %d cockpits in %s, every lease as it was\n\n", n, time.Since(began).Round(time.Second))
+	fmt.Printf("churn: %d cockpits in %s, every lease as it was\n", n, time.Since(began).Round(time.Second))
+	if err := settledRow(pid, data, logPath, 0); err != nil {
+		return err
+	}
+	fmt.Println()
+	return nil
+}
+
+// settled is how long an idle store takes to settle after writes (kv/settle.go: up to two polls
+// of 5 s, then 20 s before its freed memory goes back to the kernel), with a margin.
+const settled = 35 * time.Second
+
+// settledRow prints the figures once the store has settled.
+func settledRow(pid int, data, logPath string, ops int) error {
+	time.Sleep(settled)
+	f, err := measure(pid, data, logPath)
+	if err != nil {
+		return err
+	}
+	f.ops = ops
+	fmt.Println(f.row("settld"))
 	return nil
 }
 
@@ -369,7 +392,8 @@ func (w *worker) write(rel, content string) {
 	w.do("write", func(p string) error { return os.WriteFile(p, []byte(content), 0o644) }, rel)
 }
 
-// refusedWrite writes content in one write(2) and wants errno.
+// refusedWrite writes content in one write(2) and wants errno, from the write or, for a file the
+// daemon checks whole, from the close.
 func (w *worker) refusedWrite(rel, content string, errno syscall.Errno) {
 	w.do("write", func(p string) error {
 		f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
@@ -377,7 +401,9 @@ func (w *worker) refusedWrite(rel, content string, errno syscall.Errno) {
 			return err
 		}
 		_, werr := f.Write([]byte(content))
-		f.Close()
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
 		if !errors.Is(werr, errno) {
 			return fmt.Errorf("want %v, got %v", errno, werr)
 		}

@@ -1,0 +1,100 @@
+package kv
+
+import (
+	"path/filepath"
+	"runtime/debug"
+	"time"
+)
+
+// A store that was written and then left idle settles, so that what a burst of writes left
+// behind (3,000 cockpits of 60 KB configs made and removed: 100 MiB of tables and log segments on
+// disk, 300 MiB of RSS) does not stay for the rest of the daemon's life:
+//
+//   - once no commit has come for settleIdle, a checkpoint makes badger's files durable up to the
+//     last commit and moves badger's discard version up to it (every older version of a key, and
+//     a deleted key, may then be dropped), removes the log segments, and a compaction of level 0
+//     into the level below rewrites the tables it overlaps without what was dropped;
+//   - the caches of a store being written (pending's latest versions, the keys recently written
+//     that a conflict check looks up) are emptied: a map keeps the room of its busiest moment;
+//   - settleRelease later, once badger's pool of table builders has let go of the buffers the
+//     compactions grew (it frees one every 2 s it was not asked for one, and holds at most 8), the
+//     Go heap is collected and its free pages returned to the kernel (debug.FreeOSMemory): the
+//     collector would otherwise run only at its 2-minute tick, and the runtime return them over
+//     minutes after that.
+//
+// A store being written to all the time does none of this: the checkpoints every checkpointEvery
+// commits or checkpointSegments segments bound its log, and badger's own compactions its tables.
+var (
+	settleIdle    = 5 * time.Second
+	settleRelease = 20 * time.Second
+)
+
+// settler settles the store after each burst of commits, polling every settleIdle: a commit
+// path that armed a timer would pay for it on every commit. It ends when quit is closed.
+func (l *commitLog) settler() {
+	defer close(l.settleDone)
+	poll := time.NewTicker(settleIdle)
+	defer poll.Stop()
+	seen := l.sequenced.Load()
+	settled := seen // the last version sequenced when the store last settled
+	var release time.Time
+	for {
+		select {
+		case <-l.quit:
+			return
+		case <-poll.C:
+		}
+		if l.err() != nil {
+			return
+		}
+		now := l.sequenced.Load()
+		switch {
+		case now != seen: // commits since the last poll: not idle yet
+			seen = now
+		case now != settled:
+			if !l.settle() {
+				continue // a checkpoint or a flush was under way: the next poll tries again
+			}
+			settled = l.sequenced.Load() // past the settle's own checkpoint record
+			seen = settled
+			release = time.Now().Add(settleRelease)
+		case !release.IsZero() && time.Now().After(release):
+			release = time.Time{}
+			debug.FreeOSMemory()
+		}
+	}
+}
+
+// settle checkpoints and compacts level 0 away; false if a checkpoint was already running or
+// badger was still flushing a full memtable into level 0, whose table the compaction would miss.
+func (l *commitLog) settle() bool {
+	if mems, _ := filepath.Glob(filepath.Join(l.dir, "*.mem")); len(mems) > 1 {
+		return false // each memtable badger has yet to flush keeps its log
+	}
+	if !l.checkpointing.CompareAndSwap(false, true) {
+		return false
+	}
+	l.background.Add(1)
+	l.checkpoint()
+	if l.err() != nil {
+		return true
+	}
+	// Flatten compacts every level but the lowest one holding tables into it, through
+	// badger's own compaction (which keeps a version any read may still see): with the
+	// engine's few MiB of live data, level 0 and one level below.
+	if err := l.bdb.Flatten(1); err != nil {
+		l.bdb.Opts().Logger.Warningf("settling the store: %v", err)
+	}
+	l.pending.forget()
+	l.mu.Lock()
+	oldest := l.oldestRead()
+	recent := map[string]uint64{}
+	for key, ts := range l.recent {
+		if ts > oldest {
+			recent[key] = ts
+		}
+	}
+	l.recent = recent
+	l.mu.Unlock()
+	return true
+}
