@@ -60,18 +60,26 @@ func ProxyHost(cockpit, stack, entrypoint string) string {
 //
 // The stack's record, its lease and what listens are read afresh at every request. Which stacks
 // exist is looked up in an index of names folded to lower case, rebuilt from the store when a
-// name is missing from it (so a new stack is found at once) and at least every second (so a stack
-// made since, whose name differs from another's only in case, is seen to be ambiguous within a
-// second); a removed stack is gone at once, its record being read.
+// name missing from it names a stack as the host spells it (so a new stack with a lower-case name
+// is found at once; one with capitals within routeIndexMinAge) and at least every second (so a
+// stack made since, whose name differs from another's only in case, is seen to be ambiguous
+// within a second); a removed stack is gone at once, its record being read.
 func (e *Engine) ResolveRoute(host string) (Route, error) {
 	name, ok := strings.CutSuffix(strings.ToLower(strings.TrimSuffix(host, ".")), ".localhost")
 	if !ok || name == "" {
 		return Route{State: RouteUnknown, Message: fmt.Sprintf("%q is not a stack's name", host),
 			Fix: "open http://<entrypoint>.<stack>.<cockpit>.localhost:<proxy port>/"}, nil
 	}
-	found, err := e.resolveIn(name, false)
+	found, err := e.resolveIn(name, indexAsIs)
 	if err == nil && len(found) == 0 {
-		found, err = e.resolveIn(name, true)
+		// A stack made since the index was built: one whose name is as the host spells it (lower
+		// case) is read by that name, and found at once; another is found by a rebuild at most
+		// every routeIndexMinAge.
+		rebuild := indexIfOld
+		if e.namedExactly(name) {
+			rebuild = indexNow
+		}
+		found, err = e.resolveIn(name, rebuild)
 	}
 	if err != nil {
 		return Route{}, err
@@ -98,9 +106,9 @@ func (e *Engine) ResolveRoute(host string) (Route, error) {
 }
 
 // resolveIn reads the route of every stack name (lower-cased, "<entrypoint>.<stack>.<cockpit>")
-// may mean, by the route index (rebuilt first when fresh).
-func (e *Engine) resolveIn(name string, fresh bool) ([]Route, error) {
-	idx, err := e.routes.get(e, fresh)
+// may mean, by the route index (rebuilt first as rebuild says).
+func (e *Engine) resolveIn(name string, rebuild indexRebuild) ([]Route, error) {
+	idx, err := e.routes.get(e, rebuild)
 	if err != nil {
 		return nil, err
 	}
@@ -129,6 +137,29 @@ func (e *Engine) resolveIn(name string, fresh bool) ([]Route, error) {
 	return found, nil
 }
 
+// namedExactly says a stack exists whose cockpit and name are spelled in name
+// ("<entrypoint>.<stack>.<cockpit>") as they are, split at some dots.
+func (e *Engine) namedExactly(name string) bool {
+	labels := strings.Split(name, ".")
+	for j := 2; j < len(labels); j++ {
+		for i := 1; i < j; i++ {
+			if _, err := e.Stack(strings.Join(labels[j:], "."), strings.Join(labels[i:j], ".")); err == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// indexRebuild says when routeIndexes.get builds the index anew.
+type indexRebuild int
+
+const (
+	indexAsIs  indexRebuild = iota // when older than routeIndexMaxAge
+	indexIfOld                     // when older than routeIndexMinAge: a name was missing
+	indexNow                       // a name was missing that the store has
+)
+
 // routeIndex is every stack by its cockpit's and its own name folded to lower case
 // ("cockpit/stack"), as of built.
 type routeIndex struct {
@@ -152,12 +183,12 @@ const (
 	routeIndexMinAge = 50 * time.Millisecond
 )
 
-func (x *routeIndexes) get(e *Engine, fresh bool) (*routeIndex, error) {
+func (x *routeIndexes) get(e *Engine, rebuild indexRebuild) (*routeIndex, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.cur != nil {
+	if x.cur != nil && rebuild != indexNow {
 		age := time.Since(x.cur.built)
-		if age < routeIndexMinAge || !fresh && age < routeIndexMaxAge {
+		if age < routeIndexMinAge || rebuild == indexAsIs && age < routeIndexMaxAge {
 			return x.cur, nil
 		}
 	}
