@@ -3,8 +3,11 @@ package fs
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -194,13 +197,38 @@ func (d *dir) replacementEntry(r *replacement) (entry, bool) {
 		node: &replacementFile{scratchFile: scratchFile{fsys: d.fsys, path: path, s: r.doc}, cockpit: d.cockpit, r: r}}, true
 }
 
-// unlinkConfig is an unlink of config: a replacement begins (see above).
+// unlinkConfig is an unlink of config: a replacement begins (see above), unless the caller is a
+// program that only removes (rm, unlink(1)): config cannot be removed, and telling rm it was
+// would report success for what is never applied.
 func (d *dir) unlinkConfig(ctx context.Context) syscall.Errno {
 	c := caller(ctx, "unlink", d.child("config"))
+	if removerOnly(c.PID) {
+		return d.fsys.fail(c, d.cockpit, "", &engine.Refusal{Code: engine.Unsupported,
+			Message: d.child("config") + " cannot be removed: a cockpit's config is replaced, not removed",
+			Fix:     "write the new document onto config (cp new.toml config), or rmdir the cockpit to end it"})
+	}
 	if err := d.beginReplacement(c); err != nil {
 		return d.fsys.fail(c, d.cockpit, "", err)
 	}
 	return 0
+}
+
+// removerOnly says pid runs a program whose unlink of a file is the whole of what it does to it
+// (rm, unlink), as its name in /proc says: unlike install, mv or an editor, it will not create
+// the file again.
+func removerOnly(pid int) bool {
+	if pid == 0 {
+		return false
+	}
+	comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	if err != nil {
+		return false
+	}
+	switch strings.TrimSpace(string(comm)) {
+	case "rm", "unlink":
+		return true
+	}
+	return false
 }
 
 // renameConfigAside is a rename of config to a backup name: the backup is a scratch file of the

@@ -220,11 +220,27 @@ open(sys.argv[2], "x").write("never")' `+fifo+" $M/app/config")
 		}
 		m.ok("rm $M/app/config~")
 	})
-	// rm takes config away and exits: it exits 0 (the removal was accepted as a replacement's
-	// start), config stays, and the events line says so.
+	// rm only removes: it is refused where it is typed, config stays, one events line.
 	t.Run("rm config", func(t *testing.T) {
 		n := claimsEventCount(m, "app/events")
-		m.ok("rm $M/app/config")
+		m.refused("rm $M/app/config", syscall.EPERM)
+		if got := claimsEventCount(m, "app/events"); got != n+1 {
+			t.Fatalf("%d events lines", got-n)
+		}
+		ev := claimsRefusalEvent(t, m, "app/events", "UNSUPPORTED_OPERATION", "EPERM")
+		if ev["op"] != "unlink" || !strings.Contains(ev["fix"].(string), "cp new.toml config") {
+			t.Fatalf("events line %v", ev)
+		}
+		if got := m.ok("cat $M/app/config; ls $M/app | grep -x config"); got != old+"config\n" {
+			t.Fatalf("config after rm:\n%s", got)
+		}
+	})
+	// A script that takes config away and exits without writing it again: config stays, and the
+	// events line says the replacement was abandoned.
+	t.Run("taken away and abandoned", func(t *testing.T) {
+		testtool.Need(t, "python3")
+		n := claimsEventCount(m, "app/events")
+		m.ok(`python3 -c 'import os, sys; os.unlink(sys.argv[1])' $M/app/config`)
 		waitFor(t, func() string { return "an events line" }, func() bool { return claimsEventCount(m, "app/events") == n+1 })
 		ev := claimsRefusalEvent(t, m, "app/events", "WRITE_ABANDONED", "ECANCELED")
 		if ev["op"] != "unlink" || !strings.Contains(ev["fix"].(string), "replaced, not removed") {
@@ -304,8 +320,8 @@ func TestToolsConfigReplacementBounds(t *testing.T) {
 		sources = append(sources, replaceWriterWaits(t, fifo))
 	}
 	n := claimsEventCount(m, "app/events")
-	r := m.sh("rm $M/app/config")
-	if r.Code == 0 || !strings.Contains(strings.ToLower(r.Stderr), syscall.ENOSPC.Error()) {
+	r := m.sh(`python3 -c 'import os, sys; os.unlink(sys.argv[1])' $M/app/config`)
+	if r.Code == 0 || !strings.Contains(strings.ToLower(r.Stderr), strings.ToLower(syscall.ENOSPC.Error())) {
 		t.Fatalf("a 17th replacement: exit %d, stderr %q", r.Code, r.Stderr)
 	}
 	if got := claimsEventCount(m, "app/events"); got != n+1 || m.read("app/config") != good {
