@@ -105,6 +105,31 @@ func assembleRecord(tx storage.Txn, key string, head []byte) (cachedRecord, erro
 	return withHolders(key, head, found)
 }
 
+// recordsOf is recordOf for each of heads (stack key → head): the cached record of each head whose
+// bytes it holds, and the others assembled with one scan of the holders under prefix (none when
+// every one is cached), so a read of every stack (status) decodes only what changed since.
+func (e *Engine) recordsOf(tx storage.Txn, prefix string, heads map[string][]byte) (map[string]cachedRecord, map[string]error, error) {
+	records, missing := make(map[string]cachedRecord, len(heads)), map[string][]byte{}
+	for key, head := range heads {
+		if r, ok := e.records.decoded(key, head); ok {
+			records[key] = r
+		} else {
+			missing[key] = head
+		}
+	}
+	if len(missing) == 0 {
+		return records, map[string]error{}, nil
+	}
+	assembled, failed, err := assembleRecords(tx, prefix, missing)
+	if err != nil {
+		return nil, nil, err
+	}
+	for key, r := range assembled {
+		records[key] = r
+	}
+	return records, failed, nil
+}
+
 // assembleRecords is assembleRecord for each of heads (stack key → head), with one scan of the
 // holders' keys under prefix (allHoldersPrefix, or cockpitHoldersPrefix): a shared store answers
 // one range read, not one per stack. A record that does not assemble gets its error in failed.

@@ -92,7 +92,7 @@ func (e *Engine) Status() (Status, error) {
 			}); err != nil {
 				return err
 			}
-			records, failed, err := assembleRecords(tx, cockpitHoldersPrefix(m.Name), heads)
+			records, failed, err := e.recordsOf(tx, cockpitHoldersPrefix(m.Name), heads)
 			if err != nil {
 				return err
 			}
@@ -140,12 +140,14 @@ func (e *Engine) stackStatus(r Record, info CockpitInfo) stackStatus {
 	if l := r.Value.Lease; l.Active() {
 		s.Ports = l.Ports
 	}
-	for _, ep := range r.Entrypoints(info.Entrypoints) {
-		if u := info.ProxiedURL(r.Stack, ep.Name, ep.URL); u != "" {
-			if s.Proxied == nil {
-				s.Proxied = map[string]string{}
+	if info.proxy != nil { // else no entrypoint has a proxied URL: derive none
+		for _, ep := range r.Entrypoints(info.Entrypoints) {
+			if u := info.ProxiedURL(r.Stack, ep.Name, ep.URL); u != "" {
+				if s.Proxied == nil {
+					s.Proxied = map[string]string{}
+				}
+				s.Proxied[ep.Name] = u
 			}
-			s.Proxied[ep.Name] = u
 		}
 	}
 	for _, h := range r.Value.Holders {
