@@ -361,12 +361,11 @@ func segmentsIn(t *testing.T, dir string) []uint64 {
 func TestCheckpointRemovesSegments(t *testing.T) {
 	t.Parallel()
 	db, dir := openTemp(t)
-	big := strings.Repeat("v", 200<<10) // 20 a segment
+	// 50 commits of 200 KiB fill five segments (10 a segment): the checkpoints the rotations
+	// brought (checkpointSegments) may have removed some already, and this one removes the rest.
+	big := strings.Repeat("v", 200<<10)
 	for i := range 50 {
 		set(t, db, fmt.Sprint("k", i), big)
-	}
-	if n := len(segmentsIn(t, dir)); n < 3 {
-		t.Fatalf("%d segments after 50 commits of 200 KiB, want ≥ 3", n)
 	}
 	checkpointNow(t, db)
 	db.log.background.Wait() // the spare
