@@ -316,7 +316,11 @@ func TestProxyPortTaken(t *testing.T) {
 	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
 	// A second daemon in the same namespace cannot serve the same proxy port.
 	dir := t.TempDir()
-	cmd := exec.Command(binary, "mount", "--data", filepath.Join(dir, "data"), "--proxy", strconv.Itoa(proxyPort), filepath.Join(dir, "mnt"))
+	// Bounded, and detached after: a mount that wrongly served would otherwise hang the test.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	t.Cleanup(func() { detach(filepath.Join(dir, "mnt")) })
+	cmd := exec.CommandContext(ctx, binary, "mount", "--data", filepath.Join(dir, "data"), "--proxy", strconv.Itoa(proxyPort), filepath.Join(dir, "mnt"))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := m.ns.Do(cmd.Run)
@@ -371,7 +375,9 @@ func TestProxyHTTPS(t *testing.T) {
 	if err := os.Chmod(key, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	again := exec.Command(binary, "mount", "--data", m.Data, "--proxy", strconv.Itoa(proxyPort), "--proxy-https", m.Dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a mount that wrongly served would hang
+	defer cancel()
+	again := exec.CommandContext(ctx, binary, "mount", "--data", m.Data, "--proxy", strconv.Itoa(proxyPort), "--proxy-https", m.Dir)
 	var out bytes.Buffer
 	again.Stdout, again.Stderr = &out, &out
 	if err := m.ns.Do(again.Run); err == nil || !strings.Contains(out.String(), "is readable by others") || mounted(m.Dir) {

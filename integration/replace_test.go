@@ -2,7 +2,6 @@ package integration
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -61,18 +60,9 @@ with open(p) as old:
 			if strings.HasPrefix(tc.script, "python3") {
 				testtool.Need(t, "python3")
 			}
-			from, to := port, port+1
+			from := port
+			editApplied(t, m, tc.script, from, from+1)
 			port++
-			script := strings.NewReplacer("FROM", fmt.Sprint(from), "TO", fmt.Sprint(to)).Replace(tc.script)
-			n := claimsEventCount(m, "app/events")
-			m.ok(script)
-			if got, want := m.read("app/config"), toolsConfig(to); got != want {
-				t.Fatalf("config = %q, want %q", got, want)
-			}
-			lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
-			if len(lines) != 1 || !strings.Contains(lines[0], `"result":"ok"`) {
-				t.Fatalf("want the document applied once, events:\n%s", strings.Join(lines, "\n"))
-			}
 			if tc.backup != "" {
 				if got := m.read("app", tc.backup); got != toolsConfig(from) {
 					t.Fatalf("%s = %q, want the document config had, %q", tc.backup, got, toolsConfig(from))

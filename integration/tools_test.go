@@ -458,22 +458,28 @@ with open(sys.argv[1], "w", buffering=1) as f:
 		{"nano", "python3 " + toolsHelper(t, "pty-keys.py") + ` '\x1c|FROM\r|TO\r|a|\x0f|\r|\x18' nano $M/app/config || true`}, // judged by what it saved
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			from, to := port, port+1
+			editApplied(t, m, tc.script, port, port+1)
 			port++
-			script := strings.NewReplacer("FROM", fmt.Sprint(from), "TO", fmt.Sprint(to)).Replace(tc.script)
-			n := claimsEventCount(m, "app/events")
-			m.ok(script)
-			if got, want := m.read("app/config"), toolsConfig(to); got != want {
-				t.Fatalf("config = %q, want %q", got, want)
-			}
-			lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
-			if len(lines) != 1 || !strings.Contains(lines[0], `"result":"ok"`) {
-				t.Fatalf("want the document applied once, events:\n%s", strings.Join(lines, "\n"))
-			}
 			if got := m.ok("ls -a $M/app"); got != ".\n..\nconfig\nevents\nstacks\n" {
 				t.Fatalf("ls -a after the edit:\n%s", got)
 			}
 		})
+	}
+}
+
+// editApplied runs an edit of app/config (script, its FROM and TO the ports from and to) and
+// checks it ends with config the document of port to, applied once: one ok events line.
+func editApplied(t *testing.T, m *mount, script string, from, to int) {
+	t.Helper()
+	script = strings.NewReplacer("FROM", fmt.Sprint(from), "TO", fmt.Sprint(to)).Replace(script)
+	n := claimsEventCount(m, "app/events")
+	m.ok(script)
+	if got, want := m.read("app/config"), toolsConfig(to); got != want {
+		t.Fatalf("config = %q, want %q", got, want)
+	}
+	lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
+	if len(lines) != 1 || !strings.Contains(lines[0], `"result":"ok"`) {
+		t.Fatalf("want the document applied once, events:\n%s", strings.Join(lines, "\n"))
 	}
 }
 
