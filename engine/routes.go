@@ -66,6 +66,13 @@ func ProxyHost(cockpit, stack, entrypoint string) string {
 // within a second); a removed stack is gone at once, its record being read.
 func (e *Engine) ResolveRoute(host string) (Route, error) {
 	name, ok := strings.CutSuffix(strings.ToLower(strings.TrimSuffix(host, ".")), ".localhost")
+	// Three names of at most maxNameBytes and their dots: anything longer names no stack, and is
+	// not split every way (a host of thousands of dots from any local user would cost the
+	// daemon a store read per split).
+	if ok && len(name) > 3*maxNameBytes+2 {
+		return Route{State: RouteUnknown, Message: fmt.Sprintf("a host name of %d bytes is longer than any stack's", len(host)),
+			Fix: "open http://<entrypoint>.<stack>.<cockpit>.localhost:<proxy port>/"}, nil
+	}
 	if !ok || name == "" {
 		return Route{State: RouteUnknown, Message: fmt.Sprintf("%q is not a stack's name", host),
 			Fix: "open http://<entrypoint>.<stack>.<cockpit>.localhost:<proxy port>/"}, nil
@@ -142,8 +149,12 @@ func (e *Engine) resolveIn(name string, rebuild indexRebuild) ([]Route, error) {
 func (e *Engine) namedExactly(name string) bool {
 	labels := strings.Split(name, ".")
 	for j := 2; j < len(labels); j++ {
+		cockpit := strings.Join(labels[j:], ".")
+		if _, err := e.Cockpit(cockpit); err != nil {
+			continue // the stacks of no cockpit are worth a read
+		}
 		for i := 1; i < j; i++ {
-			if _, err := e.Stack(strings.Join(labels[j:], "."), strings.Join(labels[i:j], ".")); err == nil {
+			if _, err := e.Stack(cockpit, strings.Join(labels[i:j], ".")); err == nil {
 				return true
 			}
 		}

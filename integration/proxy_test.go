@@ -216,6 +216,10 @@ func TestProxyAnswers(t *testing.T) {
 	if body, code := m.curl(url("http.late", "/")); code != 404 || routeState(t, body)["state"] != "unknown" {
 		t.Fatalf("a stack removed a moment ago: %d %s", code, body)
 	}
+	// A host no stack's name can be as long as (thousands of dots) is unknown at once.
+	if body, code := m.curl("-H", "Host: "+strings.Repeat("a.", 2000)+"app.localhost", fmt.Sprintf("http://127.0.0.1:%d/", proxyPort)); code != 404 || !strings.Contains(routeState(t, body)["message"].(string), "longer than any stack's") {
+		t.Fatalf("a host of 2,000 dots: %d %s", code, body)
+	}
 	// A browser's request gets a page that reloads itself while the stack may come back.
 	out, _ := m.curl("-i", "-H", "Accept: text/html", url("http.idle", "/"))
 	if !strings.Contains(out, "Refresh: 2") || !strings.Contains(out, `data-state="no-lease"`) {
