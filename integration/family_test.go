@@ -27,7 +27,10 @@ func TestClaimsSameFamilyAfterDrain(t *testing.T) {
 	if got := m.ok("ls $M/ports"); got != "" {
 		t.Fatalf("ports after both drains: %q", got)
 	}
-	m.restart()
+	// A clean restart: restart() is for a killed daemon, and beside a live one the new daemon
+	// could start before the old one, lazily detached, had let the data directory go.
+	m.Stop()
+	m.start(m.args...)
 	m.ok("touch $M/app/stacks/s/holders/me")
 	if got := m.read("app/stacks/s/ports/HTTP"); got != "51290\n" {
 		t.Fatalf("s claimed again %q, want its previous 51290 (51280 is the first free)", got)

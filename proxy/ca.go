@@ -74,8 +74,9 @@ func LoadCA(dir string) (*CA, error) {
 	return &CA{cert: cert, key: key, leaves: map[string]*tls.Certificate{}}, nil
 }
 
-// makeCA writes a new CA: the key first (0600, never replaced), then the certificate, each whole
-// (temp file, rename) so a killed daemon leaves either no CA or a whole one.
+// makeCA writes a new CA: the key first (0600), then the certificate, each whole (temp file,
+// rename). A daemon killed between the two leaves a key without a certificate, which LoadCA takes
+// for no CA: the next mount makes a new pair.
 func makeCA(certPath, keyPath string) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
