@@ -180,6 +180,7 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	signal.Notify(signals, stopSignals...)
 	signal.Ignore(syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGPIPE)
 	syscall.Umask(daemonUmask)
+	boundHeap()
 	if os.Geteuid() != 0 {
 		if _, lerr := exec.LookPath("fusermount3"); lerr != nil {
 			if _, lerr := exec.LookPath("fusermount"); lerr != nil {

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync/atomic"
+)
+
+// The daemon's heap is bounded by a soft memory limit that follows what is live: at least
+// heapFloor, else one and a half times the live heap of the last collection. Go's default lets
+// the heap grow to twice what is live (GOGC=100), and a burst — badger's compactions after
+// 3,000 churned configs, 10,000 stacks made in a row — then peaks at 115 MiB and leaves the
+// runtime's metadata of that peak behind (docs/integrity.md, "Staying bounded"). A fixed limit
+// would do the same for a small store but make the collector run without pause, up to half the
+// CPU, once a large store's live heap passed it; following the live heap, the limit always
+// leaves a third of the heap's room to allocate in before the next collection.
+const heapFloor = 64 << 20
+
+// heapBound counts boundHeap's calls: the cleanups a call set going stop once a later call
+// replaced them.
+var heapBound atomic.Uint64
+
+// boundHeap sets the limit and keeps it following the live heap. A GOMEMLIMIT in the daemon's
+// environment is the user's choice and left alone.
+func boundHeap() {
+	bound := heapBound.Add(1)
+	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
+		return
+	}
+	debug.SetMemoryLimit(heapFloor)
+	afterNextGC(bound)
+}
+
+// gcMark is an allocation that lives until the next collection, whose cleanup then runs.
+type gcMark struct{ _ *byte }
+
+// afterNextGC sets the limit once the next collection found the live heap, and again after each
+// one after it. Cleanups run one at a time on the runtime's own goroutine: this one reads one
+// metric and sets the limit.
+func afterNextGC(bound uint64) {
+	runtime.AddCleanup(&gcMark{}, func(struct{}) {
+		if heapBound.Load() != bound {
+			return
+		}
+		live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		metrics.Read(live)
+		debug.SetMemoryLimit(heapLimit(live[0].Value.Uint64()))
+		afterNextGC(bound)
+	}, struct{}{})
+}
+
+// heapLimit is the soft memory limit for a live heap of live bytes.
+func heapLimit(live uint64) int64 {
+	return max(heapFloor, int64(live/2*3))
+}
