@@ -77,8 +77,11 @@ func refuse(code Code, target, fix, format string, args ...any) *Refusal {
 
 // AsRefusal extracts the refusal from err, so callers always have a code to report: a stored value
 // that does not decode is STATE_RECORD_MALFORMED, any other error the store's failing
-// (STATE_ROOT_UNAVAILABLE).
+// (STATE_ROOT_UNAVAILABLE). No error is no refusal: nil.
 func AsRefusal(err error) *Refusal {
+	if err == nil {
+		return nil
+	}
 	var r *Refusal
 	if errors.As(err, &r) {
 		return r

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -91,5 +92,26 @@ func TestRecordByteLimit(t *testing.T) {
 	// which badger keeps it in its value log, which is never reclaimed.
 	if _, _, largest := storedLayout(t, e.db, "app", "s"); largest > 64<<10 {
 		t.Fatalf("a value of %d bytes is stored, more than 64 KiB", largest)
+	}
+}
+
+// TestAsRefusal: no error is no refusal (it once called nil.Error() and panicked); a store's
+// errors each get their code.
+func TestAsRefusal(t *testing.T) {
+	if r := AsRefusal(nil); r != nil {
+		t.Errorf("AsRefusal(nil) = %v, want nil", r)
+	}
+	for _, c := range []struct {
+		err  error
+		want Code
+	}{
+		{storage.ErrLocked, StateLocked},
+		{malformedValue{errors.New("bad")}, StateRecordMalformed},
+		{errors.New("disk gone"), StateRootUnavailable},
+		{refuse(NotFound, "x", "", "no"), NotFound},
+	} {
+		if r := AsRefusal(c.err); r == nil || r.Code != c.want {
+			t.Errorf("AsRefusal(%v) = %v, want code %s", c.err, r, c.want)
+		}
 	}
 }
