@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
 )
 
@@ -76,7 +77,7 @@ func (s *Server) mountErr(events string, err error) error {
 
 // lastRefusal is the last refusal of this process's in the events file, if it has errno's name.
 func (s *Server) lastRefusal(events string, errno syscall.Errno) *toolError {
-	data, err := os.ReadFile(events)
+	data, err := fusefile.ReadFile(events)
 	if err != nil {
 		return nil
 	}
@@ -175,7 +176,7 @@ func (s *Server) missingStack(r stackRef) error {
 // ports' keys upper-case (docs/spec.md §2), the lease's own fields lower-case. One file, where
 // ports/ takes a listing and a read per key.
 func readLease(path string) (map[string]int, error) {
-	data, err := os.ReadFile(path)
+	data, err := fusefile.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return map[string]int{}, nil
 	}
@@ -197,7 +198,7 @@ func readLease(path string) (map[string]int, error) {
 
 // readEnv reads a stack's env file: KEY=value lines. A stack without a lease has none.
 func readEnv(path string) (map[string]string, error) {
-	f, err := os.Open(path)
+	f, err := fusefile.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return map[string]string{}, nil
 	}
@@ -226,7 +227,7 @@ type Entrypoint struct {
 // readEntrypoints reads entrypoints.json: none without a lease, or while the config's
 // entrypoints refer to keys the lease lacks.
 func readEntrypoints(path string) ([]Entrypoint, error) {
-	data, err := os.ReadFile(path)
+	data, err := fusefile.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return []Entrypoint{}, nil
 	}
@@ -268,7 +269,7 @@ func (s *Server) readHolders(dir string) ([]Holder, error) {
 	}
 	holders := []Holder{}
 	for _, e := range entries {
-		data, err := os.ReadFile(filepath.Join(dir, "holders", e.Name()))
+		data, err := fusefile.ReadFile(filepath.Join(dir, "holders", e.Name()))
 		if errors.Is(err, os.ErrNotExist) {
 			continue // released between the listing and the read
 		}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
+	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -67,7 +68,7 @@ func (s *Server) check(port int) (PortCheck, error) {
 		return PortCheck{}, &toolError{Errno: "EINVAL", Message: fmt.Sprintf("port %d is not a TCP port", port), Fix: "1-65535"}
 	}
 	c := PortCheck{Port: port}
-	data, err := os.ReadFile(filepath.Join(s.mount, "ports", strconv.Itoa(port)))
+	data, err := fusefile.ReadFile(filepath.Join(s.mount, "ports", strconv.Itoa(port)))
 	switch {
 	case err == nil:
 		l := parseLeased(port, string(data))
@@ -156,7 +157,7 @@ func (s *Server) ports(ctx context.Context, _ *mcp.CallToolRequest, _ Empty) (*m
 		if err != nil {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		data, err := fusefile.ReadFile(filepath.Join(dir, e.Name()))
 		if errors.Is(err, os.ErrNotExist) {
 			continue // released between the listing and the read
 		}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 )
 
 // StackArgs name a stack; both default (the server's --cockpit, the stack of its working
@@ -84,7 +86,7 @@ func (s *Server) claim(ctx context.Context, _ *mcp.CallToolRequest, in StackArgs
 	dir := s.stackDir(r)
 	path := filepath.Join(dir, "holders", s.opts.Holder)
 	self := []byte("pid=" + strconv.Itoa(s.pid) + "\n")
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := fusefile.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if errors.Is(err, os.ErrNotExist) {
 		// No such stack yet: made, then claimed.
 		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
@@ -93,7 +95,7 @@ func (s *Server) claim(ctx context.Context, _ *mcp.CallToolRequest, in StackArgs
 			}
 			return nil, Lease{}, s.mountErr(filepath.Join(s.cockpitDir(r), "events"), err)
 		}
-		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		f, err = fusefile.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	}
 	if errors.Is(err, os.ErrExist) {
 		// The session's own holder: a second claim, or the first one's create retried after
@@ -107,7 +109,7 @@ func (s *Server) claim(ctx context.Context, _ *mcp.CallToolRequest, in StackArgs
 			return nil, Lease{}, &toolError{Errno: "EEXIST", Message: fmt.Sprintf("holder %s of %s/%s is held by the live process %d", s.opts.Holder, r.cockpit, r.stack, h.PID),
 				Fix: "start cockpitfs mcp with another --holder"}
 		default:
-			f, err = os.OpenFile(path, os.O_WRONLY, 0)
+			f, err = fusefile.OpenFile(path, os.O_WRONLY, 0)
 		}
 	}
 	if f != nil {
@@ -246,7 +248,7 @@ func (s *Server) status(ctx context.Context, _ *mcp.CallToolRequest, _ Empty) (*
 	if err := s.served(); err != nil {
 		return nil, Status{}, err
 	}
-	data, err := os.ReadFile(filepath.Join(s.mount, "status.json"))
+	data, err := fusefile.ReadFile(filepath.Join(s.mount, "status.json"))
 	if err != nil {
 		return nil, Status{}, s.mountErr("", err)
 	}
@@ -294,7 +296,7 @@ func (s *Server) drain(ctx context.Context, _ *mcp.CallToolRequest, in DrainArgs
 		words = append(words, "holder="+s.opts.Holder)
 	}
 	req := filepath.Join(dir, "drain", "request")
-	f, err := os.OpenFile(req, os.O_WRONLY, 0)
+	f, err := fusefile.OpenFile(req, os.O_WRONLY, 0)
 	if err == nil {
 		_, err = f.Write([]byte(strings.Join(words, " ") + "\n"))
 		if cerr := f.Close(); err == nil {
@@ -312,7 +314,7 @@ func (s *Server) drain(ctx context.Context, _ *mcp.CallToolRequest, in DrainArgs
 		file string
 		into *map[string]any
 	}{{"request", &d.Request}, {"attempt", &d.Attempt}} {
-		data, err := os.ReadFile(filepath.Join(dir, "drain", part.file))
+		data, err := fusefile.ReadFile(filepath.Join(dir, "drain", part.file))
 		if err != nil {
 			return nil, Drain{}, s.mountErr(filepath.Join(dir, "events"), err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
+	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 )
 
 // execCommand holds a stack for a command's lifetime (docs/spec.md §4, "Holding a stack for a
@@ -77,7 +78,7 @@ func execCommand(args []string) error {
 	}
 	// The holder lives as long as the command itself from now on, and says so before the
 	// command runs.
-	if err := os.WriteFile(holderPath, []byte("pid="+strconv.Itoa(cmd.Process.Pid)+"\n"), 0); err != nil {
+	if err := fusefile.WriteFile(holderPath, []byte("pid="+strconv.Itoa(cmd.Process.Pid)+"\n"), 0); err != nil {
 		fmt.Fprintf(os.Stderr, "cockpitfs: exec: %s keeps this process's pid: %v\n", holderPath, mountGone(holderPath, err))
 	}
 	gate.Close()
@@ -146,13 +147,13 @@ func defaultHolderName() string {
 // runs). An existing holder of that name is taken over only when its process is gone.
 func claimForExec(stack, holderPath string) error {
 	self := []byte("pid=" + strconv.Itoa(os.Getpid()) + "\n")
-	f, err := os.OpenFile(holderPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := fusefile.OpenFile(holderPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if errors.Is(err, os.ErrExist) {
 		state, pid := holderState(holderPath)
 		if state == "live" {
 			return fmt.Errorf("%s is held by the live process %s: choose another name with --holder", holderPath, pid)
 		}
-		f, err = os.OpenFile(holderPath, os.O_WRONLY, 0)
+		f, err = fusefile.OpenFile(holderPath, os.O_WRONLY, 0)
 	}
 	if err != nil {
 		return claimError(stack, err)
@@ -169,7 +170,7 @@ func claimForExec(stack, holderPath string) error {
 
 // claimError adds the refusal's message and fix from the stack's events file to the errno.
 func claimError(stack string, err error) error {
-	data, rerr := os.ReadFile(filepath.Join(stack, "events"))
+	data, rerr := fusefile.ReadFile(filepath.Join(stack, "events"))
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
 	if rerr != nil || len(lines) == 0 {
 		return fmt.Errorf("claim: %w", err)
@@ -197,7 +198,7 @@ func jsonField(line, key string) string {
 
 // holderState reads state= and pid= of a holder file.
 func holderState(path string) (state, pid string) {
-	data, err := os.ReadFile(path)
+	data, err := fusefile.ReadFile(path)
 	if err != nil {
 		return "", ""
 	}
@@ -243,7 +244,7 @@ func mountGone(path string, err error) error {
 // decide what to run or load (PATH, LD_PRELOAD …: portdecl.CheckExported) is never set, whatever
 // served the file: it is named on stderr and the caller's value stays.
 func readEnv(path string) ([]string, error) {
-	f, err := os.Open(path)
+	f, err := fusefile.Open(path)
 	if err != nil {
 		return nil, err
 	}

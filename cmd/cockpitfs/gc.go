@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 )
 
 // gcCommand drains the stale stacks of a mount through its gc file (docs/worktrees.md): the
@@ -27,7 +29,7 @@ func gcCommand(args []string) error {
 		mnt = positional[0]
 	}
 	file := filepath.Join(mnt, "gc")
-	listing, err := os.ReadFile(file)
+	listing, err := fusefile.ReadFile(file)
 	if err != nil {
 		return err
 	}
@@ -41,7 +43,7 @@ func gcCommand(args []string) error {
 	}
 	// The daemon drains what is stale, and yours, when it reads the command: each stack's events
 	// say what it did, and the list read again says which are drained.
-	f, err := os.OpenFile(file, os.O_WRONLY, 0)
+	f, err := fusefile.OpenFile(file, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
@@ -54,7 +56,7 @@ func gcCommand(args []string) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("gc: %w (each stack's events say why)", err)
 	}
-	after, err := os.ReadFile(file)
+	after, err := fusefile.ReadFile(file)
 	if err != nil {
 		return err
 	}
