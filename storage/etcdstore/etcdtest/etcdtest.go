@@ -433,3 +433,20 @@ func (c *Cluster) RestoreFrom(path string) {
 	}
 	c.RestartAll()
 }
+
+// Replace stops every member and starts a new, empty cluster in their place, as a cluster rebuilt
+// behind the same addresses is: the same names, peers and endpoints, new data directories and a
+// new cluster token, so new member ids and another cluster id.
+func (c *Cluster) Replace() {
+	c.t.Helper()
+	for i := range c.configs {
+		c.Stop(i)
+	}
+	root := c.t.TempDir()
+	for _, cfg := range c.configs {
+		cfg.Dir = filepath.Join(root, cfg.Name)
+		cfg.InitialClusterToken += "-replaced"
+		cfg.ClusterState = embed.ClusterStateFlagNew
+	}
+	c.RestartAll()
+}
