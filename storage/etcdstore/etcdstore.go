@@ -115,6 +115,9 @@ type Store struct {
 	// revoked, once set, fails every read and commit: the store was restored from an older
 	// snapshot or replaced, and nothing this process holds of it can be trusted.
 	revoked atomic.Pointer[error]
+	// progress says whether the members answer a progress request in order with the watch's
+	// events (progress.go): only then does the cache ask for and take progress notifications.
+	progress bool
 	// announcements are the keys Announce keeps, by key: *announcement.
 	announcements sync.Map
 	// closing ends the watch when the store closes.
@@ -163,6 +166,7 @@ func Open(cfg Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
+	s.progress = progressTrusted(cli, cfg.Endpoints, budget)
 	go s.follow()
 	return s, nil
 }
@@ -204,10 +208,12 @@ func (s *Store) Watch(prefix string, fn func(key string)) error {
 	if err != nil {
 		return fmt.Errorf("etcd watch %s: %w", full, s.describe(err))
 	}
-	if watching := s.watching.Load(); watching != nil {
+	bound := catchUp // no progress request: a revision moved outside the prefix brings no event
+	if watching := s.watching.Load(); watching != nil && s.progress {
 		_ = s.cli.RequestProgress(*watching)
+		bound = s.budget
 	}
-	s.cache.await(ctx, resp.Header.Revision, s.budget)
+	s.cache.await(ctx, resp.Header.Revision, bound)
 	s.cache.subscribe(full, func(key string) {
 		if key != "" {
 			key = strings.TrimPrefix(key, s.prefix)
@@ -385,13 +391,13 @@ func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
 
 // pinAtLeast pins the cache once it is complete through rev. A revision past the cache's with no
 // event on its way (a commit outside the prefix moved it) is confirmed by a progress request on
-// the watch's stream. While the watch is cut off (a member went away), reads stop waiting for it
+// the watch's stream, where the members answer one in order (progress.go). While the watch is cut off (a member went away), reads stop waiting for it
 // after the first one that waited in vain.
 func (s *Store) pinAtLeast(rev int64) (int64, bool) {
 	if at, ok := s.cache.pin(rev); ok {
 		return at, true
 	}
-	if watching := s.watching.Load(); watching != nil {
+	if watching := s.watching.Load(); watching != nil && s.progress {
 		_ = s.cli.RequestProgress(*watching)
 	}
 	if s.cache.lagging() {
@@ -667,7 +673,7 @@ func (s *Store) follow() {
 			switch {
 			case len(resp.Events) > 0:
 				notify(s.cache.apply(resp.Events, resp.Events[len(resp.Events)-1].Kv.ModRevision))
-			case resp.IsProgressNotify():
+			case resp.IsProgressNotify() && s.progress:
 				notify(s.cache.apply(nil, resp.Header.Revision))
 			}
 		}
