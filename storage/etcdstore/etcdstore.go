@@ -496,13 +496,15 @@ func (s *Store) tryOptimistic(ctx context.Context, fn func(storage.Txn) error) (
 
 // confirm asks etcd whether every key and range t read is still as t read it, in one
 // linearizable read (a Txn of t's compares that writes nothing): then what fn decided on its
-// snapshot holds of the store as it is now, within the operation.
+// snapshot holds of the store as it is now, within the operation. etcd serves a Txn of no
+// operations, or of serializable reads only, from the answering member's own state, which may lag
+// or have lost its cluster: the count of the prefix makes it a linearizable read.
 func (s *Store) confirm(ctx context.Context, t *txn) (conflicted bool, err error) {
 	late := ctx.Err() != nil
 	ctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
 	began, sent, floor := time.Now(), bootClock(), s.seen.Load()
-	resp, err := s.cli.Txn(ctx).If(t.compares()...).Commit()
+	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(clientv3.OpGet(s.prefix, clientv3.WithCountOnly())).Commit()
 	s.roundTrips.Add(1)
 	if err != nil {
 		return false, fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, s.describeRead(late, time.Since(began), err))

@@ -487,3 +487,29 @@ func TestRestoredClusterIsRefused(t *testing.T) {
 		t.Fatalf("k4, written after the snapshot, read by a fresh store: %v", err)
 	}
 }
+
+// A refusal decided on the watched copy is returned only once a quorum confirms what it read: a
+// lone member, its peers gone, must not confirm it from its own state. Without a quorum the
+// Update refuses with ErrLocked, not with fn's refusal.
+func TestRefusalIsConfirmedByAQuorum(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "confirm", Budget: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	set(t, s, "a", "1")
+	c.Stop(1)
+	c.Stop(2)
+	refused := errors.New("refused")
+	s.QuorumAnsweredNow()
+	err = s.Update(context.Background(), func(tx storage.Txn) error {
+		if _, err := tx.Get("a"); err != nil {
+			return err
+		}
+		return refused
+	})
+	if !errors.Is(err, storage.ErrLocked) || !strings.Contains(err.Error(), "quorum") {
+		t.Fatalf("a refusal without a quorum: %v, want ErrLocked naming the quorum", err)
+	}
+}
