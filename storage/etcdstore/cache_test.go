@@ -9,6 +9,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // stallWatch stops s's cache from following etcd: the watch goroutine calls Watch's fn after
@@ -141,5 +142,50 @@ func TestCurrentCacheRoundTrips(t *testing.T) {
 	}
 	if n := trips(func() error { return s.Recent(readAll) }); n != 0 {
 		t.Errorf("Recent took %d round trips, want none", n)
+	}
+}
+
+// A store whose watch was cut off while another wrote and etcd compacted its history past where
+// the watch was reads the store as it is once it is back: its watch cannot resume, so the store
+// loads the prefix again, and no read serves what the compacted history changed (a key deleted,
+// one created, one changed).
+func TestReadAfterCompactionPastTheWatch(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	mine := openVia(t, "compacted", c.Endpoints()[:1])
+	theirs := openVia(t, "compacted", c.Endpoints()[1:])
+	set(t, theirs, "gone", "1")
+	set(t, theirs, "changed", "1")
+	if got := get(t, mine, "gone"); got != "1" {
+		t.Fatalf("gone before: %s", got)
+	}
+	c.DropReplies(0) // mine hears nothing from here on
+	if err := theirs.Update(context.Background(), func(tx storage.Txn) error { return tx.Delete("gone") }); err != nil {
+		t.Fatal(err)
+	}
+	set(t, theirs, "changed", "2")
+	set(t, theirs, "new", "1")
+	cli := theirs.Client()
+	head, err := cli.Get(context.Background(), "compacted/", clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(context.Background(), head.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	c.Cut(0) // mine reconnects; its watch would resume below the compaction
+	for key, want := range map[string]string{"gone": "<missing>", "changed": "2", "new": "1"} {
+		if got := get(t, mine, key); got != want {
+			t.Errorf("%s after the compaction: %s, want %s", key, got, want)
+		}
+	}
+	readThenSet(t, mine, "changed", "3")
+	set(t, theirs, "later", "1")
+	waitFor(t, "the watch to follow again", func() bool {
+		var v []byte
+		err := mine.Recent(func(tx storage.Txn) (err error) { v, err = tx.Get("later"); return err })
+		return err == nil && string(v) == "1"
+	})
+	if got := get(t, theirs, "changed"); got != "3" {
+		t.Errorf("changed, written by mine after the compaction: %s", got)
 	}
 }
