@@ -291,7 +291,7 @@ func (m *mount) verify() (string, error) {
 	var out syncBuffer
 	cmd := exec.Command(binary, "verify", "--data", m.Data)
 	if m.Store != "" {
-		cmd = exec.Command(binary, "verify", "--store", m.Store, "--command-timeout", "10s")
+		cmd = exec.Command(binary, "verify", "--store", m.Store, "--data", m.Data, "--command-timeout", "10s")
 	}
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := m.ns.Do(cmd.Start)

@@ -198,14 +198,13 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	if err := checkMountpoint(mnt, nonempty); err != nil {
 		return err
 	}
-	discardStore := func() {}
-	if st.etcd == nil {
-		if err := checkDataDir(st.data); err != nil {
-			return err
-		}
-		discardStore = discardFresh(st.data)
+	// An etcd daemon keeps only what it saw of the cluster there (openServed), and trusts the
+	// directory as a badger one does.
+	if err := checkDataDir(st.data); err != nil {
+		return err
 	}
-	eng, from, closeStore, err := openServed(mnt, st)
+	discardStore := discardFresh(st.data)
+	eng, from, closeStore, err := openServed(mnt, st, restart)
 	if err != nil {
 		discardStore()
 		return err
@@ -255,7 +254,8 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 }
 
 // openServed opens the store a daemon serves and its engine; closeStore ends what it started.
-func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, closeStore func(), err error) {
+// restart is the command that starts the daemon again.
+func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine, from string, closeStore func(), err error) {
 	if st.etcd != nil {
 		// The store is the truth of every machine sharing the prefix, so this daemon takes no
 		// machine-wide port holds (a port leased through etcd is leased to one stack across all
@@ -268,12 +268,18 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 			db.Close()
 			return nil, "", nil, err
 		}
+		stopSeen, err := keepSeen(db, st, mnt, restart)
+		if err != nil {
+			db.Close()
+			return nil, "", nil, err
+		}
 		if eng, err = engine.NewShared(db); err != nil {
+			stopSeen()
 			db.Close()
 			return nil, "", nil, err
 		}
 		eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
-		return eng, "store " + st.url, func() { db.Close() }, nil
+		return eng, "store " + st.url, func() { stopSeen(); db.Close() }, nil
 	}
 	data := st.data
 	if err := os.MkdirAll(data, 0o700); err != nil {
@@ -308,6 +314,24 @@ func openServed(mnt string, st storeChoice) (eng *engine.Engine, from string, cl
 		log.Printf("conflict: %s/%s: %s; reported in its health and events", l.Cockpit, l.Stack, l)
 	}
 	return eng, "data " + data, closeStore, nil
+}
+
+// keepSeen records, in the data directory, what the daemon sees of its etcd store, for verify and
+// the next mount to compare with what the cluster answers then (etcdstore.Seen). A restore or
+// another cluster since the last daemon's record is logged, and served: a daemon that starts
+// reads the prefix as it is now, which is what restarting after a restore is for; the daemons
+// that ran through it refuse until restarted, and verify names it until they are.
+func keepSeen(db *etcdstore.Store, st storeChoice, mnt, restart string) (stop func(), err error) {
+	if err := os.MkdirAll(st.data, 0o700); err != nil {
+		return nil, err
+	}
+	path := etcdstore.SeenPath(st.data, *st.etcd)
+	if was, ok := etcdstore.ReadSeen(path); ok {
+		if err := was.Against(db.Seen()); err != nil {
+			log.Printf("%v; serving the prefix as it is now", err)
+		}
+	}
+	return db.KeepSeen(path, etcdstore.Seen{Store: st.url, Mount: mnt, Restart: restart})
 }
 
 // discardFresh returns what removes the store a failed mount made in data: the directory when it

@@ -36,6 +36,10 @@ func restartCommand(mnt string, st storeChoice, f *storeFlags, allowOther bool) 
 		if user, _, _ := strings.Cut(*f.user, ":"); user != "" {
 			args = append(args, "--user", user)
 		}
+		// What the daemon saw of the store is kept there (keepSeen).
+		if data, err := filepath.Abs(st.data); err == nil && data != defaultDataDir() {
+			args = append(args, "--data", data)
+		}
 	} else {
 		data, err := filepath.Abs(st.data)
 		if err != nil {

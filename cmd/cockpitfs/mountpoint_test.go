@@ -21,8 +21,10 @@ func TestRestartCommand(t *testing.T) {
 		want       string
 	}{
 		{storeChoice{data: "/var/lib/my store"}, true, `cockpitfs mount --data '/var/lib/my store' --allow-other '/home/o'\''brien/cockpit'`},
-		{storeChoice{etcd: &etcdstore.Config{}, url: "etcd://h1:2379,h2:2379/team"}, false,
+		{storeChoice{data: defaultDataDir(), etcd: &etcdstore.Config{}, url: "etcd://h1:2379,h2:2379/team"}, false,
 			"cockpitfs mount --store etcd://h1:2379,h2:2379/team --cacert /etc/ca.pem --user me '/home/o'\\''brien/cockpit'"},
+		{storeChoice{data: "/srv/cockpitfs", etcd: &etcdstore.Config{}, url: "etcd://h1:2379/team"}, false,
+			"cockpitfs mount --store etcd://h1:2379/team --cacert /etc/ca.pem --user me --data /srv/cockpitfs '/home/o'\\''brien/cockpit'"},
 	} {
 		if got := restartCommand("/home/o'brien/cockpit", tc.st, sf, tc.allowOther); got != tc.want {
 			t.Errorf("restartCommand = %s\nwant            %s", got, tc.want)

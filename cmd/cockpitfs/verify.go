@@ -29,7 +29,7 @@ func verifyCommand(args []string) error {
 		return &usageError{command: "verify", msg: err.Error()}
 	}
 	if isEtcd {
-		return verifyEtcd(etcdCfg, *sf.store)
+		return verifyEtcd(etcdCfg, *sf.store, *data)
 	}
 	// Refused before the store is opened, which would create what is missing.
 	if err := isStore(*data); err != nil {
@@ -54,8 +54,10 @@ func verifyCommand(args []string) error {
 }
 
 // verifyEtcd checks an etcd prefix, which daemons may be serving meanwhile: Verify reads one
-// consistent snapshot. Port holds are per machine and not taken over etcd: none to check.
-func verifyEtcd(cfg etcdstore.Config, url string) error {
+// consistent snapshot. Port holds are per machine and not taken over etcd: none to check. It also
+// compares the cluster's answer with what the daemon of the data directory data last recorded of
+// it (keepSeen), naming a restore from an older snapshot or another cluster since.
+func verifyEtcd(cfg etcdstore.Config, url, data string) error {
 	db, err := openEtcd(cfg)
 	if err != nil {
 		return err
@@ -64,11 +66,20 @@ func verifyEtcd(cfg etcdstore.Config, url string) error {
 	if err := unfinishedMigrationIn(db, url); err != nil {
 		return err
 	}
-	violations, checked, err := engine.Verify(db)
+	var violations []string
+	seen := etcdstore.SeenPath(data, cfg)
+	if was, ok := etcdstore.ReadSeen(seen); ok {
+		if err := was.Against(db.Seen()); err != nil {
+			violations = append(violations, fmt.Sprintf("%s: %v; a daemon that served the prefix through it "+
+				"refuses it (EIO, STATE_ROOT_UNAVAILABLE) from its next read on, until restarted to read it as it "+
+				"is now: cockpitfs unmount %s, then %s", seen, err, shellQuote(was.Mount), was.Restart))
+		}
+	}
+	found, checked, err := engine.Verify(db)
 	if err != nil {
 		return err
 	}
-	return report(violations, checked)
+	return report(append(violations, found...), checked)
 }
 
 // report prints each violation, or that the records are clean.

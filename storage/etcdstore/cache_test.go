@@ -3,11 +3,13 @@ package etcdstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // stallWatch stops s's cache from following etcd: the watch goroutine calls Watch's fn after
@@ -79,9 +81,11 @@ func TestReadsNeverServeAStaleCache(t *testing.T) {
 	}
 }
 
-// With the cache current, a transaction costs one linearizable read and its commit, however many
-// keys and ranges it reads; a View costs that read alone. (A cache the watch has not yet brought
-// up to date costs the reads from etcd instead: each count is the fewest of a few tries.)
+// With the cache current, a View costs one linearizable read however many keys and ranges it
+// reads; an Update that commits costs its commit alone (its compares prove what it read), and one
+// that writes nothing, or refuses, one read confirming what it read (a Txn of its compares). A
+// quorum answered just before each (the operation before it). (A cache the watch has not yet
+// brought up to date costs the reads from etcd instead: each count is the fewest of a few tries.)
 func TestCurrentCacheRoundTrips(t *testing.T) {
 	s := etcdtest.Start(t, 1).Open(t, "trips")
 	set(t, s, "a", "1")
@@ -117,10 +121,101 @@ func TestCurrentCacheRoundTrips(t *testing.T) {
 			return tx.Set("a", []byte("2"))
 		})
 	}
-	if n := trips(update); n != 2 {
-		t.Errorf("an Update reading three keys and a range took %d round trips, want 2", n)
+	if n := trips(update); n != 1 {
+		t.Errorf("an Update reading three keys and a range took %d round trips, want 1", n)
+	}
+	refused := errors.New("refused")
+	refuse := func() error {
+		err := s.Update(context.Background(), func(tx storage.Txn) error {
+			if err := readAll(tx); err != nil {
+				return err
+			}
+			return refused
+		})
+		if err != refused {
+			return fmt.Errorf("a refusing Update returned %v", err)
+		}
+		return nil
+	}
+	if n := trips(refuse); n != 1 {
+		t.Errorf("a refusing Update reading three keys and a range took %d round trips, want 1", n)
 	}
 	if n := trips(func() error { return s.Recent(readAll) }); n != 0 {
 		t.Errorf("Recent took %d round trips, want none", n)
+	}
+}
+
+// A store whose watch was cut off while another wrote and etcd compacted its history past where
+// the watch was reads the store as it is once it is back: its watch cannot resume, so the store
+// loads the prefix again, and no read serves what the compacted history changed (a key deleted,
+// one created, one changed).
+func TestReadAfterCompactionPastTheWatch(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	mine := openVia(t, "compacted", c.Endpoints()[:1])
+	theirs := openVia(t, "compacted", c.Endpoints()[1:])
+	set(t, theirs, "gone", "1")
+	set(t, theirs, "changed", "1")
+	if got := get(t, mine, "gone"); got != "1" {
+		t.Fatalf("gone before: %s", got)
+	}
+	c.DropReplies(0) // mine hears nothing from here on
+	if err := theirs.Update(context.Background(), func(tx storage.Txn) error { return tx.Delete("gone") }); err != nil {
+		t.Fatal(err)
+	}
+	set(t, theirs, "changed", "2")
+	set(t, theirs, "new", "1")
+	cli := theirs.Client()
+	head, err := cli.Get(context.Background(), "compacted/", clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(context.Background(), head.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	c.Cut(0) // mine reconnects; its watch would resume below the compaction
+	for key, want := range map[string]string{"gone": "<missing>", "changed": "2", "new": "1"} {
+		if got := get(t, mine, key); got != want {
+			t.Errorf("%s after the compaction: %s, want %s", key, got, want)
+		}
+	}
+	readThenSet(t, mine, "changed", "3")
+	set(t, theirs, "later", "1")
+	waitFor(t, "the watch to follow again", func() bool {
+		var v []byte
+		err := mine.Recent(func(tx storage.Txn) (err error) { v, err = tx.Get("later"); return err })
+		return err == nil && string(v) == "1"
+	})
+	if got := get(t, theirs, "changed"); got != "3" {
+		t.Errorf("changed, written by mine after the compaction: %s", got)
+	}
+}
+
+// A member replaced (removed, and a new one added on an empty data directory in its place) while
+// a store reaches etcd through it alone: the store reads what was written before and after, writes,
+// and its watch follows again; a new member id is no other cluster.
+func TestReadsThroughAReplacedMember(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	mine := openVia(t, "replaced", c.Endpoints()[:1])
+	theirs := openVia(t, "replaced", c.Endpoints()[1:])
+	set(t, theirs, "before", "1")
+	if got := get(t, mine, "before"); got != "1" {
+		t.Fatalf("before the replacement: %s", got)
+	}
+	c.ReplaceMember(0)
+	set(t, theirs, "after", "1")
+	for key, want := range map[string]string{"before": "1", "after": "1"} {
+		if got := get(t, mine, key); got != want {
+			t.Errorf("%s after the replacement: %s, want %s", key, got, want)
+		}
+	}
+	readThenSet(t, mine, "before", "2")
+	set(t, theirs, "later", "1")
+	waitFor(t, "the watch to follow again", func() bool {
+		var v []byte
+		err := mine.Recent(func(tx storage.Txn) (err error) { v, err = tx.Get("later"); return err })
+		return err == nil && string(v) == "1"
+	})
+	if got := get(t, theirs, "before"); got != "2" {
+		t.Errorf("before, written by mine after the replacement: %s", got)
 	}
 }

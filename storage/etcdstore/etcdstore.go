@@ -3,8 +3,9 @@
 // Update:
 //
 //   - fn reads one snapshot at a revision R: a linearizable read of one key (one round trip)
-//     returns a revision X, and R is X or later (below). Writes are buffered; reads see them
-//     (read-your-writes).
+//     returns a revision X, and R is X or later (below); or, for a first attempt that commits,
+//     the cache as it stands (WRITES THAT NEED NO READ FIRST). Writes are buffered; reads see
+//     them (read-your-writes).
 //   - The commit is a single Txn: If every compare holds, Then every buffered write. It compares
 //     the ModRevision of every key fn read with Get or that a Scan returned (0 for a key read as
 //     missing) against the one read at R, and for every scanned range that ModRevision < R+1 over
@@ -36,8 +37,8 @@
 //     or an Update that writes nothing needs nothing more, and a commit is protected by its
 //     compares exactly as above.
 //
-// So every operation costs one round trip to learn X, whatever number of keys and ranges it
-// reads, plus its commit; a claim costs what a bare Get+Txn compare-and-swap does. The round trip
+// So every read costs one round trip to learn X, whatever number of keys and ranges it reads, and
+// a write one round trip, its commit, when the cache is current (below), else two. The round trip
 // to learn X cannot go without another proof of currency: a watch delivers another daemon's
 // commit some time after it is acknowledged, and no daemon can know, without asking etcd, that
 // none is on its way (etcd offers no read leases). It also keeps the quorum check before anything
@@ -45,6 +46,18 @@
 // cache behind X (the watch is cut off, or slow) costs the reads from etcd, never a stale one;
 // a revision past the cache's with no event on its way (a commit outside the prefix) is settled
 // by a progress request on the watch.
+//
+// # WRITES THAT NEED NO READ FIRST
+//
+// A commit needs no proof that its snapshot is current: its compares prove its reads unchanged
+// up to its own revision, so a commit that applies decided on the store as it stood just before
+// it. So Update first runs fn on the cache as it stands (once the cache holds every revision this
+// store has seen) and commits with no read of etcd: one round trip, the commit (tryOptimistic).
+// Only what returns without a commit needs the read: a refusal, a failure, or nothing to write,
+// decided on a cache that may miss another daemon's commit; fn then runs again on a linearizable
+// snapshot, as it does when the compares fail. The read before a commit also proves a quorum
+// before anything is proposed, so this is done only while a quorum answered within the last
+// 100 ms (tryOptimistic says why).
 //
 // Recent serves hints from the cache as it stands, with no round trip and no proof: only for what
 // a later transaction reads again before it decides.
@@ -96,9 +109,15 @@ type Store struct {
 	// endpoints is not the one this store's cache and caller know (revoked, below).
 	seen      atomic.Int64
 	clusterID atomic.Uint64
+	// quorum is the boot-time clock when the last request a quorum answered was sent (a
+	// linearizable read, or a commit: both pass through raft).
+	quorum atomic.Int64
 	// revoked, once set, fails every read and commit: the store was restored from an older
 	// snapshot or replaced, and nothing this process holds of it can be trusted.
 	revoked atomic.Pointer[error]
+	// progress says whether the members answer a progress request in order with the watch's
+	// events (progress.go): only then does the cache ask for and take progress notifications.
+	progress bool
 	// announcements are the keys Announce keeps, by key: *announcement.
 	announcements sync.Map
 	// closing ends the watch when the store closes.
@@ -147,6 +166,7 @@ func Open(cfg Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
+	s.progress = progressTrusted(cli, cfg.Endpoints, budget)
 	go s.follow()
 	return s, nil
 }
@@ -188,10 +208,12 @@ func (s *Store) Watch(prefix string, fn func(key string)) error {
 	if err != nil {
 		return fmt.Errorf("etcd watch %s: %w", full, s.describe(err))
 	}
-	if watching := s.watching.Load(); watching != nil {
+	bound := catchUp // no progress request: a revision moved outside the prefix brings no event
+	if watching := s.watching.Load(); watching != nil && s.progress {
 		_ = s.cli.RequestProgress(*watching)
+		bound = s.budget
 	}
-	s.cache.await(ctx, resp.Header.Revision, s.budget)
+	s.cache.await(ctx, resp.Header.Revision, bound)
 	s.cache.subscribe(full, func(key string) {
 		if key != "" {
 			key = strings.TrimPrefix(key, s.prefix)
@@ -345,7 +367,7 @@ func (s *Store) Recent(fn func(storage.Txn) error) error {
 func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
 	late := ctx.Err() != nil
 	checkCtx, cancel := context.WithTimeout(ctx, s.budget)
-	began, floor := time.Now(), s.seen.Load()
+	began, sent, floor := time.Now(), bootClock(), s.seen.Load()
 	resp, err := s.cli.Get(checkCtx, s.prefix, clientv3.WithCountOnly())
 	cancel()
 	s.roundTrips.Add(1)
@@ -358,6 +380,7 @@ func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
 	if err := s.observe(resp.Header, floor); err != nil {
 		return nil, err
 	}
+	s.answered(sent)
 	t := s.newTxn(ctx, writable)
 	t.rev = resp.Header.Revision
 	if at, ok := s.pinAtLeast(t.rev); ok {
@@ -368,13 +391,13 @@ func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
 
 // pinAtLeast pins the cache once it is complete through rev. A revision past the cache's with no
 // event on its way (a commit outside the prefix moved it) is confirmed by a progress request on
-// the watch's stream. While the watch is cut off (a member went away), reads stop waiting for it
+// the watch's stream, where the members answer one in order (progress.go). While the watch is cut off (a member went away), reads stop waiting for it
 // after the first one that waited in vain.
 func (s *Store) pinAtLeast(rev int64) (int64, bool) {
 	if at, ok := s.cache.pin(rev); ok {
 		return at, true
 	}
-	if watching := s.watching.Load(); watching != nil {
+	if watching := s.watching.Load(); watching != nil && s.progress {
 		_ = s.cli.RequestProgress(*watching)
 	}
 	if s.cache.lagging() {
@@ -395,6 +418,9 @@ func (s *Store) pinAtLeast(rev int64) (int64, bool) {
 // one.
 func (s *Store) Update(ctx context.Context, fn func(storage.Txn) error) error {
 	deadline := time.Now().Add(s.budget)
+	if done, err := s.tryOptimistic(ctx, fn); done {
+		return err
+	}
 	spread := time.Duration(0)
 	for attempt := 1; ; attempt++ {
 		began := time.Now()
@@ -425,6 +451,71 @@ func (s *Store) Commit(ctx context.Context, fn func(storage.Txn) error) (durable
 	return func() error { return nil }, nil
 }
 
+// tryOptimistic is Update's first attempt: fn runs on the cache as soon as it holds every revision
+// this store has seen (a local wait, with no round trip), and what fn wrote is committed with no
+// read of etcd before it. The compares alone make the commit linearizable: it applies only if
+// every key fn read, and every range it scanned, is at its commit's revision as fn read it, so fn
+// decided on the store as it stood just before the commit, within the operation. What returns
+// without a commit has no such proof: fn's refusal, its failure, or its finding nothing to write
+// may rest on a snapshot behind another daemon's acknowledged commit. Then, as when the compares
+// fail, it is not done, and Update runs fn again the usual way, on a linearizable snapshot, at once:
+// a cache behind another daemon's commit is no contention to back off from.
+//
+// It is tried only when a quorum answered a request sent within the last quorumFresh (in a mount,
+// the kernel's lookup before the write; or the operation before): a commit proposed to a cluster
+// that has lost its quorum is answered by nothing, and its outcome stays unknown (it may apply
+// once the quorum is back), where a read first refuses it with nothing proposed. So only a
+// quorum lost within that span leaves a write's outcome unknown, as one lost between a read and
+// its commit does.
+func (s *Store) tryOptimistic(ctx context.Context, fn func(storage.Txn) error) (done bool, err error) {
+	if s.revoked.Load() != nil || bootClock()-time.Duration(s.quorum.Load()) > quorumFresh {
+		return false, nil
+	}
+	rev, ok := s.pinAtLeast(s.seen.Load())
+	if !ok {
+		return false, nil // the watch lags: read etcd
+	}
+	t := s.newTxn(ctx, true)
+	t.rev, t.cached = rev, true
+	defer t.done()
+	failed := fn(t)
+	var conflicted bool
+	if failed != nil || len(t.writes) == 0 {
+		conflicted, err = s.confirm(ctx, t)
+		if err == nil {
+			err = failed
+		}
+	} else {
+		conflicted, err = s.commit(ctx, t)
+	}
+	if conflicted {
+		s.conflicts.Add(1)
+	}
+	return !conflicted, err
+}
+
+// confirm asks etcd whether every key and range t read is still as t read it, in one
+// linearizable read (a Txn of t's compares that writes nothing): then what fn decided on its
+// snapshot holds of the store as it is now, within the operation. etcd serves a Txn of no
+// operations, or of serializable reads only, from the answering member's own state, which may lag
+// or have lost its cluster: the count of the prefix makes it a linearizable read.
+func (s *Store) confirm(ctx context.Context, t *txn) (conflicted bool, err error) {
+	late := ctx.Err() != nil
+	ctx, cancel := context.WithTimeout(ctx, s.budget)
+	defer cancel()
+	began, sent, floor := time.Now(), bootClock(), s.seen.Load()
+	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(clientv3.OpGet(s.prefix, clientv3.WithCountOnly())).Commit()
+	s.roundTrips.Add(1)
+	if err != nil {
+		return false, fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, s.describeRead(late, time.Since(began), err))
+	}
+	if err := s.observe(resp.Header, floor); err != nil {
+		return false, err
+	}
+	s.answered(sent)
+	return !resp.Succeeded, nil
+}
+
 func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conflicted bool, err error) {
 	t, err := s.snapshot(ctx, true)
 	if err != nil {
@@ -444,6 +535,11 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	if len(t.writes) == 0 {
 		return false, nil // nothing to commit: the reads were one linearizable snapshot
 	}
+	return s.commit(ctx, t)
+}
+
+// commit sends t's writes in one Txn with its compares, and reports whether they failed.
+func (s *Store) commit(ctx context.Context, t *txn) (conflicted bool, err error) {
 	// Once sent, the Txn is etcd's to decide: its answer is awaited for the store's budget even if
 	// the caller's context ends meanwhile (an interrupt, the engine's budget), so that only a
 	// cluster that does not answer leaves an outcome unknown. A caller already gone sends nothing.
@@ -452,7 +548,7 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.budget)
 	defer cancel()
-	floor := s.seen.Load()
+	sent, floor := bootClock(), s.seen.Load()
 	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
 	s.roundTrips.Add(1)
 	if err != nil {
@@ -462,14 +558,29 @@ func (s *Store) tryUpdate(ctx context.Context, fn func(storage.Txn) error) (conf
 	if err := s.observe(resp.Header, floor); err != nil {
 		return false, err
 	}
+	s.answered(sent)
 	return !resp.Succeeded, nil
+}
+
+// quorumFresh is how recently a quorum must have answered for a write to go without a read first
+// (tryOptimistic).
+const quorumFresh = 100 * time.Millisecond
+
+// answered records that a quorum answered a request sent at sent (the boot-time clock).
+func (s *Store) answered(sent time.Duration) {
+	for {
+		last := s.quorum.Load()
+		if int64(sent) <= last || s.quorum.CompareAndSwap(last, int64(sent)) {
+			return
+		}
+	}
 }
 
 // load reads the whole prefix into the cache with a linearizable read.
 func (s *Store) load() error {
 	ctx, cancel := context.WithTimeout(s.closing, 2*s.budget)
 	defer cancel()
-	floor := s.seen.Load()
+	sent, floor := bootClock(), s.seen.Load()
 	resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithPrefix())
 	if err != nil {
 		return s.describe(err)
@@ -477,6 +588,7 @@ func (s *Store) load() error {
 	if err := s.observe(resp.Header, floor); err != nil {
 		return err
 	}
+	s.answered(sent)
 	notify(s.cache.reload(resp.Kvs, resp.Header.Revision))
 	return nil
 }
@@ -563,7 +675,7 @@ func (s *Store) follow() {
 			switch {
 			case len(resp.Events) > 0:
 				notify(s.cache.apply(resp.Events, resp.Events[len(resp.Events)-1].Kv.ModRevision))
-			case resp.IsProgressNotify():
+			case resp.IsProgressNotify() && s.progress:
 				notify(s.cache.apply(nil, resp.Header.Revision))
 			}
 		}

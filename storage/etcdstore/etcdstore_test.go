@@ -37,13 +37,16 @@ func get(t *testing.T, s storage.Store, key string) string {
 	return string(v)
 }
 
-// readThenSet sets key in an Update that reads it first, as every engine operation reads before
-// it writes. The read waits out an election: a follower asks the leader for its read index again
-// until one answers. A commit proposed through a follower to a leader that just crashed is lost
-// instead, and etcd answers it only after its request timeout (5 s plus two election timeouts):
-// its outcome is then unknown, which the read spares every operation but one racing the crash.
+// readThenSet reads key, then sets it in an Update that reads it too, as a write through a mount
+// follows the kernel's lookup or open. The read waits out an election: a follower asks the leader
+// for its read index again until one answers. A commit proposed through a follower to a leader
+// that just crashed is lost instead, and etcd answers it only after its request timeout (5 s plus
+// two election timeouts): its outcome is then unknown, which the read spares every operation but
+// one racing the crash. (An Update sent with no read before it within the last 100 ms reads first
+// itself; one sent sooner commits at once and races the crash: tryOptimistic.)
 func readThenSet(t *testing.T, s storage.Store, key, value string) {
 	t.Helper()
+	get(t, s, key)
 	err := s.Update(context.Background(), func(tx storage.Txn) error {
 		if _, err := tx.Get(key); err != nil && !errors.Is(err, storage.ErrNotFound) {
 			return err
@@ -482,5 +485,31 @@ func TestRestoredClusterIsRefused(t *testing.T) {
 	}
 	if err := fresh.View(func(tx storage.Txn) error { _, err := tx.Get("k4"); return err }); !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("k4, written after the snapshot, read by a fresh store: %v", err)
+	}
+}
+
+// A refusal decided on the watched copy is returned only once a quorum confirms what it read: a
+// lone member, its peers gone, must not confirm it from its own state. Without a quorum the
+// Update refuses with ErrLocked, not with fn's refusal.
+func TestRefusalIsConfirmedByAQuorum(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "confirm", Budget: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	set(t, s, "a", "1")
+	c.Stop(1)
+	c.Stop(2)
+	refused := errors.New("refused")
+	s.QuorumAnsweredNow()
+	err = s.Update(context.Background(), func(tx storage.Txn) error {
+		if _, err := tx.Get("a"); err != nil {
+			return err
+		}
+		return refused
+	})
+	if !errors.Is(err, storage.ErrLocked) || !strings.Contains(err.Error(), "quorum") {
+		t.Fatalf("a refusal without a quorum: %v, want ErrLocked naming the quorum", err)
 	}
 }

@@ -12,3 +12,7 @@ func (s *Store) AgeAnnouncement(key string, d time.Duration) time.Duration {
 	a.proven -= d
 	return a.proven
 }
+
+// QuorumAnsweredNow records that a quorum answered just now, as the read before an operation
+// would have: its Update is tried on the watched copy first (tryOptimistic).
+func (s *Store) QuorumAnsweredNow() { s.answered(bootClock()) }

@@ -44,6 +44,11 @@ func TestLostCommitIsSettled(t *testing.T) {
 			for _, k := range []string{"k", "j", "l/a"} {
 				set(t, theirs, k, "start")
 			}
+			// mine's cache holds theirs' writes before its Update runs fn on it, so that its first
+			// run commits (WRITES THAT NEED NO READ FIRST) rather than conflicts.
+			if got := get(t, mine, "l/a"); got != "start" {
+				t.Fatalf("l/a read through mine: %q", got)
+			}
 			runs := 0
 			done := make(chan error, 1)
 			go func() {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
@@ -432,4 +433,70 @@ func (c *Cluster) RestoreFrom(path string) {
 		cfg.Dir = dir
 	}
 	c.RestartAll()
+}
+
+// Replace stops every member and starts a new, empty cluster in their place, as a cluster rebuilt
+// behind the same addresses is: the same names, peers and endpoints, new data directories and a
+// new cluster token, so new member ids and another cluster id.
+func (c *Cluster) Replace() {
+	c.t.Helper()
+	for i := range c.configs {
+		c.Stop(i)
+	}
+	root := c.t.TempDir()
+	for _, cfg := range c.configs {
+		cfg.Dir = filepath.Join(root, cfg.Name)
+		cfg.InitialClusterToken += "-replaced"
+		cfg.ClusterState = embed.ClusterStateFlagNew
+	}
+	c.RestartAll()
+}
+
+// ReplaceMember replaces member i as an operator replaces a failed machine: it is killed, removed
+// from the cluster (etcdctl member remove), and a new member is added in its place (member add)
+// and started on an empty data directory with --initial-cluster-state existing, under the same
+// name and addresses; it catches up from the others, with a new member id.
+func (c *Cluster) ReplaceMember(i int) {
+	c.t.Helper()
+	c.Stop(i)
+	c.mu.Lock()
+	closing := c.closing[i]
+	c.mu.Unlock()
+	<-closing
+	other := c.configs[(i+1)%len(c.configs)].ListenClientUrls[0].Host
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{other}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	members, err := cli.MemberList(ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cfg := c.configs[i]
+	// etcd refuses a change of membership (ErrUnhealthy) until every member left has been
+	// connected for a while (its strict reconfiguration check): asked again until it accepts.
+	reconfigure := func(change func() error) {
+		for {
+			err := change()
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, rpctypes.ErrUnhealthy) || ctx.Err() != nil {
+				c.t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for _, m := range members.Members {
+		if m.Name == cfg.Name {
+			reconfigure(func() error { _, err := cli.MemberRemove(ctx, m.ID); return err })
+		}
+	}
+	reconfigure(func() error { _, err := cli.MemberAdd(ctx, []string{cfg.AdvertisePeerUrls[0].String()}); return err })
+	cfg.Dir = filepath.Join(c.t.TempDir(), cfg.Name)
+	cfg.ClusterState = embed.ClusterStateFlagExisting
+	c.Restart(i)
 }
