@@ -16,7 +16,8 @@ import (
 // BenchmarkMachineView (issue 42 item 1): the machine-wide views as a busy runner's daemon serves
 // them. `ls -l ports` (the real ls: a listing and an lstat of every entry) with 1,024 leased ports
 // and with 8,192 (eight cockpits of 128 stacks of eight ports), per entry, and `cat status` with
-// 10 stacks and with 1,000: each a median of b.N runs taken at that size, in one run.
+// 10 stacks and with 1,000 (unchanged since the last read, and after a commit on one stack):
+// each a median of b.N runs taken at that size, in one run.
 func BenchmarkMachineView(b *testing.B) {
 	d := newDaemon(fmt.Sprintf("machine-view-%d", time.Now().UnixNano()))
 	defer os.RemoveAll(filepath.Dir(d.Dir))
@@ -34,9 +35,11 @@ func BenchmarkMachineView(b *testing.B) {
 		}
 		return writeFile(filepath.Join(stack, "holders", "h"), unix.O_CREAT, "pid=none")
 	}
-	timed := func(name string, args ...string) time.Duration {
+	// timedAfter is the median of b.N runs of the command, each after change (untimed).
+	timedAfter := func(change func(i int), name string, args ...string) time.Duration {
 		var samples []time.Duration
-		for range b.N {
+		for i := range b.N {
+			change(i)
 			cmd := exec.Command(name, args...)
 			start := time.Now()
 			if out, err := cmd.CombinedOutput(); err != nil {
@@ -47,6 +50,7 @@ func BenchmarkMachineView(b *testing.B) {
 		slices.Sort(samples)
 		return samples[len(samples)/2]
 	}
+	timed := func(name string, args ...string) time.Duration { return timedAfter(func(int) {}, name, args...) }
 	ports := func() int {
 		entries, err := os.ReadDir(d.path("ports"))
 		if err != nil {
@@ -85,4 +89,17 @@ func BenchmarkMachineView(b *testing.B) {
 	b.ReportMetric(float64(timed("ls", "-l", d.path("ports")).Nanoseconds()), "ns/ls-8192")
 	b.ReportMetric(float64(timed("ls", "-l", d.path("ports")).Nanoseconds())/float64(n), "ns/ls-entry-8192")
 	b.ReportMetric(float64(timed("cat", d.path("status")).Nanoseconds()), "ns/status-1000")
+	// A read after a commit reads that stack again and renders the whole anew.
+	holder := d.path("c7", "stacks", "s0", "holders", "x")
+	b.ReportMetric(float64(timedAfter(func(i int) {
+		var err error
+		if i%2 == 0 {
+			err = writeFile(holder, unix.O_CREAT, "pid=none")
+		} else {
+			err = os.Remove(holder)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}, "cat", d.path("status")).Nanoseconds()), "ns/status-1000-changed")
 }
