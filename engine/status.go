@@ -195,9 +195,11 @@ type stackCells struct {
 // cell and two spaces more, as text/tabwriter does with padding 2 and ' '.
 func alignCells(cells []string, cols int) []byte {
 	widths := make([]int, cols)
+	runes := make([]int32, len(cells)) // each cell's width, counted once
 	size := 0
 	for i, c := range cells {
 		n := utf8.RuneCountInString(c)
+		runes[i] = int32(n)
 		widths[i%cols] = max(widths[i%cols], n)
 		size += len(c)
 	}
@@ -205,13 +207,12 @@ func alignCells(cells []string, cols int) []byte {
 	for _, w := range widths[:cols-1] {
 		line += w + 2
 	}
+	spaces := []byte(strings.Repeat(" ", slices.Max(widths)+2))
 	out := make([]byte, 0, size+len(cells)/cols*(line+1))
 	for i, c := range cells {
 		out = append(out, c...)
 		if col := i % cols; col < cols-1 {
-			for pad := widths[col] + 2 - utf8.RuneCountInString(c); pad > 0; pad-- {
-				out = append(out, ' ')
-			}
+			out = append(out, spaces[:widths[col]+2-int(runes[i])]...)
 		} else {
 			out = append(out, '\n')
 		}

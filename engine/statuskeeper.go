@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 
@@ -61,8 +62,10 @@ type statusKeeper struct {
 	proxy    *proxyBase // where the proxy served when the rows' proxied URLs were derived
 	cockpits map[string]*keptCockpit
 	// st is the status as the rows make it, with the last read's observations of the holders'
-	// processes; nil once a row changed.
-	st *machineStatus
+	// processes; nil once a stack or cockpit came or went. patched are the rows (by stack key)
+	// committed since it was made, each of a stack it shows, not yet in it.
+	st      *machineStatus
+	patched map[string]keptRow
 	// probes are the holders of st with a pid, and observed what the last read observed of them.
 	probes   []holderProbe
 	observed []probeResult
@@ -131,6 +134,7 @@ func (k *statusKeeper) current(e *Engine) (*machineStatus, error) {
 			return nil, err
 		}
 	}
+	k.patch()
 	if k.st == nil {
 		if err := k.assemble(); err != nil {
 			return nil, err
@@ -142,7 +146,7 @@ func (k *statusKeeper) current(e *Engine) (*machineStatus, error) {
 
 // load reads every cockpit and stack.
 func (k *statusKeeper) load(e *Engine, tx storage.Txn, proxy *proxyBase) error {
-	k.cockpits, k.st, k.proxy = map[string]*keptCockpit{}, nil, proxy
+	k.cockpits, k.st, k.proxy, k.patched = map[string]*keptCockpit{}, nil, proxy, map[string]keptRow{}
 	var metas []cockpitMeta
 	if err := tx.Scan(cockpitsPrefix, func(key string, raw []byte) error {
 		m, err := e.cockpits.decode(key, raw)
@@ -226,16 +230,19 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 			return err
 		}
 		kc := k.cockpits[name]
-		if kc == nil || kc.meta.Config != m.Config {
+		switch {
+		case kc == nil || kc.meta.Config != m.Config:
 			// New, or its declaration changed: every row is derived again (its proxied URLs).
 			kc = &keptCockpit{meta: m}
 			if err := k.loadRows(e, tx, kc); err != nil {
 				return err
 			}
 			k.cockpits[name], reread[name] = kc, true
+			k.changed()
+		case kc.meta.UID != m.UID || kc.meta.UpdatedAt != m.UpdatedAt || kc.meta.Stacks != m.Stacks:
+			k.changed()
 		}
 		kc.meta = m
-		k.changed()
 	}
 	for key := range stale {
 		if !strings.HasPrefix(key, allStacksPrefix) {
@@ -247,9 +254,13 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 			continue
 		}
 		raw, err := tx.Get(key)
+		old, had := kc.rows[key]
 		switch {
 		case errors.Is(err, storage.ErrNotFound):
 			delete(kc.rows, key)
+			if had {
+				k.changed()
+			}
 		case err != nil:
 			return err
 		default:
@@ -257,7 +268,13 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 			if err != nil && !isMalformed(err) {
 				return err
 			}
-			kc.rows[key] = e.keptRow(r, err, k.info(kc.meta))
+			row := e.keptRow(r, err, k.info(kc.meta))
+			kc.rows[key] = row
+			if !had || row.err != nil || old.err != nil || row.updatedAt < old.updatedAt {
+				k.changed() // a row added, or an order or latest change a patch would not keep
+			} else {
+				k.patched[key] = row
+			}
 		}
 	}
 	return nil
@@ -267,6 +284,41 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 func (k *statusKeeper) changed() {
 	k.st = nil
 	k.rendered = [statusFormats][]byte{}
+}
+
+// patch puts the rows committed since st was assembled in their places, when no stack or
+// cockpit came or went meanwhile: a commit on one stack costs its row, not an assembly of all.
+func (k *statusKeeper) patch() {
+	if k.st == nil {
+		clear(k.patched)
+		return
+	}
+	for key, row := range k.patched {
+		cockpit, stack := splitStackKey(key)
+		cs := k.st.Cockpits
+		i := sort.Search(len(cs), func(i int) bool { return cs[i].Name >= cockpit })
+		if i == len(cs) || cs[i].Name != cockpit {
+			k.changed() // not shown: assembled anew (refresh marks every row it adds as such)
+			clear(k.patched)
+			return
+		}
+		ss := cs[i].Stacks
+		j := sort.Search(len(ss), func(j int) bool { return ss[j].Name >= stack })
+		if j == len(ss) || ss[j].Name != stack {
+			k.changed()
+			clear(k.patched)
+			return
+		}
+		s := row.status
+		s.Holders = slices.Clone(s.Holders)
+		ss[j] = s
+		k.st.UpdatedAt = later(k.st.UpdatedAt, row.updatedAt)
+	}
+	if len(k.patched) > 0 {
+		clear(k.patched)
+		k.probeHolders()
+		k.rendered = [statusFormats][]byte{}
+	}
 }
 
 // assemble makes st of the rows, cockpits and stacks in name order, as one scan of the store
@@ -290,8 +342,15 @@ func (k *statusKeeper) assemble() error {
 		}
 		st.Cockpits = append(st.Cockpits, c)
 	}
+	k.st, k.rendered = st, [statusFormats][]byte{}
+	k.probeHolders()
+	return nil
+}
+
+// probeHolders lists st's holders with a pid, whose processes the next read observes.
+func (k *statusKeeper) probeHolders() {
 	k.probes, k.observed = k.probes[:0], nil
-	for _, c := range st.Cockpits {
+	for _, c := range k.st.Cockpits {
 		for _, s := range c.Stacks {
 			for i := range s.Holders {
 				if h := &s.Holders[i]; h.PID != 0 {
@@ -300,8 +359,6 @@ func (k *statusKeeper) assemble() error {
 			}
 		}
 	}
-	k.st, k.rendered = st, [statusFormats][]byte{}
-	return nil
 }
 
 // observe judges each probed holder's process, each distinct process once, and writes what
