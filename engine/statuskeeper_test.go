@@ -42,7 +42,8 @@ func scannedStatus(t *testing.T, e *Engine, format StatusFormat) []byte {
 // The status kept from commits reads, after every kind of commit that changes what it shows, what
 // a read of every record reads: cockpits made and removed, stacks made and removed, claims and
 // releases, a drain, a config that changes the stacks' entrypoints while a proxy serves, and
-// another cockpit's commits between two reads.
+// another cockpit's commits between two reads. Commits on stacks it shows already put their rows
+// in place.
 func TestStatusKeptIsWhatAScanReads(t *testing.T) {
 	t.Parallel()
 	e := newEngine(t)
@@ -64,11 +65,15 @@ func TestStatusKeptIsWhatAScanReads(t *testing.T) {
 	newCockpit(t, e, "web", exampleConfig, "x")
 	claim(t, e, "web", "x", "ci")
 	check("another cockpit's claim")
+	assembled := e.status.st
 	claim(t, e, "app", "a", "other")
 	if err := e.Release(ctx, me("unlink", "app/stacks/a/holders/me"), "app", "a", "me"); err != nil {
 		t.Fatal(err)
 	}
 	check("a second holder and a release")
+	if e.status.st != assembled {
+		t.Fatal("commits on a stack shown already had every row assembled again, not theirs put in place")
+	}
 	sleepDrain(t, e, "app", "b", "me")
 	check("a drain")
 	e.ServeProxy("http", 8080)
