@@ -366,6 +366,7 @@ func main() {
 	t.row("scale: a new lease through the mount there", "Scale", "ns/lease-loaded", us, "µs", r+" of an empty store's", "≤ 1.5×", v)
 	t.row("  the same new lease on an empty store, same run", "Scale", "ns/lease-empty", us, "µs", "", "", "")
 	t.row("scale: RSS there, the readers blocked", "Scale", "MiB-loaded", 1, "MiB", "", "≤ 100 MiB", t.limit("Scale", "MiB-loaded", atMost(100)))
+	t.row("  of it anonymous (RssAnon: the rest is the store's files mapped)", "Scale", "MiB-loaded-anon", 1, "MiB", "", "", "")
 	t.row("  its peak (VmHWM)", "Scale", "MiB-loaded-peak", 1, "MiB", "", "", "")
 	t.row("  the empty store's RSS, same run", "Scale", "MiB-empty", 1, "MiB", "", "", "")
 
