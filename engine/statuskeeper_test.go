@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strconv"
@@ -179,16 +180,15 @@ func tabwriterTable(st machineStatus) []byte {
 	return b.Bytes()
 }
 
-// Table lays out what text/tabwriter would, byte for byte: cells of several runes' bytes, empty
-// cockpits, stacks without holders or lease, a drain, commands and checkouts a terminal would act
-// on, with the proxied column and without.
-func TestStatusTableIsTabwriters(t *testing.T) {
-	t.Parallel()
-	st := machineStatus{Cockpits: []cockpitStatus{
-		{Name: "app", Stacks: []stackStatus{
+// oddStatus is a status of what the table and JSON must handle: cells of several runes' bytes,
+// an empty cockpit, stacks without holders or lease, a drain, commands and checkouts a terminal
+// would act on, text encoding/json escapes, with the proxied column or without.
+func oddStatus(proxy bool) machineStatus {
+	st := machineStatus{UpdatedAt: "2026-12-03T17:00:00.000Z", Cockpits: []cockpitStatus{
+		{Name: "app", UID: 1000, Stacks: []stackStatus{
 			{Name: "feature-x", Revision: 12, Ports: map[string]int{"HTTP": 47330, "DB": 47331}, Holders: []holderStatus{
-				{Name: "ci", State: "untracked", Checkout: "/src/caf\u00e9/\u2615"},
-				{Name: "me", State: "live", PID: 4242, Command: "node server.js --title=\u00fcber\x1b[31m", Checkout: "/home/u/x\ty"},
+				{Name: "ci", State: "untracked", Checkout: "/src/caf\u00e9/\u2615 <&>"},
+				{Name: "me", State: "live", PID: 4242, Command: "node server.js --title=\u00fcber\x1b[31m\u200b\U000E0001", Checkout: "/home/u/x\ty"},
 			}, Drain: &drainStatus{Purpose: "down", Completed: 1, Actions: 3, Attempt: "active", Stage: "reclaim", Target: "volume:cache"}},
 			{Name: "idle", Holders: []holderStatus{}},
 			{Name: "gone", Revision: 3, Holders: []holderStatus{{Name: "old", State: "dead", PID: 7, Checkout: ""}}},
@@ -196,17 +196,42 @@ func TestStatusTableIsTabwriters(t *testing.T) {
 		{Name: "empty", Stacks: []stackStatus{}},
 		{Name: "web", Stacks: []stackStatus{{Name: "s", Revision: 1, Ports: map[string]int{"WEB": 8080}, Holders: []holderStatus{{Name: "h", State: "unknown", PID: 99999}}}}},
 	}}
+	if proxy {
+		st.Cockpits[0].Stacks[0].Proxied = map[string]string{"web": "http://web.feature-x.app.localhost:8080/", "api": "http://api.feature-x.app.localhost:8080/v1"}
+	}
+	for i := range st.Cockpits {
+		for j := range st.Cockpits[i].Stacks {
+			st.Cockpits[i].Stacks[j] = st.Cockpits[i].Stacks[j].withCells()
+		}
+	}
+	return st
+}
+
+// Table lays out what text/tabwriter would, byte for byte.
+func TestStatusTableIsTabwriters(t *testing.T) {
+	t.Parallel()
 	for _, proxy := range []bool{false, true} {
-		if proxy {
-			st.Cockpits[0].Stacks[0].Proxied = map[string]string{"web": "http://web.feature-x.app.localhost:8080/", "api": "http://api.feature-x.app.localhost:8080/v1"}
-		}
-		for i := range st.Cockpits {
-			for j := range st.Cockpits[i].Stacks {
-				st.Cockpits[i].Stacks[j] = st.Cockpits[i].Stacks[j].withCells()
-			}
-		}
+		st := oddStatus(proxy)
 		if got, want := st.Table(), tabwriterTable(st); !bytes.Equal(got, want) {
 			t.Fatalf("proxied column %v: Table prints\n%s\ntext/tabwriter\n%s", proxy, got, want)
+		}
+	}
+}
+
+// JSON prints encoding/json's indented bytes, as PrintableJSON, however often it is rendered (each
+// stack's text is kept), and with no cockpit at all.
+func TestStatusJSONIsEncodingJSONs(t *testing.T) {
+	t.Parallel()
+	for _, st := range []machineStatus{oddStatus(false), oddStatus(true), {Cockpits: []cockpitStatus{}}} {
+		data, err := json.MarshalIndent(st, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := append(PrintableJSON(data), '\n')
+		for range 2 {
+			if got, err := st.JSON(); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("JSON prints (%v)\n%s\nencoding/json\n%s", err, got, want)
+			}
 		}
 	}
 }
