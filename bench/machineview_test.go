@@ -17,8 +17,9 @@ import (
 // BenchmarkMachineView (issue 42 item 1): the machine-wide views as a busy runner's daemon serves
 // them. `ls -l ports` (the real ls: a listing and an lstat of every entry) with 1,024 leased ports
 // and with 8,192 (eight cockpits of 128 stacks of eight ports), per entry, each a median of b.N
-// runs taken at that size; and `cat status` with 10 stacks (a daemon of their own) and with 1,000,
-// read in turn, unchanged since the last read and after a commit on one stack of each.
+// runs taken at that size; and `cat status` and `cat status.json` with 10 stacks (a daemon of
+// their own) and with 1,000, read in turn, unchanged since the last read and after a commit on
+// one stack of each.
 func BenchmarkMachineView(b *testing.B) {
 	d := newDaemon(fmt.Sprintf("machine-view-%d", time.Now().UnixNano()))
 	defer os.RemoveAll(filepath.Dir(d.Dir))
@@ -96,36 +97,34 @@ func BenchmarkMachineView(b *testing.B) {
 		b.Fatal(err)
 	}
 	cockpit(small, 0, 40000, 10)
-	// cat status of each daemon in turn, b.N times, each time after change(i) on both (untimed);
-	// its output to /dev/null, so that what is timed is the file's reading, not a pipe's.
-	catStatus := func(d *daemon) time.Duration {
+	// cat file (status or status.json) of each daemon in turn, b.N times, each time after
+	// change(i) on both (untimed); its output to /dev/null, so that what is timed is the file's
+	// reading, not a pipe's.
+	cat := func(d *daemon, file string) time.Duration {
 		var stderr bytes.Buffer
-		cmd := exec.Command("cat", d.path("status"))
+		cmd := exec.Command("cat", d.path(file))
 		cmd.Stderr = &stderr
 		start := time.Now()
 		if err := cmd.Run(); err != nil {
-			b.Fatalf("cat %s: %v\n%s", d.path("status"), err, stderr.String())
+			b.Fatalf("cat %s: %v\n%s", d.path(file), err, stderr.String())
 		}
 		return time.Since(start)
 	}
-	statusOf := func(change func(d *daemon, i int)) (ten, thousand time.Duration) {
+	readBoth := func(file string, change func(d *daemon, i int)) (ten, thousand time.Duration) {
 		var tens, thousands []time.Duration
 		for i := range b.N {
 			change(small, i)
 			change(d, i)
 			if i%2 == 0 {
-				tens, thousands = append(tens, catStatus(small)), append(thousands, catStatus(d))
+				tens, thousands = append(tens, cat(small, file)), append(thousands, cat(d, file))
 			} else {
-				thousands, tens = append(thousands, catStatus(d)), append(tens, catStatus(small))
+				thousands, tens = append(thousands, cat(d, file)), append(tens, cat(small, file))
 			}
 		}
 		return median(tens), median(thousands)
 	}
-	ten, thousand := statusOf(func(*daemon, int) {})
-	b.ReportMetric(float64(ten.Nanoseconds()), "ns/status-10")
-	b.ReportMetric(float64(thousand.Nanoseconds()), "ns/status-1000")
-	// A read after a commit reads that stack again and assembles and renders the rows anew.
-	ten, thousand = statusOf(func(d *daemon, i int) {
+	// A read after a commit reads that stack again and renders the file anew.
+	commit := func(d *daemon, i int) {
 		holder := d.path("c0", "stacks", "s0", "holders", "x")
 		var err error
 		if i%2 == 0 {
@@ -136,9 +135,16 @@ func BenchmarkMachineView(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-	})
-	b.ReportMetric(float64(ten.Nanoseconds()), "ns/status-10-changed")
-	b.ReportMetric(float64(thousand.Nanoseconds()), "ns/status-1000-changed")
+	}
+	for _, file := range []string{"status", "status.json"} {
+		name := strings.ReplaceAll(file, ".", "-")
+		ten, thousand := readBoth(file, func(*daemon, int) {})
+		b.ReportMetric(float64(ten.Nanoseconds()), "ns/"+name+"-10")
+		b.ReportMetric(float64(thousand.Nanoseconds()), "ns/"+name+"-1000")
+		ten, thousand = readBoth(file, commit)
+		b.ReportMetric(float64(ten.Nanoseconds()), "ns/"+name+"-10-changed")
+		b.ReportMetric(float64(thousand.Nanoseconds()), "ns/"+name+"-1000-changed")
+	}
 }
 
 func median(samples []time.Duration) time.Duration {

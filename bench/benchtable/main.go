@@ -356,6 +356,12 @@ func main() {
 	r, _ = t.ratio("MachineView", "ns/status-1000-changed", "MachineView", "ns/status-10-changed", atLeast(0))
 	t.row("  cat status with 1,000 stacks, after a commit on one of them", "MachineView", "ns/status-1000-changed", us, "µs", r+" of 10 stacks after one", "", "")
 	t.row("  cat status with 10 stacks, after a commit on one of them", "MachineView", "ns/status-10-changed", us, "µs", "", "", "")
+	r, v = t.ratio("MachineView", "ns/status-json-1000", "MachineView", "ns/status-json-10", atMost(2))
+	t.row("machine view: cat status.json with 1,000 stacks", "MachineView", "ns/status-json-1000", us, "µs", r+" of 10 stacks", "≤ 2×", v)
+	t.row("  cat status.json with 10 stacks", "MachineView", "ns/status-json-10", us, "µs", "", "", "")
+	r, _ = t.ratio("MachineView", "ns/status-json-1000-changed", "MachineView", "ns/status-json-10-changed", atLeast(0))
+	t.row("  cat status.json with 1,000 stacks, after a commit on one of them", "MachineView", "ns/status-json-1000-changed", us, "µs", r+" of 10 stacks after one", "", "")
+	t.row("  cat status.json with 10 stacks, after a commit on one of them", "MachineView", "ns/status-json-10-changed", us, "µs", "", "", "")
 
 	t.row("scale: mount ready, 10,000 leased stacks, 100 daemons' holds (exec to serving)", "Scale", "ms-ready-loaded", 1, "ms", "", "≤ 1 s", t.limit("Scale", "ms-ready-loaded", atMost(1000)))
 	t.row("  an empty store's, same run", "Scale", "ms-ready-empty", 1, "ms", "", "", "")
