@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(floorEnv); dir != "" {
 		os.Exit(serveFloor(dir))
 	}
+	if spec := os.Getenv(scaleHelperEnv); spec != "" {
+		os.Exit(scaleHelper(spec))
+	}
 	flag.Parse()
 	// Without -bench there is nothing to set up: go test ./bench/ stays fast.
 	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
@@ -93,9 +96,11 @@ type daemon struct {
 	// hostNet runs it in the benchmark's own network namespace (an etcd daemon: the cluster
 	// listens there), not daemonNetns.
 	hostNet bool
-	cmd     *exec.Cmd
-	log     bytes.Buffer
-	done    chan error
+	// ns is the network namespace it serves in when not daemonNetns.
+	ns   *netns.NS
+	cmd  *exec.Cmd
+	log  bytes.Buffer
+	done chan error
 }
 
 // newDaemon returns a daemon for a fresh mount point and store below workDir, not yet started.
@@ -115,6 +120,9 @@ func (d *daemon) start() (time.Duration, error) {
 	d.cmd.Stdout, d.cmd.Stderr = &d.log, &d.log
 	began := time.Now()
 	ns := daemonNetns
+	if d.ns != nil {
+		ns = d.ns
+	}
 	if d.hostNet {
 		ns = nil
 	}

@@ -9,12 +9,16 @@ import (
 
 // Create, configure with a large document, and remove cockpits and stacks: nothing of them stays
 // in memory — neither the decoded cockpit, nor a lock per key, nor a record's cache entry or
-// generation, nor a stale mark for a health read nobody makes.
+// generation, nor a stale mark for a health read nobody makes, nor a status row.
 func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
 	t.Parallel()
 	e := newEngine(t)
 	ctx := context.Background()
 	config := exampleConfig + strings.Repeat("# padding of a large config\n", 2000)
+	// A status read keeps every cockpit's rows from here on.
+	if _, _, err := e.StatusFile(StatusTable); err != nil {
+		t.Fatal(err)
+	}
 	for i := range 20 {
 		name := fmt.Sprintf("app%d", i)
 		newCockpit(t, e, name, config, "one")
@@ -37,11 +41,15 @@ func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
 	e.records.mu.Lock()
 	records := len(e.records.gen) + len(e.records.m) + len(e.records.latest)
 	e.records.mu.Unlock()
-	e.inventory.staleMu.Lock()
-	stale := len(e.inventory.stale)
-	e.inventory.staleMu.Unlock()
+	stale := e.inventory.stale.count()
 	if records != 0 || stale != 0 {
 		t.Fatalf("after removing every stack: %d record cache entries, %d stale marks kept", records, stale)
+	}
+	if _, _, err := e.StatusFile(StatusTable); err != nil {
+		t.Fatal(err)
+	}
+	if kept, stale := len(e.status.cockpits), e.status.stale.count(); kept != 0 || stale != 0 {
+		t.Fatalf("after removing every cockpit and reading status: %d cockpits' rows, %d stale marks kept", kept, stale)
 	}
 }
 
@@ -71,4 +79,11 @@ func TestHealthKeepsNoReadsOfRemovedStacks(t *testing.T) {
 	if kept := kept(); kept != 0 {
 		t.Fatalf("after a commit: %d stacks' reads kept, want 0", kept)
 	}
+}
+
+// count is how many keys are marked.
+func (s *staleKeys) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.stale)
 }

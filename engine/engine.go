@@ -65,7 +65,8 @@ import (
 //     claim waits for a waiting one, so no cycle forms; and each wait is bounded by the
 //     operation's budget (STATE_LOCKED). TestCrossStackWait* drive it.
 //  3. inventory.mu: a health read's, held across its whole View of the store (observeInventory);
-//     taken with no key's lock held. routeIndexes.mu likewise: the web proxy's, held across the
+//     taken with no key's lock held. statusKeeper.mu likewise: a status read's, held across its
+//     View, its observations of the holders' processes and its rendering (StatusFile). routeIndexes.mu likewise: the web proxy's, held across the
 //     Views that rebuild its index of names (ResolveRoute), with no other lock held.
 //  4. the store's transaction (kv's group-commit lock inside it). The store calls back into the
 //     engine only through fn, which takes the locks below.
@@ -78,7 +79,7 @@ import (
 //     and owners.mu (a scan of /proc), holds.boundMu (a read of /proc/net/unix; never with
 //     holds.mu).
 //  7. leaves held for a map or counter access alone: keyedLocks.mu, notifier.mu,
-//     cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, healthCache.mu, inventory.staleMu,
+//     cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, healthCache.mu, staleKeys.mu,
 //     budgetContext.mu, identities.mu, liveness's threadGroups, staged (a sync.Map), fs's own maps'
 //     (snapshots.mu, replacements.mu and those of file.go, nested.go, render.go and scratch.go),
 //     the proxy's CA.mu (its certificates by name).
@@ -102,6 +103,8 @@ type Engine struct {
 	leaseBound leaseBound
 	// inventory is what health observes of every record, kept from commits.
 	inventory inventory
+	// status is what the root files status and status.json show, kept from commits.
+	status statusKeeper
 	// healthCache is what the last health read of each stack read of the store, while no commit
 	// has begun since.
 	healthCache healthCache

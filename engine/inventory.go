@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -14,13 +13,12 @@ import (
 // inventory is what health observes of every record on the machine (the seeds' inventories): per
 // stack, whether its record decodes and keeps its invariants, and its active lease's ports. It is
 // read from the store once, at the first health read, then kept: every commit marks its stack
-// stale before it is acknowledged, and the next health read reads the stale stacks again, so a
-// health read costs the stacks changed since the last one, not every stack on the machine. Like
-// the record cache, this holds only while this process is the store's only writer; a shared
-// store (storage.Shared) is read whole at every health read.
+// stale before it is acknowledged (staleKeys), and the next health read reads the stale stacks
+// again, so a health read costs the stacks changed since the last one, not every stack on the
+// machine. A shared store (storage.Shared) is read whole at every health read.
 type inventory struct {
 	// mu orders health reads: each takes the stale stacks and reads them in one View, so no read
-	// stores an entry older than one another read stored. It guards the fields up to staleMu and
+	// stores an entry older than one another read stored. It guards the fields up to stale and
 	// is held across that whole View (LOCK ORDERING 3).
 	mu       sync.Mutex
 	loaded   bool
@@ -30,15 +28,8 @@ type inventory struct {
 	unsound  map[string]map[string]string // cockpit → stack key → why its record is unsound
 	shared   map[int]bool                 // ports in more than one active lease
 
-	staleMu sync.Mutex      // guards stale and underway alone, so commits never wait for a health read; a leaf
-	stale   map[string]bool // stack keys committed since the last health read took them
-	// underway counts each stack's commits under way: every health read reads them again, since
-	// the store may show a commit before its committer is back.
-	underway map[string]int
-	// tracking: a health read has begun, so commits must be marked stale. Before the first one
-	// nothing is kept (it reads every record), so a daemon nobody asks for health keeps no
-	// key of every stack ever committed.
-	tracking atomic.Bool
+	// stale are the stack keys committed since the last health read took them.
+	stale staleKeys
 }
 
 type inventoryEntry struct {
@@ -47,67 +38,27 @@ type inventoryEntry struct {
 	ports   map[string]int // its active lease's ports; nil without one (or when unsound)
 }
 
-// commitBegins and commitEnds bracket a commit on key (update calls commitEnds before
-// acknowledging it), which commitEnds marks stale.
 func (inv *inventory) commitBegins(key string) {
-	if !strings.HasPrefix(key, allStacksPrefix) {
-		return
+	if strings.HasPrefix(key, allStacksPrefix) {
+		inv.stale.commitBegins(key)
 	}
-	inv.staleMu.Lock()
-	defer inv.staleMu.Unlock()
-	if inv.underway == nil {
-		inv.underway = map[string]int{}
-	}
-	inv.underway[key]++
 }
 
 func (inv *inventory) commitOrdered(string, *commitOutcome) {}
 
-func (inv *inventory) commitEnds(key string, _ *commitOutcome) {
-	if !strings.HasPrefix(key, allStacksPrefix) {
-		return
+func (inv *inventory) commitEnds(key string, o *commitOutcome) {
+	if strings.HasPrefix(key, allStacksPrefix) {
+		inv.stale.commitEnds(key, o)
 	}
-	inv.staleMu.Lock()
-	inv.underway[key]--
-	if inv.underway[key] <= 0 {
-		delete(inv.underway, key)
-	}
-	inv.staleMu.Unlock()
-	inv.markStale(key)
-}
-
-// markStale has the next health read read key again.
-func (inv *inventory) markStale(key string) {
-	if !inv.tracking.Load() {
-		return
-	}
-	inv.staleMu.Lock()
-	defer inv.staleMu.Unlock()
-	if inv.stale == nil {
-		inv.stale = map[string]bool{}
-	}
-	inv.stale[key] = true
 }
 
 // observeInventory runs fn in a View with cockpit's health inventory, reading first the stacks
-// that changed. Taking the stale set before the View begins matters: a stack marked after it was
-// taken stays stale for the next read, since this View's snapshot may predate its commit.
+// that changed (taken before the View begins: see staleKeys.take).
 func (e *Engine) observeInventory(cockpit string, fn func(tx storage.Txn, inv healthInventory) error) error {
 	inv := &e.inventory
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	// Before the View: a commit its snapshot misses is marked stale for the next read.
-	inv.tracking.Store(true)
-	inv.staleMu.Lock()
-	stale := inv.stale
-	inv.stale = nil
-	for key := range inv.underway {
-		if stale == nil {
-			stale = map[string]bool{}
-		}
-		stale[key] = true
-	}
-	inv.staleMu.Unlock()
+	stale := inv.stale.take()
 	refreshed := false
 	err := e.db.View(func(tx storage.Txn) error {
 		if err := e.refreshInventory(tx, stale); err != nil {
@@ -119,7 +70,7 @@ func (e *Engine) observeInventory(cockpit string, fn func(tx storage.Txn, inv he
 	if !refreshed {
 		// Read them again next time: this View may have applied only some.
 		for key := range stale {
-			inv.markStale(key)
+			inv.stale.mark(key)
 		}
 	}
 	return err

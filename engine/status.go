@@ -8,16 +8,15 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
-	"text/tabwriter"
-
-	"github.com/cockpitfs/cockpitfs/storage"
+	"unicode/utf8"
 )
 
-// Status is the machine at a glance: every cockpit, its stacks, their leased ports, holders and
-// drains, read in one snapshot, with each holder's liveness and command observed after it. It is
-// what the root files status and status.json show.
-type Status struct {
+// machineStatus is the machine at a glance: every cockpit, its stacks, their leased ports, holders
+// and drains, read in one snapshot, with each holder's liveness and command observed after it. It
+// is what the root files status and status.json show (StatusFile).
+type machineStatus struct {
 	Cockpits []cockpitStatus `json:"cockpits"`
 	// UpdatedAt is the latest change among them: the files' mtime.
 	UpdatedAt string `json:"updatedAt"`
@@ -40,6 +39,8 @@ type stackStatus struct {
 	// Proxied are the stack's web entrypoints' URLs through the daemon's proxy, by entrypoint
 	// name, while it holds a lease and the daemon serves a proxy.
 	Proxied map[string]string `json:"proxied,omitempty"`
+	cells   stackCells
+	text    *stackText // its JSON, shared by the copies of one row (nil: encoded every time)
 }
 
 // holderStatus is one holder as its file reads, plus the command its process runs.
@@ -50,6 +51,9 @@ type holderStatus struct {
 	Command  string `json:"command,omitempty"` // a live holder's command line
 	Checkout string `json:"checkout"`
 	UID      uint32 `json:"uid"`
+	// processStart is the start its pid was recorded with: what its liveness is judged by.
+	processStart string
+	checkoutCell string // Checkout as the table shows it
 }
 
 // drainStatus is a reserved drain: its purpose, how far it got and what runs now.
@@ -61,71 +65,6 @@ type drainStatus struct {
 	Attempt string `json:"attempt"`
 	Stage   string `json:"stage,omitempty"`
 	Target  string `json:"target,omitempty"`
-}
-
-// Status reads every cockpit and stack in one snapshot.
-func (e *Engine) Status() (Status, error) {
-	var st Status
-	err := e.db.View(func(tx storage.Txn) error {
-		st = Status{}
-		var metas []cockpitMeta
-		if err := tx.Scan(cockpitsPrefix, func(_ string, v []byte) error {
-			var m cockpitMeta
-			if err := json.Unmarshal(v, &m); err != nil {
-				return err
-			}
-			metas = append(metas, m)
-			return nil
-		}); err != nil {
-			return err
-		}
-		for _, m := range metas {
-			st.UpdatedAt = later(st.UpdatedAt, m.UpdatedAt)
-			c := cockpitStatus{Name: m.Name, UID: m.UID, Stacks: []stackStatus{}}
-			info := m.info()
-			info.proxy = e.proxyBase.Load()
-			var keys []string
-			heads := map[string][]byte{}
-			if err := tx.Scan(stacksPrefix(m.Name), func(k string, v []byte) error {
-				keys, heads[k] = append(keys, k), v
-				return nil
-			}); err != nil {
-				return err
-			}
-			records, failed, err := e.recordsOf(tx, cockpitHoldersPrefix(m.Name), heads)
-			if err != nil {
-				return err
-			}
-			for _, k := range keys {
-				r := records[k]
-				if err := failed[k]; err != nil {
-					return err
-				}
-				st.UpdatedAt = later(st.UpdatedAt, r.UpdatedAt)
-				c.Stacks = append(c.Stacks, e.stackStatus(r.Record, info))
-			}
-			st.Cockpits = append(st.Cockpits, c)
-		}
-		return nil
-	})
-	if err != nil {
-		return Status{}, err
-	}
-	if st.Cockpits == nil {
-		st.Cockpits = []cockpitStatus{}
-	}
-	// Observed after the snapshot, outside the transaction, as every probe is.
-	for _, c := range st.Cockpits {
-		for _, s := range c.Stacks {
-			for i := range s.Holders {
-				h := &s.Holders[i]
-				if h.State == "live" {
-					h.Command = commandLine(h.PID)
-				}
-			}
-		}
-	}
-	return st, nil
 }
 
 func later(a, b string) string {
@@ -151,7 +90,12 @@ func (e *Engine) stackStatus(r Record, info CockpitInfo) stackStatus {
 		}
 	}
 	for _, h := range r.Value.Holders {
-		s.Holders = append(s.Holders, holderStatus{Name: h.Name, State: e.HolderState(h), PID: h.PID, Checkout: h.CheckoutPath, UID: h.UID})
+		// A pid's state is observed at each read (statusKeeper.observe).
+		hs := holderStatus{Name: h.Name, PID: h.PID, Checkout: h.CheckoutPath, UID: h.UID, processStart: h.ProcessStart}
+		if h.PID == 0 {
+			hs.State = e.HolderState(h)
+		}
+		s.Holders = append(s.Holders, hs)
 	}
 	sort.Slice(s.Holders, func(i, j int) bool { return s.Holders[i].Name < s.Holders[j].Name })
 	if d := r.Value.Drain; d != nil {
@@ -164,6 +108,16 @@ func (e *Engine) stackStatus(r Record, info CockpitInfo) stackStatus {
 			ds.Attempt = at.Status
 		}
 		s.Drain = ds
+	}
+	return s.withCells()
+}
+
+// withCells is s with the cells the table shows of it, and a place for its JSON.
+func (s stackStatus) withCells() stackStatus {
+	s.text = &stackText{}
+	s.cells = stackCells{revision: strconv.FormatInt(s.Revision, 10), ports: portsText(s.Ports), drain: drainText(s.Drain), proxied: proxiedText(s.Proxied)}
+	for i := range s.Holders {
+		s.Holders[i].checkoutCell = dash(s.Holders[i].Checkout)
 	}
 	return s
 }
@@ -185,43 +139,87 @@ func commandLine(pid int) string {
 }
 
 // Table renders the status as one aligned table, a row per holder (a stack without holders, and a
-// cockpit without stacks, get one row too); "-" marks what there is none of.
-func (st Status) Table() ([]byte, error) {
-	var b bytes.Buffer
-	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+// cockpit without stacks, get one row too); "-" marks what there is none of. The columns are
+// aligned as text/tabwriter aligns them (two spaces after the widest cell, widths in runes;
+// TestStatusTableIsTabwriters), from the cells each row keeps, so a table of a thousand stacks
+// formats no value again.
+func (st machineStatus) Table() []byte {
 	// The proxied URLs get a column only while the daemon serves a proxy.
 	proxied := false
+	rows := 1
 	for _, c := range st.Cockpits {
+		rows++
 		for _, s := range c.Stacks {
 			proxied = proxied || len(s.Proxied) > 0
+			rows += len(s.Holders) + 1
 		}
 	}
-	header, tail := "", func(stackStatus) string { return "" }
+	header := []string{"COCKPIT", "STACK", "REV", "PORTS", "HOLDER", "STATE", "PID", "COMMAND", "CHECKOUT", "DRAIN"}
 	if proxied {
-		header, tail = "\tPROXIED", func(s stackStatus) string { return "\t" + proxiedText(s.Proxied) }
+		header = append(header, "PROXIED")
 	}
-	fmt.Fprintln(w, "COCKPIT\tSTACK\tREV\tPORTS\tHOLDER\tSTATE\tPID\tCOMMAND\tCHECKOUT\tDRAIN"+header)
+	cols := len(header)
+	cells := make([]string, 0, rows*cols)
+	cells = append(cells, header...)
+	row := func(s *stackStatus, more ...string) {
+		cells = append(cells, more...)
+		if proxied {
+			cells = append(cells, s.cells.proxied)
+		}
+	}
 	for _, c := range st.Cockpits {
 		if len(c.Stacks) == 0 {
-			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-%s\n", c.Name, tail(stackStatus{}))
+			row(&stackStatus{cells: stackCells{proxied: "-"}}, c.Name, "-", "-", "-", "-", "-", "-", "-", "-", "-")
 		}
-		for _, s := range c.Stacks {
-			ports, drain := portsText(s.Ports), drainText(s.Drain)
+		for i := range c.Stacks {
+			s := &c.Stacks[i]
 			if len(s.Holders) == 0 {
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t-\t-\t-\t-\t-\t%s%s\n", c.Name, s.Name, s.Revision, ports, drain, tail(s))
+				row(s, c.Name, s.Name, s.cells.revision, s.cells.ports, "-", "-", "-", "-", "-", s.cells.drain)
 			}
 			for _, h := range s.Holders {
 				pid := "-"
 				if h.PID != 0 {
-					pid = fmt.Sprint(h.PID)
+					pid = strconv.Itoa(h.PID)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", c.Name, s.Name, s.Revision, ports,
-					h.Name, h.State, pid, dash(h.Command), dash(h.Checkout), drain, tail(s))
+				row(s, c.Name, s.Name, s.cells.revision, s.cells.ports, h.Name, h.State, pid, dash(h.Command), h.checkoutCell, s.cells.drain)
 			}
 		}
 	}
-	err := w.Flush()
-	return b.Bytes(), err
+	return alignCells(cells, cols)
+}
+
+// stackCells are a stack's cells of the table, as its row was derived.
+type stackCells struct {
+	revision, ports, drain, proxied string
+}
+
+// alignCells writes cells, cols to a line, each but a line's last padded to its column's widest
+// cell and two spaces more, as text/tabwriter does with padding 2 and ' '.
+func alignCells(cells []string, cols int) []byte {
+	widths := make([]int, cols)
+	runes := make([]int32, len(cells)) // each cell's width, counted once
+	size := 0
+	for i, c := range cells {
+		n := utf8.RuneCountInString(c)
+		runes[i] = int32(n)
+		widths[i%cols] = max(widths[i%cols], n)
+		size += len(c)
+	}
+	line := 0
+	for _, w := range widths[:cols-1] {
+		line += w + 2
+	}
+	spaces := []byte(strings.Repeat(" ", slices.Max(widths)+2))
+	out := make([]byte, 0, size+len(cells)/cols*(line+1))
+	for i, c := range cells {
+		out = append(out, c...)
+		if col := i % cols; col < cols-1 {
+			out = append(out, spaces[:widths[col]+2-int(runes[i])]...)
+		} else {
+			out = append(out, '\n')
+		}
+	}
+	return out
 }
 
 // proxiedText is the proxied URLs in entrypoint order, joined by commas.
@@ -242,10 +240,71 @@ func cellOf[V any](m map[string]V, cell func(key string, v V) string) string {
 	return strings.Join(parts, ",")
 }
 
-// JSON renders the status for scripts, as PrintableJSON.
-func (st Status) JSON() ([]byte, error) {
-	data, err := json.MarshalIndent(st, "", "  ")
-	return append(PrintableJSON(data), '\n'), err
+// JSON renders the status for scripts: encoding/json's indented bytes, as PrintableJSON, put
+// together from each stack's own (TestStatusJSONIsEncodingJSONs), so a status of a thousand
+// stacks encodes only those whose row changed since.
+func (st machineStatus) JSON() ([]byte, error) {
+	b := []byte("{\n  \"cockpits\": [")
+	for i, c := range st.Cockpits {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		name, err := json.Marshal(c.Name)
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(b, "\n    {\n      \"name\": "...), PrintableJSON(name)...)
+		b = strconv.AppendUint(append(b, ",\n      \"uid\": "...), uint64(c.UID), 10)
+		b = append(b, ",\n      \"stacks\": ["...)
+		for j := range c.Stacks {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			text, err := c.Stacks[j].jsonText()
+			if err != nil {
+				return nil, err
+			}
+			b = append(append(b, "\n        "...), text...)
+		}
+		if len(c.Stacks) > 0 {
+			b = append(b, "\n      "...)
+		}
+		b = append(b, "]\n    }"...)
+	}
+	if len(st.Cockpits) > 0 {
+		b = append(b, "\n  "...)
+	}
+	updated, err := json.Marshal(st.UpdatedAt)
+	if err != nil {
+		return nil, err
+	}
+	b = append(append(b, "],\n  \"updatedAt\": "...), PrintableJSON(updated)...)
+	return append(b, "\n}\n"...), nil
+}
+
+// stackText is a stack's JSON as status.json indents it, once encoded.
+type stackText struct{ json []byte }
+
+// jsonText is s as status.json shows it, at its depth there: encoded once for a row whose holders
+// have no process to observe, at every rendering for the others (their state may change with no
+// commit).
+func (s *stackStatus) jsonText() ([]byte, error) {
+	if s.text != nil && s.text.json != nil {
+		return s.text.json, nil
+	}
+	data, err := json.MarshalIndent(s, "        ", "  ")
+	if err != nil {
+		return nil, err
+	}
+	data = PrintableJSON(data)
+	observed := false
+	for _, h := range s.Holders {
+		observed = observed || h.PID != 0
+	}
+	if s.text != nil && !observed {
+		s.text.json = data
+	}
+	return data, nil
 }
 
 // dash is s as a cell shows it (Printable: one line, no tab, nothing a terminal acts on), "-"

@@ -44,21 +44,17 @@ func (f *FS) readme() (view, error) {
 	return view{data: []byte(readmeText), mtime: f.started, uid: f.uid}, nil
 }
 
-// statusView renders the machine at a glance (engine.Status) as format does, per open: holders'
-// liveness is observed at each.
-func (f *FS) statusView(format func(engine.Status) ([]byte, error)) render {
+// statusView is the root file format shows (engine.StatusFile), per open: holders' liveness is
+// observed at each.
+func (f *FS) statusView(format engine.StatusFormat) render {
 	return func() (view, error) {
-		st, err := f.eng.Status()
-		if err != nil {
-			return view{}, err
-		}
-		data, err := format(st)
+		data, updatedAt, err := f.eng.StatusFile(format)
 		if err != nil {
 			return view{}, err
 		}
 		mtime := f.started
-		if st.UpdatedAt != "" {
-			mtime = stamp(st.UpdatedAt)
+		if updatedAt != "" {
+			mtime = stamp(updatedAt)
 		}
 		return view{data: data, mtime: mtime, uid: f.uid}, nil
 	}

