@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"regexp"
 	"strconv"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Every member of the cluster killed and restarted with its data: a stack one daemon makes right
@@ -37,6 +39,56 @@ func TestTeamWholeClusterRestart(t *testing.T) {
 			t.Fatalf("round %d: the other daemon lists holders %q (%s)", round, got.Stdout, got.Stderr)
 		}
 	}
+}
+
+// A daemon whose etcd member missed every change while etcd compacted past its watch, then the
+// same member replaced (removed, added again empty, with a new id): at each, the changes the other
+// daemon made are seen at the next read — a stack made, a holder released — never ENOENT or a
+// holder gone elsewhere still listed, and what this daemon writes then is seen by the other.
+func TestTeamCompactionAndReplacedMember(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t, 3)
+	ends := cluster.Endpoints()
+	a := newEtcdMount(t, "etcd://"+ends[1]+","+ends[2]+"/moved")
+	b := newEtcdMount(t, "etcd://"+ends[0]+"/moved") // through member 0 alone
+	a.setupApp(5, map[string]int{"HTTP": 18580}, "s1")
+	a.ok("touch $M/app/stacks/s1/holders/ha $M/app/stacks/s1/holders/hx")
+	if got := b.ok("ls $M/app/stacks/s1/holders"); got != "ha\nhx\n" {
+		t.Fatalf("before: holders %q", got)
+	}
+	seen := func(when, stack string) {
+		t.Helper()
+		port := a.read("app/stacks", stack, "ports/HTTP")
+		if got := b.sh("cat $M/app/stacks/" + stack + "/ports/HTTP"); got.Code != 0 || got.Stdout != port {
+			t.Fatalf("%s: the other daemon reads %q (exit %d, %s), want %q", when, got.Stdout, got.Code, strings.TrimSpace(got.Stderr), port)
+		}
+		if got := b.ok("ls $M/app/stacks/s1/holders"); got != "ha\n" {
+			t.Fatalf("%s: the other daemon lists s1's holders %q, want ha alone", when, got)
+		}
+		b.ok("touch $M/app/stacks/" + stack + "/holders/hb")
+		if got := a.ok("ls $M/app/stacks/" + stack + "/holders"); got != "h\nhb\n" {
+			t.Fatalf("%s: a holder the other daemon made is not listed: %q", when, got)
+		}
+		a.ok("rm $M/app/stacks/" + stack + "/holders/hb")
+	}
+
+	cluster.DropReplies(0) // b hears nothing from here on
+	a.ok("mkdir $M/app/stacks/s2 && touch $M/app/stacks/s2/holders/h && rm $M/app/stacks/s1/holders/hx")
+	cli := cluster.Open(t, "moved").Client()
+	head, err := cli.Get(context.Background(), "moved/", clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(context.Background(), head.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	cluster.Cut(0) // b's connection comes back; its watch would resume below the compaction
+	seen("after the compaction", "s2")
+
+	a.ok("touch $M/app/stacks/s1/holders/hx")
+	cluster.ReplaceMember(0)
+	a.ok("mkdir $M/app/stacks/s3 && touch $M/app/stacks/s3/holders/h && rm $M/app/stacks/s1/holders/hx")
+	seen("after the member was replaced", "s3")
 }
 
 // The cluster restored from a snapshot older than what a running daemon has seen: the daemon
