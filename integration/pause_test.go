@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,41 +31,12 @@ func TestTeamPausedDaemonReannouncesBeforeAHolder(t *testing.T) {
 	paused := newEtcdMount(t, store, liveness.TestBootIDEnv+"="+bootP)
 	paused.ok("touch $M/app/stacks/p1/holders/hp1")
 
-	cli := cluster.Open(t, "pause").Client()
-	announced := func() int64 {
-		resp, err := cli.Get(context.Background(), "pause/m/"+bootP+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.Count
-	}
-	if announced() != 1 {
-		t.Fatalf("the daemon's machine is not announced")
-	}
-	if err := paused.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := true
-	t.Cleanup(func() {
-		if stopped {
-			paused.cmd.Process.Signal(syscall.SIGCONT)
-		}
-	})
-	deadline := time.Now().Add(engine.MachineTTL + 20*time.Second)
-	for announced() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the paused daemon's announcement never expired")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	announced, resume := pausePastAnnouncement(t, cluster, "pause", bootP, paused)
 	if got := other.ok("grep state= $M/app/stacks/p1/holders/hp1"); got != "state=dead\n" {
 		t.Fatalf("the paused machine's holder reads %q elsewhere, want dead", got)
 	}
 
-	if err := paused.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	stopped = false
+	resume()
 	// At once, before the keep-alive that failed during the pause has been noticed.
 	paused.ok("mkdir $M/app/stacks/p3 && touch $M/app/stacks/p3/holders/hp")
 	if announced() != 1 {
@@ -103,34 +75,10 @@ func TestTeamPausedDaemonWithoutQuorumRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cli := cluster.Open(t, "unannounced").Client()
-	announced := func() int64 {
-		resp, err := cli.Get(context.Background(), "unannounced/m/"+bootP+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.Count
-	}
-	if err := paused.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := true
-	t.Cleanup(func() {
-		if stopped {
-			paused.cmd.Process.Signal(syscall.SIGCONT)
-		}
-	})
-	for deadline := time.Now().Add(engine.MachineTTL + 20*time.Second); announced() != 0; time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the paused daemon's announcement never expired")
-		}
-	}
+	announced, resume := pausePastAnnouncement(t, cluster, "unannounced", bootP, paused)
 	cluster.Stop(1)
 	cluster.Stop(2)
-	if err := paused.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	stopped = false
+	resume()
 	_, err = unix.Write(fd, []byte("pid=none checkout=/src/p1\n"))
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
@@ -154,4 +102,40 @@ func TestTeamPausedDaemonWithoutQuorumRefuses(t *testing.T) {
 	if announced() != 1 {
 		t.Errorf("the touch that worked did not announce the machine first (%d announcements)", announced())
 	}
+}
+
+// pausePastAnnouncement stops m (SIGSTOP) until its machine's announcement under prefix has
+// expired; it returns a count of the machine's announcements and resume, which continues m
+// (SIGCONT; done when the test ends otherwise).
+func pausePastAnnouncement(t *testing.T, cluster *etcdtest.Cluster, prefix, boot string, m *mount) (announced func() int64, resume func()) {
+	t.Helper()
+	cli := cluster.Open(t, prefix).Client()
+	announced = func() int64 {
+		resp, err := cli.Get(context.Background(), prefix+"/m/"+boot+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Count
+	}
+	if announced() != 1 {
+		t.Fatalf("the daemon's machine is not announced")
+	}
+	if err := m.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			if err := m.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(resume)
+	for deadline := time.Now().Add(engine.MachineTTL + 20*time.Second); announced() != 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the paused daemon's announcement never expired")
+		}
+	}
+	return announced, resume
 }
