@@ -28,9 +28,10 @@ import (
 // lookup may wait, uninterruptibly, for the directory's lock, which a request to this daemon may
 // hold; a daemon thread stuck there would keep a killed daemon's /dev/fuse open, so its connection
 // would never be aborted and that request never answered (why the kernel is sent no notification
-// either). The helper holds no descriptor of the mount or of /dev/fuse (see
-// closeFuseOnExec): when the daemon dies the connection aborts, the helper's lookup fails, and it
-// exits at the end of its input. Its lookups are the kernel's business only: no events line.
+// either). The helper holds no descriptor of the mount or of /dev/fuse (closeFuseOnExec): when the
+// daemon dies the connection aborts, the helper's lookup fails, and it exits at the end of its
+// input. Its lookups are the kernel's business only: no events line. While one is under way a
+// non-lazy unmount answers EBUSY, as beside any process's lookup (the daemon's own retries).
 
 // forgetQueue bounds the paths waiting for the helper; a commit that finds it full drops its
 // names, whose next claim is then the three requests again.
