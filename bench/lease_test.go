@@ -19,37 +19,24 @@ import (
 const busySockets = 10000
 
 // 7. new lease: a claim that leases a family (its stack was idle) against a co-tenant's claim (the
-// stack keeps its lease), both through the mount, while the machine has 10,000 more open TCP
-// sockets. A new lease differs by its listener check, which asks the kernel about the candidate
-// ports only; reading the socket tables, as the check did before, is timed beside it. Each claim
-// is undone untimed: the co-tenant's by its release, the new lease by a sleep drain.
+// stack keeps its lease), both through the mount, and against the peer's new lease (the seeds'
+// commit with a connect probe of each candidate port, peerStore.newLease), while the machine has
+// 10,000 more open TCP sockets. A new lease differs by its listener check, which asks the kernel
+// about the candidate ports only; reading the socket tables, as the check did before, is timed
+// beside it. Each claim is undone untimed: the co-tenant's by its release, the new lease by a
+// sleep drain, the peer's by the record its drain leaves.
 //
-// Beside them, what a new lease adds to a co-tenant's claim, each alone and all of them followed
-// by a co-tenant's claim as one operation: the listener check; the two machine-wide holds (the
-// same portlock calls, in a space of this run's own); and the LOOKUP the kernel adds for a
-// holder name whose file the drain took away (its dentry is kept, and revalidated before the
-// create), here a LOOKUP of a holder name that does not exist.
+// Beside them, what a new lease adds to a co-tenant's claim, each alone and both followed by a
+// co-tenant's claim as one operation: the listener check, and the two machine-wide holds (the
+// same portlock calls, in a space of this run's own). And what it no longer sends: a LOOKUP of a
+// holder name that does not exist, which a co-tenant's claim of a name it unlinked sends before
+// its CREATE, and a new lease of the name the drain released does not (the daemon's helper looked
+// it up after the drain, fs/forget.go).
 func BenchmarkNewLease(b *testing.B) {
-	d := sharedDaemon(b)
-	idle := d.path("app", "stacks", "n")
-	if _, err := os.Stat(idle); os.IsNotExist(err) {
-		if err := os.Mkdir(idle, 0o755); err != nil {
-			b.Fatal(err)
-		}
-	}
-	// The daemon serves in daemonNetns: the sockets and the checks timed here must be there too
-	// (and the tables read are this thread's, /proc/thread-self/net).
-	leave, err := daemonNetns.Enter()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer leave()
-	closeSockets := openSockets(b, busySockets)
-	defer closeSockets()
-	holder := d.path("app", "stacks", "n", "holders", "h")
+	l := newLeaseSetup(b)
+	defer l.close()
+	d, family := l.d, l.family
 	cotenant := d.path("app", "stacks", "s", "holders", "t")
-	// The ports a new lease of stack n checks: the first family s does not hold.
-	family := []int{20010, 20710}
 	buf := make([]byte, 1<<20)
 	space := holdSpace()
 	var holds []*portlock.Hold
@@ -82,19 +69,17 @@ func BenchmarkNewLease(b *testing.B) {
 		return nil
 	}
 	paired(b, map[string]op{
-		"co-tenant": {run: claimCotenant, undo: releaseCotenant},
-		"new-lease": {
-			run:  func() error { return writeFile(holder, unix.O_CREAT, "") },
-			undo: func() error { return sleepDrain(d.path("app", "stacks", "n")) },
-		},
+		"co-tenant":      {run: claimCotenant, undo: releaseCotenant},
+		"new-lease":      l.newLease(),
+		"peer":           l.peerNewLease(b),
 		"listener-check": {run: checkListeners},
 		"holds":          {run: takeHolds, undo: func() error { releaseHolds(); return nil }},
 		"lookup":         {run: lookupMissing},
-		// The three together with the co-tenant's claim, timed as one: what they cost each other
-		// in caches counts too.
+		// The check and the holds together with the co-tenant's claim, timed as one: what they
+		// cost each other in caches counts too.
 		"co-tenant-plus": {
 			run: func() error {
-				for _, f := range []func() error{checkListeners, takeHolds, lookupMissing, claimCotenant} {
+				for _, f := range []func() error{checkListeners, takeHolds, claimCotenant} {
 					if err := f(); err != nil {
 						return err
 					}
@@ -113,6 +98,69 @@ func BenchmarkNewLease(b *testing.B) {
 		}},
 	})
 	b.ReportMetric(float64(tableRows(b)), "sockets")
+}
+
+// 7a. the new lease after idle: BenchmarkNewLease's new lease through the mount, the peer's, and a
+// co-tenant's claim, each after claimIdle with nothing running (see BenchmarkClaimAfterIdle), with
+// the same 10,000 sockets open.
+func BenchmarkNewLeaseAfterIdle(b *testing.B) {
+	l := newLeaseSetup(b)
+	defer l.close()
+	cotenant := l.d.path("app", "stacks", "s", "holders", "t")
+	pairedAfterIdle(b, claimIdle, map[string]op{
+		"new-lease": l.newLease(),
+		"peer":      l.peerNewLease(b),
+		"co-tenant": create(cotenant),
+	})
+}
+
+// newLeaseBench is what both new-lease benchmarks time in: the shared daemon's idle stack n, the
+// benchmark's thread in the daemon's network namespace with busySockets open there.
+type newLeaseBench struct {
+	d     *daemon
+	stack string // stack n's directory
+	// family is the family a new lease of stack n takes: the first one s does not hold.
+	family []int
+	close  func()
+}
+
+func newLeaseSetup(b *testing.B) *newLeaseBench {
+	d := sharedDaemon(b)
+	idle := d.path("app", "stacks", "n")
+	if _, err := os.Stat(idle); os.IsNotExist(err) {
+		if err := os.Mkdir(idle, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// The daemon serves in daemonNetns: the sockets and the checks timed here must be there too
+	// (and the tables read are this thread's, /proc/thread-self/net).
+	leave, err := daemonNetns.Enter()
+	if err != nil {
+		b.Fatal(err)
+	}
+	closeSockets := openSockets(b, busySockets)
+	return &newLeaseBench{d: d, stack: idle, family: []int{20010, 20710}, close: func() { closeSockets(); leave() }}
+}
+
+// newLease is the new lease through the mount: a claim of holder h on the idle stack, undone by
+// a sleep drain.
+func (l *newLeaseBench) newLease() op {
+	return op{
+		run:  func() error { return writeFile(l.stack+"/holders/h", unix.O_CREAT, "") },
+		undo: func() error { return sleepDrain(l.stack) },
+	}
+}
+
+// peerNewLease is the peer's new lease of the same family (config(20000, 10, 20)'s offset 10),
+// undone by what its drain leaves.
+func (l *newLeaseBench) peerNewLease(b *testing.B) op {
+	p := peerLease(b, l.stack)
+	ports := map[string]int{"HTTP": l.family[0], "DB": l.family[1]}
+	bases := map[string]int{"HTTP": 20000, "DB": 20700}
+	return op{
+		run:  func() error { return p.newLease("h", 10, ports, 10, 20, bases) },
+		undo: p.endLease,
+	}
 }
 
 // missingLookups numbers the missing holder names BenchmarkNewLease looks up, so that no name

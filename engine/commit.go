@@ -263,7 +263,11 @@ func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time
 		if err != nil {
 			return err
 		}
-		e.staged.Store(stackKey(r.Cockpit, r.Stack), saved)
+		staged := stagedCommit{record: saved}
+		if e.vanished != nil {
+			staged.vanished = vanishedHolders(r.Record, saved.Record)
+		}
+		e.staged.Store(stackKey(r.Cockpit, r.Stack), staged)
 		if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
 			return err
 		}
@@ -343,9 +347,10 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		return fn(tx, e.now())
 	}
 	durable, err := e.commitPastHolds(budget, run)
+	var vanished []string
 	if staged, ok := e.staged.LoadAndDelete(key); ok && err == nil {
-		r := staged.(cachedRecord)
-		outcome.written = &r
+		s := staged.(stagedCommit)
+		outcome.written, vanished = &s.record, s.vanished
 	}
 	if e.holds != nil {
 		// Still under the stack's lock: what the transaction held becomes the committed lease's,
@@ -376,6 +381,10 @@ func (e *Engine) update(ctx context.Context, key string, fn func(tx storage.Txn,
 		return e.locked(ctx, key, err)
 	case err != nil:
 		return err
+	}
+	if len(vanished) > 0 {
+		w := outcome.written
+		e.vanished(ctx, Vanished{Cockpit: w.Cockpit, Stack: w.Stack, Holders: vanished})
 	}
 	return nil
 }

@@ -108,9 +108,12 @@ type Engine struct {
 	// healthCache is what the last health read of each stack read of the store, while no commit
 	// has begun since.
 	healthCache healthCache
-	// staged holds the record the transaction under way on a stack wrote, keyed by the stack's
-	// lock key (held by that transaction), so the cache takes it once the commit succeeds.
+	// staged holds the record the transaction under way on a stack wrote (a stagedCommit), keyed
+	// by the stack's lock key (held by that transaction), so the cache takes it once the commit
+	// succeeds.
 	staged sync.Map
+	// vanished is told which holders each commit released (OnVanished; nil: nobody).
+	vanished func(ctx context.Context, v Vanished)
 	// routes index the stacks' names for the web proxy (ResolveRoute).
 	routes routeIndexes
 	// proxyBase is where the daemon's web proxy serves (ServeProxy); nil: it serves none.

@@ -28,7 +28,8 @@ type entry struct {
 	// claim releases). The kernel keeps it no time: kept, a create of the name after it went
 	// would be an OPEN of the old node answered ESTALE, then the whole path walked again, a
 	// LOOKUP per component. (Telling the kernel at once is not safe: the notification waits
-	// for the directory's lock, which a request to a daemon killed meanwhile holds for good.)
+	// for the directory's lock, which a request to a daemon killed meanwhile holds for good. A
+	// helper process looks such names up again instead: forget.go.)
 	unkept bool
 }
 

@@ -51,6 +51,10 @@ type FS struct {
 	dir string
 	// exec is the daemon's own drain executor: gc and the stop step (executor package).
 	exec *executor.Executor
+	// root is the tree's root inode, below which the kernel's names are found (see forget.go).
+	root *gofs.Inode
+	// forget looks holder names a commit released up again (see forget.go); nil: nothing does.
+	forget *forgetter
 }
 
 // Options configure a mount.
@@ -123,12 +127,17 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 			DisableReadDirPlus: true,
 		},
 	}
-	raw := rawLayer{gofs.NewNodeFS(fsys.newDir("", "", "", rootListing{}), options), fsys}
+	root := fsys.newDir("", "", "", rootListing{})
+	raw := rawLayer{gofs.NewNodeFS(root, options), fsys}
+	fsys.root = root.EmbeddedInode()
 	server, err := fuse.NewServer(raw, dir, &options.MountOptions)
 	if err != nil {
 		return nil, err
 	}
+	fsys.forget = startForgetter(fsys.dir, logger.Printf)
+	eng.OnVanished(fsys.forgetVanished)
 	go server.Serve()
+	go func() { server.Wait(); fsys.forget.stop() }()
 	if o.GCInterval > 0 {
 		sweeper := executor.NewSweeper(fsys.exec, func(c engine.Caller, cockpit, stack string, err error) {
 			fsys.fail(c, cockpit, stack, err)

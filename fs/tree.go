@@ -288,7 +288,7 @@ func (holdersListing) create(ctx context.Context, d *dir, name string, _ uint32)
 // unlink releases the holder's claim (§4).
 func (holdersListing) unlink(ctx context.Context, d *dir, name string) syscall.Errno {
 	c := caller(ctx, "unlink", d.child(name))
-	if err := d.fsys.eng.Release(ctx, c, d.cockpit, d.stack, name); err != nil {
+	if err := d.fsys.eng.Release(context.WithValue(ctx, unlinkedName{}, name), c, d.cockpit, d.stack, name); err != nil {
 		return d.fsys.fail(c, d.cockpit, d.stack, err)
 	}
 	return 0

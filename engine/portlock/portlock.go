@@ -105,7 +105,8 @@ type Hold struct {
 
 // Take holds port, answering id to whoever asks. It returns ErrHeld when another socket holds it.
 // It is three system calls and the registration with the process's one answering loop: a new
-// lease pays for its holds.
+// lease pays for its holds. The answer is encoded at the first ask, not here: most holds are
+// never asked.
 func (s Space) Take(port int, id Identity) (*Hold, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
@@ -123,12 +124,7 @@ func (s Space) Take(port int, id Identity) (*Hold, error) {
 		return nil, fmt.Errorf("holding port %d: %w", port, err)
 	}
 	id.Daemon, id.Port = daemonName, port
-	answer, err := json.Marshal(id)
-	if err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	if err := answers.add(fd, append(answer, '\n')); err != nil {
+	if err := answers.add(fd, &answer{id: id}); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("holding port %d: %w", port, err)
 	}
@@ -148,15 +144,21 @@ type answerLoop struct {
 	start sync.Once
 	err   error
 	ep    int
-	mu    sync.Mutex       // guards lines, held across the loop's accepts and answers; a leaf
-	lines map[int32][]byte // by listening fd
+	mu    sync.Mutex        // guards lines, held across the loop's accepts and answers; a leaf
+	lines map[int32]*answer // by listening fd
 }
 
-func (a *answerLoop) add(fd int, line []byte) error {
+// answer is what one hold answers its askers.
+type answer struct {
+	id   Identity
+	line []byte // id's JSON line, encoded at the first ask
+}
+
+func (a *answerLoop) add(fd int, ans *answer) error {
 	a.start.Do(func() {
 		a.ep, a.err = unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 		if a.err == nil {
-			a.lines = map[int32][]byte{}
+			a.lines = map[int32]*answer{}
 			go a.serve()
 		}
 	})
@@ -165,7 +167,7 @@ func (a *answerLoop) add(fd int, line []byte) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.lines[int32(fd)] = line
+	a.lines[int32(fd)] = ans
 	return unix.EpollCtl(a.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)})
 }
 
@@ -191,16 +193,20 @@ func (a *answerLoop) serve() {
 		}
 		a.mu.Lock()
 		for _, ev := range events[:n] {
-			line, ok := a.lines[ev.Fd]
+			ans, ok := a.lines[ev.Fd]
 			if !ok {
 				continue
+			}
+			if ans.line == nil {
+				line, _ := json.Marshal(ans.id) // strings and numbers: it cannot fail
+				ans.line = append(line, '\n')
 			}
 			for {
 				c, _, err := unix.Accept4(int(ev.Fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 				if err != nil {
 					break // EAGAIN: every asker answered
 				}
-				unix.Write(c, line)
+				unix.Write(c, ans.line)
 				unix.Close(c)
 			}
 		}
