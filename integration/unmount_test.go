@@ -449,3 +449,20 @@ func TestNonRootUnmountBusy(t *testing.T) {
 		t.Fatalf("unmount --lazy: %v, mounted %v\n%s", err, mounted(m.Dir), out)
 	}
 }
+
+// Unmount of a mount busy only for a moment (a process leaving it, as the daemon's own helper's
+// lookup after a drain does) waits it out and unmounts, exit 0.
+func TestUnmountWaitsOutAMomentaryUser(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	kill := unmountCwdInside(t, m.Dir)
+	time.AfterFunc(300*time.Millisecond, kill)
+	r := lifecycleRun(t, "unmount", m.Dir)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "unmounted "+m.Dir) {
+		t.Fatalf("unmount while a process leaves the mount: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if mounted(m.Dir) {
+		t.Fatal("still mounted after unmount")
+	}
+}

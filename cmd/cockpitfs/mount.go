@@ -633,6 +633,23 @@ func busyError(mnt string) error {
 	return fmt.Errorf("%s is busy: something has files open or a cwd inside it (fuser -vm %s names them); end them, or `cockpitfs unmount --lazy %s` detaches it now and the daemon exits once they are gone", mnt, q, q)
 }
 
+// whileBusy runs unmount until it is not refused busy, for up to busyFor: a lookup under way
+// keeps a mount busy for its moment, such as the daemon's own helper's after a drain released
+// holders (fs/forget.go), or a shell's completion; a cwd or an open file inside stays.
+func whileBusy(unmount func() (busy bool, err error)) error {
+	deadline := time.Now().Add(busyFor)
+	for {
+		busy, err := unmount()
+		if !busy || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(busyFor / 20)
+	}
+}
+
+// busyFor is how long unmount retries a mount refused busy.
+const busyFor = time.Second
+
 // mountOption is the value of option name=value in a mountinfo options field, "" if absent.
 func mountOption(options, name string) string {
 	for _, o := range strings.Split(options, ",") {
@@ -722,7 +739,11 @@ func unmount(dir string, lazy bool) error {
 		if detach {
 			args = []string{"-u", "-z", mnt}
 		}
-		if err := fusermount(args...); err != nil {
+		err := whileBusy(func() (bool, error) {
+			err := fusermount(args...)
+			return err != nil && strings.Contains(err.Error(), "Device or resource busy"), err
+		})
+		if err != nil {
 			if strings.Contains(err.Error(), "Device or resource busy") {
 				return busyError(mnt)
 			}
@@ -733,7 +754,11 @@ func unmount(dir string, lazy bool) error {
 		if detach {
 			flags = unix.MNT_DETACH
 		}
-		if err := unix.Unmount(mnt, flags); err != nil {
+		err := whileBusy(func() (bool, error) {
+			err := unix.Unmount(mnt, flags)
+			return errors.Is(err, unix.EBUSY), err
+		})
+		if err != nil {
 			if errors.Is(err, unix.EBUSY) {
 				return busyError(mnt)
 			}
