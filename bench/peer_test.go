@@ -85,21 +85,26 @@ func (p *peerStore) update(change func(record map[string]any) error) error {
 }
 
 // claim adds a holder to the record's value.holders and bumps its revision, as a claim does.
+// addPeerHolder appends holder name to a peer record's value, as the seeds' claim writes it.
+func addPeerHolder(value map[string]any, name string) {
+	holders, _ := value["holders"].([]any)
+	value["holders"] = append(holders, map[string]any{
+		"holderId":     "holder:" + name + ":session",
+		"checkoutId":   "checkout:" + name,
+		"claimedAt":    time.Now().UTC().Format("2006-01-02T15:04:05.000Z"),
+		"pid":          os.Getpid(),
+		"processStart": "proc:boot:1",
+		"name":         name,
+	})
+}
+
 func (p *peerStore) claim(name string) error {
 	return p.update(func(r map[string]any) error {
 		value, ok := r["value"].(map[string]any)
 		if !ok {
 			return fmt.Errorf("peer record has no value")
 		}
-		holders, _ := value["holders"].([]any)
-		value["holders"] = append(holders, map[string]any{
-			"holderId":     "holder:" + name + ":session",
-			"checkoutId":   "checkout:" + name,
-			"claimedAt":    time.Now().UTC().Format("2006-01-02T15:04:05.000Z"),
-			"pid":          os.Getpid(),
-			"processStart": "proc:boot:1",
-			"name":         name,
-		})
+		addPeerHolder(value, name)
 		bump(r)
 		return nil
 	})

@@ -77,15 +77,7 @@ func (p *peerStore) newLease(name string, offset int, ports map[string]int, step
 		if len(busy) > 0 {
 			return fmt.Errorf("peer: ports %v have a listener", busy)
 		}
-		holders, _ := value["holders"].([]any)
-		value["holders"] = append(holders, map[string]any{
-			"holderId":     "holder:" + name + ":session",
-			"checkoutId":   "checkout:" + name,
-			"claimedAt":    time.Now().UTC().Format("2006-01-02T15:04:05.000Z"),
-			"pid":          os.Getpid(),
-			"processStart": "proc:boot:1",
-			"name":         name,
-		})
+		addPeerHolder(value, name)
 		value["lease"] = map[string]any{
 			"offset":      offset,
 			"ports":       ports,

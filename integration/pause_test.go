@@ -74,6 +74,12 @@ func TestTeamPausedDaemonWithoutQuorumRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Closed below; a test that fails before must not leave the mount busy behind it.
+	t.Cleanup(func() {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	})
 
 	announced, resume := pausePastAnnouncement(t, cluster, "unannounced", bootP, paused)
 	cluster.Stop(1)
@@ -83,6 +89,7 @@ func TestTeamPausedDaemonWithoutQuorumRefuses(t *testing.T) {
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
 	}
+	fd = -1
 	if !errors.Is(err, syscall.EAGAIN) {
 		t.Fatalf("a holder write while the machine cannot be announced: %v, want EAGAIN", err)
 	}
