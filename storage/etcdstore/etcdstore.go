@@ -96,6 +96,7 @@ const (
 // Store is a prefix of an etcd cluster. It is safe for concurrent use.
 type Store struct {
 	cli       *clientv3.Client
+	cfg       clientv3.Config // cli's, for the connection to the leader (leader.go)
 	prefix    string
 	budget    time.Duration
 	conflicts atomic.Uint64
@@ -118,6 +119,12 @@ type Store struct {
 	// progress says whether the members answer a progress request in order with the watch's
 	// events (progress.go): only then does the cache ask for and take progress notifications.
 	progress bool
+	// lead is the connection to the leader, nil while none is known (leader.go); seeking says a
+	// search for the leader is under way, sought when the last one ended.
+	lead     atomic.Pointer[leader]
+	steering sync.Mutex
+	seeking  bool
+	sought   time.Time
 	// announcements are the keys Announce keeps, by key: *announcement.
 	announcements sync.Map
 	// closing ends the watch when the store closes.
@@ -153,8 +160,9 @@ func Open(cfg Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
-	s := &Store{cli: cli, prefix: prefix, budget: budget, cache: newCache()}
+	s := &Store{cli: cli, cfg: cc, prefix: prefix, budget: budget, cache: newCache()}
 	s.closing, s.close = context.WithCancel(context.Background())
+	s.sought = time.Now() // the leader is found below, once the cluster has answered
 	// A linearizable read needs a quorum: a cluster that cannot serve one is refused now.
 	if err := s.load(); err != nil {
 		s.Close()
@@ -167,6 +175,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
 	s.progress = progressTrusted(cli, cfg.Endpoints, budget)
+	s.seek()
 	go s.follow()
 	return s, nil
 }
@@ -183,6 +192,9 @@ func normalizePrefix(prefix string) (string, error) {
 // Close ends the store's watches and its connections.
 func (s *Store) Close() error {
 	s.close()
+	if l := s.lead.Swap(nil); l != nil {
+		l.close()
+	}
 	return s.cli.Close()
 }
 
@@ -368,7 +380,9 @@ func (s *Store) snapshot(ctx context.Context, writable bool) (*txn, error) {
 	late := ctx.Err() != nil
 	checkCtx, cancel := context.WithTimeout(ctx, s.budget)
 	began, sent, floor := time.Now(), bootClock(), s.seen.Load()
-	resp, err := s.cli.Get(checkCtx, s.prefix, clientv3.WithCountOnly())
+	resp, err := viaLeader(s, checkCtx, func(ctx context.Context, kv clientv3.KV) (*clientv3.GetResponse, error) {
+		return kv.Get(ctx, s.prefix, clientv3.WithCountOnly())
+	})
 	cancel()
 	s.roundTrips.Add(1)
 	if err != nil {
@@ -504,7 +518,9 @@ func (s *Store) confirm(ctx context.Context, t *txn) (conflicted bool, err error
 	ctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
 	began, sent, floor := time.Now(), bootClock(), s.seen.Load()
-	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(clientv3.OpGet(s.prefix, clientv3.WithCountOnly())).Commit()
+	resp, err := viaLeader(s, ctx, func(ctx context.Context, kv clientv3.KV) (*clientv3.TxnResponse, error) {
+		return kv.Txn(ctx).If(t.compares()...).Then(clientv3.OpGet(s.prefix, clientv3.WithCountOnly())).Commit()
+	})
 	s.roundTrips.Add(1)
 	if err != nil {
 		return false, fmt.Errorf("%w: etcd read: %w", storage.ErrLocked, s.describeRead(late, time.Since(began), err))
@@ -549,7 +565,15 @@ func (s *Store) commit(ctx context.Context, t *txn) (conflicted bool, err error)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.budget)
 	defer cancel()
 	sent, floor := bootClock(), s.seen.Load()
-	resp, err := s.cli.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
+	send := func(ctx context.Context, kv clientv3.KV) (*clientv3.TxnResponse, error) {
+		return kv.Txn(ctx).If(t.compares()...).Then(t.ops()...).Commit()
+	}
+	var resp *clientv3.TxnResponse
+	if l := s.leading(); l != nil {
+		resp, err = sendVia(l, ctx, send) // not sent again here: settle finds out what became of it
+	} else {
+		resp, err = send(ctx, s.cli)
+	}
 	s.roundTrips.Add(1)
 	if err != nil {
 		// The Txn may have reached a quorum before the answer was lost: ask etcd.
@@ -616,6 +640,7 @@ func (s *Store) observe(h *etcdserverpb.ResponseHeader, floor int64) error {
 	if h.Revision < floor {
 		return s.revoke(fmt.Sprintf("etcd's revision went backward: this daemon had seen %d, the cluster now answers %d", floor, h.Revision))
 	}
+	s.steer(h.RaftTerm)
 	for {
 		seen := s.seen.Load()
 		if h.Revision <= seen || s.seen.CompareAndSwap(seen, h.Revision) {

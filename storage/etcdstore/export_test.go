@@ -16,3 +16,11 @@ func (s *Store) AgeAnnouncement(key string, d time.Duration) time.Duration {
 // QuorumAnsweredNow records that a quorum answered just now, as the read before an operation
 // would have: its Update is tried on the watched copy first (tryOptimistic).
 func (s *Store) QuorumAnsweredNow() { s.answered(bootClock()) }
+
+// LeaderEndpoint is the endpoint the store's operations are sent to, "" for every endpoint.
+func (s *Store) LeaderEndpoint() string {
+	if l := s.leading(); l != nil {
+		return l.endpoint
+	}
+	return ""
+}

@@ -1,0 +1,123 @@
+package etcdstore_test
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+)
+
+// An operation's read and commit go to the leader (leader.go): from Open on, after leadership
+// moves to another member that stays up (its term grows), and after the leader stops, with every
+// operation meanwhile answered.
+func TestOperationsFollowTheLeader(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	s := c.Open(t, "lead")
+	first := leaderOf(t, c, s)
+	if got := s.LeaderEndpoint(); got != first {
+		t.Fatalf("after Open the store sends to %q, want the leader's endpoint %s", got, first)
+	}
+
+	// Leadership moves to a follower, every member up: the old leader answers as a follower.
+	transferee := c.Endpoints()[0]
+	if transferee == first {
+		transferee = c.Endpoints()[1]
+	}
+	status, err := s.Client().Status(context.Background(), transferee)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onLeader, err := clientv3.New(clientv3.Config{Endpoints: []string{first}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onLeader.Close()
+	if _, err := onLeader.MoveLeader(context.Background(), status.Header.MemberId); err != nil {
+		t.Fatal(err)
+	}
+	followed(t, s, c, transferee)
+
+	// The leader stops: the connection to it is lost, and what was under way goes elsewhere.
+	for i, endpoint := range c.Endpoints() {
+		if endpoint == transferee {
+			c.Stop(i)
+		}
+	}
+	next := leaderOf(t, c, s)
+	followed(t, s, c, next)
+}
+
+// A read under way at the leader when it stops is sent again to the others, within the budget
+// (the connection to the stopped member would wait for it to come back).
+func TestReadUnderWayWhenTheLeaderStops(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "underway", Budget: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	set(t, s, "a", "1")
+	leader := slices.Index(c.Endpoints(), s.LeaderEndpoint())
+	if leader < 0 {
+		t.Fatalf("the store sends to %q, none of %v", s.LeaderEndpoint(), c.Endpoints())
+	}
+	c.DropRequests(leader)
+	read := make(chan error, 1)
+	var v []byte
+	go func() { read <- s.View(func(tx storage.Txn) (err error) { v, err = tx.Get("a"); return err }) }()
+	for range 1000 { // until the read's request is lost on its way to the leader
+		if bytes.Contains(c.Dropped(leader), []byte("underway/")) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !bytes.Contains(c.Dropped(leader), []byte("underway/")) {
+		t.Fatal("the read never went to the leader")
+	}
+	c.Stop(leader)
+	if err := <-read; err != nil || string(v) != "1" {
+		t.Errorf("read of a under way when the leader stopped: %q, %v; want 1", v, err)
+	}
+}
+
+// followed writes through s until it sends to endpoint, the leader now (each answer's term tells
+// the store to look for the leader, at most once a second): every write must succeed meanwhile.
+func followed(t *testing.T, s *etcdstore.Store, c *etcdtest.Cluster, endpoint string) {
+	t.Helper()
+	for range 100 {
+		set(t, s, "a", endpoint)
+		if s.LeaderEndpoint() == endpoint {
+			if got := get(t, s, "a"); got != endpoint {
+				t.Fatalf("a = %s, want %s", got, endpoint)
+			}
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the store sends to %q, not to the leader's endpoint %s", s.LeaderEndpoint(), endpoint)
+}
+
+// leaderOf is the endpoint of c's leader, once a member that answers leads.
+func leaderOf(t *testing.T, c *etcdtest.Cluster, s *etcdstore.Store) string {
+	t.Helper()
+	for range 100 {
+		for _, endpoint := range c.Endpoints() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			st, err := s.Client().Status(ctx, endpoint)
+			cancel()
+			if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
+				return endpoint
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("no member leads")
+	return ""
+}
