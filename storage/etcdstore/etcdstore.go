@@ -174,8 +174,10 @@ func Open(cfg Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
-	s.progress = progressTrusted(cli, cfg.Endpoints, budget)
-	s.seek()
+	var leader string
+	var term uint64
+	s.progress, leader, term = progressTrusted(cli, cfg.Endpoints, budget)
+	s.pin(leader, term)
 	go s.follow()
 	return s, nil
 }

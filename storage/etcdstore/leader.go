@@ -53,6 +53,9 @@ func (s *Store) leading() *leader { return s.lead.Load() }
 // connection to the leader was made in, or when there is none: one search at a time, at most one
 // a second (a cluster amid an election, or whose members cannot say, costs next to nothing).
 func (s *Store) steer(term uint64) {
+	if len(s.cfg.Endpoints) < 2 {
+		return // one endpoint: every request goes there anyway
+	}
 	if l := s.leading(); l != nil && term <= l.term.Load() {
 		return
 	}
@@ -72,9 +75,6 @@ func (s *Store) steer(term uint64) {
 
 // seek asks each endpoint's member for its status and connects to the one that is the leader.
 func (s *Store) seek() {
-	if len(s.cfg.Endpoints) < 2 {
-		return // one endpoint: every request goes there anyway
-	}
 	var (
 		mu       sync.Mutex
 		found    string
@@ -88,7 +88,7 @@ func (s *Store) seek() {
 			ctx, cancel := context.WithTimeout(s.closing, s.budget)
 			defer cancel()
 			st, err := s.cli.Status(ctx, endpoint)
-			if err != nil || st.Header == nil || st.Leader == 0 || st.Leader != st.Header.MemberId {
+			if err != nil || !leads(st) {
 				return
 			}
 			mu.Lock()
@@ -99,8 +99,13 @@ func (s *Store) seek() {
 		}()
 	}
 	answered.Wait()
+	s.pin(found, term)
+}
+
+// pin sends operations to endpoint, found leading in term, from now on.
+func (s *Store) pin(found string, term uint64) {
 	old := s.leading()
-	if found == "" {
+	if found == "" || len(s.cfg.Endpoints) < 2 {
 		return
 	}
 	if old != nil && old.endpoint == found && old.lost.Err() == nil {
@@ -118,6 +123,11 @@ func (s *Store) seek() {
 	if old != nil {
 		old.close()
 	}
+}
+
+// leads says whether the member that answered st is its cluster's leader.
+func leads(st *clientv3.StatusResponse) bool {
+	return st.Header != nil && st.Leader != 0 && st.Leader == st.Header.MemberId
 }
 
 // connect opens a connection to endpoint alone, the leader in term, ready for requests.

@@ -21,9 +21,10 @@ import (
 
 // progressTrusted reports whether every member cfg's endpoints reach answers progress requests in
 // order with its events; a member that does not answer now is not counted, and none answering
-// counts as untrusted.
-func progressTrusted(cli *clientv3.Client, endpoints []string, budget time.Duration) bool {
-	answered := false
+// counts as untrusted. It also reports the endpoint of the member that says it leads, and its
+// term ("" when none does), for the store's connection to the leader (leader.go).
+func progressTrusted(cli *clientv3.Client, endpoints []string, budget time.Duration) (trusted bool, leader string, term uint64) {
+	answered, inOrder := false, true
 	for _, endpoint := range endpoints {
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		status, err := cli.Status(ctx, endpoint)
@@ -31,12 +32,13 @@ func progressTrusted(cli *clientv3.Client, endpoints []string, budget time.Durat
 		if err != nil {
 			continue
 		}
-		if !progressInOrder(status.Version) {
-			return false
+		if leads(status) && status.RaftTerm >= term {
+			leader, term = endpoint, status.RaftTerm
 		}
+		inOrder = inOrder && progressInOrder(status.Version)
 		answered = true
 	}
-	return answered
+	return answered && inOrder, leader, term
 }
 
 // progressInOrder reports whether etcd version answers progress requests only once the watch's
