@@ -572,7 +572,7 @@ func (s *Store) commit(ctx context.Context, t *txn) (conflicted bool, err error)
 	}
 	var resp *clientv3.TxnResponse
 	if l := s.leading(); l != nil {
-		resp, err = sendVia(l, ctx, send) // not sent again here: settle finds out what became of it
+		resp, err = sendVia(s, l, ctx, send) // not sent again here: settle finds out what became of it
 	} else {
 		resp, err = send(ctx, s.cli)
 	}

@@ -173,7 +173,7 @@ func (l *leader) close() {
 // was lost while the request was under way.
 func viaLeader[T any](s *Store, ctx context.Context, send func(context.Context, clientv3.KV) (T, error)) (T, error) {
 	if l := s.leading(); l != nil {
-		resp, err := sendVia(l, ctx, send)
+		resp, err := sendVia(s, l, ctx, send)
 		if err == nil || l.lost.Err() == nil {
 			return resp, err
 		}
@@ -182,13 +182,41 @@ func viaLeader[T any](s *Store, ctx context.Context, send func(context.Context, 
 }
 
 // sendVia sends over l, ending the request with errLeaderLost should l's connection be lost.
-func sendVia[T any](l *leader, ctx context.Context, send func(context.Context, clientv3.KV) (T, error)) (T, error) {
+// A request l leaves unanswered (its member cut off from the others, or from this machine, while
+// the connection stays up) stops the store sending to l: the next requests go over the client of
+// every endpoint until the store finds the leader again.
+func sendVia[T any](s *Store, l *leader, ctx context.Context, send func(context.Context, clientv3.KV) (T, error)) (T, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(l.lost, cancel)()
 	resp, err := send(ctx, l.cli)
-	if err != nil && l.lost.Err() != nil {
+	switch {
+	case err == nil:
+	case l.lost.Err() != nil:
 		err = errLeaderLost
+	case unanswered(err):
+		s.forsake(l)
 	}
 	return resp, err
+}
+
+// unanswered says whether err is a request's deadline passing or its connection failing, not an
+// answer of etcd's.
+func unanswered(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.DeadlineExceeded, codes.Unavailable:
+		return true
+	}
+	return false
+}
+
+// forsake stops sending to l. The next answer over the client of every endpoint has the store
+// look for the leader (steer); looking at once would mostly find an election under way.
+func (s *Store) forsake(l *leader) {
+	if s.lead.CompareAndSwap(l, nil) {
+		l.close()
+	}
 }

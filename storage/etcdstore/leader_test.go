@@ -121,3 +121,27 @@ func leaderOf(t *testing.T, c *etcdtest.Cluster, s *etcdstore.Store) string {
 	t.Fatal("no member leads")
 	return ""
 }
+
+// A leader that stops answering while its connection stays up (cut off from this machine or from
+// the others) is left: once a request over it has gone unanswered, the store sends to every
+// endpoint again rather than to it alone.
+func TestLeaderThatStopsAnsweringIsLeft(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "silent", Budget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	set(t, s, "a", "1")
+	leader := slices.Index(c.Endpoints(), s.LeaderEndpoint())
+	if leader < 0 {
+		t.Fatalf("the store sends to %q, none of %v", s.LeaderEndpoint(), c.Endpoints())
+	}
+	c.DropRequests(leader)
+	if err := s.View(func(tx storage.Txn) error { _, err := tx.Get("a"); return err }); err == nil {
+		t.Fatal("a read sent to a leader whose requests are lost was answered")
+	}
+	if got := s.LeaderEndpoint(); got == c.Endpoints()[leader] {
+		t.Fatalf("after a request it left unanswered the store still sends to %s alone", got)
+	}
+}
