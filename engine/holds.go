@@ -69,6 +69,7 @@ type holds struct {
 type portHold struct {
 	hold    *portlock.Hold
 	stack   string
+	key     string // the port's key in the lease
 	pending bool
 }
 
@@ -78,6 +79,11 @@ type portHold struct {
 // health.
 func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPort, error) {
 	h := &holds{space: space, self: self, byPort: map[int]*portHold{}, byStack: map[string]map[int]bool{}, lost: map[string][]LostPort{}, known: map[int]knownHolder{}}
+	// An older daemon on the machine holds legacy names only: holding them too from the first
+	// hold on keeps it from leasing this daemon's ports (engine/portlock, Compat).
+	if _, err := space.CheckLegacy(); err != nil {
+		return nil, err
+	}
 	var leases []Record
 	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(allStacksPrefix, func(_ string, v []byte) error {
@@ -154,6 +160,7 @@ func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.H
 	}
 	hold, err := h.space.Take(port, portlock.Identity{
 		PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: cockpit, Stack: stack, Key: portKey})
+	h.loseShared()
 	if errors.Is(err, portlock.ErrHeld) {
 		holder, ok, askErr := h.space.Ask(port)
 		if askErr != nil || !ok {
@@ -165,12 +172,36 @@ func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.H
 	if err != nil {
 		return nil, "", err
 	}
-	h.byPort[port] = &portHold{hold: hold, stack: key, pending: true}
+	h.byPort[port] = &portHold{hold: hold, stack: key, key: portKey, pending: true}
 	if h.byStack[key] == nil {
 		h.byStack[key] = map[int]bool{}
 	}
 	h.byStack[key][port] = true
 	return nil, "", nil
+}
+
+// loseShared moves the ports the space let go when it began to hold legacy names (an older daemon
+// holds them too: it started after this daemon held them, and saw them free) from this daemon's
+// holds to its stacks' lost ports, which health reports with the remedy and retakes; h.mu is held.
+// A port of a claim under way is only let go: its claim has not committed a lease of it yet.
+func (h *holds) loseShared() {
+	for _, let := range h.space.Shared(func(hold *portlock.Hold) bool {
+		held, ok := h.byPort[hold.Port()]
+		return ok && held.hold == hold // not another engine's of this process, nor a proxy's
+	}) {
+		port := let.Port()
+		held := h.byPort[port]
+		h.drop(port)
+		if held.pending {
+			continue
+		}
+		holder, ok, err := h.space.Ask(port)
+		if err != nil || !ok {
+			holder = portlock.Holder{}
+		}
+		cockpit, stack := splitStackKey(held.stack)
+		h.lost[held.stack] = append(h.lost[held.stack], LostPort{Cockpit: cockpit, Stack: stack, Key: held.key, Port: port, Holder: holder})
+	}
 }
 
 // takeFamily holds every port of a candidate family for the stack, all or none: it returns who
