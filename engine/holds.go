@@ -32,7 +32,14 @@ type LostPort struct {
 	Cockpit, Stack, Key string
 	Port                int
 	Holder              portlock.Holder
+	Why                 string // how it was lost, and the remedy
 }
+
+// lostWhileDown is how a port is lost at restart, and the remedy.
+const lostWhileDown = "another daemon leased it while this one was down; " + lostFix
+
+// lostToOlder is how a port is lost to an older daemon, and the remedy.
+const lostToOlder = "an older cockpitfs daemon (holding the legacy name cockpitfs/port/<port> only) leased it while this daemon held it: that daemon started after this one, which saw no older daemon then; stop or upgrade the older daemon, and " + lostFix
 
 func (l LostPort) String() string {
 	return fmt.Sprintf("port %d (%s) of this stack's lease is held by %s", l.Port, l.Key, l.Holder)
@@ -108,7 +115,7 @@ func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPor
 				h.releaseAll()
 				return nil, err
 			case holder != nil:
-				l := LostPort{Cockpit: r.Cockpit, Stack: r.Stack, Key: k, Port: port, Holder: *holder}
+				l := LostPort{Cockpit: r.Cockpit, Stack: r.Stack, Key: k, Port: port, Holder: *holder, Why: lostWhileDown}
 				h.lost[key] = append(h.lost[key], l)
 				lost = append(lost, l)
 			default:
@@ -200,7 +207,7 @@ func (h *holds) loseShared() {
 			holder = portlock.Holder{}
 		}
 		cockpit, stack := splitStackKey(held.stack)
-		h.lost[held.stack] = append(h.lost[held.stack], LostPort{Cockpit: cockpit, Stack: stack, Key: held.key, Port: port, Holder: holder})
+		h.lost[held.stack] = append(h.lost[held.stack], LostPort{Cockpit: cockpit, Stack: stack, Key: held.key, Port: port, Holder: holder, Why: lostToOlder})
 	}
 }
 

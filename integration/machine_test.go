@@ -46,7 +46,8 @@ func machineSharedNetns(t *testing.T) *netns.NS {
 }
 
 // machineHolds reads the kernel's table of bound abstract unix names in the daemon's namespace:
-// port → socket inode of "cockpitfs/port/<port>".
+// port → socket inode of "cockpitfs/port/<port>/<balance>" (of the legacy "cockpitfs/port/<port>"
+// when that alone is bound).
 func machineHolds(t *testing.T, m *mount) map[int]string {
 	t.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", m.cmd.Process.Pid))
@@ -57,8 +58,11 @@ func machineHolds(t *testing.T, m *mount) map[int]string {
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) == 8 && strings.HasPrefix(f[7], "@cockpitfs/port/") {
-			port, _ := strconv.Atoi(strings.TrimPrefix(f[7], "@cockpitfs/port/"))
-			holds[port] = f[6]
+			digits, _, balanced := strings.Cut(strings.TrimPrefix(f[7], "@cockpitfs/port/"), "/")
+			port, _ := strconv.Atoi(digits)
+			if _, seen := holds[port]; balanced || !seen {
+				holds[port] = f[6]
+			}
 		}
 	}
 	return holds
@@ -287,8 +291,8 @@ func TestMachineKilledDaemonStrandsNothing(t *testing.T) {
 	}
 }
 
-// machineSquat runs a process that is not cockpitfs holding port's name in the daemon's
-// namespace, listening but never answering, until the test ends.
+// machineSquat runs a process that is not cockpitfs holding port's legacy name in the daemon's
+// namespace (as an older daemon holds it), listening but never answering, until the test ends.
 func machineSquat(m *mount, port int) *exec.Cmd {
 	m.t.Helper()
 	cmd := exec.Command("python3", "-c", `import socket, sys, time
