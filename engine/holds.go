@@ -88,11 +88,12 @@ func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPor
 	h := &holds{space: space, self: self, byPort: map[int]*portHold{}, byStack: map[string]map[int]bool{}, lost: map[string][]LostPort{}, known: map[int]knownHolder{}}
 	// An older daemon on the machine holds legacy names only: holding them too from the first
 	// hold on keeps it from leasing this daemon's ports (engine/portlock, Compat).
-	if _, err := space.CheckLegacy(); err != nil {
+	legacy, err := space.CheckLegacy()
+	if err != nil {
 		return nil, err
 	}
 	var leases []Record
-	err := e.db.View(func(tx storage.Txn) error {
+	err = e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(allStacksPrefix, func(_ string, v []byte) error {
 			r, err := decodeHead(v) // the lease is all it needs
 			if err == nil && r.Value.Lease.Active() {
@@ -109,7 +110,7 @@ func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPor
 		key := stackKey(r.Cockpit, r.Stack)
 		for _, k := range sortedPortKeys(r.Value.Lease.Ports) {
 			port := r.Value.Lease.Ports[k]
-			holder, _, err := h.take(key, r.Cockpit, r.Stack, k, port)
+			holder, _, err := h.take(key, r.Cockpit, r.Stack, k, port, legacy.Take)
 			switch {
 			case err != nil:
 				h.releaseAll()
@@ -153,8 +154,9 @@ const lostFix = "drain the stack (echo sleep > drain/request; echo start > drain
 
 // take holds port for the stack (key) unless held already: for this stack it is a success, for
 // another stack of this daemon or another process it returns who holds it, and that other stack's
-// key when this daemon holds it ("" otherwise). Callers hold no lock.
-func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.Holder, string, error) {
+// key when this daemon holds it ("" otherwise). It takes a hold with takeHold (the space's Take,
+// or at restart that of what CheckLegacy saw). Callers hold no lock.
+func (h *holds) take(key, cockpit, stack, portKey string, port int, takeHold func(int, portlock.Identity) (*portlock.Hold, error)) (*portlock.Holder, string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if held, ok := h.byPort[port]; ok {
@@ -165,7 +167,7 @@ func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.H
 		return &portlock.Holder{PID: h.self.PID, UID: h.self.UID, Known: true, Identity: &portlock.Identity{
 			Daemon: "cockpitfs", PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: c, Stack: s, Port: port}}, held.stack, nil
 	}
-	hold, err := h.space.Take(port, portlock.Identity{
+	hold, err := takeHold(port, portlock.Identity{
 		PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: cockpit, Stack: stack, Key: portKey})
 	h.loseShared()
 	if errors.Is(err, portlock.ErrHeld) {
@@ -221,7 +223,7 @@ func (h *holds) takeFamily(key, cockpit, stack string, ports map[string]int) (*p
 		h.mu.Lock()
 		_, had := h.byPort[port]
 		h.mu.Unlock()
-		holder, here, err := h.take(key, cockpit, stack, k, port)
+		holder, here, err := h.take(key, cockpit, stack, k, port, h.space.Take)
 		if err != nil || holder != nil {
 			h.releasePending(key, taken)
 			return holder, port, here, err
@@ -321,7 +323,7 @@ func (h *holds) retake(key string) []LostPort {
 	h.mu.Unlock()
 	var still []LostPort
 	for _, l := range lost {
-		holder, _, err := h.take(key, l.Cockpit, l.Stack, l.Key, l.Port)
+		holder, _, err := h.take(key, l.Cockpit, l.Stack, l.Key, l.Port, h.space.Take)
 		if err != nil || holder != nil {
 			if holder != nil {
 				l.Holder = *holder

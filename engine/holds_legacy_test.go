@@ -47,21 +47,26 @@ time.sleep(600)`}
 	return cmd
 }
 
-// A daemon that starts beside an older daemon (here one holding a port no lease of this store has)
-// holds the legacy names of its leases' ports too, from its first hold, so the older daemon cannot
-// take them.
+// A daemon that starts beside an older daemon holds the legacy names of its leases' ports too, from
+// its first hold, so the older daemon cannot take them; a port of its leases the older daemon
+// holds is lost, naming it.
 func TestHoldsBesideAnOlderDaemonAtStart(t *testing.T) {
 	space := holdSpace(t)
 	before := holdingEngine(t, space, "/before")
-	newCockpit(t, before, "app", holdConfig, "s")
+	newCockpit(t, before, "app", holdConfig, "s", "t")
 	claim(t, before, "app", "s", "alice")
+	claim(t, before, "app", "t", "bob")
 	before.holds.releaseAll() // the daemon stopped
-	olderDaemon(t, space, 45000)
+	older := olderDaemon(t, space, 41442)
 
 	restarted := New(before.db)
 	lost, err := restarted.HoldPorts(space, DaemonIdentity{PID: os.Getpid(), Data: "/restarted"})
-	if err != nil || len(lost) != 0 || !space.Compat() {
-		t.Fatalf("HoldPorts lost %+v, %v; compat %v", lost, err, space.Compat())
+	if err != nil || len(lost) != 1 || lost[0].Port != 41442 || lost[0].Holder.PID != older.Process.Pid || !space.Compat() {
+		t.Fatalf("HoldPorts lost %+v, %v, want 41442 held by %d; compat %v", lost, err, older.Process.Pid, space.Compat())
+	}
+	events, _ := restarted.events("app", "t")
+	if !strings.Contains(string(events), "port 41442 (DB) of this stack's lease is held by process "+strconv.Itoa(older.Process.Pid)) {
+		t.Fatalf("events:\n%s", events)
 	}
 	for _, port := range []int{41080, 41432} {
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)

@@ -118,6 +118,11 @@ type Hold struct {
 // registration with the process's one answering loop: a new lease pays for its holds. The answer
 // is encoded at the first ask, not here: most holds are never asked.
 func (s Space) Take(port int, id Identity) (*Hold, error) {
+	return s.take(port, id, true)
+}
+
+// take is Take; without probe, the legacy name is bound only in compat (the caller knows it free).
+func (s Space) take(port int, id Identity, probe bool) (*Hold, error) {
 	fd, err := bindName(s.name(port), true)
 	if err != nil {
 		return nil, fmt.Errorf("port %d: %w", port, err)
@@ -125,7 +130,10 @@ func (s Space) Take(port int, id Identity) (*Hold, error) {
 	st := s.state()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	legacy, err := bindName(s.legacyName(port), st.compat)
+	legacy := -1
+	if probe || st.compat {
+		legacy, err = bindName(s.legacyName(port), st.compat)
+	}
 	if err != nil {
 		unix.Close(fd)
 		if errors.Is(err, ErrHeld) {
@@ -135,7 +143,7 @@ func (s Space) Take(port int, id Identity) (*Hold, error) {
 		}
 		return nil, fmt.Errorf("port %d: %w", port, err)
 	}
-	if !st.compat {
+	if !st.compat && legacy >= 0 {
 		unix.Close(legacy) // only a probe
 		legacy = -1
 	}
@@ -289,23 +297,44 @@ func (h *Hold) Port() int { return h.port }
 
 // CheckLegacy makes this process hold legacy names too when a process holds a legacy name in the
 // space without the balanced name of the same port — an older daemon's hold (a daemon in compat
-// holds both) — as the kernel's table shows now. A daemon calls it before it takes its holds. It
-// says whether compat is on.
-func (s Space) CheckLegacy() (bool, error) {
+// holds both) — as the kernel's table shows now. A daemon calls it before it takes its holds, and
+// takes them with what it returns.
+func (s Space) CheckLegacy() (*Legacy, error) {
 	balanced, legacy, err := s.bound()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	st := s.state()
-	st.mu.Lock()
-	defer st.mu.Unlock()
+	seen := &Legacy{space: s, held: map[int]bool{}}
 	for port := range legacy {
 		if _, both := balanced[port]; !both {
-			st.setCompat()
-			break
+			seen.held[port] = true
 		}
 	}
-	return st.compat, nil
+	if len(seen.held) > 0 {
+		st := s.state()
+		st.mu.Lock()
+		st.setCompat()
+		st.mu.Unlock()
+	}
+	return seen, nil
+}
+
+// Legacy is what CheckLegacy saw: the ports whose legacy name alone was bound.
+type Legacy struct {
+	space Space
+	held  map[int]bool
+}
+
+// Take is Space.Take with the legacy names as CheckLegacy saw them, a moment ago, instead of a
+// probe per port: a daemon's restart takes thousands of holds, and the probe is a second walk of
+// a chain of the kernel's table (a quarter of the holds' time beside 20,000 names). A port whose
+// legacy name was bound is ErrHeld. An older daemon that bound one since is the case compat cannot
+// exclude anyway (one starting after this daemon looked).
+func (l *Legacy) Take(port int, id Identity) (*Hold, error) {
+	if l.held[port] {
+		return nil, fmt.Errorf("port %d: %w", port, ErrHeld)
+	}
+	return l.space.take(port, id, false)
 }
 
 // answers is the process's one loop answering every hold's askers (one epoll set), so a hold costs
