@@ -114,7 +114,7 @@ type Hold struct {
 
 // Take holds port, answering id to whoever asks. It returns ErrHeld when another socket holds it,
 // under either name. It is the balanced name's three system calls, the legacy name's probe (a
-// bind and a close, in a chain of the kernel's table only older daemons' names share) and the
+// socket, a bind and a close: a second walk of a chain of the kernel's table) and the
 // registration with the process's one answering loop: a new lease pays for its holds. The answer
 // is encoded at the first ask, not here: most holds are never asked.
 func (s Space) Take(port int, id Identity) (*Hold, error) {
@@ -416,22 +416,33 @@ func (a *answerLoop) serve() {
 }
 
 // Ask says who holds port, under either name; ok is false when nobody does. It never blocks longer
-// than answerTimeout a name: the connect is non-blocking (a holder that never accepts fills its
-// backlog).
+// than answerTimeout: the connects are non-blocking (a holder that never accepts fills its
+// backlog), and one holder answers.
 func (s Space) Ask(port int) (holder Holder, ok bool, err error) {
-	holder, ok, err = s.ask(port, false)
-	if ok || err != nil {
-		return holder, ok, err
+	for _, name := range []string{s.name(port), s.legacyName(port)} {
+		if holder, connected, err := s.ask(name, port); connected || err != nil {
+			return holder, true, err
+		}
 	}
-	return s.ask(port, true)
+	// Neither name took a connection: bound but not listening, not accepting, or free. Held by
+	// something that will not say, if by anything, so look for it in the kernel's tables.
+	balanced, legacy, err := s.bound()
+	if err != nil {
+		return Holder{}, true, nil // cannot tell: the connect was refused by something there
+	}
+	inode, bound := balanced[port]
+	if !bound {
+		inode, bound = legacy[port]
+	}
+	if !bound {
+		return Holder{}, false, nil
+	}
+	return owner(inode), true, nil
 }
 
-// ask says who holds port's balanced name, or its legacy name.
-func (s Space) ask(port int, legacy bool) (holder Holder, ok bool, err error) {
-	name := s.name(port)
-	if legacy {
-		name = s.legacyName(port)
-	}
+// ask connects to the name of port and says who holds it; connected is false when the name took
+// no connection.
+func (s Space) ask(name string, port int) (holder Holder, connected bool, err error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return Holder{}, false, err
@@ -439,13 +450,7 @@ func (s Space) ask(port int, legacy bool) (holder Holder, ok bool, err error) {
 	defer unix.Close(fd)
 	switch err := unix.Connect(fd, &unix.SockaddrUnix{Name: name}); {
 	case errors.Is(err, unix.ECONNREFUSED), errors.Is(err, unix.EAGAIN):
-		// Bound but not listening, or not accepting: held by something that will not say, so
-		// look for it in the kernel's tables.
-		inode, bound := s.inode(port, legacy)
-		if !bound {
-			return Holder{}, false, nil
-		}
-		return owner(inode), true, nil
+		return Holder{}, false, nil
 	case err != nil:
 		return Holder{}, false, fmt.Errorf("asking who holds port %d: %w", port, err)
 	}
@@ -594,20 +599,6 @@ func (s Space) bound() (balanced, legacy map[int]string, err error) {
 		}
 	}
 	return balanced, legacy, nil
-}
-
-// inode is the socket inode bound to port's balanced or legacy name ("" when it cannot be told),
-// and whether the name is bound at all.
-func (s Space) inode(port int, legacy bool) (string, bool) {
-	balanced, legacies, err := s.bound()
-	if err != nil {
-		return "", true // cannot tell: the connect was refused by something there
-	}
-	if legacy {
-		balanced = legacies
-	}
-	inode, ok := balanced[port]
-	return inode, ok
 }
 
 // owner finds the process with socket inode open, among those whose fds this process may read
