@@ -68,6 +68,22 @@ func machineHolds(t *testing.T, m *mount) map[int]string {
 	return holds
 }
 
+// machineLegacyHeld says whether the daemon holds port's legacy name, "cockpitfs/port/<port>".
+func machineLegacyHeld(t *testing.T, m *mount, port int) bool {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", m.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sockets := machineSockets(m.cmd.Process.Pid)
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 8 && f[7] == fmt.Sprintf("@cockpitfs/port/%d", port) && sockets[f[6]] {
+			return true
+		}
+	}
+	return false
+}
+
 // machineSockets is the set of socket inodes process pid has open.
 func machineSockets(pid int) map[string]bool {
 	out := map[string]bool{}
@@ -322,9 +338,9 @@ func (m *mount) startBound(cmd *exec.Cmd) *exec.Cmd {
 	return cmd
 }
 
-// A process that is not cockpitfs holding a port's name makes its family be skipped like a
-// listener, with the holder in the claim's events line and in ports/; when it squats every
-// candidate the claim is refused (EADDRINUSE) and nothing changes.
+// A process that is not cockpitfs holding a port's legacy name (as an older daemon holds it) makes
+// its family be skipped like a listener, with the holder in the claim's events line and in
+// ports/; when it squats every candidate the claim is refused (EADDRINUSE) and nothing changes.
 func TestMachineSquatterIsSkipped(t *testing.T) {
 	t.Parallel() // its daemons are in a network namespace of the test's own
 	testtool.Need(t, "python3")
@@ -342,6 +358,11 @@ func TestMachineSquatterIsSkipped(t *testing.T) {
 	}
 	if got := m.read("ports", strconv.Itoa(base+500)); got != fmt.Sprintf("daemon=none pid=%d uid=0\n", squatter.Process.Pid) {
 		t.Fatalf("ports/%d = %q", base+500, got)
+	}
+	// Having met a legacy name held alone, the daemon holds its ports' legacy names too, so an
+	// older daemon meets them as it would another older daemon's.
+	if !machineLegacyHeld(t, m, base+10) {
+		t.Fatalf("the daemon does not hold the legacy name of its port %d", base+10)
 	}
 
 	// Family 1 is s's, family 0 squatted: t's claim is refused, like a listener's, and changes nothing.
