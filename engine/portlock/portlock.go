@@ -667,7 +667,7 @@ func scanSockets() map[string]Holder {
 // the whole address equal port mod 256 (in ones' complement arithmetic, mod 0xffff): both bytes
 // xored are then port mod 256, so 256 consecutive ports use every chain once, and each chain
 // holds the names of 256 of the 65,536 ports (TestNamesSpreadOverEveryChain). Characters
-// 'A'+v (v ≤ 52): the five at even offsets of the address add the low byte of what the sum lacks,
+// 'A'+v (v ≤ 51, so A–t): the five at even offsets of the address add the low byte of what the sum lacks,
 // the five at odd offsets its high byte, each spread evenly over its five.
 func (s Space) name(port int) string {
 	b := make([]byte, 0, 1+len(s)+6+balanceLen)
@@ -690,30 +690,22 @@ func (s Space) name(port int) string {
 		}
 	}
 	lack := (uint32(port&0xff) + 0xffff - sum%0xffff) % 0xffff
-	var even, odd []int
-	for i := start; i < len(b); i++ {
-		if (i+2)%2 == 0 {
-			even = append(even, i)
-		} else {
-			odd = append(odd, i)
+	// The balance's characters alternate between the two bytes: the j-th is the j/2-th of its byte's five.
+	for j := range balanceLen {
+		add := lack & 0xff
+		if (start+j+2)%2 == 1 {
+			add = lack >> 8
 		}
-	}
-	for _, spread := range []struct {
-		at  []int
-		add uint32
-	}{{even, lack & 0xff}, {odd, lack >> 8}} {
-		for j, i := range spread.at {
-			v := spread.add / uint32(len(spread.at))
-			if uint32(j) < spread.add%uint32(len(spread.at)) {
-				v++
-			}
-			b[i] += byte(v)
+		v := add / (balanceLen / 2)
+		if uint32(j/2) < add%(balanceLen/2) {
+			v++
 		}
+		b[start+j] += byte(v)
 	}
 	return string(b)
 }
 
-// balanceLen is the length of a name's balance: five characters of 0–52 each cover a byte's 0–255.
+// balanceLen is the length of a name's balance: five characters of 0–51 each cover a byte's 0–255.
 const balanceLen = 10
 
 // legacyName is the name daemons held before the balanced names: the space and the port.
