@@ -93,7 +93,7 @@ func (e *Engine) Health(cockpit, stack string) ([]Observation, error) {
 			problems = append(problems, inventory.collision)
 		}
 		for _, l := range e.holds.retake(stackKey(cockpit, stack)) {
-			problems = append(problems, l.String()+" (another daemon leased it while this one was down; "+lostFix+")")
+			problems = append(problems, l.String()+" ("+l.Why+")")
 		}
 		inventory.collision = strings.Join(problems, "; ")
 	}

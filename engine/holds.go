@@ -32,7 +32,14 @@ type LostPort struct {
 	Cockpit, Stack, Key string
 	Port                int
 	Holder              portlock.Holder
+	Why                 string // how it was lost, and the remedy
 }
+
+// lostWhileDown is how a port is lost at restart, and the remedy.
+const lostWhileDown = "another daemon leased it while this one was down; " + lostFix
+
+// lostToOlder is how a port is lost to an older daemon, and the remedy.
+const lostToOlder = "an older cockpitfs daemon (holding the legacy name cockpitfs/port/<port> only) leased it while this daemon held it: that daemon started after this one, which saw no older daemon then; stop or upgrade the older daemon, and " + lostFix
 
 func (l LostPort) String() string {
 	return fmt.Sprintf("port %d (%s) of this stack's lease is held by %s", l.Port, l.Key, l.Holder)
@@ -69,6 +76,7 @@ type holds struct {
 type portHold struct {
 	hold    *portlock.Hold
 	stack   string
+	key     string // the port's key in the lease
 	pending bool
 }
 
@@ -78,8 +86,14 @@ type portHold struct {
 // health.
 func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPort, error) {
 	h := &holds{space: space, self: self, byPort: map[int]*portHold{}, byStack: map[string]map[int]bool{}, lost: map[string][]LostPort{}, known: map[int]knownHolder{}}
+	// An older daemon on the machine holds legacy names only: holding them too from the first
+	// hold on keeps it from leasing this daemon's ports (engine/portlock, Compat).
+	legacy, err := space.CheckLegacy()
+	if err != nil {
+		return nil, err
+	}
 	var leases []Record
-	err := e.db.View(func(tx storage.Txn) error {
+	err = e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(allStacksPrefix, func(_ string, v []byte) error {
 			r, err := decodeHead(v) // the lease is all it needs
 			if err == nil && r.Value.Lease.Active() {
@@ -96,13 +110,13 @@ func (e *Engine) HoldPorts(space portlock.Space, self DaemonIdentity) ([]LostPor
 		key := stackKey(r.Cockpit, r.Stack)
 		for _, k := range sortedPortKeys(r.Value.Lease.Ports) {
 			port := r.Value.Lease.Ports[k]
-			holder, _, err := h.take(key, r.Cockpit, r.Stack, k, port)
+			holder, _, err := h.take(key, r.Cockpit, r.Stack, k, port, legacy.Take)
 			switch {
 			case err != nil:
 				h.releaseAll()
 				return nil, err
 			case holder != nil:
-				l := LostPort{Cockpit: r.Cockpit, Stack: r.Stack, Key: k, Port: port, Holder: *holder}
+				l := LostPort{Cockpit: r.Cockpit, Stack: r.Stack, Key: k, Port: port, Holder: *holder, Why: lostWhileDown}
 				h.lost[key] = append(h.lost[key], l)
 				lost = append(lost, l)
 			default:
@@ -140,8 +154,9 @@ const lostFix = "drain the stack (echo sleep > drain/request; echo start > drain
 
 // take holds port for the stack (key) unless held already: for this stack it is a success, for
 // another stack of this daemon or another process it returns who holds it, and that other stack's
-// key when this daemon holds it ("" otherwise). Callers hold no lock.
-func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.Holder, string, error) {
+// key when this daemon holds it ("" otherwise). It takes a hold with takeHold (the space's Take,
+// or at restart that of what CheckLegacy saw). Callers hold no lock.
+func (h *holds) take(key, cockpit, stack, portKey string, port int, takeHold func(int, portlock.Identity) (*portlock.Hold, error)) (*portlock.Holder, string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if held, ok := h.byPort[port]; ok {
@@ -152,8 +167,9 @@ func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.H
 		return &portlock.Holder{PID: h.self.PID, UID: h.self.UID, Known: true, Identity: &portlock.Identity{
 			Daemon: "cockpitfs", PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: c, Stack: s, Port: port}}, held.stack, nil
 	}
-	hold, err := h.space.Take(port, portlock.Identity{
+	hold, err := takeHold(port, portlock.Identity{
 		PID: h.self.PID, UID: h.self.UID, Data: h.self.Data, Mount: h.self.Mount, Cockpit: cockpit, Stack: stack, Key: portKey})
+	h.loseShared()
 	if errors.Is(err, portlock.ErrHeld) {
 		holder, ok, askErr := h.space.Ask(port)
 		if askErr != nil || !ok {
@@ -165,12 +181,36 @@ func (h *holds) take(key, cockpit, stack, portKey string, port int) (*portlock.H
 	if err != nil {
 		return nil, "", err
 	}
-	h.byPort[port] = &portHold{hold: hold, stack: key, pending: true}
+	h.byPort[port] = &portHold{hold: hold, stack: key, key: portKey, pending: true}
 	if h.byStack[key] == nil {
 		h.byStack[key] = map[int]bool{}
 	}
 	h.byStack[key][port] = true
 	return nil, "", nil
+}
+
+// loseShared moves the ports the space let go when it began to hold legacy names (an older daemon
+// holds them too: it started after this daemon held them, and saw them free) from this daemon's
+// holds to its stacks' lost ports, which health reports with the remedy and retakes; h.mu is held.
+// A port of a claim under way is only let go: its claim has not committed a lease of it yet.
+func (h *holds) loseShared() {
+	for _, let := range h.space.Shared(func(hold *portlock.Hold) bool {
+		held, ok := h.byPort[hold.Port()]
+		return ok && held.hold == hold // not another engine's of this process, nor a proxy's
+	}) {
+		port := let.Port()
+		held := h.byPort[port]
+		h.drop(port)
+		if held.pending {
+			continue
+		}
+		holder, ok, err := h.space.Ask(port)
+		if err != nil || !ok {
+			holder = portlock.Holder{}
+		}
+		cockpit, stack := splitStackKey(held.stack)
+		h.lost[held.stack] = append(h.lost[held.stack], LostPort{Cockpit: cockpit, Stack: stack, Key: held.key, Port: port, Holder: holder, Why: lostToOlder})
+	}
 }
 
 // takeFamily holds every port of a candidate family for the stack, all or none: it returns who
@@ -183,7 +223,7 @@ func (h *holds) takeFamily(key, cockpit, stack string, ports map[string]int) (*p
 		h.mu.Lock()
 		_, had := h.byPort[port]
 		h.mu.Unlock()
-		holder, here, err := h.take(key, cockpit, stack, k, port)
+		holder, here, err := h.take(key, cockpit, stack, k, port, h.space.Take)
 		if err != nil || holder != nil {
 			h.releasePending(key, taken)
 			return holder, port, here, err
@@ -283,7 +323,7 @@ func (h *holds) retake(key string) []LostPort {
 	h.mu.Unlock()
 	var still []LostPort
 	for _, l := range lost {
-		holder, _, err := h.take(key, l.Cockpit, l.Stack, l.Key, l.Port)
+		holder, _, err := h.take(key, l.Cockpit, l.Stack, l.Key, l.Port, h.space.Take)
 		if err != nil || holder != nil {
 			if holder != nil {
 				l.Holder = *holder

@@ -25,8 +25,10 @@ import (
 // spaces numbers the test spaces: a test run again (-count) holds nothing its last run still holds.
 var spaces atomic.Int64
 
+// holdSpace is a space of the test's own. Not named after the test: a hold's name is at most 107
+// bytes, and a subtest's name can be most of that.
 func holdSpace(t *testing.T) portlock.Space {
-	return portlock.Space(fmt.Sprintf("cockpitfs-test/%d/%s/%d/port/", os.Getpid(), t.Name(), spaces.Add(1)))
+	return portlock.Space(fmt.Sprintf("cockpitfs-test/%d/%d/port/", os.Getpid(), spaces.Add(1)))
 }
 
 func holdingEngine(t *testing.T, space portlock.Space, data string) *Engine {

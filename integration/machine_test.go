@@ -46,7 +46,8 @@ func machineSharedNetns(t *testing.T) *netns.NS {
 }
 
 // machineHolds reads the kernel's table of bound abstract unix names in the daemon's namespace:
-// port → socket inode of "cockpitfs/port/<port>".
+// port → socket inode of "cockpitfs/port/<port>/<balance>" (of the legacy "cockpitfs/port/<port>"
+// when that alone is bound).
 func machineHolds(t *testing.T, m *mount) map[int]string {
 	t.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", m.cmd.Process.Pid))
@@ -57,11 +58,30 @@ func machineHolds(t *testing.T, m *mount) map[int]string {
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) == 8 && strings.HasPrefix(f[7], "@cockpitfs/port/") {
-			port, _ := strconv.Atoi(strings.TrimPrefix(f[7], "@cockpitfs/port/"))
-			holds[port] = f[6]
+			digits, _, balanced := strings.Cut(strings.TrimPrefix(f[7], "@cockpitfs/port/"), "/")
+			port, _ := strconv.Atoi(digits)
+			if _, seen := holds[port]; balanced || !seen {
+				holds[port] = f[6]
+			}
 		}
 	}
 	return holds
+}
+
+// machineLegacyHeld says whether the daemon holds port's legacy name, "cockpitfs/port/<port>".
+func machineLegacyHeld(t *testing.T, m *mount, port int) bool {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", m.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sockets := machineSockets(m.cmd.Process.Pid)
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 8 && f[7] == fmt.Sprintf("@cockpitfs/port/%d", port) && sockets[f[6]] {
+			return true
+		}
+	}
+	return false
 }
 
 // machineSockets is the set of socket inodes process pid has open.
@@ -287,8 +307,8 @@ func TestMachineKilledDaemonStrandsNothing(t *testing.T) {
 	}
 }
 
-// machineSquat runs a process that is not cockpitfs holding port's name in the daemon's
-// namespace, listening but never answering, until the test ends.
+// machineSquat runs a process that is not cockpitfs holding port's legacy name in the daemon's
+// namespace (as an older daemon holds it), listening but never answering, until the test ends.
 func machineSquat(m *mount, port int) *exec.Cmd {
 	m.t.Helper()
 	cmd := exec.Command("python3", "-c", `import socket, sys, time
@@ -318,9 +338,9 @@ func (m *mount) startBound(cmd *exec.Cmd) *exec.Cmd {
 	return cmd
 }
 
-// A process that is not cockpitfs holding a port's name makes its family be skipped like a
-// listener, with the holder in the claim's events line and in ports/; when it squats every
-// candidate the claim is refused (EADDRINUSE) and nothing changes.
+// A process that is not cockpitfs holding a port's legacy name (as an older daemon holds it) makes
+// its family be skipped like a listener, with the holder in the claim's events line and in
+// ports/; when it squats every candidate the claim is refused (EADDRINUSE) and nothing changes.
 func TestMachineSquatterIsSkipped(t *testing.T) {
 	t.Parallel() // its daemons are in a network namespace of the test's own
 	testtool.Need(t, "python3")
@@ -338,6 +358,11 @@ func TestMachineSquatterIsSkipped(t *testing.T) {
 	}
 	if got := m.read("ports", strconv.Itoa(base+500)); got != fmt.Sprintf("daemon=none pid=%d uid=0\n", squatter.Process.Pid) {
 		t.Fatalf("ports/%d = %q", base+500, got)
+	}
+	// Having met a legacy name held alone, the daemon holds its ports' legacy names too, so an
+	// older daemon meets them as it would another older daemon's.
+	if !machineLegacyHeld(t, m, base+10) {
+		t.Fatalf("the daemon does not hold the legacy name of its port %d", base+10)
 	}
 
 	// Family 1 is s's, family 0 squatted: t's claim is refused, like a listener's, and changes nothing.

@@ -286,7 +286,7 @@ func TestSharedCheckoutIsOneEscapedLine(t *testing.T) {
 }
 
 // sharedSquat runs, as nobody and in the daemon's network namespace, one python3 process holding
-// the names of ports, as mode says: "bound" (not listening), "silent" (listening, never
+// the legacy names of ports (as an older daemon holds them), as mode says: "bound" (not listening), "silent" (listening, never
 // accepting), or "answer" (answering each asker as a daemon would, naming its own pid and root's
 // uid, data directory and lease).
 func sharedSquat(m *mount, mode string, ports ...int) *exec.Cmd {

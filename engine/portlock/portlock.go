@@ -3,7 +3,7 @@
 //
 // Why a socket and not a store or a file: several daemons (any uid, any data directory) may run on
 // one machine, and each must never lease a port another one leases. A port is held by binding the
-// abstract unix socket name "cockpitfs/port/<n>": the kernel lets exactly one socket bind a name,
+// abstract unix socket name "cockpitfs/port/<n>/<balance>" (see name): the kernel lets exactly one socket bind a name,
 // for every uid alike; it frees the name when the socket is closed or its process dies (kill -9
 // included), so a crashed daemon strands nothing; and abstract names live in the network namespace,
 // exactly as TCP ports do, so a container's daemon has names of its own as it has ports of its
@@ -15,6 +15,11 @@
 // answer is read only when /proc shows the holder runs this very program (the same executable
 // file), and then only as which data directory and lease, never as who. Anything else holding a
 // name is not a cockpitfs daemon this process can vouch for (a squatter).
+//
+// Daemons before the balanced names held "cockpitfs/port/<n>" (the legacy name). A daemon takes a
+// port only when its legacy name is free too, and holds the legacy names as well (compat) once it
+// has seen a process hold one that holds no balanced name of the same port: an older daemon then
+// finds this one's ports held, as it always did (see Compat).
 //
 // The package binds, releases and asks; whether a family may be leased is the engine's rule.
 package portlock
@@ -100,40 +105,236 @@ func (h Holder) String() string {
 
 // Hold is one port held by this process until Release.
 type Hold struct {
-	fd int
+	space  Space
+	port   int
+	fd     int     // the balanced name's socket; -1 once released
+	legacy int     // the legacy name's socket while compat holds it, else -1
+	ans    *answer // what both answer
 }
 
-// Take holds port, answering id to whoever asks. It returns ErrHeld when another socket holds it.
-// It is three system calls and the registration with the process's one answering loop: a new
-// lease pays for its holds. The answer is encoded at the first ask, not here: most holds are
-// never asked.
+// Take holds port, answering id to whoever asks. It returns ErrHeld when another socket holds it,
+// under either name. It is the balanced name's three system calls, the legacy name's probe (a
+// socket, a bind and a close: a second walk of a chain of the kernel's table) and the
+// registration with the process's one answering loop: a new lease pays for its holds. The answer
+// is encoded at the first ask, not here: most holds are never asked.
 func (s Space) Take(port int, id Identity) (*Hold, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	return s.take(port, id, true)
+}
+
+// take is Take; without probe, the legacy name is bound only in compat (the caller knows it free).
+func (s Space) take(port int, id Identity, probe bool) (*Hold, error) {
+	fd, err := bindName(s.name(port), true)
 	if err != nil {
-		return nil, fmt.Errorf("holding port %d: %w", port, err)
+		return nil, fmt.Errorf("port %d: %w", port, err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: s.name(port)}); err != nil {
+	st := s.state()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	legacy := -1
+	if probe || st.compat {
+		legacy, err = bindName(s.legacyName(port), st.compat)
+	}
+	if err != nil {
 		unix.Close(fd)
-		if errors.Is(err, unix.EADDRINUSE) {
-			return nil, fmt.Errorf("port %d: %w", port, ErrHeld)
+		if errors.Is(err, ErrHeld) {
+			// An older daemon's hold, or a squatter's: from now on this process holds the legacy
+			// names too, so older daemons see its ports held.
+			st.setCompat()
+		}
+		return nil, fmt.Errorf("port %d: %w", port, err)
+	}
+	if !st.compat && legacy >= 0 {
+		unix.Close(legacy) // only a probe
+		legacy = -1
+	}
+	id.Daemon, id.Port = daemonName, port
+	h := &Hold{space: s, port: port, fd: fd, legacy: legacy, ans: &answer{id: id}}
+	if err := h.register(); err != nil {
+		unix.Close(fd)
+		if legacy >= 0 {
+			unix.Close(legacy)
 		}
 		return nil, fmt.Errorf("holding port %d: %w", port, err)
 	}
-	if err := unix.Listen(fd, 16); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("holding port %d: %w", port, err)
-	}
-	id.Daemon, id.Port = daemonName, port
-	if err := answers.add(fd, &answer{id: id}); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("holding port %d: %w", port, err)
-	}
-	return &Hold{fd: fd}, nil
+	st.holds[h] = true
+	return h, nil
 }
 
-// Release lets the port go: no asker is answered from it afterwards.
+// register makes the loop answer on the hold's sockets.
+func (h *Hold) register() error {
+	if err := answers.add(h.fd, h.ans); err != nil {
+		return err
+	}
+	if h.legacy >= 0 {
+		if err := answers.add(h.legacy, h.ans); err != nil {
+			answers.remove(h.fd)
+			return err
+		}
+	}
+	return nil
+}
+
+// bindName binds a new socket to the abstract name; listening, it takes connections (askers), else
+// it only tells whether the name is free. A name already bound is ErrHeld.
+func bindName(name string, listen bool) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return -1, fmt.Errorf("holding: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: name}); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EADDRINUSE) {
+			return -1, ErrHeld
+		}
+		return -1, fmt.Errorf("holding: %w", err)
+	}
+	if listen {
+		if err := unix.Listen(fd, 16); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("holding: %w", err)
+		}
+	}
+	return fd, nil
+}
+
+// Release lets the port go: no asker is answered from it afterwards. The legacy name goes first,
+// so the port is never free under it while still held under the balanced name (a daemon taking
+// it then sees it held, not an older daemon's). Releasing twice does nothing.
 func (h *Hold) Release() {
+	st := h.space.state()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	h.release(st)
+}
+
+// release is Release with st.mu held.
+func (h *Hold) release(st *spaceState) {
+	if h.fd < 0 {
+		return
+	}
+	if h.legacy >= 0 {
+		answers.remove(h.legacy)
+		h.legacy = -1
+	}
 	answers.remove(h.fd)
+	h.fd = -1
+	delete(st.holds, h)
+}
+
+// spaceState is what this process knows of a space: whether it holds the legacy names too, and
+// its live holds (to give them legacy names when it starts to).
+type spaceState struct {
+	mu     sync.Mutex
+	compat bool
+	holds  map[*Hold]bool // GUARDED_BY(mu)
+	shared []*Hold        // GUARDED_BY(mu): holds let go as compat began, see Shared
+}
+
+var states sync.Map // Space -> *spaceState
+
+func (s Space) state() *spaceState {
+	if st, ok := states.Load(s); ok {
+		return st.(*spaceState)
+	}
+	st, _ := states.LoadOrStore(s, &spaceState{holds: map[*Hold]bool{}})
+	return st.(*spaceState)
+}
+
+// Compat says whether this process holds the legacy names of its holds in the space too.
+func (s Space) Compat() bool {
+	st := s.state()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.compat
+}
+
+// setCompat starts holding legacy names, binding them for every live hold; st.mu is held. A hold
+// whose legacy name another process holds is a port an older daemon took while this one held it
+// without the legacy name (it started after this one saw none): the hold is let go, and kept for
+// its taker to report the port as another's (see Shared).
+func (st *spaceState) setCompat() {
+	if st.compat {
+		return
+	}
+	st.compat = true
+	for h := range st.holds {
+		legacy, err := bindName(h.space.legacyName(h.port), true)
+		if err == nil {
+			err = answers.add(legacy, h.ans)
+			if err != nil {
+				unix.Close(legacy)
+			}
+		}
+		if err != nil {
+			h.release(st)
+			st.shared = append(st.shared, h)
+			continue
+		}
+		h.legacy = legacy
+	}
+}
+
+// Shared returns, once, the holds of which (mine says) this process let go when it began to hold
+// the legacy names, since an older daemon held those names too: the leases they belong to do not
+// hold their ports any more.
+func (s Space) Shared(mine func(*Hold) bool) []*Hold {
+	st := s.state()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var shared []*Hold
+	st.shared = slices.DeleteFunc(st.shared, func(h *Hold) bool {
+		if mine(h) {
+			shared = append(shared, h)
+			return true
+		}
+		return false
+	})
+	return shared
+}
+
+// Port is the port held.
+func (h *Hold) Port() int { return h.port }
+
+// CheckLegacy makes this process hold legacy names too when a process holds a legacy name in the
+// space without the balanced name of the same port — an older daemon's hold (a daemon in compat
+// holds both) — as the kernel's table shows now. A daemon calls it before it takes its holds, and
+// takes them with what it returns.
+func (s Space) CheckLegacy() (*Legacy, error) {
+	balanced, legacy, err := s.bound()
+	if err != nil {
+		return nil, err
+	}
+	seen := &Legacy{space: s, held: map[int]bool{}}
+	for port := range legacy {
+		if _, both := balanced[port]; !both {
+			seen.held[port] = true
+		}
+	}
+	if len(seen.held) > 0 {
+		st := s.state()
+		st.mu.Lock()
+		st.setCompat()
+		st.mu.Unlock()
+	}
+	return seen, nil
+}
+
+// Legacy is what CheckLegacy saw: the ports whose legacy name alone was bound.
+type Legacy struct {
+	space Space
+	held  map[int]bool
+}
+
+// Take is Space.Take with the legacy names as CheckLegacy saw them, a moment ago, instead of a
+// probe per port: a daemon's restart takes thousands of holds, and the probe is a second walk of
+// a chain of the kernel's table (a quarter of the holds' time beside 20,000 names). A port whose
+// legacy name was bound is ErrHeld. An older daemon that bound one since is the case compat cannot
+// exclude anyway (one starting after this daemon looked).
+func (l *Legacy) Take(port int, id Identity) (*Hold, error) {
+	if l.held[port] {
+		return nil, fmt.Errorf("port %d: %w", port, ErrHeld)
+	}
+	return l.space.take(port, id, false)
 }
 
 // answers is the process's one loop answering every hold's askers (one epoll set), so a hold costs
@@ -214,23 +415,42 @@ func (a *answerLoop) serve() {
 	}
 }
 
-// Ask says who holds port; ok is false when nobody does. It never blocks longer than
-// answerTimeout: the connect is non-blocking (a holder that never accepts fills its backlog).
+// Ask says who holds port, under either name; ok is false when nobody does. It never blocks longer
+// than answerTimeout: the connects are non-blocking (a holder that never accepts fills its
+// backlog), and one holder answers.
 func (s Space) Ask(port int) (holder Holder, ok bool, err error) {
+	for _, name := range []string{s.name(port), s.legacyName(port)} {
+		if holder, connected, err := s.ask(name, port); connected || err != nil {
+			return holder, true, err
+		}
+	}
+	// Neither name took a connection: bound but not listening, not accepting, or free. Held by
+	// something that will not say, if by anything, so look for it in the kernel's tables.
+	balanced, legacy, err := s.bound()
+	if err != nil {
+		return Holder{}, true, nil // cannot tell: the connect was refused by something there
+	}
+	inode, bound := balanced[port]
+	if !bound {
+		inode, bound = legacy[port]
+	}
+	if !bound {
+		return Holder{}, false, nil
+	}
+	return owner(inode), true, nil
+}
+
+// ask connects to the name of port and says who holds it; connected is false when the name took
+// no connection.
+func (s Space) ask(name string, port int) (holder Holder, connected bool, err error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return Holder{}, false, err
 	}
 	defer unix.Close(fd)
-	switch err := unix.Connect(fd, &unix.SockaddrUnix{Name: s.name(port)}); {
+	switch err := unix.Connect(fd, &unix.SockaddrUnix{Name: name}); {
 	case errors.Is(err, unix.ECONNREFUSED), errors.Is(err, unix.EAGAIN):
-		// Bound but not listening, or not accepting: held by something that will not say, so
-		// look for it in the kernel's tables.
-		inode, bound := s.inode(port)
-		if !bound {
-			return Holder{}, false, nil
-		}
-		return owner(inode), true, nil
+		return Holder{}, false, nil
 	case err != nil:
 		return Holder{}, false, fmt.Errorf("asking who holds port %d: %w", port, err)
 	}
@@ -329,16 +549,32 @@ func (s Space) Held() ([]int, error) {
 	return ports, nil
 }
 
-// Bound maps each port whose name is bound in this network namespace to the inode of the socket
-// bound to it, from the kernel's unix socket table (/proc/net/unix, readable by everyone). The
-// inode names one socket for its life: a holder seen with the same inode is the same holder.
+// Bound maps each port held in this network namespace, under either name, to the inode of the
+// socket bound to its name (the balanced name's, when both are bound), from the kernel's unix
+// socket table (/proc/net/unix, readable by everyone). The inode names one socket for its life: a
+// holder seen with the same inode is the same holder.
 func (s Space) Bound() (map[int]string, error) {
-	data, err := os.ReadFile("/proc/thread-self/net/unix")
+	balanced, legacy, err := s.bound()
 	if err != nil {
 		return nil, err
 	}
+	for port, inode := range legacy {
+		if _, ok := balanced[port]; !ok {
+			balanced[port] = inode
+		}
+	}
+	return balanced, nil
+}
+
+// bound maps each port whose balanced name is bound, and each whose legacy name is, to the inode
+// of the socket bound to it.
+func (s Space) bound() (balanced, legacy map[int]string, err error) {
+	data, err := os.ReadFile("/proc/thread-self/net/unix")
+	if err != nil {
+		return nil, nil, err
+	}
 	prefix := "@" + string(s)
-	bound := map[int]string{}
+	balanced, legacy = map[int]string{}, map[int]string{}
 	for _, line := range strings.Split(string(data), "\n") {
 		// Num RefCount Protocol Flags Type St Inode Path. Connections queued on a listener show
 		// its name too, connected (St 03); the bound socket itself is unconnected (01).
@@ -346,26 +582,23 @@ func (s Space) Bound() (map[int]string, error) {
 		if len(f) != 8 || !strings.HasPrefix(f[7], prefix) {
 			continue
 		}
-		port, err := strconv.Atoi(strings.TrimPrefix(f[7], prefix))
-		if err != nil {
+		digits, balance, isBalanced := strings.Cut(strings.TrimPrefix(f[7], prefix), "/")
+		port, err := strconv.Atoi(digits)
+		if err != nil || port < 0 || port > 65535 || strconv.Itoa(port) != digits {
 			continue
 		}
-		if _, seen := bound[port]; !seen || f[5] == "01" {
-			bound[port] = f[6]
+		into := legacy
+		if isBalanced {
+			if "/"+balance != s.name(port)[len(prefix)+len(digits):] {
+				continue // not the name of any port: it holds nothing
+			}
+			into = balanced
+		}
+		if _, seen := into[port]; !seen || f[5] == "01" {
+			into[port] = f[6]
 		}
 	}
-	return bound, nil
-}
-
-// inode is the socket inode bound to port's name ("" when it cannot be told), and whether the name
-// is bound at all.
-func (s Space) inode(port int) (string, bool) {
-	bound, err := s.Bound()
-	if err != nil {
-		return "", true // cannot tell: the connect was refused by something there
-	}
-	inode, ok := bound[port]
-	return inode, ok
+	return balanced, legacy, nil
 }
 
 // owner finds the process with socket inode open, among those whose fds this process may read
@@ -423,7 +656,59 @@ func scanSockets() map[string]Holder {
 	return byInode
 }
 
-// name is the abstract name of port (Go writes the leading NUL for "@").
+// name is the abstract name of port's hold (Go writes the leading NUL for "@"): the space, the
+// port, "/" and a balance of ten characters that spreads the names over the kernel's hash table.
+//
+// Why the balance: the kernel finds an abstract name in one of 256 chains, chosen by the 16-bit
+// ones' complement sum of the address (csum_partial of the family and the name, folded: both
+// bytes of the sum xored, and the socket type; net/unix/af_unix.c, unix_abstract_hash). Names
+// that differ only in a few decimal digits sum to a few dozen values — the legacy names of 20,000
+// ports fill 32 chains — and every bind and connect walks its chain. The balance makes the sum of
+// the whole address equal port mod 256 (in ones' complement arithmetic, mod 0xffff): both bytes
+// xored are then port mod 256, so 256 consecutive ports use every chain once, and each chain
+// holds the names of 256 of the 65,536 ports (TestNamesSpreadOverEveryChain). Characters
+// 'A'+v (v ≤ 51, so A–t): the five at even offsets of the address add the low byte of what the sum lacks,
+// the five at odd offsets its high byte, each spread evenly over its five.
 func (s Space) name(port int) string {
+	b := make([]byte, 0, 1+len(s)+6+balanceLen)
+	b = append(b, '@')
+	b = append(b, s...)
+	b = strconv.AppendInt(b, int64(port), 10)
+	b = append(b, '/')
+	start := len(b)
+	for range balanceLen {
+		b = append(b, 'A')
+	}
+	// Byte i of b is byte i+2 of the address (after the two of the family, AF_UNIX little-endian);
+	// the '@' stands for the NUL, which adds nothing. A byte at an even offset is a word's low byte.
+	sum := uint32(unix.AF_UNIX)
+	for i, c := range b[1:] {
+		if (i+3)%2 == 0 {
+			sum += uint32(c)
+		} else {
+			sum += uint32(c) << 8
+		}
+	}
+	lack := (uint32(port&0xff) + 0xffff - sum%0xffff) % 0xffff
+	// The balance's characters alternate between the two bytes: the j-th is the j/2-th of its byte's five.
+	for j := range balanceLen {
+		add := lack & 0xff
+		if (start+j+2)%2 == 1 {
+			add = lack >> 8
+		}
+		v := add / (balanceLen / 2)
+		if uint32(j/2) < add%(balanceLen/2) {
+			v++
+		}
+		b[start+j] += byte(v)
+	}
+	return string(b)
+}
+
+// balanceLen is the length of a name's balance: five characters of 0–51 each cover a byte's 0–255.
+const balanceLen = 10
+
+// legacyName is the name daemons held before the balanced names: the space and the port.
+func (s Space) legacyName(port int) string {
 	return "@" + string(s) + strconv.Itoa(port)
 }

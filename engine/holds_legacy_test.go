@@ -1,0 +1,119 @@
+package engine
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cockpitfs/cockpitfs/engine/portlock"
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
+	"golang.org/x/sys/unix"
+)
+
+// olderDaemon runs python3 holding the legacy names of ports in space ("<space><port>"), listening,
+// as a daemon before the balanced names holds its leases' ports, until the test ends.
+func olderDaemon(t *testing.T, space portlock.Space, ports ...int) *exec.Cmd {
+	t.Helper()
+	testtool.Need(t, "python3")
+	args := []string{"-c", `import socket, sys, time
+held = []
+for name in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(b"\0" + name.encode())
+    s.listen(1)
+    held.append(s)
+print("bound", flush=True)
+time.sleep(600)`}
+	for _, port := range ports {
+		args = append(args, string(space)+strconv.Itoa(port))
+	}
+	cmd := exec.Command("python3", args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
+		t.Fatalf("the older daemon did not bind: %q %v", line, err)
+	}
+	return cmd
+}
+
+// A daemon that starts beside an older daemon holds the legacy names of its leases' ports too, from
+// its first hold, so the older daemon cannot take them; a port of its leases the older daemon
+// holds is lost, naming it.
+func TestHoldsBesideAnOlderDaemonAtStart(t *testing.T) {
+	space := holdSpace(t)
+	before := holdingEngine(t, space, "/before")
+	newCockpit(t, before, "app", holdConfig, "s", "t")
+	claim(t, before, "app", "s", "alice")
+	claim(t, before, "app", "t", "bob")
+	before.holds.releaseAll() // the daemon stopped
+	older := olderDaemon(t, space, 41442)
+
+	restarted := New(before.db)
+	lost, err := restarted.HoldPorts(space, DaemonIdentity{PID: os.Getpid(), Data: "/restarted"})
+	if err != nil || len(lost) != 1 || lost[0].Port != 41442 || lost[0].Holder.PID != older.Process.Pid || !space.Compat() {
+		t.Fatalf("HoldPorts lost %+v, %v, want 41442 held by %d; compat %v", lost, err, older.Process.Pid, space.Compat())
+	}
+	events, _ := restarted.events("app", "t")
+	if !strings.Contains(string(events), "port 41442 (DB) of this stack's lease is held by process "+strconv.Itoa(older.Process.Pid)) {
+		t.Fatalf("events:\n%s", events)
+	}
+	for _, port := range []int{41080, 41432} {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + string(space) + strconv.Itoa(port)}); !errors.Is(err, unix.EADDRINUSE) {
+			t.Fatalf("binding the legacy name of %d, held by the restarted engine: %v", port, err)
+		}
+	}
+}
+
+// An older daemon that started after this one saw none, and took a port this one holds (its legacy
+// name was free), is found when a claim meets one of its holds: compat begins, the port shared is
+// let go, and the stack's health names the older daemon and the remedy; the claim skips the
+// older daemon's family.
+func TestHoldsOlderDaemonStartedLaterIsReported(t *testing.T) {
+	space := holdSpace(t)
+	e := holdingEngine(t, space, "/d")
+	newCockpit(t, e, "app", holdConfig, "s", "t")
+	claim(t, e, "app", "s", "alice")
+	if space.Compat() {
+		t.Fatal("compat is on with no older daemon")
+	}
+	older := olderDaemon(t, space, 41432, 41090)
+	claim(t, e, "app", "t", "bob")
+	requirePorts(t, stackRecord(t, e, "app", "t"), map[string]int{"HTTP": 41100, "DB": 41452})
+	events, _ := e.events("app", "t")
+	if !strings.Contains(string(events), "skipped candidate families: port 41090 is held by process "+strconv.Itoa(older.Process.Pid)+" uid") {
+		t.Fatalf("t's events:\n%s", events)
+	}
+	obs, err := e.Health("app", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(obs, func(o Observation) bool { return o.Code == codePortFamily })
+	if i < 0 || obs[i].Observed.Value == nil || *obs[i].Observed.Value ||
+		!strings.Contains(obs[i].Observed.Reason, "port 41432 (DB) of this stack's lease is held by process "+strconv.Itoa(older.Process.Pid)) ||
+		!strings.Contains(obs[i].Observed.Reason, "stop or upgrade the older daemon") {
+		t.Fatalf("s's health: %+v", obs)
+	}
+	e.holds.mu.Lock()
+	_, stillMine := e.holds.byPort[41432]
+	_, kept := e.holds.byPort[41080]
+	e.holds.mu.Unlock()
+	if stillMine || !kept {
+		t.Fatalf("after compat began, this engine holds 41432 %v, 41080 %v", stillMine, kept)
+	}
+}
