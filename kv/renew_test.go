@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/cockpitfs/cockpitfs/storage"
@@ -50,11 +52,18 @@ func TestSettleRenewsTheMemtable(t *testing.T) {
 	if len(after) != 1 || slices.Contains(before, after[0]) {
 		t.Fatalf("settled, badger's memtable logs are %v; before %v (want one new one)", after, before)
 	}
+	info, err := os.Stat(after[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if blocks := info.Sys().(*syscall.Stat_t).Blocks * 512; blocks < info.Size() {
+		t.Errorf("the new memtable's log has %d of its %d bytes allocated: a full disk could meet a write through its map", blocks, info.Size())
+	}
 	if markHeld(t, db) {
 		t.Fatal("the key that renewed the memtable is still in badger")
 	}
 	set(t, db, "k100", "v100")
-	err := db.View(func(tx storage.Txn) error {
+	err = db.View(func(tx storage.Txn) error {
 		got := scan(t, tx, "")
 		if len(got) != 101 || got[0] != "k000=v000" || got[100] != "k100=v100" {
 			t.Errorf("after the renewal the store holds %d keys: %v", len(got), got)

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"time"
@@ -143,5 +144,17 @@ func (l *commitLog) renewMemtable() error {
 	if err := mark.CommitAt(l.next, nil); err != nil {
 		return err
 	}
-	return l.bdb.DropPrefix(memtableMark)
+	if err := l.bdb.DropPrefix(memtableMark); err != nil {
+		return err
+	}
+	// The new memtable's log gets its blocks now, as the settle's checkpoint gave the old one
+	// (badgerLogs.sync), not at the next checkpoint.
+	mems, _ := filepath.Glob(filepath.Join(l.dir, "*.mem"))
+	for _, name := range mems {
+		if f, err := os.OpenFile(name, os.O_RDWR, 0); err == nil {
+			allocate(f)
+			f.Close()
+		}
+	}
+	return nil
 }
