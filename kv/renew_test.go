@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
@@ -159,5 +161,62 @@ func TestMarkLeftByACrashIsUndone(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRenewalWaitsForSpace: on a disk with less room than a commit needs, settling leaves the
+// memtable as it is (its flush would write a table, the new one a log) and the store serves on;
+// once room returns, the next settle renews it.
+func TestRenewalWaitsForSpace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	disk := t.TempDir()
+	if err := unix.Mount("tmpfs", disk, "tmpfs", 0, "size=48m"); err != nil {
+		t.Fatalf("mount a tmpfs: %v", err)
+	}
+	defer unix.Unmount(disk, unix.MNT_DETACH)
+	dir := filepath.Join(disk, "data")
+	db, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.log.background.Wait() // the spare segment
+	for i := range 50 {
+		set(t, db, fmt.Sprintf("k%03d", i), "v")
+	}
+	applied(t, db)
+	var st unix.Statfs_t
+	if err := unix.Statfs(disk, &st); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(disk, "filler")
+	if err := os.WriteFile(filler, make([]byte, int64(st.Bavail)*st.Bsize-12<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := memtableLogs(t, dir)
+	for !db.log.settle() {
+		db.log.background.Wait()
+	}
+	if after := memtableLogs(t, dir); !slices.Equal(after, before) {
+		t.Fatalf("with 12 MiB free the settle renewed the memtable: logs %v, before %v", after, before)
+	}
+	if err := db.log.err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := get(t, db, "k049"); !ok || v != "v" {
+		t.Fatalf("k049 reads %q, %v", v, ok)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	set(t, db, "k050", "v") // a commit to settle again after
+	applied(t, db)
+	for !db.log.settle() {
+		db.log.background.Wait()
+	}
+	if after := memtableLogs(t, dir); len(after) != 1 || slices.Contains(before, after[0]) {
+		t.Fatalf("with room again the settle left the memtable logs %v (before %v)", after, before)
 	}
 }

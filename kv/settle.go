@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -117,6 +118,10 @@ var memtableMark = []byte("\xffkv-renew-memtable")
 // and only what is written into it becomes resident; an arena taken from pages the heap held
 // was zeroed whole, and the idle daemon held all of it.
 //
+// It is not tried on a disk with less room than a commit needs (checkSpace): the memtable then
+// stays as it is until the next settle. A DropPrefix that failed after the mark was written stops
+// the store (below).
+//
 // Commits wait (mu) while it runs — the flush and a compaction of level 0, in which DropPrefix
 // drops the mark — and badger is handed every one sequenced before it: DropPrefix refuses writes
 // while it runs, and a commit badger refused would stop the store. The mark is written at the
@@ -124,6 +129,16 @@ var memtableMark = []byte("\xffkv-renew-memtable")
 // before); one a crash left in a memtable log is above every version the log holds, and Open's
 // undoBeyond deletes it.
 func (l *commitLog) renewMemtable() error {
+	// The flush writes a table and the new memtable a log: not where a commit would be refused.
+	d, err := os.Open(l.dir)
+	if err != nil {
+		return err
+	}
+	err = checkSpace(d, l.dir)
+	d.Close()
+	if err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.err(); err != nil {
@@ -145,7 +160,9 @@ func (l *commitLog) renewMemtable() error {
 		return err
 	}
 	if err := l.bdb.DropPrefix(memtableMark); err != nil {
-		return err
+		// The mark may still be in badger, at the version the next commit would take and
+		// then see it at: none may come. The next Open undoes it.
+		return l.fail(fmt.Errorf("kv: renewing badger's memtable: %w", err))
 	}
 	// The new memtable's log gets its blocks now, as the settle's checkpoint gave the old one
 	// (badgerLogs.sync), not at the next checkpoint.
