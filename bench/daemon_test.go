@@ -73,6 +73,7 @@ func run(m *testing.M) int {
 	if binary == "" {
 		binary = filepath.Join(workDir, "cockpitfs")
 		build := exec.Command("go", "build", "-o", binary, "../cmd/cockpitfs")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0") // as scripts/bench and the README build it
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "bench: building cockpitfs:", err)

@@ -1,6 +1,8 @@
 package kv
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"time"
@@ -14,6 +16,9 @@ import (
 //     last commit and moves badger's discard version up to it (every older version of a key, and
 //     a deleted key, may then be dropped), removes the log segments, and a compaction of level 0
 //     into the level below rewrites the tables it overlaps without what was dropped;
+//   - badger's memtable is flushed into level 0 and a new, empty one takes its place, made
+//     where the Go heap has just given its free pages back (renewMemtable): what the
+//     memtable held (its arena, up to 5.2 MiB, and its log's map) leaves memory;
 //   - the caches of a store being written (pending's latest versions, the keys recently written
 //     that a conflict check looks up) are emptied: a map keeps the room of its busiest moment;
 //   - settleRelease later, once badger's pool of table builders has let go of the buffers the
@@ -79,6 +84,9 @@ func (l *commitLog) settle() bool {
 	if l.err() != nil {
 		return true
 	}
+	if err := l.renewMemtable(); err != nil {
+		l.bdb.Opts().Logger.Warningf("settling the store: renewing the memtable: %v", err)
+	}
 	// Flatten compacts every level but the lowest one holding tables into it, through
 	// badger's own compaction (which keeps a version any read may still see): with the
 	// engine's few MiB of live data, level 0 and one level below.
@@ -97,4 +105,73 @@ func (l *commitLog) settle() bool {
 	l.recent = recent
 	l.mu.Unlock()
 	return true
+}
+
+// memtableMark is the key renewMemtable writes to have badger start a new memtable: badger does so
+// only in DropPrefix, and only for a prefix it holds. No engine key starts with a 0xff byte.
+var memtableMark = []byte("\xffkv-renew-memtable")
+
+// renewMemtable has badger flush its memtable into level 0 and start an empty one, which a
+// store left idle would otherwise keep, written part and all, for good: badger starts a new
+// memtable only once one is full. The new arena (make of 5.2 MiB) is taken after the heap gave
+// its free pages back, so the runtime need not zero it (pages the kernel hands back are zero)
+// and only what is written into it becomes resident; an arena taken from pages the heap held
+// was zeroed whole, and the idle daemon held all of it.
+//
+// It is not tried on a disk with less room than a commit needs (checkSpace): the memtable then
+// stays as it is until the next settle. A DropPrefix that failed after the mark was written stops
+// the store (below).
+//
+// Commits wait (mu) while it runs — the flush and a compaction of level 0, in which DropPrefix
+// drops the mark — and badger is handed every one sequenced before it: DropPrefix refuses writes
+// while it runs, and a commit badger refused would stop the store. The mark is written at the
+// version the next commit will take, which no read sees (every read is at a version sequenced
+// before); one a crash left in a memtable log is above every version the log holds, and Open's
+// undoBeyond deletes it.
+func (l *commitLog) renewMemtable() error {
+	// The flush writes a table and the new memtable a log: not where a commit would be refused.
+	d, err := os.Open(l.dir)
+	if err != nil {
+		return err
+	}
+	err = checkSpace(d, l.dir)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.err(); err != nil {
+		return err
+	}
+	l.hurryApplier()
+	if err := l.applied.wait(l.sequenced.Load(), l.err); err != nil {
+		return err
+	}
+	debug.FreeOSMemory()
+	// A collection before the arena is made would free pages the runtime then zeroes for it.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	mark := l.bdb.NewTransactionAt(l.next, true)
+	defer mark.Discard()
+	if err := mark.Set(memtableMark, nil); err != nil {
+		return err
+	}
+	if err := mark.CommitAt(l.next, nil); err != nil {
+		return err
+	}
+	if err := l.bdb.DropPrefix(memtableMark); err != nil {
+		// The mark may still be in badger, at the version the next commit would take and
+		// then see it at: none may come. The next Open undoes it.
+		return l.fail(fmt.Errorf("kv: renewing badger's memtable: %w", err))
+	}
+	// The new memtable's log gets its blocks now, as the settle's checkpoint gave the old one
+	// (badgerLogs.sync), not at the next checkpoint.
+	mems, _ := filepath.Glob(filepath.Join(l.dir, "*.mem"))
+	for _, name := range mems {
+		if f, err := os.OpenFile(name, os.O_RDWR, 0); err == nil {
+			allocate(f)
+			f.Close()
+		}
+	}
+	return nil
 }

@@ -25,6 +25,9 @@ var heapBound atomic.Uint64
 // boundHeap sets the limit and keeps it following the live heap. A GOMEMLIMIT in the daemon's
 // environment is the user's choice and left alone.
 func boundHeap() {
+	// Nothing reads the daemon's heap profile (grpc links runtime/pprof, which turns the
+	// sampling on): each sample kept a bucket and a page of the runtime's bucket table.
+	runtime.MemProfileRate = 0
 	bound := heapBound.Add(1)
 	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
 		return
