@@ -7,9 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -111,14 +114,34 @@ func start(t testing.TB, n int, tlsInfo *transport.TLSInfo) (*Cluster, error) {
 	return c, nil
 }
 
-// freeURL is a loopback address no one listened on a moment ago.
+// freeURL is a loopback address no one listened on a moment ago, at a port above the kernel's
+// range of local ports for connections (ip_local_port_range) and below those tests lease: a
+// member stopped and started again listens on its port anew, and a port from that range may
+// meanwhile be any connection's own (a restart failed "address already in use" when a client's
+// connection took it).
 func freeURL(t testing.TB) url.URL {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	high := 60999
+	if r, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(r)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[1]); err == nil {
+				high = n
+			}
+		}
 	}
-	defer l.Close()
-	return url.URL{Scheme: "http", Host: l.Addr().String()}
+	from, to := high+101, 64999
+	if from >= to {
+		from, to = 10000, 15000 // the range reaches the top: below what tests lease
+	}
+	for range 1000 {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", from+rand.IntN(to-from)))
+		if err != nil {
+			continue // someone's
+		}
+		l.Close()
+		return url.URL{Scheme: "http", Host: l.Addr().String()}
+	}
+	t.Fatal("no free loopback port above the local port range")
+	return url.URL{}
 }
 
 func (c *Cluster) start(i int) error {
