@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bufio"
 	"errors"
 	"os"
 	"os/exec"
@@ -15,36 +14,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// olderDaemon runs python3 holding the legacy names of ports in space ("<space><port>"), listening,
-// as a daemon before the balanced names holds its leases' ports, until the test ends.
+// olderDaemon holds the legacy names of ports in space ("<space><port>"), as a daemon before the
+// balanced names holds its leases' ports, until the test ends.
 func olderDaemon(t *testing.T, space portlock.Space, ports ...int) *exec.Cmd {
 	t.Helper()
-	testtool.Need(t, "python3")
-	args := []string{"-c", `import socket, sys, time
-held = []
-for name in sys.argv[1:]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(b"\0" + name.encode())
-    s.listen(1)
-    held.append(s)
-print("bound", flush=True)
-time.sleep(600)`}
+	var names []string
 	for _, port := range ports {
-		args = append(args, string(space)+strconv.Itoa(port))
+		names = append(names, string(space)+strconv.Itoa(port))
 	}
-	cmd := exec.Command("python3", args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
-		t.Fatalf("the older daemon did not bind: %q %v", line, err)
-	}
-	return cmd
+	return testtool.HoldAbstract(t, names...)
 }
 
 // A daemon that starts beside an older daemon holds the legacy names of its leases' ports too, from

@@ -274,26 +274,14 @@ func TestNamesSpreadOverEveryChain(t *testing.T) {
 	}
 }
 
-// holdNames runs python3 binding (and listening on) each of the abstract names, as an older daemon
-// holds its legacy names; it returns the process once they are bound.
+// holdNames holds each of the abstract names (listening), as an older daemon holds its legacy
+// names; it returns the process once they are bound.
 func holdNames(t *testing.T, names ...string) *exec.Cmd {
 	t.Helper()
-	testtool.Need(t, "python3")
-	args := []string{"-c", `import socket, sys, time
-held = []
-for name in sys.argv[1:]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(b"\0" + name.encode())
-    s.listen(1)
-    held.append(s)
-print("bound", flush=True)
-time.sleep(600)`}
-	for _, name := range names {
-		args = append(args, strings.TrimPrefix(name, "@"))
+	for i, name := range names {
+		names[i] = strings.TrimPrefix(name, "@")
 	}
-	cmd := exec.Command("python3", args...)
-	startBound(t, cmd)
-	return cmd
+	return testtool.HoldAbstract(t, names...)
 }
 
 // probeLegacy does what an older daemon does with a port's legacy name, in python3: bind it (as its

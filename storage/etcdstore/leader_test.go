@@ -58,16 +58,7 @@ func TestOperationsFollowTheLeader(t *testing.T) {
 // (the connection to the stopped member would wait for it to come back).
 func TestReadUnderWayWhenTheLeaderStops(t *testing.T) {
 	c := etcdtest.Start(t, 3)
-	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "underway", Budget: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	set(t, s, "a", "1")
-	leader := slices.Index(c.Endpoints(), s.LeaderEndpoint())
-	if leader < 0 {
-		t.Fatalf("the store sends to %q, none of %v", s.LeaderEndpoint(), c.Endpoints())
-	}
+	s, leader := onLeader(t, c, "underway", 3*time.Second)
 	c.DropRequests(leader)
 	read := make(chan error, 1)
 	var v []byte
@@ -127,16 +118,7 @@ func leaderOf(t *testing.T, c *etcdtest.Cluster, s *etcdstore.Store) string {
 // endpoint again rather than to it alone.
 func TestLeaderThatStopsAnsweringIsLeft(t *testing.T) {
 	c := etcdtest.Start(t, 3)
-	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "silent", Budget: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	set(t, s, "a", "1")
-	leader := slices.Index(c.Endpoints(), s.LeaderEndpoint())
-	if leader < 0 {
-		t.Fatalf("the store sends to %q, none of %v", s.LeaderEndpoint(), c.Endpoints())
-	}
+	s, leader := onLeader(t, c, "silent", time.Second)
 	c.DropRequests(leader)
 	if err := s.View(func(tx storage.Txn) error { _, err := tx.Get("a"); return err }); err == nil {
 		t.Fatal("a read sent to a leader whose requests are lost was answered")
@@ -144,4 +126,21 @@ func TestLeaderThatStopsAnsweringIsLeft(t *testing.T) {
 	if got := s.LeaderEndpoint(); got == c.Endpoints()[leader] {
 		t.Fatalf("after a request it left unanswered the store still sends to %s alone", got)
 	}
+}
+
+// onLeader opens a store of c with a budget, writes a = 1 through it, and returns it with the
+// index of the member it sends to, the leader.
+func onLeader(t *testing.T, c *etcdtest.Cluster, prefix string, budget time.Duration) (*etcdstore.Store, int) {
+	t.Helper()
+	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: prefix, Budget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	set(t, s, "a", "1")
+	leader := slices.Index(c.Endpoints(), s.LeaderEndpoint())
+	if leader < 0 {
+		t.Fatalf("the store sends to %q, none of %v", s.LeaderEndpoint(), c.Endpoints())
+	}
+	return s, leader
 }
