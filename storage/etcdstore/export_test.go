@@ -24,3 +24,7 @@ func (s *Store) LeaderEndpoint() string {
 	}
 	return ""
 }
+
+// QuorumAnsweredLongAgo forgets when a quorum last answered: the next Update reads before it
+// commits.
+func (s *Store) QuorumAnsweredLongAgo() { s.quorum.Store(0) }
