@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"bufio"
 	"net"
 	"os/exec"
 	"strconv"
@@ -18,17 +17,7 @@ func started(t *testing.T, program string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command("python3", append([]string{"-c", program}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	testtool.StartReady(t, cmd)
 	return cmd
 }
 

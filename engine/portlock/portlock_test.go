@@ -1,7 +1,6 @@
 package portlock
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -46,16 +45,8 @@ time.sleep(600)`
 // when the test ends.
 func startBound(t *testing.T, cmd *exec.Cmd) {
 	t.Helper()
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
-		t.Fatalf("%s did not bind: %q %v", cmd.Args[0], line, err)
+	if line := testtool.StartReady(t, cmd); line != "bound\n" {
+		t.Fatalf("%s did not bind: %q", cmd.Args[0], line)
 	}
 }
 

@@ -6,6 +6,25 @@ import (
 	"testing"
 )
 
+// StartReady starts cmd, has it killed when t ends, and returns the first line it prints, which
+// it prints once ready.
+func StartReady(t testing.TB, cmd *exec.Cmd) string {
+	t.Helper()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("%s printed no line: %v", cmd.Args[0], err)
+	}
+	return line
+}
+
 // HoldAbstract runs python3 binding, and listening on, each abstract unix socket name (given
 // without the leading NUL or @), as another process holding them would — an older cockpitfs daemon
 // its legacy port names. It returns once every name is bound; the process is killed when t ends.
@@ -21,16 +40,8 @@ for name in sys.argv[1:]:
     held.append(s)
 print("bound", flush=True)
 time.sleep(600)`}, names...)...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
-		t.Fatalf("python3 did not bind %v: %q %v", names, line, err)
+	if line := StartReady(t, cmd); line != "bound\n" {
+		t.Fatalf("python3 did not bind %v: %q", names, line)
 	}
 	return cmd
 }
