@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -72,6 +73,7 @@ func BenchmarkNewLease(b *testing.B) {
 		"co-tenant":      {run: claimCotenant, undo: releaseCotenant},
 		"new-lease":      l.newLease(),
 		"peer":           l.peerNewLease(b),
+		"synced":         l.syncedFloor(b),
 		"listener-check": {run: checkListeners},
 		"holds":          {run: takeHolds, undo: func() error { releaseHolds(); return nil }},
 		"lookup":         {run: lookupMissing},
@@ -111,6 +113,7 @@ func BenchmarkNewLeaseAfterIdle(b *testing.B) {
 		"new-lease": l.newLease(),
 		"peer":      l.peerNewLease(b),
 		"co-tenant": create(cotenant),
+		"synced":    l.syncedFloor(b),
 	})
 }
 
@@ -161,6 +164,13 @@ func (l *newLeaseBench) peerNewLease(b *testing.B) op {
 		run:  func() error { return p.newLease("h", 10, ports, 10, 20, bases) },
 		undo: p.endLease,
 	}
+}
+
+// syncedFloor is the synced floor's create (BenchmarkClaimAfterIdle's): one FUSE create and one
+// durable store commit, no engine. No new lease through the mount can cost less, so the peer's
+// new lease over it bounds the ratio any daemon on this store could reach in the same run.
+func (l *newLeaseBench) syncedFloor(b *testing.B) op {
+	return create(filepath.Join(floorDirFor(b), "app", "stacks", "s", "synced", "n"))
 }
 
 // missingLookups numbers the missing holder names BenchmarkNewLease looks up, so that no name

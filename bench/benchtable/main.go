@@ -296,9 +296,13 @@ func main() {
 	t.row("  TCP sockets on the machine during the run", "NewLease", "sockets", 1, "", "", "", "")
 	r, v = t.ratio("NewLease", "ns/peer", "NewLease", "ns/new-lease", atLeast(2))
 	t.row("new lease: the peer's (its commit + a loopback connect probe of each port, as ports.js), same run", "NewLease", "ns/peer", us, "µs", "peer is "+r, "peer ≥ 2×", v)
+	r, _ = t.ratio("NewLease", "ns/peer", "NewLease", "ns/synced", atLeast(0))
+	t.row("  the synced floor's create (FUSE create + one durable store commit, no engine), same run", "NewLease", "ns/synced", us, "µs", "peer is "+r, "", "")
 	r, v = t.ratio("NewLeaseAfterIdle", "ns/peer", "NewLeaseAfterIdle", "ns/new-lease", atLeast(2))
 	t.row("new lease after 30 ms idle: through the mount", "NewLeaseAfterIdle", "ns/new-lease", us, "µs", "peer is "+r, "peer ≥ 2×", v)
 	t.row("  the peer's new lease after 30 ms idle", "NewLeaseAfterIdle", "ns/peer", us, "µs", "", "", "")
+	r, _ = t.ratio("NewLeaseAfterIdle", "ns/peer", "NewLeaseAfterIdle", "ns/synced", atLeast(0))
+	t.row("  the synced floor's create after 30 ms idle (the least a new lease through the mount can cost)", "NewLeaseAfterIdle", "ns/synced", us, "µs", "peer is "+r, "", "")
 	r, _ = t.ratio("NewLeaseAfterIdle", "ns/new-lease", "NewLeaseAfterIdle", "ns/co-tenant", atLeast(0))
 	t.row("  a co-tenant's claim after 30 ms idle", "NewLeaseAfterIdle", "ns/co-tenant", us, "µs", "new lease is "+r, "", "")
 
