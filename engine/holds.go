@@ -33,6 +33,9 @@ type LostPort struct {
 	Port                int
 	Holder              portlock.Holder
 	Why                 string // how it was lost, and the remedy
+	// claim: lost while the claim that took it was under way; the stack's lost port only if that
+	// claim commits a lease of it (settle).
+	claim bool
 }
 
 // lostWhileDown is how a port is lost at restart, and the remedy.
@@ -192,7 +195,8 @@ func (h *holds) take(key, cockpit, stack, portKey string, port int, takeHold fun
 // loseShared moves the ports the space let go when it began to hold legacy names (an older daemon
 // holds them too: it started after this daemon held them, and saw them free) from this daemon's
 // holds to its stacks' lost ports, which health reports with the remedy and retakes; h.mu is held.
-// A port of a claim under way is only let go: its claim has not committed a lease of it yet.
+// A port of a claim under way is lost as the claim's: settle keeps it if the claim commits a
+// lease of it, and forgets it otherwise.
 func (h *holds) loseShared() {
 	for _, let := range h.space.Shared(func(hold *portlock.Hold) bool {
 		held, ok := h.byPort[hold.Port()]
@@ -201,15 +205,12 @@ func (h *holds) loseShared() {
 		port := let.Port()
 		held := h.byPort[port]
 		h.drop(port)
-		if held.pending {
-			continue
-		}
 		holder, ok, err := h.space.Ask(port)
 		if err != nil || !ok {
 			holder = portlock.Holder{}
 		}
 		cockpit, stack := splitStackKey(held.stack)
-		h.lost[held.stack] = append(h.lost[held.stack], LostPort{Cockpit: cockpit, Stack: stack, Key: held.key, Port: port, Holder: holder, Why: lostToOlder})
+		h.lost[held.stack] = append(h.lost[held.stack], LostPort{Cockpit: cockpit, Stack: stack, Key: held.key, Port: port, Holder: holder, Why: lostToOlder, claim: held.pending})
 	}
 }
 
@@ -260,7 +261,9 @@ func (h *holds) releasePendingOf(key string) {
 
 // settle runs after every transaction on a stack, under its lock: when lease is the stack's
 // committed lease, what it holds becomes the stack's and every other port the stack held goes
-// (a released or moved lease); when nothing was committed, what the transaction took goes.
+// (a released or moved lease); when nothing was committed, what the transaction took goes. The
+// stack's lost ports follow: those of the committed lease stay lost, and a port the transaction
+// lost (loseShared) is lost only if its lease was committed.
 func (h *holds) settle(key string, committed bool, lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -281,18 +284,20 @@ func (h *holds) settle(key string, committed bool, lease *Lease) {
 			h.drop(port)
 		}
 	}
-	if committed {
-		var still []LostPort
-		for _, l := range h.lost[key] {
-			if keep[l.Port] {
-				still = append(still, l)
-			}
+	var still []LostPort
+	for _, l := range h.lost[key] {
+		switch {
+		case committed && keep[l.Port]:
+			l.claim = false // the lease's now
+		case committed, l.claim:
+			continue
 		}
-		if len(still) == 0 {
-			delete(h.lost, key)
-		} else {
-			h.lost[key] = still
-		}
+		still = append(still, l)
+	}
+	if len(still) == 0 {
+		delete(h.lost, key)
+	} else {
+		h.lost[key] = still
 	}
 }
 

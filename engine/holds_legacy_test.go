@@ -95,3 +95,40 @@ func TestHoldsOlderDaemonStartedLaterIsReported(t *testing.T) {
 		t.Fatalf("after compat began, this engine holds 41432 %v, 41080 %v", stillMine, kept)
 	}
 }
+
+// A claim under way when compat begins loses the port of its family that an older daemon holds
+// too: if the claim commits the lease, the port is the stack's lost port, which health reports
+// with the remedy; if it commits nothing, nothing of it stays.
+func TestClaimUnderWayWhenCompatBeginsReportsTheLoss(t *testing.T) {
+	for _, committed := range []bool{true, false} {
+		space := holdSpace(t) // compat is a space's: each round starts without
+		e := holdingEngine(t, space, "/d")
+		newCockpit(t, e, "app", holdConfig, "s", "t")
+		key, family := stackKey("app", "s"), map[string]int{"HTTP": 41080, "DB": 41432}
+		if holder, port, _, err := e.holds.takeFamily(key, "app", "s", family); err != nil || holder != nil {
+			t.Fatalf("taking s's family: %v %v at %d", err, holder, port)
+		}
+		older := olderDaemon(t, space, 41432, 41090)
+		// Another stack's probe meets the older daemon's hold: compat begins, and 41432, whose
+		// legacy name the older daemon holds, is let go.
+		if holder, _, err := e.holds.take(stackKey("app", "t"), "app", "t", "HTTP", 41090, space.Take); err != nil || holder == nil {
+			t.Fatalf("the older daemon's port was taken: %v %v", holder, err)
+		}
+		lease := &Lease{Ports: family}
+		if !committed {
+			lease = nil
+		}
+		e.holds.settle(key, committed, lease)
+		e.holds.mu.Lock()
+		lost := slices.Clone(e.holds.lost[key])
+		_, held := e.holds.byPort[41080]
+		e.holds.mu.Unlock()
+		switch {
+		case committed && (len(lost) != 1 || lost[0].Port != 41432 || lost[0].Holder.PID != older.Process.Pid || lost[0].Why != lostToOlder || !held):
+			t.Fatalf("committed, s's lost ports are %+v; 41080 held %v", lost, held)
+		case !committed && (len(lost) != 0 || held):
+			t.Fatalf("nothing committed, s's lost ports are %+v; 41080 held %v", lost, held)
+		}
+		e.holds.releaseAll()
+	}
+}
