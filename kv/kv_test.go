@@ -474,13 +474,14 @@ func helperStore(t *testing.T, env string) *DB {
 	return db
 }
 
-// startHolder runs TestHelperHoldDir in a child process and waits until it holds dir.
-func startHolder(t *testing.T, dir string) *exec.Cmd {
+// startHelper starts the test binary as a child process running the helper test named, with env
+// added to its environment, its stderr ours, and pipes to its stdin and from its stdout.
+func startHelper(t *testing.T, test string, env ...string) (*exec.Cmd, io.WriteCloser, io.Reader) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldDir$")
-	cmd.Env = append(os.Environ(), holdEnv+"="+dir)
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe() // closing it, or our death, ends the child
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,6 +492,14 @@ func startHolder(t *testing.T, dir string) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	return cmd, stdin, stdout
+}
+
+// startHolder runs TestHelperHoldDir in a child process and waits until it holds dir.
+func startHolder(t *testing.T, dir string) *exec.Cmd {
+	t.Helper()
+	// Closing its stdin, or our death, ends the child.
+	cmd, stdin, stdout := startHelper(t, "TestHelperHoldDir", holdEnv+"="+dir)
 	t.Cleanup(func() {
 		stdin.Close()
 		cmd.Process.Kill()

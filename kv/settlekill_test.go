@@ -65,21 +65,8 @@ func TestHelperSettle(t *testing.T) {
 // ready; it returns whether the kill came and the keys acknowledged.
 func settleKilledAt(t *testing.T, dir, syscall string, n int) (killed bool, acked []string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperSettle$")
 	// One P keeps the calls on few threads, whose counts strace keeps one by one.
-	cmd.Env = append(os.Environ(), settleEnv+"="+dir, "GOMAXPROCS=1", "GORACE=atexit_sleep_ms=0")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin, stdout := startHelper(t, "TestHelperSettle", settleEnv+"="+dir, "GOMAXPROCS=1", "GORACE=atexit_sleep_ms=0")
 	defer cmd.Process.Kill()
 	lines := bufio.NewScanner(stdout)
 	closed := false
@@ -110,7 +97,7 @@ func settleKilledAt(t *testing.T, dir, syscall string, n int) (killed bool, acke
 	waitTraced(t, cmd.Process.Pid)
 	io.WriteString(stdin, "go\n")
 	read("")
-	err = cmd.Wait()
+	err := cmd.Wait()
 	if err == nil {
 		if !closed {
 			t.Fatalf("the helper exited 0 without closing the store")
