@@ -666,9 +666,8 @@ func BenchmarkFootprint(b *testing.B) {
 }
 
 // settled is how long a store written and then left idle takes to settle (kv/settle.go: up to two
-// polls of 5 s, a checkpoint and compaction, and 20 s more before its freed memory goes back, seen
-// at the next poll: 35 s, and the settle's own work, which a churned store's compaction makes
-// seconds long).
+// polls of 5 s, a checkpoint and compaction, and 20 s more before its freed memory goes back: 30 s,
+// and the settle's own work, which a churned store's compaction makes seconds long).
 const settled = 40 * time.Second
 
 func allocatedMiB(b *testing.B, dir string) float64 {

@@ -35,18 +35,28 @@ var (
 )
 
 // settler settles the store after each burst of commits, polling every settleIdle: a commit
-// path that armed a timer would pay for it on every commit. It ends when quit is closed.
+// path that armed a timer would pay for it on every commit. settleRelease after a settle, if no
+// commit came since, the heap's free pages go back to the kernel — on a timer of their own, not at
+// the next poll, which would add up to settleIdle to when an idle daemon is small again. It ends
+// when quit is closed.
 func (l *commitLog) settler() {
 	defer close(l.settleDone)
 	poll := time.NewTicker(settleIdle)
 	defer poll.Stop()
+	release := time.NewTimer(settleRelease)
+	release.Stop()
+	defer release.Stop()
 	seen := l.sequenced.Load()
 	settled := seen // the last version sequenced when the store last settled
-	var release time.Time
 	for {
 		select {
 		case <-l.quit:
 			return
+		case <-release.C:
+			if l.err() == nil && l.sequenced.Load() == settled {
+				debug.FreeOSMemory()
+			}
+			continue
 		case <-poll.C:
 		}
 		if l.err() != nil {
@@ -62,10 +72,7 @@ func (l *commitLog) settler() {
 			}
 			settled = l.sequenced.Load() // past the settle's own checkpoint record
 			seen = settled
-			release = time.Now().Add(settleRelease)
-		case !release.IsZero() && time.Now().After(release):
-			release = time.Time{}
-			debug.FreeOSMemory()
+			release.Reset(settleRelease)
 		}
 	}
 }
