@@ -32,13 +32,15 @@ import (
 var (
 	settleIdle    = 5 * time.Second
 	settleRelease = 20 * time.Second
+	settleRetry   = time.Second
 )
 
 // settler settles the store after each burst of commits, polling every settleIdle: a commit
 // path that armed a timer would pay for it on every commit. settleRelease after a settle, if no
 // commit came since, the heap's free pages go back to the kernel — on a timer of their own, not at
-// the next poll, which would add up to settleIdle to when an idle daemon is small again. It ends
-// when quit is closed.
+// the next poll, which would add up to settleIdle to when an idle daemon is small again. A settle
+// that could not run (a checkpoint or a flush was under way) is tried again settleRetry later, not
+// at the next poll. It ends when quit is closed.
 func (l *commitLog) settler() {
 	defer close(l.settleDone)
 	poll := time.NewTicker(settleIdle)
@@ -46,6 +48,9 @@ func (l *commitLog) settler() {
 	release := time.NewTimer(settleRelease)
 	release.Stop()
 	defer release.Stop()
+	retry := time.NewTimer(settleRetry)
+	retry.Stop()
+	defer retry.Stop()
 	seen := l.sequenced.Load()
 	settled := seen // the last version sequenced when the store last settled
 	for {
@@ -58,6 +63,7 @@ func (l *commitLog) settler() {
 			}
 			continue
 		case <-poll.C:
+		case <-retry.C:
 		}
 		if l.err() != nil {
 			return
@@ -68,7 +74,8 @@ func (l *commitLog) settler() {
 			seen = now
 		case now != settled:
 			if !l.settle() {
-				continue // a checkpoint or a flush was under way: the next poll tries again
+				retry.Reset(settleRetry)
+				continue
 			}
 			settled = l.sequenced.Load() // past the settle's own checkpoint record
 			seen = settled
