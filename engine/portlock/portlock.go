@@ -25,9 +25,11 @@
 package portlock
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -567,22 +569,36 @@ func (s Space) Bound() (map[int]string, error) {
 }
 
 // bound maps each port whose balanced name is bound, and each whose legacy name is, to the inode
-// of the socket bound to it.
+// of the socket bound to it. The table has a line per unix socket of the namespace — tens of
+// thousands beside other daemons' holds — and is read at each listing of the machine's ports:
+// it is read into a buffer the next read may reuse (until a collection frees it), and a line is
+// split into fields only when it names the space, so a read leaves no garbage per line.
 func (s Space) bound() (balanced, legacy map[int]string, err error) {
-	data, err := os.ReadFile("/proc/thread-self/net/unix")
+	buf, _ := tables.Get().(*[]byte)
+	if buf == nil {
+		buf = new([]byte)
+	}
+	defer tables.Put(buf)
+	*buf, err = readTable("/proc/thread-self/net/unix", *buf)
 	if err != nil {
 		return nil, nil, err
 	}
-	prefix := "@" + string(s)
+	prefix := []byte("@" + string(s))
 	balanced, legacy = map[int]string{}, map[int]string{}
-	for _, line := range strings.Split(string(data), "\n") {
+	var f [8][]byte
+	for rest := *buf; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
 		// Num RefCount Protocol Flags Type St Inode Path. Connections queued on a listener show
 		// its name too, connected (St 03); the bound socket itself is unconnected (01).
-		f := strings.Fields(line)
-		if len(f) != 8 || !strings.HasPrefix(f[7], prefix) {
+		if !bytes.Contains(line, prefix) || !fields(line, &f) || !bytes.HasPrefix(f[7], prefix) {
 			continue
 		}
-		digits, balance, isBalanced := strings.Cut(strings.TrimPrefix(f[7], prefix), "/")
+		digits, balance, isBalanced := strings.Cut(string(f[7][len(prefix):]), "/")
 		port, err := strconv.Atoi(digits)
 		if err != nil || port < 0 || port > 65535 || strconv.Itoa(port) != digits {
 			continue
@@ -594,11 +610,59 @@ func (s Space) bound() (balanced, legacy map[int]string, err error) {
 			}
 			into = balanced
 		}
-		if _, seen := into[port]; !seen || f[5] == "01" {
-			into[port] = f[6]
+		if _, seen := into[port]; !seen || string(f[5]) == "01" {
+			into[port] = string(f[6])
 		}
 	}
 	return balanced, legacy, nil
+}
+
+// tables holds the buffers bound has read the kernel's table into.
+var tables sync.Pool // of *[]byte
+
+// readTable reads a /proc table whole into buf (grown as needed) and returns it.
+func readTable(path string, buf []byte) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return buf[:0], err
+	}
+	defer f.Close()
+	buf = buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, max(cap(buf), 64<<10))
+		}
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF || err == nil && n == 0 {
+			return buf, nil
+		}
+		if err != nil {
+			return buf[:0], err
+		}
+	}
+}
+
+// fields splits line at runs of spaces into exactly len(f) fields, as strings.Fields would,
+// without allocating; false when it has another number of fields.
+func fields(line []byte, f *[8][]byte) bool {
+	n := 0
+	for len(line) > 0 {
+		line = bytes.TrimLeft(line, " ")
+		if len(line) == 0 {
+			break
+		}
+		if n == len(f) {
+			return false
+		}
+		end := bytes.IndexByte(line, ' ')
+		if end < 0 {
+			end = len(line)
+		}
+		f[n], line = line[:end], line[end:]
+		n++
+	}
+	return n == len(f)
 }
 
 // owner finds the process with socket inode open, among those whose fds this process may read

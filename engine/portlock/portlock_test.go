@@ -1,10 +1,12 @@
 package portlock
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -480,5 +482,53 @@ func BenchmarkTake(b *testing.B) {
 				b.StartTimer()
 			}
 		})
+	}
+}
+
+// fields splits a table line as strings.Fields does when it has 8 fields, and refuses any other
+// count, for the kernel's own lines and for names with spaces or tabs in them.
+func TestFieldsSplitsAsStringsFields(t *testing.T) {
+	table, err := os.ReadFile("/proc/self/net/unix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(table), "\n")
+	lines = append(lines,
+		"0000000000000000: 00000002 00000000 00010000 0001 01 12345 @cockpitfs/port/41000/ABCDEFGHIJ",
+		"0000000000000000: 00000002 00000000 00010000 0001 01 12345 @cockpitfs/port/41000 and more",
+		"0000000000000000: 00000002 00000000 00010000 0001 01 12345",
+		"  0000000000000000:   00000002 00000000 00010000 0001 01 12345 @x  ",
+		"", " ")
+	for _, line := range lines {
+		var f [8][]byte
+		ok := fields([]byte(line), &f)
+		want := strings.Fields(line)
+		if strings.ContainsAny(line, "\t\v\f\r") {
+			continue // the kernel separates with spaces; such a name fails later checks either way
+		}
+		if ok != (len(want) == 8) {
+			t.Fatalf("fields(%q) = %v, strings.Fields has %d", line, ok, len(want))
+		}
+		for i := 0; ok && i < 8; i++ {
+			if string(f[i]) != want[i] {
+				t.Fatalf("fields(%q)[%d] = %q, want %q", line, i, f[i], want[i])
+			}
+		}
+	}
+}
+
+// readTable reads a file of any size whole, into a buffer it may be handed back.
+func TestReadTableReadsWhole(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "table")
+	data := []byte(strings.Repeat("0123456789abcdef\n", 20000)) // 340 KB: several growths
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var buf []byte
+	for range 2 {
+		var err error
+		if buf, err = readTable(path, buf); err != nil || !bytes.Equal(buf, data) {
+			t.Fatalf("read %d bytes of %d: %v", len(buf), len(data), err)
+		}
 	}
 }
