@@ -29,7 +29,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -574,19 +573,27 @@ func (s Space) Bound() (map[int]string, error) {
 // it is read into a buffer the next read may reuse (until a collection frees it), and a line is
 // split into fields only when it names the space, so a read leaves no garbage per line.
 func (s Space) bound() (balanced, legacy map[int]string, err error) {
-	buf, _ := tables.Get().(*[]byte)
-	if buf == nil {
-		buf = new([]byte)
+	table, _ := tables.Get().(*bytes.Buffer)
+	if table == nil {
+		table = new(bytes.Buffer)
 	}
-	defer tables.Put(buf)
-	*buf, err = readTable("/proc/thread-self/net/unix", *buf)
+	defer tables.Put(table)
+	// Read to the end: the kernel renders this table a page at a time, so a short read is not
+	// its end (liveness.readProc's files are rendered whole at the first read; this one is not).
+	table.Reset()
+	file, err := os.Open("/proc/thread-self/net/unix")
+	if err != nil {
+		return nil, nil, err
+	}
+	_, err = table.ReadFrom(file)
+	file.Close()
 	if err != nil {
 		return nil, nil, err
 	}
 	prefix := []byte("@" + string(s))
 	balanced, legacy = map[int]string{}, map[int]string{}
 	var f [8][]byte
-	for rest := *buf; len(rest) > 0; {
+	for rest := table.Bytes(); len(rest) > 0; {
 		line := rest
 		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
 			line, rest = rest[:i], rest[i+1:]
@@ -618,30 +625,7 @@ func (s Space) bound() (balanced, legacy map[int]string, err error) {
 }
 
 // tables holds the buffers bound has read the kernel's table into.
-var tables sync.Pool // of *[]byte
-
-// readTable reads a /proc table whole into buf (grown as needed) and returns it.
-func readTable(path string, buf []byte) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return buf[:0], err
-	}
-	defer f.Close()
-	buf = buf[:0]
-	for {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, max(cap(buf), 64<<10))
-		}
-		n, err := f.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF || err == nil && n == 0 {
-			return buf, nil
-		}
-		if err != nil {
-			return buf[:0], err
-		}
-	}
-}
+var tables sync.Pool // of *bytes.Buffer
 
 // fields splits line at runs of spaces into exactly len(f) fields, as strings.Fields would,
 // without allocating; false when it has another number of fields.

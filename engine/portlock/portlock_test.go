@@ -1,12 +1,10 @@
 package portlock
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -513,22 +511,6 @@ func TestFieldsSplitsAsStringsFields(t *testing.T) {
 			if string(f[i]) != want[i] {
 				t.Fatalf("fields(%q)[%d] = %q, want %q", line, i, f[i], want[i])
 			}
-		}
-	}
-}
-
-// readTable reads a file of any size whole, into a buffer it may be handed back.
-func TestReadTableReadsWhole(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "table")
-	data := []byte(strings.Repeat("0123456789abcdef\n", 20000)) // 340 KB: several growths
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var buf []byte
-	for range 2 {
-		var err error
-		if buf, err = readTable(path, buf); err != nil || !bytes.Equal(buf, data) {
-			t.Fatalf("read %d bytes of %d: %v", len(buf), len(data), err)
 		}
 	}
 }
