@@ -1,0 +1,66 @@
+package memlimit
+
+import (
+	"math"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"testing"
+)
+
+func cycles() uint64 {
+	m := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(m)
+	return m[0].Value.Uint64()
+}
+
+func currentLimit() int64 { return debug.SetMemoryLimit(-1) }
+
+// TestHoldCollectionsUnderATightLimit: with the limit far below what is allocated, a hold lets
+// 64 MiB be allocated without a collection, and resuming restores the limit and GOGC.
+func TestHoldCollectionsUnderATightLimit(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	Set(8 << 20)
+	runtime.GC()
+	resume := HoldCollections()
+	before := cycles()
+	keep := make([][]byte, 0, 64)
+	for range 64 {
+		keep = append(keep, make([]byte, 1<<20))
+	}
+	during := cycles() - before
+	resume()
+	resume() // a second call changes nothing
+	runtime.KeepAlive(keep)
+	if during != 0 {
+		t.Errorf("%d collections while held, 64 MiB allocated under a limit of 8 MiB", during)
+	}
+	if l := currentLimit(); l != 8<<20 {
+		t.Errorf("resumed, the limit is %d, want 8 MiB", l)
+	}
+	if p := debug.SetGCPercent(100); p != 100 {
+		t.Errorf("resumed, GOGC is %d, want 100", p)
+	}
+}
+
+// TestSetWhileHeldAppliesOnResume: the follower's limit set during a hold does not lift the hold,
+// and is the limit once it resumes; holds nest.
+func TestSetWhileHeldAppliesOnResume(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	Set(64 << 20)
+	outer := HoldCollections()
+	inner := HoldCollections()
+	Set(48 << 20)
+	if l := currentLimit(); l != math.MaxInt64 {
+		t.Fatalf("held, a Set made the limit %d", l)
+	}
+	inner()
+	if l := currentLimit(); l != math.MaxInt64 {
+		t.Fatalf("one of two holds resumed, the limit is %d", l)
+	}
+	outer()
+	if l := currentLimit(); l != 48<<20 {
+		t.Errorf("resumed, the limit is %d, want the 48 MiB set while held", l)
+	}
+}
