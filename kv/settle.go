@@ -123,6 +123,12 @@ func (l *commitLog) settle() bool {
 	return true
 }
 
+// renewalRoom is what a memtable renewal may allocate before a collection: badger flushes the old
+// memtable into a table (builder buffers of about its size) and then makes the new one's arena
+// (5.2 MiB for a 4 MiB memtable), which no collection may come before. The collector begins a
+// cycle from 70 % of the way to the limit: ≈ 22 MiB here, twice what comes before the arena.
+const renewalRoom = 32 << 20
+
 // memtableMark is the key renewMemtable writes to have badger start a new memtable: badger does so
 // only in DropPrefix, and only for a prefix it holds. No engine key starts with a 0xff byte.
 var memtableMark = []byte("\xffkv-renew-memtable")
@@ -169,8 +175,9 @@ func (l *commitLog) renewMemtable() error {
 	// (it zeroes a span that is not all pages returned to the kernel). Turning GOGC off is not
 	// enough: the soft memory limit collected during a renewal after churn, whose compactions'
 	// buffers were still live, and the settled daemon then held the 5.2 MiB arena (32 MiB of RSS
-	// instead of 27, one run in four).
-	defer memlimit.HoldCollections()()
+	// instead of 27, one run in four). The room is the flush's table before the arena, and the arena:
+	// a hold for all of DropPrefix, its compaction too, left 29 MiB in every run.
+	defer memlimit.HoldCollections(renewalRoom)()
 	mark := l.bdb.NewTransactionAt(l.next, true)
 	defer mark.Discard()
 	if err := mark.Set(memtableMark, nil); err != nil {

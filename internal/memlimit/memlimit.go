@@ -11,8 +11,8 @@
 package memlimit
 
 import (
-	"math"
 	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 )
 
@@ -35,18 +35,21 @@ func Set(l int64) {
 	debug.SetMemoryLimit(l)
 }
 
-// HoldCollections keeps the collector from starting a cycle until resume is called: GOGC's
-// trigger is off and the soft memory limit lifted. An explicit runtime.GC or debug.FreeOSMemory
-// still collects. The heap may grow past the limit meanwhile, so a hold must be short and its
-// allocations bounded. resume may be called more than once; the first call counts.
-func HoldCollections() (resume func()) {
+// HoldCollections keeps the collector from starting a cycle until the runtime's memory grew by
+// room bytes or resume is called: GOGC's trigger is off, and the soft memory limit is raised to
+// what the runtime holds now plus room, if that is more. Past room the limit collects again, so a
+// hold that allocates more than it expected does not grow the heap without bound. An explicit
+// runtime.GC or debug.FreeOSMemory still collects. resume may be called more than once; the
+// first call counts.
+func HoldCollections(room int64) (resume func()) {
 	mu.Lock()
 	defer mu.Unlock()
 	if held == 0 {
 		percent = debug.SetGCPercent(-1) // waits for a cycle under way to end its marking
-		limit = debug.SetMemoryLimit(math.MaxInt64)
+		limit = debug.SetMemoryLimit(-1)
 	}
 	held++
+	debug.SetMemoryLimit(max(debug.SetMemoryLimit(-1), int64(holding())+room))
 	return sync.OnceFunc(func() {
 		mu.Lock()
 		defer mu.Unlock()
@@ -55,4 +58,12 @@ func HoldCollections() (resume func()) {
 			debug.SetGCPercent(percent)
 		}
 	})
+}
+
+// holding is what the soft memory limit is compared with: the memory the runtime maps and has not
+// returned to the kernel.
+func holding() uint64 {
+	m := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(m)
+	return m[0].Value.Uint64() - m[1].Value.Uint64()
 }
