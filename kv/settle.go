@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -25,9 +26,11 @@ import (
 //     that a conflict check looks up) are emptied: a map keeps the room of its busiest moment;
 //   - settleRelease later, once badger's pool of table builders has let go of the buffers the
 //     compactions grew (it frees one every 2 s it was not asked for one, and holds at most 8), the
-//     Go heap is collected and its free pages returned to the kernel (debug.FreeOSMemory): the
-//     collector would otherwise run only at its 2-minute tick, and the runtime return them over
-//     minutes after that.
+//     Go heap is collected twice and its free pages returned to the kernel (debug.FreeOSMemory):
+//     the collector would otherwise run only at its 2-minute tick, and the runtime return them
+//     over minutes after that. Twice, because what a sync.Pool kept from the burst (go-fuse's
+//     request buffers, encoders' states) outlives one collection as the pool's victim: after
+//     10,000 operations the settled daemon's anonymous RSS was 7.2 MiB against 7.6 with one.
 //
 // A store being written to all the time does none of this: the checkpoints every checkpointEvery
 // commits or checkpointSegments segments bound its log, and badger's own compactions its tables.
@@ -61,6 +64,7 @@ func (l *commitLog) settler() {
 			return
 		case <-release.C:
 			if l.err() == nil && l.sequenced.Load() == settled {
+				runtime.GC() // the pools' victims (above)
 				debug.FreeOSMemory()
 			}
 			continue
