@@ -87,8 +87,8 @@ func BenchmarkNewLease(b *testing.B) {
 // 7a. the new lease after idle: BenchmarkNewLease's new lease through the mount, the peer's, and a
 // co-tenant's claim, each after claimIdle with nothing running (see BenchmarkClaimAfterIdle), with
 // the same 10,000 sockets open. Beside them, the synced floor's create and what a new lease must
-// check before it commits (the listener check and the two holds, in this process): no new lease
-// that checks before its commit can cost less than the two together.
+// check before it commits (the listener check and the two holds, in this process): the two together
+// are a new lease that checks before its commit and does nothing else of its own.
 func BenchmarkNewLeaseAfterIdle(b *testing.B) {
 	l := newLeaseSetup(b)
 	defer l.close()

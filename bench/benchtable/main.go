@@ -308,7 +308,7 @@ func main() {
 	t.row("  part: its listener check and 2 holds alone, in-process, after 30 ms idle", "NewLeaseAfterIdle", "ns/checks", us, "µs", "", "", "")
 	t.f.sum("NewLeaseAfterIdle/bound", "ns/op", [2]string{"NewLeaseAfterIdle", "ns/synced"}, [2]string{"NewLeaseAfterIdle", "ns/checks"})
 	r, _ = t.ratio("NewLeaseAfterIdle", "ns/peer", "NewLeaseAfterIdle/bound", "ns/op", atLeast(0))
-	t.row("  the synced floor's create + that part (the least a new lease checking before its commit can cost)", "NewLeaseAfterIdle/bound", "ns/op", us, "µs", "peer is "+r, "", "")
+	t.row("  the synced floor's create + that part (a new lease checking before its commit, nothing else of its own)", "NewLeaseAfterIdle/bound", "ns/op", us, "µs", "peer is "+r, "", "")
 
 	r, _ = t.ratio("Hold", "ns/hold", "Hold", "ns/syscall-floor", atMost(2))
 	t.row("holds: a new lease's 2 machine-wide holds (abstract unix sockets)", "Hold", "ns/hold", us, "µs", r+" of floor", "≤ 50 µs", t.limit("Hold", "ns/hold", atMost(50_000)))
