@@ -129,8 +129,8 @@ func (l *commitLog) settle() bool {
 
 // renewalRoom is what a memtable renewal may allocate before a collection: badger flushes the old
 // memtable into a table (builder buffers of about its size) and then makes the new one's arena
-// (5.2 MiB for a 4 MiB memtable), which no collection may come before. The collector begins a
-// cycle from 70 % of the way to the limit: ≈ 22 MiB here, twice what comes before the arena.
+// (5.2 MiB for a 4 MiB memtable), which no collection may come before. The collector may begin a
+// cycle as early as 70 % of the way to the limit: ≈ 22 MiB here, twice what comes before the arena.
 const renewalRoom = 32 << 20
 
 // memtableMark is the key renewMemtable writes to have badger start a new memtable: badger does so

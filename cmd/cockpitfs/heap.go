@@ -21,7 +21,7 @@ import (
 // collector's mark bits among it): after 10,000 claims and drains the settled daemon's anonymous
 // RSS was 6.97–7.16 MiB at 24 MiB against 7.25–7.97 at 32 (three runs each, the 10,000 taking
 // 9.6–11.8 s against 9.7–15.0), and 64 MiB left it ≈ 0.6 MiB larger than 32 did; 16 MiB collected
-// so often that a burst of claims ran at 790–1,360 a second against 2,220–2,320 at 32.
+// so often that a burst of claims ran at 780–1,360 a second against 1,510–2,500 at 32.
 const heapFloor = 24 << 20
 
 // heapBound counts boundHeap's calls: the cleanups a call set going stop once a later call

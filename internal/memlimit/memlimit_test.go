@@ -16,8 +16,8 @@ func cycles() uint64 {
 func currentLimit() int64 { return debug.SetMemoryLimit(-1) }
 
 // TestHoldCollectionsUnderATightLimit: with the limit far below what is allocated, a hold of
-// 96 MiB of room lets 32 MiB be allocated without a collection (the collector starts its cycle
-// before the limit, from 70 % of the way there), and resuming restores the limit and GOGC; past
+// 96 MiB of room lets 32 MiB be allocated without a collection (the collector may start its
+// cycle as early as 70 % of the way to the limit), and resuming restores the limit and GOGC; past
 // its room, the limit collects again.
 func TestHoldCollectionsUnderATightLimit(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
