@@ -179,8 +179,9 @@ func (l *commitLog) renewMemtable() error {
 	// (it zeroes a span that is not all pages returned to the kernel). Turning GOGC off is not
 	// enough: the soft memory limit collected during a renewal after churn, whose compactions'
 	// buffers were still live, and the settled daemon then held the 5.2 MiB arena (32 MiB of RSS
-	// instead of 27, one run in four). The room is the flush's table before the arena, and the arena:
-	// a hold for all of DropPrefix, its compaction too, left 29 MiB in every run.
+	// instead of 27, one run in four). The room covers the flush's table before the arena, and the arena;
+	// past it DropPrefix's compaction collects as usual: a hold without room, through the
+	// compaction too, left 29 MiB in every run.
 	defer memlimit.HoldCollections(renewalRoom)()
 	mark := l.bdb.NewTransactionAt(l.next, true)
 	defer mark.Discard()
