@@ -28,3 +28,9 @@ func (s *Store) LeaderEndpoint() string {
 // QuorumAnsweredLongAgo forgets when a quorum last answered: the next Update reads before it
 // commits.
 func (s *Store) QuorumAnsweredLongAgo() { s.quorum.Store(0) }
+
+// SendTo has the store send its operations to endpoint, as if it had found that member leading.
+func (s *Store) SendTo(endpoint string) {
+	l := s.leading()
+	s.pin(endpoint, l.term.Load()+1)
+}

@@ -27,7 +27,9 @@ import (
 // which grows whenever leadership may have moved, and a term past the one the leader was found in
 // has the store look for it again, in the background, asking each endpoint's member for its
 // status. Until then requests keep going to the old leader, which still answers (as a follower),
-// or, once its connection is lost, to every endpoint again. A request under way when the leader's
+// or, once its connection is lost, to every endpoint again; once the new leader is found, the
+// requests under way over the old connection still get their answers there before it closes
+// (retire). A request under way when the leader's
 // connection is lost ends at once: a read is sent again over the client of every endpoint, a
 // commit is settled like any commit whose answer was lost (outcome.go).
 
@@ -40,6 +42,10 @@ type leader struct {
 	// the requests under way over it end, and the store stops using it.
 	lost context.Context
 	drop context.CancelFunc
+
+	mu      sync.Mutex
+	users   int  // requests under way over cli
+	retired bool // a newer leader was found: cli closes once users is 0
 }
 
 // errLeaderLost is a request ended by its connection to the leader being lost: Unavailable, as
@@ -121,7 +127,7 @@ func (s *Store) pin(found string, term uint64) {
 		return
 	}
 	if old != nil {
-		old.close()
+		old.retire()
 	}
 }
 
@@ -168,6 +174,36 @@ func (l *leader) close() {
 	l.cli.Close()
 }
 
+// use takes l for one request, unless l was retired; done gives it back.
+func (l *leader) use() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.retired {
+		return false
+	}
+	l.users++
+	return true
+}
+
+func (l *leader) done() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.users--; l.retired && l.users == 0 {
+		l.close()
+	}
+}
+
+// retire closes l once the requests under way over it have their answers. The member still
+// answers, as a follower: closing at once would end a commit under way with its outcome unknown,
+// and a commit with no key it read as present (a blind write) cannot be settled (outcome.go).
+func (l *leader) retire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.retired = true; l.users == 0 {
+		l.close()
+	}
+}
+
 // viaLeader sends a request that may be sent again (a read) over the connection to the leader
 // when there is one, and over the client of every endpoint when there is none or the connection
 // was lost while the request was under way.
@@ -186,6 +222,10 @@ func viaLeader[T any](s *Store, ctx context.Context, send func(context.Context, 
 // the connection stays up) stops the store sending to l: the next requests go over the client of
 // every endpoint until the store finds the leader again.
 func sendVia[T any](s *Store, l *leader, ctx context.Context, send func(context.Context, clientv3.KV) (T, error)) (T, error) {
+	if !l.use() {
+		return send(ctx, s.cli) // retired since it was loaded
+	}
+	defer l.done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(l.lost, cancel)()

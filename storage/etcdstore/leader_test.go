@@ -78,6 +78,41 @@ func TestReadUnderWayWhenTheLeaderStops(t *testing.T) {
 	}
 }
 
+// A commit under way over the connection to the leader when the store finds another leader gets
+// its answer there: the old connection closes once nothing is under way over it. A blind write
+// (no key read as present) whose answer was lost could not be settled (outcome.go).
+func TestCommitUnderWayWhenTheStoreFindsAnotherLeader(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	s, leader := onLeader(t, c, "moved", 3*time.Second)
+	other := c.Endpoints()[(leader+1)%3]
+	c.HoldRequests(leader)
+	s.QuorumAnsweredNow() // the Update commits on the watched copy, with no read first
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Update(context.Background(), func(tx storage.Txn) error { return tx.Set("b", []byte("2")) })
+	}()
+	for range 1000 { // until the commit is under way to the leader
+		if bytes.Contains(c.Held(leader), []byte("moved/b")) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !bytes.Contains(c.Held(leader), []byte("moved/b")) {
+		t.Fatalf("the commit never went to the leader: %q", c.Held(leader))
+	}
+	s.SendTo(other)
+	if got := s.LeaderEndpoint(); got != other {
+		t.Fatalf("the store sends to %q, want %s", got, other)
+	}
+	c.ReleaseRequests(leader)
+	if err := <-done; err != nil {
+		t.Fatalf("a commit under way when the store found another leader: %v", err)
+	}
+	if got := get(t, s, "b"); got != "2" {
+		t.Errorf("b = %s, want 2", got)
+	}
+}
+
 // followed writes through s until it sends to endpoint, the leader now (each answer's term tells
 // the store to look for the leader, at most once a second): every write must succeed meanwhile.
 func followed(t *testing.T, s *etcdstore.Store, c *etcdtest.Cluster, endpoint string) {

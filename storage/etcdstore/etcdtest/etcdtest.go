@@ -4,6 +4,7 @@
 package etcdtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -243,6 +244,21 @@ func (c *Cluster) DropRequests(i int) { c.fronts[i].drop(toMember) }
 // clients: a request is served and its answer lost.
 func (c *Cluster) DropReplies(i int) { c.fronts[i].drop(toClient) }
 
+// HoldRequests makes member i's front keep, from now until ReleaseRequests or Cut, every byte
+// clients send it: a request sent meanwhile is under way, and reaches the member on release.
+func (c *Cluster) HoldRequests(i int) { c.fronts[i].hold() }
+
+// ReleaseRequests sends on what member i's front held, in order, and what comes after.
+func (c *Cluster) ReleaseRequests(i int) { c.fronts[i].release() }
+
+// Held returns what member i's front holds since HoldRequests.
+func (c *Cluster) Held(i int) []byte {
+	f := c.fronts[i]
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]byte{}, f.held...)
+}
+
 // Dropped returns what member i's front has lost since DropRequests or DropReplies.
 func (c *Cluster) Dropped(i int) []byte {
 	f := c.fronts[i]
@@ -302,6 +318,9 @@ type front struct {
 	// dropping is the way bytes are lost until cut (none: they all pass), dropped what was lost.
 	dropping direction
 	dropped  []byte
+	// gate, while not nil, keeps what clients send (held) until it closes.
+	gate chan struct{}
+	held []byte
 }
 
 type direction int
@@ -316,6 +335,23 @@ func (f *front) drop(d direction) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.dropping, f.dropped = d, nil
+}
+
+func (f *front) hold() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gate == nil {
+		f.gate, f.held = make(chan struct{}), nil
+	}
+}
+
+func (f *front) release() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gate != nil {
+		close(f.gate)
+		f.gate = nil
+	}
 }
 
 func (f *front) open() error {
@@ -363,15 +399,37 @@ func (f *front) relay(client net.Conn) {
 }
 
 // pipe copies src to dst, each chunk unless the front drops d's bytes: it reads on then, so that
-// the connection stays up with one way silent, until cut closes it.
+// the connection stays up with one way silent, until cut closes it. A chunk read while the front
+// holds d's bytes is written once the gate opens; pipe reads on meanwhile, so that Held shows
+// every request sent.
 func (f *front) pipe(dst, src net.Conn, d direction) {
+	type chunk struct {
+		b    []byte
+		gate chan struct{}
+	}
+	chunks := make(chan chunk, 1024)
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		failed := false
+		for c := range chunks {
+			if c.gate != nil {
+				<-c.gate
+			}
+			if !failed {
+				if _, err := dst.Write(c.b); err != nil {
+					failed = true
+					src.Close() // the relay ends, as a write's failure ends it unheld
+				}
+			}
+		}
+	}()
+	defer func() { close(chunks); <-written }()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !f.lost(d, buf[:n]) {
-			if _, err := dst.Write(buf[:n]); err != nil {
-				return
-			}
+			chunks <- chunk{bytes.Clone(buf[:n]), f.holding(d, buf[:n])}
 		}
 		if err != nil {
 			return
@@ -388,6 +446,17 @@ func (f *front) lost(d direction, b []byte) bool {
 	}
 	f.dropped = append(f.dropped, b...)
 	return true
+}
+
+// holding returns the gate b, which flows d's way, waits for, and keeps b if there is one.
+func (f *front) holding(d direction, b []byte) chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if d != toMember || f.gate == nil {
+		return nil
+	}
+	f.held = append(f.held, b...)
+	return f.gate
 }
 
 // track registers a relay's connections; false once the front is cut.
@@ -417,6 +486,10 @@ func (f *front) cut() {
 	}
 	f.listener, f.conns = nil, nil
 	f.dropping, f.dropped = none, nil
+	if f.gate != nil {
+		close(f.gate) // what was held goes to connections closed: lost
+		f.gate = nil
+	}
 }
 
 // Snapshot saves member 0's database to a file in the test's temporary directory, as
