@@ -17,15 +17,23 @@ import (
 // drainReservedFix is how a holder change refused by a reserved drain is resolved.
 const drainReservedFix = "wait for the drain to finish (cat wait) or cancel an unstarted one (rm drain/request)"
 
-// leaseBound is how many active leases the claims of one uid may hold, across every cockpit, so
-// that one user cannot take every free family of the machine: 0 is no bound.
-type leaseBound struct {
+// uidBound is how many of something one uid may hold on this daemon (active leases, cockpits),
+// so that one user cannot take or fill what every user shares: 0 is no bound.
+type uidBound struct {
 	perUID    int
 	unbounded map[uint32]bool
 }
 
+func newUIDBound(perUID int, unbounded []uint32) uidBound {
+	b := uidBound{perUID: perUID, unbounded: map[uint32]bool{}}
+	for _, uid := range unbounded {
+		b.unbounded[uid] = true
+	}
+	return b
+}
+
 // of is uid's bound (0: none).
-func (b leaseBound) of(uid uint32) int {
+func (b uidBound) of(uid uint32) int {
 	if uid == rootUID || b.unbounded[uid] {
 		return 0
 	}
@@ -36,10 +44,7 @@ func (b leaseBound) of(uid uint32) int {
 // bound). A lease counts against the uid that holds it now (see chargeLease) until it is
 // released. Call it before the engine serves.
 func (e *Engine) BoundLeases(perUID int, unbounded ...uint32) {
-	e.leaseBound = leaseBound{perUID: perUID, unbounded: map[uint32]bool{}}
-	for _, uid := range unbounded {
-		e.leaseBound.unbounded[uid] = true
-	}
+	e.leaseBound = newUIDBound(perUID, unbounded)
 }
 
 // claimInput is a claim as observed before its transaction: the holder proposed and the holders

@@ -9,6 +9,14 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
+// BoundCockpits lets each uid but root and those listed have made at most perUID cockpits that
+// exist (0: no bound), so that one user cannot fill the store and the daemon's memory every user
+// shares: each cockpit's config may be 64 KiB, which the daemon keeps decoded. Call it before the
+// engine serves.
+func (e *Engine) BoundCockpits(perUID int, unbounded ...uint32) {
+	e.cockpitBound = newUIDBound(perUID, unbounded)
+}
+
 // CreateCockpit makes a namespace owned by the caller.
 func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error {
 	if !validCockpitName(name) {
@@ -20,16 +28,27 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 		if err != nil {
 			return change{}, err
 		}
-		return createCockpit(c, name, taken, now)
+		var made int
+		if _, err := getJSON(tx, uidCockpitsKey(c.UID), &made); err != nil {
+			return change{}, err
+		}
+		return createCockpit(c, name, taken, made, e.cockpitBound.of(c.UID), now)
 	})
 }
 
-func createCockpit(c Caller, name string, taken bool, now time.Time) (change, error) {
+// createCockpit makes cockpit name for c, whose uid has made made cockpits that exist, of at most
+// limit (0: no bound).
+func createCockpit(c Caller, name string, taken bool, made, limit int, now time.Time) (change, error) {
 	if taken {
 		return change{}, refuse(Exists, cockpitID(name), "", "cockpit %s already exists", name)
 	}
-	m := cockpitMeta{Name: name, ID: cockpitID(name), UID: c.UID, CreatedAt: stamp(now), UpdatedAt: stamp(now)}
-	return change{cockpit: name, meta: &m, line: cockpitLevel, revision: m.Revision}, nil
+	if limit > 0 && made >= limit {
+		return change{}, refuse(CockpitUIDLimit, cockpitID(name),
+			"remove a cockpit of yours you no longer need (rmdir it once its stacks are gone), or ask the daemon's administrator to raise --max-cockpits-per-uid",
+			"uid %d already has %d cockpits, the most one user may have on this daemon, so that the store and the daemon's memory stay for everyone", c.UID, made)
+	}
+	m := cockpitMeta{Name: name, ID: cockpitID(name), UID: c.UID, CreatedAt: stamp(now), UpdatedAt: stamp(now), Counted: true}
+	return change{cockpit: name, meta: &m, line: cockpitLevel, revision: m.Revision, counted: 1, owner: c.UID}, nil
 }
 
 // found says whether key has a value in tx, read with Get so the transaction conflicts with its
@@ -67,7 +86,11 @@ func removeCockpit(c Caller, m cockpitMeta) (change, error) {
 	if m.Stacks > 0 {
 		return change{}, refuse(NotEmpty, m.ID, "remove its stacks first", "cockpit %s still has %d stacks", m.Name, m.Stacks)
 	}
-	return change{cockpit: m.Name, removedCockpit: true}, nil
+	ch := change{cockpit: m.Name, removedCockpit: true}
+	if m.Counted {
+		ch.counted, ch.owner = -1, m.UID
+	}
+	return ch, nil
 }
 
 // MayWriteConfig refuses c writing the cockpit's config unless it is the cockpit's owner (or

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 func callerAs(uid uint32, op, path string) Caller {
@@ -478,4 +480,80 @@ func TestSetConfig(t *testing.T) {
 	if info, _ := e.Cockpit("app"); info.Config != exampleConfig {
 		t.Fatalf("config %q", info.Config)
 	}
+}
+
+// One uid may have made at most BoundCockpits cockpits that exist: past it mkdir is refused
+// (COCKPIT_UID_LIMIT) and changes nothing, root and the unbounded uids are not bounded, removing
+// one makes room, and a cockpit made before cockpits were counted counts against no one.
+func TestCockpitBound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEngine(t)
+	const alice, daemon = 1001, 1002
+	e.BoundCockpits(2, daemon)
+	// A cockpit of an earlier release: no count, not counted.
+	if err := e.db.Update(ctx, func(tx storage.Txn) error {
+		return setJSON(tx, cockpitKey("old"), cockpitMeta{Name: "old", ID: cockpitID("old"), UID: alice})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a1", "a2"} {
+		if err := e.CreateCockpit(ctx, callerAs(alice, "mkdir", name), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := storeDump(t, e)
+	err := e.CreateCockpit(ctx, callerAs(alice, "mkdir", "a3"), "a3")
+	requireCode(t, err, CockpitUIDLimit)
+	if !strings.Contains(err.Error(), "uid 1001 already has 2 cockpits") {
+		t.Errorf("refusal says %q", err)
+	}
+	if after := storeDump(t, e); after != before {
+		t.Fatalf("a refused mkdir changed the store:\nbefore %s\nafter  %s", before, after)
+	}
+	for _, c := range []Caller{callerAs(0, "mkdir", "r1"), callerAs(daemon, "mkdir", "d1"), callerAs(daemon, "mkdir", "d2"), callerAs(daemon, "mkdir", "d3")} {
+		if err := e.CreateCockpit(ctx, c, c.Path); err != nil {
+			t.Fatalf("%s by uid %d: %v", c.Path, c.UID, err)
+		}
+	}
+	// The uncounted cockpit's removal makes no room; a counted one's does.
+	if err := e.RemoveCockpit(ctx, callerAs(alice, "rmdir", "old"), "old"); err != nil {
+		t.Fatal(err)
+	}
+	requireCode(t, e.CreateCockpit(ctx, callerAs(alice, "mkdir", "a3"), "a3"), CockpitUIDLimit)
+	if err := e.RemoveCockpit(ctx, callerAs(alice, "rmdir", "a1"), "a1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CreateCockpit(ctx, callerAs(alice, "mkdir", "a3"), "a3"); err != nil {
+		t.Fatal(err)
+	}
+	if violations, _, err := Verify(e.db); err != nil || len(violations) != 0 {
+		t.Fatalf("verify: %v %v", violations, err)
+	}
+	// Every cockpit gone, no count is left behind.
+	for _, c := range []Caller{callerAs(alice, "rmdir", "a2"), callerAs(alice, "rmdir", "a3"), callerAs(0, "rmdir", "r1"), callerAs(daemon, "rmdir", "d1"), callerAs(daemon, "rmdir", "d2"), callerAs(daemon, "rmdir", "d3")} {
+		if err := e.RemoveCockpit(ctx, c, c.Path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.db.View(func(tx storage.Txn) error {
+		return tx.Scan(uidCockpitsPrefix, func(key string, _ []byte) error { return fmt.Errorf("%s is left", key) })
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// storeDump is every key of e's store and its value, one per line.
+func storeDump(t *testing.T, e *Engine) string {
+	t.Helper()
+	var b strings.Builder
+	if err := e.db.View(func(tx storage.Txn) error {
+		return tx.Scan("", func(k string, v []byte) error {
+			fmt.Fprintf(&b, "%s=%s\n", k, v)
+			return nil
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }

@@ -215,6 +215,10 @@ type change struct {
 	removedStack string
 	// removedCockpit: the cockpit's metadata, lease counts and events go.
 	removedCockpit bool
+	// counted changes how many cockpits owner has made (uidCockpitsKey): +1 for one made, -1 for a
+	// counted one removed.
+	counted int
+	owner   uint32
 	// line is the events file of the operation's line: a stack's name, cockpitLevel for the
 	// cockpit's own, "" for none (a removed cockpit keeps no events file).
 	line string
@@ -296,6 +300,11 @@ func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time
 			return err
 		}
 		if err := deleteEvents(tx, ch.cockpit, cockpitLevel); err != nil {
+			return err
+		}
+	}
+	if ch.counted != 0 {
+		if err := addCount(tx, uidCockpitsKey(ch.owner), ch.counted); err != nil {
 			return err
 		}
 	}

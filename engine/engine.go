@@ -100,7 +100,9 @@ type Engine struct {
 	// holds are the machine-wide holds of the leased ports (nil: this engine holds none).
 	holds *holds
 	// leaseBound bounds the active leases of one uid's claims (BoundLeases).
-	leaseBound leaseBound
+	leaseBound uidBound
+	// cockpitBound bounds the cockpits one uid has made (BoundCockpits).
+	cockpitBound uidBound
 	// inventory is what health observes of every record, kept from commits.
 	inventory inventory
 	// status is what the root files status and status.json show, kept from commits.

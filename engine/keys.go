@@ -16,6 +16,7 @@ import (
 //	n/<cockpit>              number of active leases in the cockpit
 //	l/<cockpit>              the ports of the cockpit's active leases, sorted (see leasedPorts)
 //	u/<uid>                  number of active leases taken by the uid's claims, every cockpit
+//	k/<uid>                  number of cockpits the uid made that exist (those marked counted)
 //	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log
 //	q/<cockpit>/<stack|->    the next events seq
 //	o/<cockpit>/<stack|->    the events file's end: bytes ever appended to it (see EventsWindow)
@@ -26,13 +27,14 @@ const cockpitLevel = "-"
 
 // Prefixes of whole key families, for scans.
 const (
-	cockpitsPrefix   = "c/"
-	allStacksPrefix  = "s/"
-	allHoldersPrefix = "h/"
-	portsPrefix      = "p/"
-	allEventsPrefix  = "e/"
-	uidLeasesPrefix  = "u/"
-	declaredPrefix   = "d/"
+	cockpitsPrefix    = "c/"
+	allStacksPrefix   = "s/"
+	allHoldersPrefix  = "h/"
+	portsPrefix       = "p/"
+	allEventsPrefix   = "e/"
+	uidLeasesPrefix   = "u/"
+	uidCockpitsPrefix = "k/"
+	declaredPrefix    = "d/"
 )
 
 func cockpitKey(cockpit string) string      { return cockpitsPrefix + cockpit }
@@ -64,6 +66,7 @@ func portKey(port int) string {
 func leaseCountKey(cockpit string) string            { return "n/" + cockpit }
 func leasedPortsKey(cockpit string) string           { return "l/" + cockpit }
 func uidLeasesKey(uid uint32) string                 { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
+func uidCockpitsKey(uid uint32) string               { return fmt.Sprintf("%s%d", uidCockpitsPrefix, uid) }
 func eventsPrefix(cockpit, stack string) string      { return allEventsPrefix + cockpit + "/" + stack + "/" }
 func eventsHeadKey(cockpit, stack string) string     { return "f/" + cockpit + "/" + stack }
 func eventsSeqKey(cockpit, stack string) string      { return "q/" + cockpit + "/" + stack }

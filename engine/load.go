@@ -21,7 +21,10 @@ type cockpitMeta struct {
 	UpdatedAt string `json:"updatedAt"`
 	Revision  int64  `json:"revision"`
 	Stacks    int    `json:"stacks"` // read with Get by mkdir/rmdir so removing a cockpit races no new stack
-	Config    string `json:"config"` // the accepted document, as written
+	// Counted: the cockpit counts against its owner's bound (uidCockpitsKey). Cockpits made
+	// before cockpits were counted are not, and count against no one.
+	Counted bool   `json:"counted,omitempty"`
+	Config  string `json:"config"` // the accepted document, as written
 	// Declared is Config parsed when it was accepted, so a claim does not parse TOML again.
 	Declared *portdecl.Config `json:"declared,omitempty"`
 }

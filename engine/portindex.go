@@ -156,13 +156,13 @@ func reindexLeasedPorts(tx storage.Txn, cockpit string, before, after *Lease) er
 }
 
 // addCount adds delta to the count kept at key, read with Get so concurrent changes conflict.
-// A count that reaches zero is deleted: a uid that holds nothing leaves no key behind.
+// A per-uid count that reaches zero is deleted: a uid that holds nothing leaves no key behind.
 func addCount(tx storage.Txn, key string, delta int) error {
 	var n int
 	if _, err := getJSON(tx, key, &n); err != nil {
 		return err
 	}
-	if n+delta <= 0 && strings.HasPrefix(key, uidLeasesPrefix) {
+	if n+delta <= 0 && (strings.HasPrefix(key, uidLeasesPrefix) || strings.HasPrefix(key, uidCockpitsPrefix)) {
 		return tx.Delete(key)
 	}
 	return setJSON(tx, key, n+delta)

@@ -41,6 +41,9 @@ const (
 	// PortLeaseUIDLimit: the claimant's uid already holds as many active leases as one uid may
 	// (Engine.BoundLeases), so the families left stay for others.
 	PortLeaseUIDLimit Code = "PORT_LEASE_UID_LIMIT"
+	// CockpitUIDLimit: the caller's uid already has as many cockpits as one uid may
+	// (Engine.BoundCockpits), so one user cannot fill the store and the daemon's memory.
+	CockpitUIDLimit Code = "COCKPIT_UID_LIMIT"
 	// LifecycleEvidenceInvalid: evidence a caller hands back (the planning record a reclaim's
 	// outcome names) is not what the engine issued for the step it applies to.
 	LifecycleEvidenceInvalid Code = "LIFECYCLE_EVIDENCE_INVALID"

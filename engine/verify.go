@@ -13,7 +13,7 @@ import (
 )
 
 // Verify checks the whole store offline: every record against checkRecord, the port index against the
-// active leases both ways, the per-cockpit and per-uid counts, and each cockpit's leased ports. It returns one line per violation, naming
+// active leases both ways, the per-cockpit and per-uid counts (leases, cockpits), and each cockpit's leased ports. It returns one line per violation, naming
 // its key, and how many records it read.
 func Verify(db storage.Store) ([]string, int, error) {
 	var violations []string
@@ -115,26 +115,18 @@ func Verify(db storage.Store) ([]string, int, error) {
 		}); err != nil {
 			return err
 		}
-		if err := tx.Scan(uidLeasesPrefix, func(key string, value []byte) error {
-			var n int
-			if err := json.Unmarshal(value, &n); err != nil {
-				bad(key, "%v", err)
-			} else if n != uidLeases[key] {
-				bad(key, "counts %d active leases, the store holds %d taken by that uid", n, uidLeases[key])
-			}
-			delete(uidLeases, key)
-			return nil
-		}); err != nil {
+		if err := verifyUIDCounts(tx, uidLeasesPrefix, uidLeases, "active leases taken by that uid", bad); err != nil {
 			return err
 		}
-		for key, n := range uidLeases {
-			bad(key, "is missing: the store holds %d active leases taken by that uid", n)
-		}
-		return tx.Scan(cockpitsPrefix, func(key string, value []byte) error {
+		uidCockpits := map[string]int{} // by uidCockpitsKey
+		if err := tx.Scan(cockpitsPrefix, func(key string, value []byte) error {
 			var m cockpitMeta
 			if err := json.Unmarshal(value, &m); err != nil {
 				bad(key, "%v", err)
 				return nil
+			}
+			if m.Counted {
+				uidCockpits[uidCockpitsKey(m.UID)]++
 			}
 			if m.Config != "" {
 				cfg, err := portdecl.Parse([]byte(m.Config))
@@ -162,9 +154,33 @@ func Verify(db storage.Store) ([]string, int, error) {
 				bad(leasedPortsKey(m.Name), "names ports %v, the cockpit's active leases hold %v", ports, held)
 			}
 			return nil
-		})
+		}); err != nil {
+			return err
+		}
+		return verifyUIDCounts(tx, uidCockpitsPrefix, uidCockpits, "counted cockpits made by that uid", bad)
 	})
 	return violations, len(records), err
+}
+
+// verifyUIDCounts checks each per-uid count under prefix against want, what the store holds of
+// what (by the count's key).
+func verifyUIDCounts(tx storage.Txn, prefix string, want map[string]int, what string, bad func(key, format string, args ...any)) error {
+	if err := tx.Scan(prefix, func(key string, value []byte) error {
+		var n int
+		if err := json.Unmarshal(value, &n); err != nil {
+			bad(key, "%v", err)
+		} else if n != want[key] {
+			bad(key, "counts %d, the store holds %d %s", n, want[key], what)
+		}
+		delete(want, key)
+		return nil
+	}); err != nil {
+		return err
+	}
+	for key, n := range want {
+		bad(key, "is missing: the store holds %d %s", n, what)
+	}
+	return nil
 }
 
 // VerifyHolds checks, with the store's daemon stopped, that no other process holds a port of an

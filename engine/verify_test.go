@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -93,6 +94,12 @@ func TestVerifyNamesEachCorruption(t *testing.T) {
 		}},
 		{"a wrong lease count", "n/app", "counts 2 active leases, the store holds 1", func(tx storage.Txn) error {
 			return setJSON(tx, leaseCountKey("app"), 2)
+		}},
+		{"a wrong cockpit count", uidCockpitsKey(uint32(os.Getuid())), "counts 5, the store holds 2 counted cockpits made by that uid", func(tx storage.Txn) error {
+			return setJSON(tx, uidCockpitsKey(uint32(os.Getuid())), 5)
+		}},
+		{"a missing cockpit count", uidCockpitsKey(uint32(os.Getuid())), "is missing: the store holds 2 counted cockpits made by that uid", func(tx storage.Txn) error {
+			return tx.Delete(uidCockpitsKey(uint32(os.Getuid())))
 		}},
 		{"a wrong stack count", "c/web", "counts 0 stacks, the store holds 1", func(tx storage.Txn) error {
 			var m cockpitMeta

@@ -24,6 +24,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.ClaimCoTenant:                syscall.EBUSY,
 	engine.PortLeaseExhausted:           syscall.ENOSPC,
 	engine.PortLeaseUIDLimit:            syscall.EDQUOT,
+	engine.CockpitUIDLimit:              syscall.EDQUOT,
 	engine.PortFamilyCollision:          syscall.EADDRINUSE,
 	engine.PortListenerEvidenceInvalid:  syscall.EAGAIN,
 	engine.ConfigChangedDuringExecution: syscall.ESTALE,
@@ -106,7 +107,7 @@ func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Err
 		if lerr := f.eng.LogRefusal(c, cockpit, stack, refusal, unix.ErrnoName(errno)); lerr != nil && !logged {
 			f.log.Printf("%s %s: %s %v (not in events: %v)", c.Op, c.Path, unix.ErrnoName(errno), refusal, lerr)
 		}
-	case (refusal.Code == engine.StateLocked || refusal.Code == engine.OpenSnapshotLimit) && !logged:
+	case (refusal.Code == engine.StateLocked || refusal.Code == engine.OpenSnapshotLimit || refusal.Code == engine.CockpitUIDLimit) && !logged:
 		f.log.Printf("%s %s: %s %v", c.Op, c.Path, unix.ErrnoName(errno), refusal)
 	}
 	return errno

@@ -180,6 +180,32 @@ func TestCoUserLeaseBound(t *testing.T) {
 	}
 }
 
+// One uid may have made at most --max-cockpits-per-uid cockpits that exist: past it mkdir is
+// refused (EDQUOT, COCKPIT_UID_LIMIT in the daemon's log: no cockpit's events take it) and
+// changes nothing, while root still makes cockpits; an rmdir of one of the uid's makes room.
+func TestCoUserCockpitBound(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other", "--max-cockpits-per-uid", "2")
+	ownershipNobodyOK(m, "mkdir $M/n1 $M/n2")
+	before, logged := m.ok("ls $M"), len(m.log.String())
+	ownershipNobodyRefused(m, "mkdir $M/n3", syscall.EDQUOT)
+	if got := m.ok("ls $M"); got != before {
+		t.Fatalf("the root after a refused mkdir:\n%s\nbefore:\n%s", got, before)
+	}
+	line := m.log.String()[logged:]
+	for _, want := range []string{"mkdir n3: EDQUOT", "COCKPIT_UID_LIMIT", "uid 65534 already has 2 cockpits", "--max-cockpits-per-uid"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the daemon's log: want %q in %q", want, line)
+		}
+	}
+	m.ok("mkdir $M/r1 $M/r2 $M/r3") // root is not bounded
+	ownershipNobodyOK(m, "rmdir $M/n1 && mkdir $M/n3")
+	m.Stop()
+	if out, err := m.verify(); err != nil {
+		t.Fatalf("verify: %v\n%s", err, out)
+	}
+}
+
 // Another uid's refusals keep a window of their own (its last RefusalsKept lines): 300 of them
 // leave the owner's history and the owner's own refusal in the stack's events, and a tail -f
 // that followed throughout read every line it was shown once, in order, ending with the

@@ -44,6 +44,10 @@ flags:
                      the most active leases the claims of one user may hold, every cockpit
                      counted, so one user cannot take every free port family (default 8;
                      0: no bound); root and the daemon's own user are not bounded
+  --max-cockpits-per-uid N
+                     the most cockpits one user may have made, so one user cannot fill the
+                     store and the daemon's memory (default 32; 0: no bound); root and the
+                     daemon's own user are not bounded
   --max-open-bytes-per-uid N
                      the most bytes the open files of one user may hold (each open keeps the
                      content it saw; opens of one content share it), so one user cannot

@@ -57,6 +57,7 @@ func mountCommand(args []string) error {
 	allowOther := fset.Bool("allow-other", false, "")
 	nonempty := fset.Bool("nonempty", false, "")
 	leasesPerUID := fset.Int("max-leases-per-uid", defaultLeasesPerUID, "")
+	cockpitsPerUID := fset.Int("max-cockpits-per-uid", defaultCockpitsPerUID, "")
 	openBytesPerUID := fset.Int64("max-open-bytes-per-uid", cfs.DefaultMaxOpenBytesPerUID, "")
 	gcInterval := fset.Duration("gc-interval", defaultGCInterval, "")
 	level := fset.String("log-level", "info", "")
@@ -85,6 +86,9 @@ func mountCommand(args []string) error {
 	}
 	if *leasesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-leases-per-uid %d is negative (0: no bound)", *leasesPerUID)}
+	}
+	if *cockpitsPerUID < 0 {
+		return &usageError{command: "mount", msg: fmt.Sprintf("--max-cockpits-per-uid %d is negative (0: no bound)", *cockpitsPerUID)}
 	}
 	if *gcInterval < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--gc-interval %s is negative (0: never)", *gcInterval)}
@@ -117,7 +121,7 @@ func mountCommand(args []string) error {
 		}
 		return daemonize(args, *data)
 	}
-	st := storeChoice{data: *data, leasesPerUID: *leasesPerUID, proxyPort: *proxyPort, proxyHTTPS: *proxyHTTPS}
+	st := storeChoice{data: *data, leasesPerUID: *leasesPerUID, cockpitsPerUID: *cockpitsPerUID, proxyPort: *proxyPort, proxyHTTPS: *proxyHTTPS}
 	if isEtcd {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
@@ -126,12 +130,14 @@ func mountCommand(args []string) error {
 }
 
 // storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names; and
-// how many active leases each user's claims may hold there (--max-leases-per-uid).
+// how many active leases each user's claims may hold there (--max-leases-per-uid), and how many
+// cockpits each user may make (--max-cockpits-per-uid).
 type storeChoice struct {
-	data         string
-	etcd         *etcdstore.Config
-	url          string
-	leasesPerUID int
+	data           string
+	etcd           *etcdstore.Config
+	url            string
+	leasesPerUID   int
+	cockpitsPerUID int
 	// proxyPort, when not 0, is the loopback port the stacks' web proxy serves on (with HTTPS
 	// when proxyHTTPS).
 	proxyPort  int
@@ -146,6 +152,11 @@ const defaultGCInterval = time.Minute
 // defaultLeasesPerUID is --max-leases-per-uid's default: one developer's stacks running at once
 // on a shared machine, with room left for everyone else in a cockpit of the usual 20 families.
 const defaultLeasesPerUID = 8
+
+// defaultCockpitsPerUID is --max-cockpits-per-uid's default: a cockpit per project a developer
+// works on. 32 cockpits of 60 KB configs (a config may be 64 KiB) add ≈ 2 MiB to the store and to
+// the daemon's settled memory (docs/machines.md); unbounded, one user's 2,000 held 775 MiB.
+const defaultCockpitsPerUID = 32
 
 func unmountCommand(args []string) error {
 	fset := newFlags("unmount")
@@ -279,6 +290,7 @@ func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine,
 			return nil, "", nil, err
 		}
 		eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
+		eng.BoundCockpits(st.cockpitsPerUID, uint32(os.Getuid()))
 		return eng, "store " + st.url, func() { stopSeen(); db.Close() }, nil
 	}
 	data := st.data
@@ -304,6 +316,7 @@ func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine,
 	eng = engine.New(db)
 	// Whoever runs the daemon may take every family it could take by running one of its own.
 	eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
+	eng.BoundCockpits(st.cockpitsPerUID, uint32(os.Getuid()))
 	// The holds of every active lease are taken again before the mount serves anyone.
 	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})
 	if err != nil {
