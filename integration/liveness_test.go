@@ -5,6 +5,7 @@ package integration
 // sessions, make, and a pid reused for real through /proc/sys/kernel/ns_last_pid.
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -298,27 +299,48 @@ func livenessStartTicks(t *testing.T, pid int) string {
 	return fields[19]
 }
 
-// livenessReuse starts `sleep 600` as pid, which must be free: as root, writing pid-1 to
-// ns_last_pid makes the next fork get pid unless another process on the machine forks in
-// between, so it retries. A process started within the same clock tick as the one it replaces
-// would carry the same start identity, which is not reuse anyone could detect, so that retries
-// too.
-func livenessReuse(t *testing.T, pid int, oldTicks string) *livenessProc {
+// livenessReuse starts `sleep 600`, in a session of its own, as pid, which must be free: as root,
+// writing pid-1 to ns_last_pid makes the next fork get pid unless another process forks in
+// between, so it retries. The write and the fork are a bash's, one right after the other: done
+// from the test's process, where the suite's parallel tests fork and the runtime's threads take
+// pids too, 200 tries all failed in a full run. A process started within the same clock tick
+// as the one it replaces would carry the same start identity, which is not reuse anyone could
+// detect, so that retries too.
+func livenessReuse(t *testing.T, pid int, oldTicks string) int {
 	t.Helper()
-	for try := 0; try < 200; try++ {
-		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0); err != nil {
-			t.Fatalf("write ns_last_pid: %v", err)
+	const launch = `for try in {1..1000}; do
+			echo $(($1 - 1)) > /proc/sys/kernel/ns_last_pid || exit 1
+			setsid sleep 600 & p=$!
+			if [ "$p" = "$1" ]; then echo "$try"; exec >&-; wait "$p"; exit 0; fi
+			kill -9 "$p"; wait "$p"
+		done 2>/dev/null
+		exit 1`
+	for round := 0; round < 3; round++ {
+		cmd := exec.Command("bash", "-c", launch, "bash", strconv.Itoa(pid))
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
 		}
-		p := livenessStart(t)
-		if p.Pid() == pid && livenessStartTicks(t, pid) != oldTicks {
-			t.Logf("pid %d reused after %d tries", pid, try+1)
-			return p
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
 		}
-		p.kill(t)
-		time.Sleep(20 * time.Millisecond) // let a clock tick pass / let racing forks settle
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		tries, _ := bufio.NewReader(out).ReadString('\n')
+		if tries == "" {
+			cmd.Wait()
+			t.Fatalf("could not get pid %d again in 1,000 tries", pid)
+		}
+		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // the sleep: in a session of its own
+		if livenessStartTicks(t, pid) != oldTicks {
+			t.Logf("pid %d reused after %s tries", pid, strings.TrimSpace(tries))
+			return pid
+		}
+		syscall.Kill(pid, syscall.SIGKILL)
+		cmd.Wait()
+		time.Sleep(20 * time.Millisecond) // let a clock tick pass
 	}
-	t.Fatalf("could not get pid %d again after 200 tries", pid)
-	return nil
+	t.Fatalf("pid %d came back only within its first start's clock tick", pid)
+	return 0
 }
 
 // A pid reused by a stranger is dead (its start identity differs), and a claim releases it even
@@ -370,8 +392,8 @@ func TestLivenessPidReuse(t *testing.T) {
 		t.Fatalf("lastReleasedHolder = %v, want %s", r.Value.LastReleasedHolder, h["id"])
 	}
 	// The stranger itself is untouched.
-	if err := syscall.Kill(stranger.Pid(), 0); err != nil {
-		t.Fatalf("the stranger %d is gone: %v", stranger.Pid(), err)
+	if err := syscall.Kill(stranger, 0); err != nil {
+		t.Fatalf("the stranger %d is gone: %v", stranger, err)
 	}
 }
 
