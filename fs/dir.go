@@ -345,7 +345,7 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	}
 	var h gofs.FileHandle = scratchHandle{}
 	if f, isFile := e.node.(*file); err == nil && isFile {
-		h, err = f.openCreated(created)
+		h, err = f.openCreated(created, requestUID(ctx))
 	}
 	if err != nil { // released again before we could look it up
 		return nil, nil, 0, d.fsys.fail(caller(ctx, "create", d.child(name)), d.cockpit, d.stack, gone(err))

@@ -144,6 +144,9 @@ type handle struct {
 	tid  uint32 // the thread that opened it (see threadOpens)
 	// pin is this open's hold on the shared snapshot it took (nil: none; see snapshots).
 	pin *pin
+	// uid opened it: what it writes counts against that uid's open bytes, charged so far.
+	uid     uint32
+	charged int64
 	// base is where this open's offset 0 lies in the file's history: the start of the window it
 	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
 	// read each new line once; a fresh open (`cat`) starts at the window it sees.
@@ -221,6 +224,7 @@ func (f *file) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	f.applyPending(ctx, fh, "release")
 	if h, ok := fh.(*handle); ok {
 		f.fsys.snapshots.release(h.pin)
+		f.fsys.snapshots.discharge(h)
 		if f.follows {
 			f.fsys.followers.remove(f.path, h)
 		}
@@ -344,12 +348,12 @@ func frozenIno(path string, v view) uint64 {
 
 // openCreated is the handle of the open that created f: the only one that may choose a new
 // holder's checkout. It renders f with created, when the create gave one.
-func (f *file) openCreated(created render) (*handle, error) {
+func (f *file) openCreated(created render, uid uint32) (*handle, error) {
 	if created == nil {
 		created = f.render
 	}
 	v, err := created()
-	return &handle{view: v, created: true}, err
+	return &handle{view: v, created: true, uid: uid}, err
 }
 
 func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uint32, errno syscall.Errno) {
@@ -379,15 +383,19 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uin
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	f.opened(ctx, h)
-	if f.follows {
-		f.fsys.followers.add(f.path, h)
-	}
 	if flags&syscall.O_APPEND != 0 {
 		// An append (>>) continues the document there. Anything else writes a whole document:
 		// go-fuse negotiates no atomic O_TRUNC, so `>` arrives as OPEN then a handle-less
 		// SETATTR(size=0), and cannot be told apart here from a write in place.
+		if err := f.fsys.snapshots.charge(h, int64(len(v.data))); err != nil {
+			f.fsys.snapshots.release(h.pin)
+			return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
+		}
 		h.doc = append([]byte(nil), v.data...)
+	}
+	f.opened(ctx, h)
+	if f.follows {
+		f.fsys.followers.add(f.path, h)
 	}
 	return h, openedFlags, 0
 }
@@ -395,16 +403,21 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uin
 // pinned is a new open's handle on v, its content shared with every open of the same content and
 // held for the caller's uid (see snapshots), or the refusal past that uid's bound.
 func (f *file) pinned(ctx context.Context, v view) (*handle, syscall.Errno) {
-	var uid uint32
-	if fc, ok := fuse.FromContext(ctx); ok {
-		uid = fc.Uid
-	}
+	uid := requestUID(ctx)
 	data, p, err := f.fsys.snapshots.acquire(uid, f.path, v.data)
 	if err != nil {
 		return nil, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
 	}
 	v.data = data
-	return &handle{view: v, base: v.start, pin: p}, 0
+	return &handle{view: v, base: v.start, pin: p, uid: uid}, 0
+}
+
+// requestUID is the uid the kernel says made the request (0 outside one).
+func requestUID(ctx context.Context) uint32 {
+	if fc, ok := fuse.FromContext(ctx); ok {
+		return fc.Uid
+	}
+	return 0
 }
 
 func (f *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
@@ -455,7 +468,18 @@ func (f *file) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 		}
 		return 0, errno
 	}
-	if err := f.writer.write(ctx, f, h, data, off); err != nil {
+	// What the open holds once this write is collected, counted before it is: a command's pieces,
+	// or the document up to its furthest byte. An open holds at most maxCommand: past it the
+	// writer refuses the write for its size (EFBIG).
+	grown := int64(len(h.doc)) + int64(len(h.line)) + int64(len(data))
+	if _, isDocument := f.writer.(documentWriter); isDocument {
+		grown = max(int64(len(h.doc)), off+int64(len(data))) + int64(len(h.line))
+	}
+	err := f.fsys.snapshots.charge(h, min(grown, maxCommand))
+	if err == nil {
+		err = f.writer.write(ctx, f, h, data, off)
+	}
+	if err != nil {
 		errno := f.fsys.fail(caller(ctx, "write", f.path), f.cockpit, f.stack, err)
 		if _, isDocument := f.writer.(documentWriter); isDocument {
 			// A document missing this write is not the one written: it is never applied.

@@ -12,10 +12,12 @@ import (
 )
 
 // Open snapshots are the daemon's memory that its callers choose: every open keeps the content
-// it saw until it is closed. Opens of the same content of a file (one revision) share one
-// buffer, counted once however many opens hold it; what the opens of one uid hold is bounded, so
-// one user's opens cannot exhaust the daemon that serves everybody; and once opens let go of
-// much, the memory is handed back to the system rather than kept for the next burst.
+// it saw until it is closed, and what it writes (a document, a command's pieces) until it is
+// applied or the open closes. Opens of the same content of a file (one revision) share one
+// buffer, counted once however many opens hold it; what the opens of one uid hold, snapshots and
+// written bytes together, is bounded, so one user's opens cannot exhaust the daemon that serves
+// everybody; and once opens let go of much, the memory is handed back to the system rather than
+// kept for the next burst.
 
 // DefaultMaxOpenBytesPerUID is the most snapshot bytes the opens of one uid may hold: many times
 // what a machine's largest file (status.json of a thousand stacks, under 1 MiB) takes, so only
@@ -57,7 +59,7 @@ type snapshot struct {
 }
 
 // uidSnapshots are the snapshots one uid's opens hold, each with how many of its opens do, and
-// their bytes, each snapshot counted once.
+// their bytes, each snapshot counted once, with the bytes its opens wrote (see charge).
 type uidSnapshots struct {
 	held  map[*snapshot]int
 	bytes int64
@@ -90,10 +92,8 @@ func (ss *snapshots) acquire(uid uint32, path string, data []byte) ([]byte, *pin
 		u = &uidSnapshots{held: map[*snapshot]int{}}
 	}
 	if s == nil || u.held[s] == 0 {
-		if ss.limit > 0 && u.bytes+int64(len(data)) > ss.limit {
-			return nil, nil, &engine.Refusal{Code: engine.OpenSnapshotLimit,
-				Message: fmt.Sprintf("uid %d's open files already hold %d bytes of snapshots; this open would take %d more, past the %d one user's opens may hold", uid, u.bytes, len(data), ss.limit),
-				Fix:     "close files you no longer read (an open file keeps the content it saw), or ask the daemon's administrator to raise --max-open-bytes-per-uid"}
+		if err := ss.within(uid, u, int64(len(data)), "open"); err != nil {
+			return nil, nil, err
 		}
 	}
 	if s == nil {
@@ -123,9 +123,7 @@ func (ss *snapshots) release(p *pin) {
 	if u.held[s]--; u.held[s] == 0 {
 		delete(u.held, s)
 		u.bytes -= int64(len(s.data))
-		if len(u.held) == 0 {
-			delete(ss.uids, p.uid)
-		}
+		ss.forgetIdle(p.uid, u)
 	}
 	free := false
 	if s.opens--; s.opens == 0 {
@@ -149,4 +147,60 @@ func (ss *snapshots) release(p *pin) {
 	if free {
 		go debug.FreeOSMemory()
 	}
+}
+
+// within refuses (OPEN_SNAPSHOT_LIMIT) n more bytes for uid's opens, which hold u, past the limit;
+// op is what would take them ("open", "write"). mu is held.
+func (ss *snapshots) within(uid uint32, u *uidSnapshots, n int64, op string) error {
+	if ss.limit == 0 || u.bytes+n <= ss.limit {
+		return nil
+	}
+	return &engine.Refusal{Code: engine.OpenSnapshotLimit,
+		Message: fmt.Sprintf("uid %d's open files already hold %d bytes (the contents they saw and what they wrote); this %s would take %d more, past the %d one user's opens may hold", uid, u.bytes, op, n, ss.limit),
+		Fix:     "close files you no longer read or write (an open file keeps the content it saw, and what it wrote until it is applied), or ask the daemon's administrator to raise --max-open-bytes-per-uid"}
+}
+
+// forgetIdle drops uid's entry once its opens hold nothing. mu is held.
+func (ss *snapshots) forgetIdle(uid uint32, u *uidSnapshots) {
+	if len(u.held) == 0 && u.bytes == 0 {
+		delete(ss.uids, uid)
+	}
+}
+
+// charge counts what h has written so far, total bytes, against the uid that opened h, or refuses
+// (OPEN_SNAPSHOT_LIMIT) what would pass that uid's bound. An open's buffers keep their size until
+// it closes, so the most it ever held stays counted until then (discharge).
+func (ss *snapshots) charge(h *handle, total int64) error {
+	if total <= h.charged {
+		return nil
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	u := ss.uids[h.uid]
+	if u == nil {
+		u = &uidSnapshots{held: map[*snapshot]int{}}
+	}
+	if err := ss.within(h.uid, u, total-h.charged, "write"); err != nil {
+		return err
+	}
+	if ss.uids == nil {
+		ss.byKey, ss.uids = map[snapshotKey][]*snapshot{}, map[uint32]*uidSnapshots{}
+	}
+	u.bytes += total - h.charged
+	ss.uids[h.uid] = u
+	h.charged = total
+	return nil
+}
+
+// discharge gives back what h's writes were counted for, at its close.
+func (ss *snapshots) discharge(h *handle) {
+	if h.charged == 0 {
+		return
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	u := ss.uids[h.uid]
+	u.bytes -= h.charged
+	h.charged = 0
+	ss.forgetIdle(h.uid, u)
 }

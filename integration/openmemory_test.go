@@ -65,7 +65,7 @@ func TestCoUserOpensAreBounded(t *testing.T) {
 	const stack = "app/stacks/n/"
 	ev := m.lastEvent(stack + "events")
 	for _, want := range []string{`"result":"refused"`, `"code":"OPEN_SNAPSHOT_LIMIT"`, `"errno":"ENOMEM"`, `"uid":65534,`, `"op":"open"`,
-		"uid 65534's open files already hold " + found[1] + " bytes of snapshots"} {
+		"uid 65534's open files already hold " + found[1] + " bytes (the contents they saw and what they wrote); this open would take"} {
 		if !strings.Contains(ev, want) {
 			t.Fatalf("events: want %s in %s", want, ev)
 		}
@@ -88,4 +88,56 @@ func TestCoUserOpensAreBounded(t *testing.T) {
 	waitFor(t, func() string { return "nobody's open after its opens closed" }, func() bool {
 		return asUID(m, 65534, "cat $M/app/stacks/n/record >/dev/null").Code == 0
 	})
+}
+
+// What an open writes counts with what its uid's opens hold: one user's write opens of a config,
+// each holding a 60 KB document, are refused past --max-open-bytes-per-uid (ENOMEM,
+// OPEN_SNAPSHOT_LIMIT in the cockpit's events), the refused open's document is never applied, and
+// once they close the user writes again. Uncounted, 3,000 such opens held 245 MiB of the daemon.
+func TestCoUserWritesAreBounded(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other", "--max-open-bytes-per-uid", "200000")
+	asUIDOK(m, 65534, `mkdir $M/nob && printf '[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 34900\n' > $M/nob/config`)
+	config := m.read("nob/config")
+	// Open i writes a document of its own (HTTP = 3490i) and stays open: the first three fit in
+	// 200,000 bytes, the fourth's write is refused; all close as the script exits.
+	out := asUIDOK(m, 65534, `pad=$(head -c 60000 /dev/zero | tr '\0' x)
+		for i in 1 2 3 4 5; do
+			exec {fd}>$M/nob/config || exit 1
+			if ! printf '[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 3490%d\n#%s\n' $i "$pad" >&$fd; then
+				echo "refused at $i"; cat $M/nob/config; exit 0
+			fi
+		done
+		echo never refused`)
+	if !strings.HasPrefix(out, "refused at 4\n") {
+		t.Fatalf("nobody's write opens: %q, want the fourth refused", out)
+	}
+	if got := strings.TrimPrefix(out, "refused at 4\n"); got != config {
+		t.Fatalf("config while the opens were held: %q, want %q", got, config)
+	}
+	// Its line comes before the accepted documents' own, applied as the opens closed.
+	var refusals []string
+	for _, line := range strings.Split(m.read("nob/events"), "\n") {
+		if strings.Contains(line, `"result":"refused"`) {
+			refusals = append(refusals, line)
+		}
+	}
+	if len(refusals) != 1 {
+		t.Fatalf("nob/events: %d refusals, want the fourth write's:\n%s", len(refusals), strings.Join(refusals, "\n"))
+	}
+	for _, want := range []string{`"op":"write"`, `"path":"nob/config"`, `"uid":65534`, `"code":"OPEN_SNAPSHOT_LIMIT"`, `"errno":"ENOMEM"`, "this write would take"} {
+		if !strings.Contains(refusals[0], want) {
+			t.Fatalf("nob/events: want %s in %s", want, refusals[0])
+		}
+	}
+	// Closed, the accepted documents applied (whichever closed last) and the refused one never.
+	if got := m.read("nob/config"); !regexp.MustCompile(`HTTP = 3490[123]\n`).MatchString(got) {
+		t.Fatalf("config after the opens closed:\n%.200s", got)
+	}
+	waitFor(t, func() string { return "nobody's write after its opens closed" }, func() bool {
+		return asUID(m, 65534, `printf '[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 34990\n' > $M/nob/config`).Code == 0
+	})
+	if got := m.read("nob/config"); !strings.Contains(got, "HTTP = 34990\n") {
+		t.Fatalf("config after nobody's last write:\n%s", got)
+	}
 }
