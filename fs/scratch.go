@@ -281,7 +281,9 @@ func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint
 		return nil, errUndefined
 	}
 	c := caller(ctx, "create", d.child(name))
-	if _, err := d.fsys.eng.Cockpit(d.cockpit); err != nil {
+	// A scratch file is for renaming onto config: only who may write config makes one, so the
+	// cockpit's 16 are its owner's, and no other user can fill them and lock sed -i out.
+	if err := d.fsys.eng.MayWriteConfig(c, d.cockpit); err != nil {
 		return nil, err
 	}
 	return nil, d.fsys.scratch.create(d.cockpit, name, c.UID, mode, time.Now())

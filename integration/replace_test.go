@@ -243,8 +243,9 @@ open(sys.argv[2], "x").write("never")' `+fifo+" $M/app/config")
 }
 
 // What such a writer cannot do is refused where it is typed, with one events line, and config
-// stays as it was: a refused document (at the close), another user's config, a backup name the
-// tree does not make.
+// stays as it was: a refused document (at the close), another user's config or scratch file, a
+// backup name the tree does not make. Another user's scratch files cannot fill the cockpit's 16:
+// the owner's sed -i still works after them.
 func TestToolsConfigReplacementRefusals(t *testing.T) {
 	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
@@ -268,6 +269,8 @@ func TestToolsConfigReplacementRefusals(t *testing.T) {
 		{"another user's install", "f=$(mktemp -p /tmp) && cat $M/app/config > $f && install -m 0644 $f $M/app/config; r=$?; rm -f $f; exit $r", "cannot remove", "PERMISSION_DENIED", syscall.EACCES, ownershipAsNobody},
 		{"another user's cp --backup", "f=$(mktemp -p /tmp) && cat $M/app/config > $f && cp --backup $f $M/app/config; r=$?; rm -f $f; exit $r", "cannot backup", "PERMISSION_DENIED", syscall.EACCES, ownershipAsNobody},
 		{"cp --backup --suffix", "cp --backup --suffix=.bak " + bad + " $M/app/config", "cannot backup", "UNSUPPORTED_OPERATION", syscall.EPERM, (*mount).sh},
+		{"another user's scratch file", ": > $M/app/junk", "junk", "PERMISSION_DENIED", syscall.EACCES, ownershipAsNobody},
+		{"another user's sed -i", "sed -i s/26930/26990/ $M/app/config", "temporary file", "PERMISSION_DENIED", syscall.EACCES, ownershipAsNobody},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := claimsEventCount(m, "app/events")
@@ -289,6 +292,11 @@ func TestToolsConfigReplacementRefusals(t *testing.T) {
 				t.Fatalf("events line without a fix: %v", ev)
 			}
 		})
+	}
+	ownershipAsNobody(m, "for i in $(seq 17); do : > $M/app/junk$i; done")
+	m.ok("sed -i s/26930/26990/ $M/app/config")
+	if got := m.read("app/config"); got != strings.ReplaceAll(good, "26930", "26990") {
+		t.Fatalf("config after the owner's sed -i = %q", got)
 	}
 }
 
