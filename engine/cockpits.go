@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -259,9 +260,13 @@ func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack strin
 	return err
 }
 
+// removeStack removes an idle stack for its creator, its cockpit's owner or root: the owner too, so
+// that no other user can fill the owner's cockpit with the 1024 stacks it holds and leave the
+// owner unable to make one (the owner may already drain them: removal takes only what is idle).
 func removeStack(c Caller, m cockpitMeta, stack string, r Record) (change, error) {
-	if owner := r.creator(m); !c.may(owner) {
-		return change{}, c.denied("stack "+m.Name+"/"+stack, owner)
+	if owner := r.creator(m); !c.may(owner) && c.UID != m.UID {
+		return change{}, refuse(PermissionDenied, "", fmt.Sprintf("run it as uid %d, as its cockpit's owner (uid %d), or as root", owner, m.UID),
+			"stack %s/%s belongs to uid %d, not %d", m.Name, stack, owner, c.UID)
 	}
 	if v := r.Value; len(v.Holders) > 0 || v.Lease.Active() || v.Drain != nil {
 		return change{}, refuse(ClaimCoTenant, r.SubjectID, "drain the stack first (echo down > drain/request, then its attempts)",

@@ -94,8 +94,9 @@ func TestCoUserStackWithoutCreator(t *testing.T) {
 	m := ownershipMount(t, "--allow-other")
 	ownershipNobodyOK(m, "mkdir $M/nobapp")
 	m.ok("mkdir $M/nobapp/stacks/old")
-	ownershipNobodyRefused(m, "rmdir $M/nobapp/stacks/old", syscall.EACCES)
-	ownershipDenied(m, "nobapp/events")
+	if got := m.ok("stat -c %u $M/nobapp/stacks/old"); got != "0\n" {
+		t.Fatalf("st_uid of root's stack in nobody's cockpit = %q", got)
+	}
 
 	m.Stop()
 	db, err := kv.Open(m.Data)
@@ -177,6 +178,37 @@ func TestCoUserLeaseBound(t *testing.T) {
 		echo pid=none > $M/app/stacks/n3/holders/nob`)
 	if got := m.read("app/stacks/n3/ports/HTTP"); got != "33900\n" {
 		t.Fatalf("n3's HTTP once n1 was drained = %q", got)
+	}
+}
+
+// A cockpit's owner removes any idle stack of it, whoever made it, so that no other user can fill
+// it with its 1024 stacks and leave the owner unable to make one; a stack with a holder stays
+// (EBUSY), and a third user may not (EACCES). Each refusal changes nothing and leaves a line.
+func TestCoUserCockpitOwnerRemovesOthersStacks(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	ownershipNobodyOK(m, `mkdir $M/nobapp && printf '[ports]\nstep = 10\ncount = 5\n[ports.bases]\nHTTP = 34200\n' > $M/nobapp/config`)
+	asUIDOK(m, pinningUser, "mkdir $M/nobapp/stacks/a $M/nobapp/stacks/b $M/nobapp/stacks/held && echo pid=none > $M/nobapp/stacks/held/holders/h")
+
+	r := asUID(m, 4322, "rmdir $M/nobapp/stacks/a") // a third user, who owns nothing here
+	if r.Code == 0 || !strings.Contains(r.Stderr, "Permission denied") {
+		t.Fatalf("a third user's rmdir: exit %d, %q", r.Code, r.Stderr)
+	}
+	if ev := m.lastEvent("nobapp/events"); !strings.Contains(ev, `"errno":"EACCES"`) || !strings.Contains(ev, "stack nobapp/a belongs to uid 4321, not 4322") || !strings.Contains(ev, "as its cockpit's owner (uid 65534)") {
+		t.Fatalf("nobapp/events after the third user's rmdir: %s", ev)
+	}
+
+	record := m.read("nobapp/stacks/held/record")
+	ownershipNobodyRefused(m, "rmdir $M/nobapp/stacks/held", syscall.EBUSY)
+	if ev := m.lastEvent("nobapp/events"); !strings.Contains(ev, `"code":"CLAIM_CO_TENANT"`) || !strings.Contains(ev, `"uid":65534`) {
+		t.Fatalf("nobapp/events after the owner's rmdir of a held stack: %s", ev)
+	}
+	if got := m.read("nobapp/stacks/held/record"); got != record {
+		t.Fatalf("the held stack changed:\nbefore %s\nafter  %s", record, got)
+	}
+	ownershipNobodyOK(m, "rmdir $M/nobapp/stacks/a $M/nobapp/stacks/b")
+	if got := m.ok("ls $M/nobapp/stacks"); got != "held\n" {
+		t.Fatalf("stacks after the owner's rmdir = %q", got)
 	}
 }
 
