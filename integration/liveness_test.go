@@ -5,7 +5,6 @@ package integration
 // sessions, make, and a pid reused for real through /proc/sys/kernel/ns_last_pid.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // livenessProc is a process a test started; it is killed and reaped when the test ends.
@@ -317,19 +318,7 @@ func livenessReuse(t *testing.T, pid int, oldTicks string) int {
 		exit 1`
 	for round := 0; round < 3; round++ {
 		cmd := exec.Command("bash", "-c", launch, "bash", strconv.Itoa(pid))
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		tries, _ := bufio.NewReader(out).ReadString('\n')
-		if tries == "" {
-			cmd.Wait()
-			t.Fatalf("could not get pid %d again in 1,000 tries", pid)
-		}
+		tries := testtool.StartReady(t, cmd)                     // no line: 1,000 tries did not get pid back
 		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // the sleep: in a session of its own
 		if livenessStartTicks(t, pid) != oldTicks {
 			t.Logf("pid %d reused after %s tries", pid, strings.TrimSpace(tries))
