@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -16,6 +17,42 @@ import (
 // engine serves.
 func (e *Engine) BoundCockpits(perUID int, unbounded ...uint32) {
 	e.cockpitBound = newUIDBound(perUID, unbounded)
+}
+
+// CountStacks has the engine keep, with each stack it makes or removes, how many stacks each uid
+// made (its record's creator), and lets each uid but root and those listed have made at most
+// perUID stacks that exist, every cockpit counted (0: no bound). A store never counted (made by an
+// earlier release) is counted here, once, from its records; a record without a creator counts
+// against no one. Call it before the engine serves.
+func (e *Engine) CountStacks(ctx context.Context, perUID int, unbounded ...uint32) error {
+	err := e.db.Update(ctx, func(tx storage.Txn) error {
+		if counted, err := found(tx, stacksCountedKey); err != nil || counted {
+			return err
+		}
+		made := map[uint32]int{}
+		if err := tx.Scan(allStacksPrefix, func(_ string, value []byte) error {
+			var head struct {
+				Creator *uint32 `json:"creator"`
+			}
+			if json.Unmarshal(value, &head) == nil && head.Creator != nil {
+				made[*head.Creator]++ // one that does not decode is verify's to report
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for uid, n := range made {
+			if err := setJSON(tx, uidStacksKey(uid), n); err != nil {
+				return err
+			}
+		}
+		return setJSON(tx, stacksCountedKey, true)
+	})
+	if err != nil {
+		return fmt.Errorf("counting each user's stacks: %w", err)
+	}
+	e.stackBound, e.stacksCounted = newUIDBound(perUID, unbounded), true
+	return nil
 }
 
 // CreateCockpit makes a namespace owned by the caller.
@@ -189,11 +226,20 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 		if err != nil {
 			return change{}, err
 		}
-		return createStack(c, m, stack, taken, now)
+		made := -1 // not counted
+		if e.stacksCounted {
+			made = 0
+			if _, err := getJSON(tx, uidStacksKey(c.UID), &made); err != nil {
+				return change{}, err
+			}
+		}
+		return createStack(c, m, stack, taken, made, e.stackBound.of(c.UID), now)
 	})
 }
 
-func createStack(c Caller, m cockpitMeta, stack string, taken bool, now time.Time) (change, error) {
+// createStack makes stack in m for c, whose uid has made made stacks that exist (-1: not
+// counted), of at most limit (0: no bound).
+func createStack(c Caller, m cockpitMeta, stack string, taken bool, made, limit int, now time.Time) (change, error) {
 	if taken {
 		return change{}, refuse(Exists, StackID(m.Name, stack), "", "stack %s already exists", stack)
 	}
@@ -201,9 +247,18 @@ func createStack(c Caller, m cockpitMeta, stack string, taken bool, now time.Tim
 		return change{}, refuse(StateInventoryLimit, StackID(m.Name, stack), "remove a stack this cockpit no longer needs",
 			"cockpit %s already has %d stacks", m.Name, MaxStacks)
 	}
+	if limit > 0 && made >= limit {
+		return change{}, refuse(StackUIDLimit, StackID(m.Name, stack),
+			"remove a stack of yours you no longer need (rmdir it once idle), or ask the daemon's administrator to raise --max-stacks-per-uid",
+			"uid %d already made %d stacks, the most one user may have on this daemon, every cockpit counted, so that the store and the daemon's memory stay for everyone", c.UID, made)
+	}
 	r := newRecord(m.Name, stack, c.UID, c.GID, now)
 	m.Stacks++
-	return change{cockpit: m.Name, created: &r, meta: &m, line: cockpitLevel, revision: r.Revision}, nil
+	ch := change{cockpit: m.Name, created: &r, meta: &m, line: cockpitLevel, revision: r.Revision}
+	if made >= 0 {
+		ch.stacks, ch.creator = 1, c.UID
+	}
+	return ch, nil
 }
 
 // ChmodStack sets the permission bits of a stack's directory (chmod): only its group and other
@@ -251,7 +306,11 @@ func (e *Engine) RemoveStack(ctx context.Context, c Caller, cockpit, stack strin
 		if err != nil {
 			return change{}, err
 		}
-		return removeStack(c, m, stack, r)
+		ch, err := removeStack(c, m, stack, r)
+		if err == nil && e.stacksCounted && r.Creator != nil {
+			ch.stacks, ch.creator = -1, *r.Creator
+		}
+		return ch, err
 	})
 	if err == nil {
 		// Nothing reads a removed stack's record again to drop it from the cache.

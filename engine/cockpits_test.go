@@ -557,3 +557,55 @@ func storeDump(t *testing.T, e *Engine) string {
 	}
 	return b.String()
 }
+
+// Once counted (CountStacks), one uid may have made at most its bound of stacks that exist, every
+// cockpit counted: past it mkdir is refused (STACK_UID_LIMIT) and changes nothing; root and the
+// unbounded uids are not bounded; removing one makes room. A store's stacks made before it was
+// counted are counted when it first is, from their records' creators.
+func TestStackBound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEngine(t)
+	const alice, daemon = 1001, 1002
+	newCockpit(t, e, "app", exampleConfig)
+	newCockpit(t, e, "web", exampleConfig)
+	mkdir := func(uid uint32, cockpit, stack string) error {
+		return e.CreateStack(ctx, callerAs(uid, "mkdir", cockpit+"/stacks/"+stack), cockpit, stack)
+	}
+	for _, s := range []string{"a1", "a2"} { // before the store is counted
+		if err := mkdir(alice, "app", s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.CountStacks(ctx, 3, daemon); err != nil {
+		t.Fatal(err)
+	}
+	if err := mkdir(alice, "web", "a3"); err != nil {
+		t.Fatal(err)
+	}
+	before := storeDump(t, e)
+	err := mkdir(alice, "web", "a4")
+	requireCode(t, err, StackUIDLimit)
+	if !strings.Contains(err.Error(), "uid 1001 already made 3 stacks") {
+		t.Errorf("refusal says %q", err)
+	}
+	if after := storeDump(t, e); after != before {
+		t.Fatalf("a refused mkdir changed the store:\nbefore %s\nafter  %s", before, after)
+	}
+	for i := range 4 {
+		for _, uid := range []uint32{0, daemon} {
+			if err := mkdir(uid, "app", fmt.Sprintf("u%d-%d", uid, i)); err != nil {
+				t.Fatalf("uid %d's stack %d: %v", uid, i, err)
+			}
+		}
+	}
+	if err := e.RemoveStack(ctx, callerAs(alice, "rmdir", "app/stacks/a1"), "app", "a1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := mkdir(alice, "web", "a4"); err != nil {
+		t.Fatal(err)
+	}
+	if violations, _, err := Verify(e.db); err != nil || len(violations) != 0 {
+		t.Fatalf("verify: %v %v", violations, err)
+	}
+}

@@ -219,6 +219,10 @@ type change struct {
 	// counted one removed.
 	counted int
 	owner   uint32
+	// stacks changes how many stacks creator has made that exist (uidStacksKey): +1 for one made,
+	// -1 for one removed.
+	stacks  int
+	creator uint32
 	// line is the events file of the operation's line: a stack's name, cockpitLevel for the
 	// cockpit's own, "" for none (a removed cockpit keeps no events file).
 	line string
@@ -305,6 +309,11 @@ func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time
 	}
 	if ch.counted != 0 {
 		if err := addCount(tx, uidCockpitsKey(ch.owner), ch.counted); err != nil {
+			return err
+		}
+	}
+	if ch.stacks != 0 {
+		if err := addCount(tx, uidStacksKey(ch.creator), ch.stacks); err != nil {
 			return err
 		}
 	}

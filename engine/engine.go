@@ -103,6 +103,10 @@ type Engine struct {
 	leaseBound uidBound
 	// cockpitBound bounds the cockpits one uid has made (BoundCockpits).
 	cockpitBound uidBound
+	// stackBound bounds the stacks one uid has made; stacksCounted: this engine keeps their
+	// count (CountStacks).
+	stackBound    uidBound
+	stacksCounted bool
 	// inventory is what health observes of every record, kept from commits.
 	inventory inventory
 	// status is what the root files status and status.json show, kept from commits.

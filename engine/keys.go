@@ -17,6 +17,8 @@ import (
 //	l/<cockpit>              the ports of the cockpit's active leases, sorted (see leasedPorts)
 //	u/<uid>                  number of active leases taken by the uid's claims, every cockpit
 //	k/<uid>                  number of cockpits the uid made that exist (those marked counted)
+//	t/<uid>                  number of stacks that exist whose record names the uid as creator
+//	t                        the stacks' creators are counted in t/ (see CountStacks)
 //	e/<cockpit>/<stack|->/<seq, 16 hex>   one events line; "-" is the cockpit's own log
 //	q/<cockpit>/<stack|->    the next events seq
 //	o/<cockpit>/<stack|->    the events file's end: bytes ever appended to it (see EventsWindow)
@@ -34,6 +36,8 @@ const (
 	allEventsPrefix   = "e/"
 	uidLeasesPrefix   = "u/"
 	uidCockpitsPrefix = "k/"
+	uidStacksPrefix   = "t/"
+	stacksCountedKey  = "t"
 	declaredPrefix    = "d/"
 )
 
@@ -67,6 +71,7 @@ func leaseCountKey(cockpit string) string            { return "n/" + cockpit }
 func leasedPortsKey(cockpit string) string           { return "l/" + cockpit }
 func uidLeasesKey(uid uint32) string                 { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }
 func uidCockpitsKey(uid uint32) string               { return fmt.Sprintf("%s%d", uidCockpitsPrefix, uid) }
+func uidStacksKey(uid uint32) string                 { return fmt.Sprintf("%s%d", uidStacksPrefix, uid) }
 func eventsPrefix(cockpit, stack string) string      { return allEventsPrefix + cockpit + "/" + stack + "/" }
 func eventsHeadKey(cockpit, stack string) string     { return "f/" + cockpit + "/" + stack }
 func eventsSeqKey(cockpit, stack string) string      { return "q/" + cockpit + "/" + stack }

@@ -162,7 +162,7 @@ func addCount(tx storage.Txn, key string, delta int) error {
 	if _, err := getJSON(tx, key, &n); err != nil {
 		return err
 	}
-	if n+delta <= 0 && (strings.HasPrefix(key, uidLeasesPrefix) || strings.HasPrefix(key, uidCockpitsPrefix)) {
+	if n+delta <= 0 && (strings.HasPrefix(key, uidLeasesPrefix) || strings.HasPrefix(key, uidCockpitsPrefix) || strings.HasPrefix(key, uidStacksPrefix)) {
 		return tx.Delete(key)
 	}
 	return setJSON(tx, key, n+delta)

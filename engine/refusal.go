@@ -44,6 +44,9 @@ const (
 	// CockpitUIDLimit: the caller's uid already has as many cockpits as one uid may
 	// (Engine.BoundCockpits), so one user cannot fill the store and the daemon's memory.
 	CockpitUIDLimit Code = "COCKPIT_UID_LIMIT"
+	// StackUIDLimit: the caller's uid already made as many stacks as one uid may
+	// (Engine.CountStacks), every cockpit counted.
+	StackUIDLimit Code = "STACK_UID_LIMIT"
 	// LifecycleEvidenceInvalid: evidence a caller hands back (the planning record a reclaim's
 	// outcome names) is not what the engine issued for the step it applies to.
 	LifecycleEvidenceInvalid Code = "LIFECYCLE_EVIDENCE_INVALID"

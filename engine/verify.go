@@ -118,6 +118,20 @@ func Verify(db storage.Store) ([]string, int, error) {
 		if err := verifyUIDCounts(tx, uidLeasesPrefix, uidLeases, "active leases taken by that uid", bad); err != nil {
 			return err
 		}
+		// Stacks are counted by creator once the store says so (CountStacks); before, no count.
+		uidStacks := map[string]int{}
+		counted, err := found(tx, stacksCountedKey)
+		if err != nil {
+			return err
+		}
+		for _, r := range records {
+			if counted && r.Creator != nil {
+				uidStacks[uidStacksKey(*r.Creator)]++
+			}
+		}
+		if err := verifyUIDCounts(tx, uidStacksPrefix, uidStacks, "stacks made by that uid", bad); err != nil {
+			return err
+		}
 		uidCockpits := map[string]int{} // by uidCockpitsKey
 		if err := tx.Scan(cockpitsPrefix, func(key string, value []byte) error {
 			var m cockpitMeta

@@ -101,6 +101,9 @@ func TestVerifyNamesEachCorruption(t *testing.T) {
 		{"a missing cockpit count", uidCockpitsKey(uint32(os.Getuid())), "is missing: the store holds 2 counted cockpits made by that uid", func(tx storage.Txn) error {
 			return tx.Delete(uidCockpitsKey(uint32(os.Getuid())))
 		}},
+		{"a stack count in a store not counted", uidStacksKey(7), "counts 5, the store holds 0 stacks made by that uid", func(tx storage.Txn) error {
+			return setJSON(tx, uidStacksKey(7), 5)
+		}},
 		{"a wrong stack count", "c/web", "counts 0 stacks, the store holds 1", func(tx storage.Txn) error {
 			var m cockpitMeta
 			if _, err := getJSON(tx, cockpitKey("web"), &m); err != nil {

@@ -25,6 +25,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.PortLeaseExhausted:           syscall.ENOSPC,
 	engine.PortLeaseUIDLimit:            syscall.EDQUOT,
 	engine.CockpitUIDLimit:              syscall.EDQUOT,
+	engine.StackUIDLimit:                syscall.EDQUOT,
 	engine.PortFamilyCollision:          syscall.EADDRINUSE,
 	engine.PortListenerEvidenceInvalid:  syscall.EAGAIN,
 	engine.ConfigChangedDuringExecution: syscall.ESTALE,

@@ -212,6 +212,37 @@ func TestCoUserCockpitOwnerRemovesOthersStacks(t *testing.T) {
 	}
 }
 
+// One uid may have made at most --max-stacks-per-uid stacks that exist, every cockpit counted:
+// past it mkdir is refused (EDQUOT, STACK_UID_LIMIT in the cockpit's events) and changes
+// nothing, while root still makes stacks; an rmdir of one of the uid's makes room, and the count
+// is kept across a restart.
+func TestCoUserStackBound(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other", "--max-stacks-per-uid", "2")
+	m.setupApp(20, map[string]int{"HTTP": 34400})
+	ownershipNobodyOK(m, "mkdir $M/nob $M/app/stacks/n1 $M/nob/stacks/n2")
+	before := m.ok("ls $M/app/stacks $M/nob/stacks")
+	ownershipNobodyRefused(m, "mkdir $M/app/stacks/n3", syscall.EDQUOT)
+	if got := m.ok("ls $M/app/stacks $M/nob/stacks"); got != before {
+		t.Fatalf("stacks after a refused mkdir:\n%s\nbefore:\n%s", got, before)
+	}
+	ev := m.lastEvent("app/events")
+	for _, want := range []string{`"op":"mkdir"`, `"uid":65534`, `"result":"refused"`, `"code":"STACK_UID_LIMIT"`, `"errno":"EDQUOT"`, "uid 65534 already made 2 stacks"} {
+		if !strings.Contains(ev, want) {
+			t.Fatalf("app/events: want %s in %s", want, ev)
+		}
+	}
+	m.ok("mkdir $M/app/stacks/r1 $M/app/stacks/r2 $M/app/stacks/r3") // root is not bounded
+	m.Stop()
+	m.start(m.args...)
+	ownershipNobodyRefused(m, "mkdir $M/nob/stacks/n3", syscall.EDQUOT)
+	ownershipNobodyOK(m, "rmdir $M/app/stacks/n1 && mkdir $M/nob/stacks/n3")
+	m.Stop()
+	if out, err := m.verify(); err != nil {
+		t.Fatalf("verify: %v\n%s", err, out)
+	}
+}
+
 // One uid may have made at most --max-cockpits-per-uid cockpits that exist: past it mkdir is
 // refused (EDQUOT, COCKPIT_UID_LIMIT in the daemon's log: no cockpit's events take it) and
 // changes nothing, while root still makes cockpits; an rmdir of one of the uid's makes room.

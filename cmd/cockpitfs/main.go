@@ -48,6 +48,9 @@ flags:
                      the most cockpits one user may have made, so one user cannot fill the
                      store and the daemon's memory (default 32; 0: no bound); root and the
                      daemon's own user are not bounded
+  --max-stacks-per-uid N
+                     the most stacks one user may have made, every cockpit counted (default
+                     1024; 0: no bound); root and the daemon's own user are not bounded
   --max-open-bytes-per-uid N
                      the most bytes the open files of one user may hold (each open keeps the
                      content it saw; opens of one content share it), so one user cannot
