@@ -17,8 +17,8 @@ import (
 // drainReservedFix is how a holder change refused by a reserved drain is resolved.
 const drainReservedFix = "wait for the drain to finish (cat wait) or cancel an unstarted one (rm drain/request)"
 
-// uidBound is how many of something one uid may hold on this daemon (active leases, cockpits),
-// so that one user cannot take or fill what every user shares: 0 is no bound.
+// uidBound is how many of something one uid may hold on this daemon (active leases, cockpits,
+// stacks), so that one user cannot take or fill what every user shares: 0 is no bound.
 type uidBound struct {
 	perUID    int
 	unbounded map[uint32]bool

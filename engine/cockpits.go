@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -31,11 +30,8 @@ func (e *Engine) CountStacks(ctx context.Context, perUID int, unbounded ...uint3
 		}
 		made := map[uint32]int{}
 		if err := tx.Scan(allStacksPrefix, func(_ string, value []byte) error {
-			var head struct {
-				Creator *uint32 `json:"creator"`
-			}
-			if json.Unmarshal(value, &head) == nil && head.Creator != nil {
-				made[*head.Creator]++ // one that does not decode is verify's to report
+			if r, err := decodeHead(value); err == nil && r.Creator != nil {
+				made[*r.Creator]++ // one that does not decode is verify's to report
 			}
 			return nil
 		}); err != nil {

@@ -162,10 +162,20 @@ func addCount(tx storage.Txn, key string, delta int) error {
 	if _, err := getJSON(tx, key, &n); err != nil {
 		return err
 	}
-	if n+delta <= 0 && (strings.HasPrefix(key, uidLeasesPrefix) || strings.HasPrefix(key, uidCockpitsPrefix) || strings.HasPrefix(key, uidStacksPrefix)) {
+	if n+delta <= 0 && perUID(key) {
 		return tx.Delete(key)
 	}
 	return setJSON(tx, key, n+delta)
+}
+
+// perUID says whether key is one of a uid's counts (leases, cockpits, stacks).
+func perUID(key string) bool {
+	for _, prefix := range []string{uidLeasesPrefix, uidCockpitsPrefix, uidStacksPrefix} {
+		if strings.HasPrefix(key, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // leaseIndexProblems says where the port index does not give a port of lease, an active lease of

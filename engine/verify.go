@@ -13,7 +13,7 @@ import (
 )
 
 // Verify checks the whole store offline: every record against checkRecord, the port index against the
-// active leases both ways, the per-cockpit and per-uid counts (leases, cockpits), and each cockpit's leased ports. It returns one line per violation, naming
+// active leases both ways, the per-cockpit and per-uid counts (leases, cockpits, stacks), and each cockpit's leased ports. It returns one line per violation, naming
 // its key, and how many records it read.
 func Verify(db storage.Store) ([]string, int, error) {
 	var violations []string
@@ -125,7 +125,7 @@ func Verify(db storage.Store) ([]string, int, error) {
 			return err
 		}
 		for _, r := range records {
-			if counted && r.Creator != nil {
+			if r.Creator != nil && counted {
 				uidStacks[uidStacksKey(*r.Creator)]++
 			}
 		}

@@ -387,7 +387,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uin
 		// An append (>>) continues the document there. Anything else writes a whole document:
 		// go-fuse negotiates no atomic O_TRUNC, so `>` arrives as OPEN then a handle-less
 		// SETATTR(size=0), and cannot be told apart here from a write in place.
-		if err := f.fsys.snapshots.charge(h, int64(len(v.data))); err != nil {
+		if err := f.fsys.snapshots.charge(h, int64(len(v.data)), "append"); err != nil {
 			f.fsys.snapshots.release(h.pin)
 			return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
 		}
@@ -461,6 +461,7 @@ func (f *file) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	_, isCommand := f.writer.(commandWriter)
+	_, isDocument := f.writer.(documentWriter)
 	if h.refused != 0 {
 		errno := h.refused
 		if isCommand && endsLine(data) {
@@ -472,16 +473,16 @@ func (f *file) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	// or the document up to its furthest byte. An open holds at most maxCommand: past it the
 	// writer refuses the write for its size (EFBIG).
 	grown := int64(len(h.doc)) + int64(len(h.line)) + int64(len(data))
-	if _, isDocument := f.writer.(documentWriter); isDocument {
+	if isDocument {
 		grown = max(int64(len(h.doc)), off+int64(len(data))) + int64(len(h.line))
 	}
-	err := f.fsys.snapshots.charge(h, min(grown, maxCommand))
+	err := f.fsys.snapshots.charge(h, min(grown, maxCommand), "write")
 	if err == nil {
 		err = f.writer.write(ctx, f, h, data, off)
 	}
 	if err != nil {
 		errno := f.fsys.fail(caller(ctx, "write", f.path), f.cockpit, f.stack, err)
-		if _, isDocument := f.writer.(documentWriter); isDocument {
+		if isDocument {
 			// A document missing this write is not the one written: it is never applied.
 			h.refused, h.dirty = errno, false
 		}

@@ -87,19 +87,13 @@ func (ss *snapshots) acquire(uid uint32, path string, data []byte) ([]byte, *pin
 			break
 		}
 	}
-	u := ss.uids[uid]
-	if u == nil {
-		u = &uidSnapshots{held: map[*snapshot]int{}}
-	}
+	u := ss.of(uid)
 	if s == nil || u.held[s] == 0 {
 		if err := ss.within(uid, u, int64(len(data)), "open"); err != nil {
 			return nil, nil, err
 		}
 	}
 	if s == nil {
-		if ss.byKey == nil {
-			ss.byKey, ss.uids = map[snapshotKey][]*snapshot{}, map[uint32]*uidSnapshots{}
-		}
 		s = &snapshot{key: key, data: data}
 		ss.byKey[key] = append(ss.byKey[key], s)
 	}
@@ -150,7 +144,7 @@ func (ss *snapshots) release(p *pin) {
 }
 
 // within refuses (OPEN_SNAPSHOT_LIMIT) n more bytes for uid's opens, which hold u, past the limit;
-// op is what would take them ("open", "write"). mu is held.
+// op is what would take them ("open", "write", "append"). mu is held.
 func (ss *snapshots) within(uid uint32, u *uidSnapshots, n int64, op string) error {
 	if ss.limit == 0 || u.bytes+n <= ss.limit {
 		return nil
@@ -158,6 +152,18 @@ func (ss *snapshots) within(uid uint32, u *uidSnapshots, n int64, op string) err
 	return &engine.Refusal{Code: engine.OpenSnapshotLimit,
 		Message: fmt.Sprintf("uid %d's open files already hold %d bytes (the contents they saw and what they wrote); this %s would take %d more, past the %d one user's opens may hold", uid, u.bytes, op, n, ss.limit),
 		Fix:     "close files you no longer read or write (an open file keeps the content it saw, and what it wrote until it is applied), or ask the daemon's administrator to raise --max-open-bytes-per-uid"}
+}
+
+// of is what uid's opens hold, a new entry (kept once something is held) when nothing. mu is held;
+// the maps are made here, so the zero snapshots is ready to use.
+func (ss *snapshots) of(uid uint32) *uidSnapshots {
+	if ss.uids == nil {
+		ss.byKey, ss.uids = map[snapshotKey][]*snapshot{}, map[uint32]*uidSnapshots{}
+	}
+	if u := ss.uids[uid]; u != nil {
+		return u
+	}
+	return &uidSnapshots{held: map[*snapshot]int{}}
 }
 
 // forgetIdle drops uid's entry once its opens hold nothing. mu is held.
@@ -168,23 +174,18 @@ func (ss *snapshots) forgetIdle(uid uint32, u *uidSnapshots) {
 }
 
 // charge counts what h has written so far, total bytes, against the uid that opened h, or refuses
-// (OPEN_SNAPSHOT_LIMIT) what would pass that uid's bound. An open's buffers keep their size until
-// it closes, so the most it ever held stays counted until then (discharge).
-func (ss *snapshots) charge(h *handle, total int64) error {
+// (OPEN_SNAPSHOT_LIMIT) what would pass that uid's bound; op is what grows it (a "write", an
+// "append" open's copy of the document). An open's buffers keep their size until it closes, so
+// the most it ever held stays counted until then (discharge).
+func (ss *snapshots) charge(h *handle, total int64, op string) error {
 	if total <= h.charged {
 		return nil
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	u := ss.uids[h.uid]
-	if u == nil {
-		u = &uidSnapshots{held: map[*snapshot]int{}}
-	}
-	if err := ss.within(h.uid, u, total-h.charged, "write"); err != nil {
+	u := ss.of(h.uid)
+	if err := ss.within(h.uid, u, total-h.charged, op); err != nil {
 		return err
-	}
-	if ss.uids == nil {
-		ss.byKey, ss.uids = map[snapshotKey][]*snapshot{}, map[uint32]*uidSnapshots{}
 	}
 	u.bytes += total - h.charged
 	ss.uids[h.uid] = u

@@ -141,3 +141,38 @@ func TestCoUserWritesAreBounded(t *testing.T) {
 		t.Fatalf("config after nobody's last write:\n%s", got)
 	}
 }
+
+// An append (>>) open copies the document to continue it, and the copy counts too: at its bound a
+// uid's append open of its own 60 KB config is refused (ENOMEM, OPEN_SNAPSHOT_LIMIT) and holds
+// nothing: once the write open closes, config is what it wrote, and the uid appends again.
+func TestCoUserAppendOpenIsBounded(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other", "--max-open-bytes-per-uid", "150000")
+	const doc = `printf '[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 3480%d\n#%s\n' $i "$(head -c 60000 /dev/zero | tr '\0' x)"`
+	asUIDOK(m, 65534, "mkdir $M/nob && i=0 && "+doc+" > $M/nob/config")
+	// A write open holds the config's snapshot (60 KB) and its document: 120 KB. An append open
+	// shares the snapshot, and its copy would make 180 KB.
+	out := asUIDOK(m, 65534, `i=1; exec {fd}>$M/nob/config && `+doc+` >&$fd || exit 1
+		if exec {a}>>$M/nob/config; then echo "append opened"; else echo refused; fi`)
+	if out != "refused\n" {
+		t.Fatalf("nobody's append open at its bound: %q", out)
+	}
+	var refusal string
+	for _, line := range strings.Split(m.read("nob/events"), "\n") {
+		if strings.Contains(line, `"result":"refused"`) {
+			refusal = line
+		}
+	}
+	for _, want := range []string{`"op":"open"`, `"uid":65534`, `"code":"OPEN_SNAPSHOT_LIMIT"`, `"errno":"ENOMEM"`, "this append would take"} {
+		if !strings.Contains(refusal, want) {
+			t.Fatalf("nob/events: want %s in the refusal %s", want, refusal)
+		}
+	}
+	if got := m.read("nob/config"); !regexp.MustCompile(`HTTP = 34801\n`).MatchString(got) {
+		t.Fatalf("config after the opens closed:\n%.200s", got)
+	}
+	asUIDOK(m, 65534, "echo '# appended' >> $M/nob/config")
+	if got := m.read("nob/config"); !strings.HasSuffix(got, "\n# appended\n") {
+		t.Fatalf("config after nobody's append: %.200q", got[max(0, len(got)-100):])
+	}
+}
