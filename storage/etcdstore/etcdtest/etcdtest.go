@@ -592,7 +592,19 @@ func (c *Cluster) ReplaceMember(i int) {
 		}
 	}
 	reconfigure(func() error { _, err := cli.MemberAdd(ctx, []string{cfg.AdvertisePeerUrls[0].String()}); return err })
-	cfg.Dir = filepath.Join(c.t.TempDir(), cfg.Name)
 	cfg.ClusterState = embed.ClusterStateFlagExisting
-	c.Restart(i)
+	// The new member joins by asking a peer for the membership, and that peer may not have
+	// applied the add yet ("member count is unequal", seen in a full run): it is started again,
+	// on a fresh directory, until the peers agree.
+	for attempt := 1; ; attempt++ {
+		cfg.Dir = filepath.Join(c.t.TempDir(), cfg.Name)
+		err := c.start(i)
+		if err == nil {
+			return
+		}
+		if attempt == 50 || !strings.Contains(err.Error(), "member count is unequal") {
+			c.t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
