@@ -206,11 +206,12 @@ func (l *leader) retire() {
 
 // viaLeader sends a request that may be sent again (a read) over the connection to the leader
 // when there is one, and over the client of every endpoint when there is none or the connection
-// was lost while the request was under way.
+// was lost while the request was under way: lost as the store saw it, or as the request did (an
+// EOF, Unavailable, can come before the connection's state changes).
 func viaLeader[T any](s *Store, ctx context.Context, send func(context.Context, clientv3.KV) (T, error)) (T, error) {
 	if l := s.leading(); l != nil {
 		resp, err := sendVia(s, l, ctx, send)
-		if err == nil || l.lost.Err() == nil {
+		if err == nil || l.lost.Err() == nil && !transient(err) {
 			return resp, err
 		}
 	}
