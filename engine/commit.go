@@ -433,8 +433,8 @@ type commitOutcome struct {
 
 // observers are what a commit keeps fresh, in the order update walks them: the record cache takes
 // a commit's record before its waiters wake, so they read it from memory.
-func (e *Engine) observers() [7]commitObserver {
-	return [...]commitObserver{&e.records, &e.changes, &e.cockpitChanges, &e.inventory, &e.status, &e.cockpits, &e.healthCache}
+func (e *Engine) observers() [8]commitObserver {
+	return [...]commitObserver{&e.records, &e.changes, &e.cockpitChanges, &e.inventory, &e.ports, &e.status, &e.cockpits, &e.healthCache}
 }
 
 // commitPastHolds commits run; a run refused behind another stack's newer holds (behindHolds)

@@ -6,7 +6,6 @@ package engine
 import (
 	"context"
 	"encoding/json"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,7 +64,8 @@ import (
 //     claim waits for a waiting one, so no cycle forms; and each wait is bounded by the
 //     operation's budget (STATE_LOCKED). TestCrossStackWait* drive it.
 //  3. inventory.mu: a health read's, held across its whole View of the store (observeInventory);
-//     taken with no key's lock held. statusKeeper.mu likewise: a status read's, held across its
+//     taken with no key's lock held. portKeeper.mu likewise: a read of the port index's, held across
+//     its View (portIndex). statusKeeper.mu likewise: a status read's, held across its
 //     View, its observations of the holders' processes and its rendering (StatusFile). routeIndexes.mu likewise: the web proxy's, held across the
 //     Views that rebuild its index of names (ResolveRoute), with no other lock held.
 //  4. the store's transaction (kv's group-commit lock inside it). The store calls back into the
@@ -109,6 +109,8 @@ type Engine struct {
 	stacksCounted bool
 	// inventory is what health observes of every record, kept from commits.
 	inventory inventory
+	// ports is the machine's port index, kept from commits.
+	ports portKeeper
 	// status is what the root files status and status.json show, kept from commits.
 	status statusKeeper
 	// healthCache is what the last health read of each stack read of the store, while no commit
@@ -333,33 +335,6 @@ func (e *Engine) recentStack(cockpit, stack string) (Record, error) {
 		}
 	}
 	return e.Stack(cockpit, stack)
-}
-
-// Ports lists every port of every active lease on the machine, in port order.
-func (e *Engine) Ports() ([]PortOwner, error) {
-	var out []PortOwner
-	err := e.db.View(func(tx storage.Txn) error {
-		return tx.Scan(portsPrefix, func(_ string, v []byte) error {
-			var o PortOwner
-			if err := json.Unmarshal(v, &o); err != nil {
-				return err
-			}
-			out = append(out, o)
-			return nil
-		})
-	})
-	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
-	return out, err
-}
-
-// PortOwner is the lease holding port, read from the port index by its key alone: a lookup of
-// ports/<port> costs one read, whatever the number of leased ports.
-func (e *Engine) PortOwner(port int) (owner PortOwner, ok bool, err error) {
-	err = e.db.View(func(tx storage.Txn) error {
-		ok, err = getJSON(tx, portKey(port), &owner)
-		return err
-	})
-	return owner, ok, err
 }
 
 // EventsWindow returns the lines an events file keeps, as Events does, the offset of their first
