@@ -46,6 +46,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.NotEmpty:                     syscall.ENOTEMPTY,
 	engine.Unsupported:                  syscall.EPERM,
 	engine.OpenSnapshotLimit:            syscall.ENOMEM,
+	engine.WaitUIDLimit:                 syscall.ENOMEM,
 	engine.WriteAbandoned:               syscall.ECANCELED,
 }
 

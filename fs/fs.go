@@ -45,6 +45,8 @@ type FS struct {
 	contentTimes contentTimes
 	// snapshots are the opens' shared contents and what each uid's opens hold.
 	snapshots snapshots
+	// waiting counts each uid's reads blocked in wait files.
+	waiting waiting
 	// made are the stacks just made, and by whom (see nested.go).
 	made madeStacks
 	// dir is the mount point, absolute: a path of the tree as /proc/<pid>/fd names it is under it.
@@ -65,6 +67,9 @@ type Options struct {
 	// MaxOpenBytesPerUID bounds the snapshot bytes one uid's opens may hold (see snapshots.go);
 	// 0: no bound.
 	MaxOpenBytesPerUID int64
+	// MaxWaitsPerUID bounds the reads one uid may have waiting in wait files at once, root's and
+	// the daemon's own user's aside (see wait.go); 0: no bound.
+	MaxWaitsPerUID int
 	// GCInterval is how often the daemon drains the stacks stale for their cockpit's [gc] grace
 	// (executor.Sweeper); 0: never.
 	GCInterval time.Duration
@@ -90,7 +95,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
 	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), log: logger,
-		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}, dir: dir}
+		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}, waiting: waiting{limit: o.MaxWaitsPerUID}, dir: dir}
 	// As the kernel names it in /proc/<pid>/fd: absolute, through no symbolic link.
 	if abs, err := filepath.Abs(dir); err == nil {
 		fsys.dir = abs

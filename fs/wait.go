@@ -2,12 +2,15 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cockpitfs/cockpitfs/engine"
 )
 
 // waitFile is a stack's or a cockpit's `wait`: a read blocks until something is committed after
@@ -68,6 +71,12 @@ func (w *waitFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, of
 	if !ok {
 		return nil, syscall.EBADF
 	}
+	// Counted before h.mu: a read queued behind another on the same open waits as long.
+	uid := requestUID(ctx)
+	if err := w.fsys.waiting.enter(uid, w.fsys.uid); err != nil {
+		return nil, w.fsys.fail(caller(ctx, "read", w.path), w.cockpit, w.stack, err)
+	}
+	defer w.fsys.waiting.leave(uid)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.result == nil {
@@ -115,4 +124,46 @@ func (w *waitFile) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.Att
 	out.Uid = w.fsys.stackUID(r)
 	setTimes(&out.Attr, stamp(r.UpdatedAt))
 	return 0
+}
+
+// DefaultMaxWaitsPerUID is the most reads one uid may have waiting in wait files at once: a wait
+// per stack of a user's full cockpit (engine.MaxStacks), whoever reads them.
+const DefaultMaxWaitsPerUID = 1024
+
+// waiting counts each uid's reads in wait files. A read holds one of the daemon's requests (its
+// goroutine and buffers, ≈ 10 KiB) until something commits, however long that is, where any
+// other request ends within an operation's budget: unbounded, 3,000 of one user's threads
+// blocked in reads grew the daemon that serves everybody by 28 MiB. Root and the daemon's own
+// user are not bounded, as with the store's per-uid bounds.
+type waiting struct {
+	limit int // per uid; 0: no bound
+	// mu guards n; a leaf.
+	mu sync.Mutex
+	n  map[uint32]int // reads under way by uid; a uid with none has no entry
+}
+
+// enter counts a read of uid's, or refuses it (WAIT_UID_LIMIT) past the bound; self is the
+// daemon's uid.
+func (w *waiting) enter(uid, self uint32) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.limit > 0 && uid != 0 && uid != self && w.n[uid] >= w.limit {
+		return &engine.Refusal{Code: engine.WaitUIDLimit,
+			Message: fmt.Sprintf("uid %d already has %d reads waiting in wait files, the most one user may", uid, w.n[uid]),
+			Fix:     "end waits you no longer need (each waiting read holds the daemon's memory until something commits), or ask the daemon's administrator to raise --max-waits-per-uid"}
+	}
+	if w.n == nil {
+		w.n = map[uint32]int{}
+	}
+	w.n[uid]++
+	return nil
+}
+
+// leave ends a read enter counted.
+func (w *waiting) leave(uid uint32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n[uid]--; w.n[uid] <= 0 {
+		delete(w.n, uid)
+	}
 }

@@ -96,16 +96,19 @@ type reader struct {
 	exit chan struct{}
 }
 
-func startReader(t *testing.T, m *mount, script string) *reader {
+func startReader(t *testing.T, m *mount, script string, env ...string) *reader {
 	t.Helper()
 	r := &reader{cmd: exec.Command("bash", "-c", script), out: &syncBuffer{}, exit: make(chan struct{})}
-	r.cmd.Env = append(r.cmd.Environ(), "M="+m.Dir)
+	r.cmd.Env = append(append(r.cmd.Environ(), "M="+m.Dir), env...)
 	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+	// A group of its own, killed whole: a child left blocked in the mount would keep the output
+	// pipe, and Wait with it, open.
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() { r.cmd.Wait(); close(r.exit) }()
-	t.Cleanup(func() { r.cmd.Process.Kill(); <-r.exit })
+	t.Cleanup(func() { syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL); <-r.exit })
 	return r
 }
 

@@ -55,6 +55,10 @@ flags:
                      the most bytes the open files of one user may hold (each open keeps the
                      content it saw; opens of one content share it), so one user cannot
                      exhaust the daemon's memory (default 67108864; 0: no bound)
+  --max-waits-per-uid N
+                     the most reads one user may have waiting in wait files at once (each
+                     holds the daemon's memory until something commits) (default 1024; 0: no
+                     bound); root and the daemon's own user are not bounded
   --gc-interval D    how often stacks stale for their cockpit's [gc] grace are drained
                      (default 1m; 0: never; docs/worktrees.md)
   --log-level LEVEL  error, info (default) or debug (every FUSE request)

@@ -61,6 +61,7 @@ func mountCommand(args []string) error {
 	cockpitsPerUID := fset.Int("max-cockpits-per-uid", defaultCockpitsPerUID, "")
 	stacksPerUID := fset.Int("max-stacks-per-uid", defaultStacksPerUID, "")
 	openBytesPerUID := fset.Int64("max-open-bytes-per-uid", cfs.DefaultMaxOpenBytesPerUID, "")
+	waitsPerUID := fset.Int("max-waits-per-uid", cfs.DefaultMaxWaitsPerUID, "")
 	gcInterval := fset.Duration("gc-interval", defaultGCInterval, "")
 	level := fset.String("log-level", "info", "")
 	proxyPort := fset.Int("proxy", 0, "")
@@ -101,6 +102,9 @@ func mountCommand(args []string) error {
 	if *openBytesPerUID < 0 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--max-open-bytes-per-uid %d is negative (0: no bound)", *openBytesPerUID)}
 	}
+	if *waitsPerUID < 0 {
+		return &usageError{command: "mount", msg: fmt.Sprintf("--max-waits-per-uid %d is negative (0: no bound)", *waitsPerUID)}
+	}
 	if *proxyPort < 0 || *proxyPort > 65535 {
 		return &usageError{command: "mount", msg: fmt.Sprintf("--proxy %d is not a TCP port", *proxyPort)}
 	}
@@ -131,7 +135,7 @@ func mountCommand(args []string) error {
 		st.etcd, st.url = &etcdCfg, *sf.store
 	}
 	restart := restartCommand(mnt, st, sf, *allowOther)
-	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug, MaxOpenBytesPerUID: *openBytesPerUID, GCInterval: *gcInterval})
+	return serve(mnt, st, *nonempty, restart, cfs.Options{AllowOther: *allowOther, Debug: logLevel >= logDebug, MaxOpenBytesPerUID: *openBytesPerUID, MaxWaitsPerUID: *waitsPerUID, GCInterval: *gcInterval})
 }
 
 // storeChoice is the store a daemon serves: badger in data, or the etcd prefix url names; and
