@@ -47,6 +47,7 @@ var errnos = map[engine.Code]syscall.Errno{
 	engine.Unsupported:                  syscall.EPERM,
 	engine.OpenSnapshotLimit:            syscall.ENOMEM,
 	engine.WaitUIDLimit:                 syscall.ENOMEM,
+	engine.ConfigEditLimit:              syscall.ENOSPC,
 	engine.WriteAbandoned:               syscall.ECANCELED,
 }
 

@@ -119,7 +119,7 @@ func (d *dir) beginReplacement(c engine.Caller) error {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.pending[d.cockpit] >= maxScratch {
-		return &engine.Refusal{Code: engine.PortLeaseExhausted, Fix: "let the other replacements finish first",
+		return &engine.Refusal{Code: engine.ConfigEditLimit, Fix: "let the other replacements finish first",
 			Message: fmt.Sprintf("cockpit %s already has %d replacements of its config under way", d.cockpit, maxScratch)}
 	}
 	if rs.m == nil {

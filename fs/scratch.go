@@ -79,7 +79,7 @@ func (s *scratchFiles) put(cockpit, name string, sc *scratch) error {
 		s.m[cockpit] = map[string]*scratch{}
 	}
 	if _, replaced := s.m[cockpit][name]; !replaced && len(s.m[cockpit]) >= maxScratch {
-		return &engine.Refusal{Code: engine.PortLeaseExhausted, Fix: "rename or remove the other scratch files first",
+		return &engine.Refusal{Code: engine.ConfigEditLimit, Fix: "rename or remove the other scratch files first",
 			Message: fmt.Sprintf("cockpit %s already has %d scratch files beside its config", cockpit, maxScratch)}
 	}
 	s.m[cockpit][name] = sc

@@ -325,7 +325,7 @@ func TestToolsConfigReplacementBounds(t *testing.T) {
 	if got := claimsEventCount(m, "app/events"); got != n+1 || m.read("app/config") != good {
 		t.Fatalf("%d events lines, config %q", got-n, m.read("app/config"))
 	}
-	claimsRefusalEvent(t, m, "app/events", "PORT_LEASE_EXHAUSTED", "ENOSPC")
+	claimsRefusalEvent(t, m, "app/events", "CONFIG_EDIT_LIMIT", "ENOSPC")
 	for i, src := range sources {
 		if _, err := src.WriteString(good); err != nil {
 			t.Fatal(err)
@@ -345,5 +345,5 @@ func TestToolsConfigReplacementBounds(t *testing.T) {
 	if got := claimsEventCount(m, "app/events"); got != n+1 || m.read("app/config") != good {
 		t.Fatalf("%d events lines, config %q", got-n, m.read("app/config"))
 	}
-	claimsRefusalEvent(t, m, "app/events", "PORT_LEASE_EXHAUSTED", "ENOSPC")
+	claimsRefusalEvent(t, m, "app/events", "CONFIG_EDIT_LIMIT", "ENOSPC")
 }

@@ -543,6 +543,7 @@ os.replace(tmp, sys.argv[1] + "/config")' $M/app`},
 	m.refused("head -c 70000 /dev/zero > $M/app/big.toml", syscall.EFBIG)
 	m.ok("rm $M/app/tmp* && for i in $(seq 3 16); do : > $M/app/s$i.toml; done") // with mine and big: 16
 	m.refused(": > $M/app/s17.toml", syscall.ENOSPC)
+	claimsRefusalEvent(t, m, "app/events", "CONFIG_EDIT_LIMIT", "ENOSPC")
 	// And gone with the daemon.
 	m.Stop()
 	m.start("--allow-other")
