@@ -5,6 +5,7 @@ import (
 	"errors"
 	"syscall"
 	"time"
+	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -226,7 +227,50 @@ func (d *dir) Readdir(ctx context.Context) (_ gofs.DirStream, errno syscall.Errn
 		}
 		out = append(out, fuse.DirEntry{Name: e.name, Mode: id.Mode, Ino: id.Ino})
 	}
-	return gofs.NewListDirStream(out), 0
+	l := &dirListing{entries: out, fsys: d.fsys, charges: charges{uid: requestUID(ctx)}}
+	size := int64(cap(out)) * int64(unsafe.Sizeof(fuse.DirEntry{}))
+	for _, e := range out {
+		size += int64(len(e.Name))
+	}
+	if err := d.fsys.snapshots.charge(&l.charges, size, "listing"); err != nil {
+		return nil, d.fsys.fail(caller(ctx, "readdir", d.path), d.cockpit, d.stack, err)
+	}
+	return l, 0
+}
+
+// dirListing is what a directory open lists. Each open keeps a list of its own until it closes, so
+// it counts with the open bytes of the uid that opened it: uncounted, one user's 5,000 opens of a
+// directory of 1,000 stacks held 800 MiB of the daemon.
+type dirListing struct {
+	idx     int
+	entries []fuse.DirEntry
+	fsys    *FS
+	charges charges
+}
+
+var _ = (gofs.FileSeekdirer)((*dirListing)(nil)) // rewinddir and telldir/seekdir
+
+func (l *dirListing) HasNext() bool { return l.idx < len(l.entries) }
+
+// Next returns the next entry; its offset is the index of the one after it, which Seekdir takes.
+func (l *dirListing) Next() (fuse.DirEntry, syscall.Errno) {
+	e := l.entries[l.idx]
+	l.idx++
+	e.Off = uint64(l.idx)
+	return e, 0
+}
+
+func (l *dirListing) Seekdir(_ context.Context, off uint64) syscall.Errno {
+	if off > uint64(len(l.entries)) {
+		return syscall.EINVAL
+	}
+	l.idx = int(off)
+	return 0
+}
+
+func (l *dirListing) Close() {
+	l.entries = nil
+	l.fsys.snapshots.discharge(&l.charges)
 }
 
 func (d *dir) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {

@@ -144,9 +144,8 @@ type handle struct {
 	tid  uint32 // the thread that opened it (see threadOpens)
 	// pin is this open's hold on the shared snapshot it took (nil: none; see snapshots).
 	pin *pin
-	// uid opened it: what it writes counts against that uid's open bytes, charged so far.
-	uid     uint32
-	charged int64
+	// what it writes counts against the open bytes of the uid that opened it
+	charges
 	// base is where this open's offset 0 lies in the file's history: the start of the window it
 	// first saw. Offsets of an open stay put as the window slides, so `tail -f` and `less +F`
 	// read each new line once; a fresh open (`cat`) starts at the window it sees.
@@ -224,7 +223,7 @@ func (f *file) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	f.applyPending(ctx, fh, "release")
 	if h, ok := fh.(*handle); ok {
 		f.fsys.snapshots.release(h.pin)
-		f.fsys.snapshots.discharge(h)
+		f.fsys.snapshots.discharge(&h.charges)
 		if f.follows {
 			f.fsys.followers.remove(f.path, h)
 		}
@@ -353,7 +352,7 @@ func (f *file) openCreated(created render, uid uint32) (*handle, error) {
 		created = f.render
 	}
 	v, err := created()
-	return &handle{view: v, created: true, uid: uid}, err
+	return &handle{view: v, created: true, charges: charges{uid: uid}}, err
 }
 
 func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uint32, errno syscall.Errno) {
@@ -387,7 +386,7 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uin
 		// An append (>>) continues the document there. Anything else writes a whole document:
 		// go-fuse negotiates no atomic O_TRUNC, so `>` arrives as OPEN then a handle-less
 		// SETATTR(size=0), and cannot be told apart here from a write in place.
-		if err := f.fsys.snapshots.charge(h, int64(len(v.data)), "append"); err != nil {
+		if err := f.fsys.snapshots.charge(&h.charges, int64(len(v.data)), "append"); err != nil {
 			f.fsys.snapshots.release(h.pin)
 			return nil, 0, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
 		}
@@ -409,7 +408,7 @@ func (f *file) pinned(ctx context.Context, v view) (*handle, syscall.Errno) {
 		return nil, f.fsys.fail(caller(ctx, "open", f.path), f.cockpit, f.stack, err)
 	}
 	v.data = data
-	return &handle{view: v, base: v.start, pin: p, uid: uid}, 0
+	return &handle{view: v, base: v.start, pin: p, charges: charges{uid: uid}}, 0
 }
 
 // requestUID is the uid the kernel says made the request (0 outside one).
@@ -476,7 +475,7 @@ func (f *file) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	if isDocument {
 		grown = max(int64(len(h.doc)), off+int64(len(data))) + int64(len(h.line))
 	}
-	err := f.fsys.snapshots.charge(h, min(grown, maxCommand), "write")
+	err := f.fsys.snapshots.charge(&h.charges, min(grown, maxCommand), "write")
 	if err == nil {
 		err = f.writer.write(ctx, f, h, data, off)
 	}

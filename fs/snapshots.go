@@ -13,7 +13,7 @@ import (
 
 // Open snapshots are the daemon's memory that its callers choose: every open keeps the content
 // it saw until it is closed, and what it writes (a document, a command's pieces) until it is
-// applied or the open closes. Opens of the same content of a file (one revision) share one
+// applied or the open closes; every open directory the names it lists. Opens of the same content of a file (one revision) share one
 // buffer, counted once however many opens hold it; what the opens of one uid hold, snapshots and
 // written bytes together, is bounded, so one user's opens cannot exhaust the daemon that serves
 // everybody; and once opens let go of much, the memory is handed back to the system rather than
@@ -132,10 +132,7 @@ func (ss *snapshots) release(p *pin) {
 		} else {
 			ss.byKey[s.key] = kept
 		}
-		ss.released += int64(len(s.data))
-		if now := time.Now(); ss.released >= freeAfter && now.Sub(ss.freedAt) >= freeEvery {
-			ss.released, ss.freedAt, free = 0, now, true
-		}
+		free = ss.dropped(int64(len(s.data)))
 	}
 	ss.mu.Unlock()
 	if free {
@@ -143,15 +140,26 @@ func (ss *snapshots) release(p *pin) {
 	}
 }
 
+// dropped counts n bytes no open holds any more, and says whether the heap is to be returned to
+// the system now. mu is held.
+func (ss *snapshots) dropped(n int64) bool {
+	ss.released += n
+	if now := time.Now(); ss.released >= freeAfter && now.Sub(ss.freedAt) >= freeEvery {
+		ss.released, ss.freedAt = 0, now
+		return true
+	}
+	return false
+}
+
 // within refuses (OPEN_SNAPSHOT_LIMIT) n more bytes for uid's opens, which hold u, past the limit;
-// op is what would take them ("open", "write", "append"). mu is held.
+// op is what would take them ("open", "write", "append", "listing"). mu is held.
 func (ss *snapshots) within(uid uint32, u *uidSnapshots, n int64, op string) error {
 	if ss.limit == 0 || u.bytes+n <= ss.limit {
 		return nil
 	}
 	return &engine.Refusal{Code: engine.OpenSnapshotLimit,
-		Message: fmt.Sprintf("uid %d's open files already hold %d bytes (the contents they saw and what they wrote); this %s would take %d more, past the %d one user's opens may hold", uid, u.bytes, op, n, ss.limit),
-		Fix:     "close files you no longer read or write (an open file keeps the content it saw, and what it wrote until it is applied), or ask the daemon's administrator to raise --max-open-bytes-per-uid"}
+		Message: fmt.Sprintf("uid %d's open files already hold %d bytes (the contents they saw, what they wrote and the directories they list); this %s would take %d more, past the %d one user's opens may hold", uid, u.bytes, op, n, ss.limit),
+		Fix:     "close files and directories you no longer read or write (an open file keeps the content it saw, and what it wrote until it is applied; an open directory its list of names), or ask the daemon's administrator to raise --max-open-bytes-per-uid"}
 }
 
 // of is what uid's opens hold, a new entry (kept once something is held) when nothing. mu is held;
@@ -173,35 +181,46 @@ func (ss *snapshots) forgetIdle(uid uint32, u *uidSnapshots) {
 	}
 }
 
-// charge counts what h has written so far, total bytes, against the uid that opened h, or refuses
-// (OPEN_SNAPSHOT_LIMIT) what would pass that uid's bound; op is what grows it (a "write", an
-// "append" open's copy of the document). An open's buffers keep their size until it closes, so
-// the most it ever held stays counted until then (discharge).
-func (ss *snapshots) charge(h *handle, total int64, op string) error {
-	if total <= h.charged {
+// charges are what one open holds beyond a shared snapshot, counted against the uid that opened
+// it: what it wrote, or the entries a directory open lists.
+type charges struct {
+	uid     uint32
+	charged int64
+}
+
+// charge counts what c's open holds now, total bytes, against c's uid, or refuses (OPEN_SNAPSHOT_LIMIT)
+// what would pass that uid's bound; op is what grows it (a "write", an "append" open's copy of the
+// document, a "listing"). An open's buffers keep their size until it closes, so the most it ever
+// held stays counted until then (discharge).
+func (ss *snapshots) charge(c *charges, total int64, op string) error {
+	if total <= c.charged {
 		return nil
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	u := ss.of(h.uid)
-	if err := ss.within(h.uid, u, total-h.charged, op); err != nil {
+	u := ss.of(c.uid)
+	if err := ss.within(c.uid, u, total-c.charged, op); err != nil {
 		return err
 	}
-	u.bytes += total - h.charged
-	ss.uids[h.uid] = u
-	h.charged = total
+	u.bytes += total - c.charged
+	ss.uids[c.uid] = u
+	c.charged = total
 	return nil
 }
 
-// discharge gives back what h's writes were counted for, at its close.
-func (ss *snapshots) discharge(h *handle) {
-	if h.charged == 0 {
+// discharge gives back what c was counted for, at its open's close.
+func (ss *snapshots) discharge(c *charges) {
+	if c.charged == 0 {
 		return
 	}
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	u := ss.uids[h.uid]
-	u.bytes -= h.charged
-	h.charged = 0
-	ss.forgetIdle(h.uid, u)
+	u := ss.uids[c.uid]
+	u.bytes -= c.charged
+	free := ss.dropped(c.charged)
+	c.charged = 0
+	ss.forgetIdle(c.uid, u)
+	ss.mu.Unlock()
+	if free {
+		go debug.FreeOSMemory()
+	}
 }

@@ -52,8 +52,9 @@ flags:
                      the most stacks one user may have made, every cockpit counted (default
                      1024; 0: no bound); root and the daemon's own user are not bounded
   --max-open-bytes-per-uid N
-                     the most bytes the open files of one user may hold (each open keeps the
-                     content it saw; opens of one content share it), so one user cannot
+                     the most bytes the open files and directories of one user may hold
+                     (each open keeps the content it saw, each open directory its list of
+                     names; opens of one content share it), so one user cannot
                      exhaust the daemon's memory (default 67108864; 0: no bound)
   --max-waits-per-uid N
                      the most reads one user may have waiting in wait files at once (each
