@@ -228,7 +228,7 @@ func (d *dir) Readdir(ctx context.Context) (_ gofs.DirStream, errno syscall.Errn
 		out = append(out, fuse.DirEntry{Name: e.name, Mode: id.Mode, Ino: id.Ino})
 	}
 	l := &dirListing{entries: out, fsys: d.fsys, charges: charges{uid: requestUID(ctx)}}
-	size := int64(cap(out)) * int64(unsafe.Sizeof(fuse.DirEntry{}))
+	size := openCost + int64(cap(out))*int64(unsafe.Sizeof(fuse.DirEntry{}))
 	for _, e := range out {
 		size += int64(len(e.Name))
 	}

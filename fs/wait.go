@@ -30,16 +30,18 @@ type waitFile struct {
 }
 
 type waitHandle struct {
-	mu     sync.Mutex
-	seen   int64  // the stack's revision at open
-	seenAt uint64 // the cockpit's change count at open
-	result []byte // the line, once a read returned it
+	mu      sync.Mutex
+	seen    int64  // the stack's revision at open
+	seenAt  uint64 // the cockpit's change count at open
+	result  []byte // the line, once a read returned it
+	charges        // the open counts with its uid's open bytes
 }
 
 var (
 	_ = (gofs.NodeOpener)((*waitFile)(nil))
 	_ = (gofs.NodeReader)((*waitFile)(nil))
 	_ = (gofs.NodeGetattrer)((*waitFile)(nil))
+	_ = (gofs.NodeReleaser)((*waitFile)(nil))
 )
 
 func (f *FS) newWaitFile(path, cockpit, stack string) *waitFile {
@@ -51,18 +53,32 @@ func (w *waitFile) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
+	h := &waitHandle{charges: charges{uid: requestUID(ctx)}}
 	if w.stack == "" {
-		seen := w.fsys.eng.CockpitSeen(w.cockpit)
+		h.seenAt = w.fsys.eng.CockpitSeen(w.cockpit)
 		if _, err := w.fsys.eng.Cockpit(w.cockpit); err != nil {
 			return nil, 0, w.fsys.failNoEvent("open", w.path, err)
 		}
-		return &waitHandle{seenAt: seen}, openFlags, 0
+	} else {
+		r, err := w.fsys.eng.Stack(w.cockpit, w.stack)
+		if err != nil {
+			return nil, 0, w.fsys.failNoEvent("open", w.path, err)
+		}
+		h.seen = r.Revision
 	}
-	r, err := w.fsys.eng.Stack(w.cockpit, w.stack)
-	if err != nil {
-		return nil, 0, w.fsys.failNoEvent("open", w.path, err)
+	if err := w.fsys.snapshots.charge(&h.charges, openCost, "open"); err != nil {
+		return nil, 0, w.fsys.fail(caller(ctx, "open", w.path), w.cockpit, w.stack, err)
 	}
-	return &waitHandle{seen: r.Revision}, openFlags, 0
+	return h, openFlags, 0
+}
+
+// Release gives back what the open was counted for.
+func (w *waitFile) Release(_ context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
+	defer w.fsys.guard("release", w.path, "", &errno)
+	if h, ok := fh.(*waitHandle); ok {
+		w.fsys.snapshots.discharge(&h.charges)
+	}
+	return 0
 }
 
 func (w *waitFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {

@@ -15,7 +15,9 @@ import (
 // the opens close, the uid opens again.
 func TestCoUserOpensAreBounded(t *testing.T) {
 	t.Parallel()
-	const limit = 16384
+	// 200 opens of 512 bytes each (what the daemon keeps of an open) and a record of a few
+	// hundred, then room for about twenty more.
+	const limit = 120000
 	m := ownershipMount(t, "--allow-other", "--max-open-bytes-per-uid", strconv.Itoa(limit))
 	m.setupApp(20, map[string]int{"HTTP": 34800})
 	asUIDOK(m, 65534, "mkdir $M/app/stacks/n && echo pid=none checkout=/srv/n > $M/app/stacks/n/holders/h")
@@ -29,7 +31,7 @@ func TestCoUserOpensAreBounded(t *testing.T) {
 		held=$(wc -c <&$fd)
 		for i in $(seq 100); do
 			if (( i % 2 )); then echo pid=none checkout=/tmp/b > $S/holders/b; else rm $S/holders/b; fi || exit 1
-			if ! exec {fd}<$S/record; then echo "refused held=$held"; read -r; exit 0; fi
+			if ! exec {fd}<$S/record; then echo "refused held=$held opens=$((199 + i))"; read -r; exit 0; fi
 			held=$((held + $(wc -c <&$fd)))
 		done
 		echo "never refused held=$held"`
@@ -52,20 +54,22 @@ func TestCoUserOpensAreBounded(t *testing.T) {
 		return strings.Contains(nobody.output(), "refused") || nobody.done()
 	})
 	out := nobody.output()
-	found := regexp.MustCompile(`(?m)^refused held=(\d+)$`).FindStringSubmatch(out)
+	found := regexp.MustCompile(`(?m)^refused held=(\d+) opens=(\d+)$`).FindStringSubmatch(out)
 	if found == nil || !strings.Contains(out, "Cannot allocate memory") {
 		t.Fatalf("nobody's opens were never refused ENOMEM:\n%s", out)
 	}
 	held, _ := strconv.Atoi(found[1])
-	if held > limit {
+	opens, _ := strconv.Atoi(found[2])
+	if held+opens*512 > limit {
 		t.Fatalf("nobody's opens held %d bytes before the refusal, past the bound of %d", held, limit)
 	}
 
-	// The daemon counted what nobody held as nobody did: 200 opens of one revision once.
+	// The daemon counted what nobody held as nobody did: 200 opens of one revision once, and
+	// 512 bytes for each open.
 	const stack = "app/stacks/n/"
 	ev := m.lastEvent(stack + "events")
 	for _, want := range []string{`"result":"refused"`, `"code":"OPEN_SNAPSHOT_LIMIT"`, `"errno":"ENOMEM"`, `"uid":65534,`, `"op":"open"`,
-		"uid 65534's open files already hold " + found[1] + " bytes (the contents they saw, what they wrote and the directories they list); this open would take"} {
+		"uid 65534's open files already hold " + strconv.Itoa(held+opens*512) + " bytes (the contents they saw, what they wrote and the directories they list); this open would take"} {
 		if !strings.Contains(ev, want) {
 			t.Fatalf("events: want %s in %s", want, ev)
 		}
@@ -223,5 +227,45 @@ else:
 	// Closed (the script exited), they hold nothing.
 	waitFor(t, func() string { return "nobody's listing once its directories closed" }, func() bool {
 		return asUID(m, 65534, "ls $M/app/stacks").Stdout == names
+	})
+}
+
+// Every open counts with its uid's open bytes, an open of an empty file too: 512 bytes, what the
+// daemon keeps of it. One user's opens of a stack's wait file are refused past the bound (ENOMEM,
+// OPEN_SNAPSHOT_LIMIT, op open, in the stack's events), another user opens on, and once they
+// close the user opens again. Uncounted, 20,000 opens of a wait file held 6.8 MiB.
+func TestCoUserEmptyOpensAreBounded(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other", "--max-open-bytes-per-uid", "20000")
+	m.setupApp(20, map[string]int{"HTTP": 35300})
+	asUIDOK(m, 65534, "mkdir $M/app/stacks/n")
+	record := m.read("app/stacks/n/record")
+	out := asUIDOK(m, 65534, `/usr/bin/python3 -c '
+import os, sys
+held = []
+for i in range(1000):
+    try:
+        held.append(os.open(sys.argv[1], os.O_RDONLY))
+    except OSError as e:
+        print("refused at", len(held) + 1, e.strerror); break
+else:
+    print("never refused")
+' $M/app/stacks/n/wait`)
+	if want := "refused at 40 Cannot allocate memory\n"; out != want { // 39 × 512 ≤ 20,000 < 40 × 512
+		t.Fatalf("nobody's opens of wait: %q, want %q", out, want)
+	}
+	ev := m.lastEvent("app/stacks/n/events")
+	for _, want := range []string{`"result":"refused"`, `"code":"OPEN_SNAPSHOT_LIMIT"`, `"errno":"ENOMEM"`, `"uid":65534,`, `"op":"open"`,
+		"already hold 19968 bytes"} {
+		if !strings.Contains(ev, want) {
+			t.Fatalf("events: want %s in %s", want, ev)
+		}
+	}
+	if got := m.read("app/stacks/n/record"); got != record {
+		t.Fatalf("the record changed: %q", got)
+	}
+	asUIDOK(m, pinningUser, "exec 3<$M/app/stacks/n/wait")
+	waitFor(t, func() string { return "nobody's open once its opens closed" }, func() bool {
+		return asUID(m, 65534, "exec 3<$M/app/stacks/n/wait").Code == 0
 	})
 }
