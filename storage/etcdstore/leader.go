@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -207,7 +208,9 @@ func (l *leader) retire() {
 // viaLeader sends a request that may be sent again (a read) over the connection to the leader
 // when there is one, and over the client of every endpoint when there is none or the connection
 // was lost while the request was under way: lost as the store saw it, or as the request did (an
-// EOF, Unavailable, can come before the connection's state changes).
+// EOF, Unavailable, can come before the connection's state changes). Over that client it is sent
+// again while an endpoint's connection fails (Unavailable) and ctx lasts: the client sends a Txn
+// once, to whichever endpoint it picks, and a stopped member's EOF says nothing of the others.
 func viaLeader[T any](s *Store, ctx context.Context, send func(context.Context, clientv3.KV) (T, error)) (T, error) {
 	if l := s.leading(); l != nil {
 		resp, err := sendVia(s, l, ctx, send)
@@ -215,8 +218,19 @@ func viaLeader[T any](s *Store, ctx context.Context, send func(context.Context, 
 			return resp, err
 		}
 	}
-	return send(ctx, s.cli)
+	for {
+		resp, err := send(ctx, s.cli)
+		if err == nil || !transient(err) {
+			return resp, err
+		}
+		if sleep(ctx, resendAfter) != nil {
+			return resp, fmt.Errorf("%w; the last answer: %w", ctx.Err(), err)
+		}
+	}
 }
+
+// resendAfter is how long a read whose endpoint failed waits before it is sent again.
+const resendAfter = 20 * time.Millisecond
 
 // sendVia sends over l, ending the request with errLeaderLost should l's connection be lost.
 // A request l leaves unanswered (its member cut off from the others, or from this machine, while
