@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -191,6 +192,24 @@ func (h *handle) follow(v view) {
 	h.view = v
 }
 
+// followWithin is follow, counting what the open now holds of its own (the lines it followed,
+// with those it saw, copied from the shared snapshot it opened) with its uid's open bytes, as the
+// most it held: past the bound the view stays as it was and the refusal is returned. Uncounted,
+// one user's opens of a busy events file, each read after the file moved on, would each hold a
+// copy of up to twice the file.
+func (h *handle) followWithin(ss *snapshots, v view) error {
+	before := h.view
+	h.follow(v)
+	if unsafe.SliceData(h.view.data) == unsafe.SliceData(before.data) {
+		return nil
+	}
+	if err := ss.charge(&h.charges, int64(len(h.view.data)), "follow"); err != nil {
+		h.view = before
+		return err
+	}
+	return nil
+}
+
 // lineOffset is where line i (from 0) of data starts.
 func lineOffset(data []byte, i int) int {
 	off := 0
@@ -237,6 +256,7 @@ func (f *file) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 // followers are the opens of each followed file, by path. A stat of a followed file from a
 // process following it counts its size from the offset 0 of that process's opens (see Getattr).
 type followers struct {
+	ss    *snapshots // what the opens' own copies count with
 	mu    sync.Mutex
 	opens map[string]map[*handle]struct{}
 }
@@ -269,7 +289,7 @@ func (o *followers) catchUp(path string, v view) {
 	defer o.mu.Unlock()
 	for h := range o.opens[path] {
 		h.mu.Lock()
-		h.follow(v)
+		_ = h.followWithin(o.ss, v) // past the bound, what it had
 		h.mu.Unlock()
 	}
 }
@@ -300,7 +320,7 @@ func (o *followers) sizeOf(path string, v *view, tid uint32) (uint64, view, bool
 		}
 		h.mu.Lock()
 		if v != nil {
-			h.follow(*v)
+			_ = h.followWithin(o.ss, *v) // past the bound, the size it had
 		}
 		if size := h.view.start + int64(len(h.view.data)) - h.base; !found || size > largest {
 			largest, largestView = size, h.view
@@ -431,7 +451,9 @@ func (f *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	if f.follows && at >= h.view.start+int64(len(h.view.data)) {
 		// At the end of what this open saw: whatever was appended since is read now.
 		if v, err := f.render(); err == nil {
-			h.follow(v)
+			if err := h.followWithin(&f.fsys.snapshots, v); err != nil {
+				return nil, f.fsys.fail(caller(ctx, "read", f.path), f.cockpit, f.stack, err)
+			}
 		}
 	}
 	if at < h.view.start {
@@ -519,7 +541,7 @@ func (f *file) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 		if f.follows {
 			// fstat of a followed open: its size grows with what is appended (tail -f polls it).
 			if latest, err := f.render(); err == nil {
-				h.follow(latest)
+				_ = h.followWithin(&f.fsys.snapshots, latest) // past the bound, the size it had
 			}
 		}
 		v = h.view

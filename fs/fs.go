@@ -139,6 +139,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	fsys.followers.ss = &fsys.snapshots
 	fsys.forget = startForgetter(fsys.dir, logger.Printf)
 	eng.OnVanished(fsys.forgetVanished)
 	go server.Serve()

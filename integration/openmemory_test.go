@@ -269,3 +269,46 @@ else:
 		return asUID(m, 65534, "exec 3<$M/app/stacks/n/wait").Code == 0
 	})
 }
+
+// What an open of an events file holds of its own once it follows the file (the lines appended
+// since, with those it saw) counts with its uid's open bytes: one user's opens of its cockpit's
+// events, read again after the file moved on, are refused past the bound (ENOMEM,
+// OPEN_SNAPSHOT_LIMIT, op read), and another user follows the file on.
+func TestCoUserFollowedOpensAreBounded(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other", "--max-open-bytes-per-uid", "300000")
+	out := asUIDOK(m, 65534, `mkdir $M/nob && printf '[ports]\nstep = 10\ncount = 2\n[ports.bases]\nHTTP = 35400\n' > $M/nob/config &&
+		/usr/bin/python3 -c '
+import os, sys
+events, stacks = sys.argv[1], sys.argv[2]
+def commits(n):
+    for i in range(n):
+        os.mkdir(stacks + "/x"); os.rmdir(stacks + "/x")
+commits(100)
+fds = [os.open(events, os.O_RDONLY) for i in range(40)]
+for fd in fds:
+    while os.read(fd, 1 << 16): pass
+commits(100)
+for n, fd in enumerate(fds):
+    try:
+        while os.read(fd, 1 << 16): pass
+    except OSError as e:
+        print("refused at", n + 1, e.strerror); break
+else:
+    print("never refused")
+' $M/nob/events $M/nob/stacks`)
+	if !strings.HasPrefix(out, "refused at ") || !strings.Contains(out, "Cannot allocate memory") {
+		t.Fatalf("nobody's reads of the events it follows: %q", out)
+	}
+	ev := m.lastEvent("nob/events")
+	for _, want := range []string{`"result":"refused"`, `"code":"OPEN_SNAPSHOT_LIMIT"`, `"errno":"ENOMEM"`, `"uid":65534,`, `"op":"read"`,
+		"this follow would take"} {
+		if !strings.Contains(ev, want) {
+			t.Fatalf("events: want %s in %s", want, ev)
+		}
+	}
+	// uid 4321 reads the same file, the refusal its last line.
+	if got := asUIDOK(m, pinningUser, "tail -n 1 $M/nob/events"); got != ev+"\n" {
+		t.Fatalf("uid 4321's tail: %q, want %q", got, ev)
+	}
+}
