@@ -28,28 +28,14 @@ type inventory struct {
 	unsound  map[string]map[string]string // cockpit → stack key → why its record is unsound
 	shared   map[int]bool                 // ports in more than one active lease
 
-	// stale are the stack keys committed since the last health read took them.
-	stale staleKeys
+	// the stack keys committed since the last health read took them
+	staleStacks
 }
 
 type inventoryEntry struct {
 	cockpit string
 	problem string         // why the record is unsound; "" when sound
 	ports   map[string]int // its active lease's ports; nil without one (or when unsound)
-}
-
-func (inv *inventory) commitBegins(key string) {
-	if strings.HasPrefix(key, allStacksPrefix) {
-		inv.stale.commitBegins(key)
-	}
-}
-
-func (inv *inventory) commitOrdered(string, *commitOutcome) {}
-
-func (inv *inventory) commitEnds(key string, o *commitOutcome) {
-	if strings.HasPrefix(key, allStacksPrefix) {
-		inv.stale.commitEnds(key, o)
-	}
 }
 
 // observeInventory runs fn in a View with cockpit's health inventory, reading first the stacks

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 
 	"github.com/cockpitfs/cockpitfs/storage"
@@ -19,8 +18,8 @@ import (
 // ports are leased. Over a shared store other daemons' commits mark nothing here: every read
 // reads the store, as before.
 type portKeeper struct {
-	// stale are the stack keys committed since the last read took them.
-	stale staleKeys
+	// the stack keys committed since the last read took them
+	staleStacks
 	// mu orders reads of the index: each takes the stale keys and reads them in one View. It
 	// guards the fields below and is held across that View (LOCK ORDERING 3).
 	mu     sync.Mutex
@@ -51,20 +50,6 @@ type keptName struct {
 
 func (p keptPort) owner(port int) PortOwner {
 	return PortOwner{Port: port, Cockpit: p.stack.cockpit, Stack: p.stack.stack, Key: p.key.name, Offset: p.offset}
-}
-
-func (k *portKeeper) commitBegins(key string) {
-	if strings.HasPrefix(key, allStacksPrefix) {
-		k.stale.commitBegins(key)
-	}
-}
-
-func (k *portKeeper) commitOrdered(string, *commitOutcome) {}
-
-func (k *portKeeper) commitEnds(key string, o *commitOutcome) {
-	if strings.HasPrefix(key, allStacksPrefix) {
-		k.stale.commitEnds(key, o)
-	}
 }
 
 // Ports lists every port of every active lease on the machine, in port order.

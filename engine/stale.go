@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -74,4 +75,24 @@ func (s *staleKeys) take() map[string]bool {
 		stale[key] = true
 	}
 	return stale
+}
+
+// staleStacks are the stack keys committed since a reader that keeps what it read of every stack
+// (health's inventory, the port index) last took them: the commitObserver such a reader embeds.
+type staleStacks struct {
+	stale staleKeys
+}
+
+func (s *staleStacks) commitBegins(key string) {
+	if strings.HasPrefix(key, allStacksPrefix) {
+		s.stale.commitBegins(key)
+	}
+}
+
+func (s *staleStacks) commitOrdered(string, *commitOutcome) {}
+
+func (s *staleStacks) commitEnds(key string, o *commitOutcome) {
+	if strings.HasPrefix(key, allStacksPrefix) {
+		s.stale.commitEnds(key, o)
+	}
 }
