@@ -17,23 +17,25 @@ import (
 // drainReservedFix is how a holder change refused by a reserved drain is resolved.
 const drainReservedFix = "wait for the drain to finish (cat wait) or cancel an unstarted one (rm drain/request)"
 
-// uidBound is how many of something one uid may hold on this daemon (active leases, cockpits,
-// stacks), so that one user cannot take or fill what every user shares: 0 is no bound.
-type uidBound struct {
+// UIDBound is how many of something one uid may hold on this daemon (active leases, cockpits,
+// stacks, reads waiting in wait files), so that one user cannot take or fill what every user
+// shares: 0 is no bound. Root and the uids given as unbounded are held to none.
+type UIDBound struct {
 	perUID    int
 	unbounded map[uint32]bool
 }
 
-func newUIDBound(perUID int, unbounded []uint32) uidBound {
-	b := uidBound{perUID: perUID, unbounded: map[uint32]bool{}}
+// NewUIDBound bounds each uid but root and the unbounded ones to perUID (0: no bound).
+func NewUIDBound(perUID int, unbounded []uint32) UIDBound {
+	b := UIDBound{perUID: perUID, unbounded: map[uint32]bool{}}
 	for _, uid := range unbounded {
 		b.unbounded[uid] = true
 	}
 	return b
 }
 
-// of is uid's bound (0: none).
-func (b uidBound) of(uid uint32) int {
+// Of is uid's bound (0: none).
+func (b UIDBound) Of(uid uint32) int {
 	if uid == rootUID || b.unbounded[uid] {
 		return 0
 	}
@@ -44,7 +46,7 @@ func (b uidBound) of(uid uint32) int {
 // bound). A lease counts against the uid that holds it now (see chargeLease) until it is
 // released. Call it before the engine serves.
 func (e *Engine) BoundLeases(perUID int, unbounded ...uint32) {
-	e.leaseBound = newUIDBound(perUID, unbounded)
+	e.leaseBound = NewUIDBound(perUID, unbounded)
 }
 
 // claimInput is a claim as observed before its transaction: the holder proposed and the holders

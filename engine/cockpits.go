@@ -15,7 +15,7 @@ import (
 // shares: each cockpit's config may be 64 KiB, which the daemon keeps decoded. Call it before the
 // engine serves.
 func (e *Engine) BoundCockpits(perUID int, unbounded ...uint32) {
-	e.cockpitBound = newUIDBound(perUID, unbounded)
+	e.cockpitBound = NewUIDBound(perUID, unbounded)
 }
 
 // CountStacks has the engine keep, with each stack it makes or removes, how many stacks each uid
@@ -47,7 +47,7 @@ func (e *Engine) CountStacks(ctx context.Context, perUID int, unbounded ...uint3
 	if err != nil {
 		return fmt.Errorf("counting each user's stacks: %w", err)
 	}
-	e.stackBound, e.stacksCounted = newUIDBound(perUID, unbounded), true
+	e.stackBound, e.stacksCounted = NewUIDBound(perUID, unbounded), true
 	return nil
 }
 
@@ -66,7 +66,7 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 		if _, err := getJSON(tx, uidCockpitsKey(c.UID), &made); err != nil {
 			return change{}, err
 		}
-		return createCockpit(c, name, taken, made, e.cockpitBound.of(c.UID), now)
+		return createCockpit(c, name, taken, made, e.cockpitBound.Of(c.UID), now)
 	})
 }
 
@@ -229,7 +229,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 				return change{}, err
 			}
 		}
-		return createStack(c, m, stack, taken, made, e.stackBound.of(c.UID), now)
+		return createStack(c, m, stack, taken, made, e.stackBound.Of(c.UID), now)
 	})
 }
 

@@ -100,12 +100,12 @@ type Engine struct {
 	// holds are the machine-wide holds of the leased ports (nil: this engine holds none).
 	holds *holds
 	// leaseBound bounds the active leases of one uid's claims (BoundLeases).
-	leaseBound uidBound
+	leaseBound UIDBound
 	// cockpitBound bounds the cockpits one uid has made (BoundCockpits).
-	cockpitBound uidBound
+	cockpitBound UIDBound
 	// stackBound bounds the stacks one uid has made; stacksCounted: this engine keeps their
 	// count (CountStacks).
-	stackBound    uidBound
+	stackBound    UIDBound
 	stacksCounted bool
 	// inventory is what health observes of every record, kept from commits.
 	inventory inventory

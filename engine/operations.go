@@ -50,7 +50,7 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 	}
 	id := holderID(name)
 	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, id, nh),
-		uidLeaseLimit: e.leaseBound.of(nh.UID), groups: func() []uint32 { return callerGroups(c) }}
+		uidLeaseLimit: e.leaseBound.Of(nh.UID), groups: func() []uint32 { return callerGroups(c) }}
 	var added *Claimed // of the step's last run, the one committed
 	err = e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
 		added = nil

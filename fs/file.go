@@ -11,7 +11,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -162,17 +161,18 @@ type handle struct {
 //
 // A rendering older than the view (renderings race each other to the handle) adds nothing. So
 // does a file made anew, its lines numbered from 0 again, until its numbers pass the view's: a
-// stack removed and made again under the same name while someone follows its events.
-func (h *handle) follow(v view) {
+// stack removed and made again under the same name while someone follows its events. It says
+// whether the view changed.
+func (h *handle) follow(v view) bool {
 	seen := len(h.view.seqs)
 	if len(v.seqs) == 0 || seen > 0 && v.seqs[len(v.seqs)-1] <= h.view.seqs[seen-1] {
-		return
+		return false
 	}
 	if seen == 0 {
 		// Its offsets continue after what the open has, as a follower expects of a file that grew.
 		v.start = max(v.start, h.view.start+int64(len(h.view.data)))
 		h.view = v
-		return
+		return true
 	}
 	window := len(v.data)
 	last := h.view.seqs[seen-1]
@@ -190,6 +190,7 @@ func (h *handle) follow(v view) {
 		v.start, v.data, v.seqs = v.start+int64(cut), v.data[cut:], v.seqs[lines:]
 	}
 	h.view = v
+	return true
 }
 
 // followWithin is follow, counting what the open now holds of its own (the lines it followed,
@@ -199,8 +200,7 @@ func (h *handle) follow(v view) {
 // copy of up to twice the file.
 func (h *handle) followWithin(ss *snapshots, v view) error {
 	before := h.view
-	h.follow(v)
-	if unsafe.SliceData(h.view.data) == unsafe.SliceData(before.data) {
+	if !h.follow(v) {
 		return nil
 	}
 	if err := ss.charge(&h.charges, int64(len(h.view.data)), "follow"); err != nil {

@@ -95,7 +95,7 @@ func Mount(dir string, eng *engine.Engine, o Options) (*fuse.Server, error) {
 		logger = log.New(os.Stderr, "cockpitfs: ", log.LstdFlags)
 	}
 	fsys := &FS{eng: eng, started: time.Now(), uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), log: logger,
-		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}, waiting: waiting{limit: o.MaxWaitsPerUID}, dir: dir}
+		snapshots: snapshots{limit: o.MaxOpenBytesPerUID}, waiting: waiting{bound: engine.NewUIDBound(o.MaxWaitsPerUID, []uint32{uint32(os.Getuid())})}, dir: dir}
 	// As the kernel names it in /proc/<pid>/fd: absolute, through no symbolic link.
 	if abs, err := filepath.Abs(dir); err == nil {
 		fsys.dir = abs

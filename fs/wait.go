@@ -89,7 +89,7 @@ func (w *waitFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, of
 	}
 	// Counted before h.mu: a read queued behind another on the same open waits as long.
 	uid := requestUID(ctx)
-	if err := w.fsys.waiting.enter(uid, w.fsys.uid); err != nil {
+	if err := w.fsys.waiting.enter(uid); err != nil {
 		return nil, w.fsys.fail(caller(ctx, "read", w.path), w.cockpit, w.stack, err)
 	}
 	defer w.fsys.waiting.leave(uid)
@@ -149,21 +149,19 @@ const DefaultMaxWaitsPerUID = 1024
 // waiting counts each uid's reads in wait files. A read holds one of the daemon's requests (its
 // goroutine and buffers, ≈ 10 KiB) until something commits, however long that is, where any
 // other request ends within an operation's budget: unbounded, 3,000 of one user's threads
-// blocked in reads grew the daemon that serves everybody by 28 MiB. Root and the daemon's own
-// user are not bounded, as with the store's per-uid bounds.
+// blocked in reads grew the daemon that serves everybody by 28 MiB.
 type waiting struct {
-	limit int // per uid; 0: no bound
+	bound engine.UIDBound
 	// mu guards n; a leaf.
 	mu sync.Mutex
 	n  map[uint32]int // reads under way by uid; a uid with none has no entry
 }
 
-// enter counts a read of uid's, or refuses it (WAIT_UID_LIMIT) past the bound; self is the
-// daemon's uid.
-func (w *waiting) enter(uid, self uint32) error {
+// enter counts a read of uid's, or refuses it (WAIT_UID_LIMIT) past uid's bound.
+func (w *waiting) enter(uid uint32) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.limit > 0 && uid != 0 && uid != self && w.n[uid] >= w.limit {
+	if limit := w.bound.Of(uid); limit > 0 && w.n[uid] >= limit {
 		return &engine.Refusal{Code: engine.WaitUIDLimit,
 			Message: fmt.Sprintf("uid %d already has %d reads waiting in wait files, the most one user may", uid, w.n[uid]),
 			Fix:     "end waits you no longer need (each waiting read holds the daemon's memory until something commits), or ask the daemon's administrator to raise --max-waits-per-uid"}
