@@ -81,7 +81,7 @@ func mayJoin(r Record, m cockpitMeta, uid uint32, groups func() []uint32) error 
 	}
 	return refuse(PermissionDenied, r.SubjectID,
 		fmt.Sprintf("claim a stack of your own (mkdir stacks/<name>), or ask uid %d to open this one: chmod o+w (anyone) or chmod g+w (its group) on the stack's directory", creator),
-		"stack %s is uid %d's and closed to uid %d (mode %04o)", r.SubjectID, creator, uid, mode)
+		"stack %s/%s is uid %d's and closed to uid %d (mode %04o)", r.Cockpit, r.Stack, creator, uid, mode)
 }
 
 // StackOwner is the uid a stack's files show as their owner (§6): the uid that may act on its

@@ -62,7 +62,7 @@ func TestCoUserCannotPinAStack(t *testing.T) {
 	const s = "app/stacks/s/"
 
 	ev := asUIDRefused(m, 65534, s, "echo pid=none checkout=/tmp > $M/app/stacks/s/holders/x", syscall.EACCES, "PERMISSION_DENIED")
-	if !strings.Contains(ev, "closed to uid 65534") || !strings.Contains(ev, "chmod o+w") {
+	if !strings.Contains(ev, "stack app/s is uid 4321's and closed to uid 65534") || !strings.Contains(ev, "chmod o+w") {
 		t.Errorf("the refusal does not say how the stack opens: %s", ev)
 	}
 	if got := m.ok("ls $M/app/stacks/s/holders"); got != "me\n" {
