@@ -283,6 +283,10 @@ func TestMountpointReadOnlyWhileNotServing(t *testing.T) {
 	if entries, _ := os.ReadDir(m.Dir); len(entries) != 1 {
 		t.Fatalf("the unmounted mountpoint holds %v", entries)
 	}
+	// gc says no daemon serves it, and how to start one.
+	if r := cockpitfs(t, "gc", m.Dir+"/"); r.code != 1 || !strings.Contains(r.out, "no cockpitfs daemon serves "+m.Dir+": start one with cockpitfs mount --daemon "+m.Dir) {
+		t.Fatalf("gc on the unmounted mountpoint: exit %d\n%s", r.code, r.out)
+	}
 	// Mounted again, the tree is back: the cockpit made before.
 	m.start()
 	if got := m.ok("ls $M"); !strings.Contains(got, "app\n") {

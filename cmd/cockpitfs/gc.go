@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	cfs "github.com/cockpitfs/cockpitfs/fs"
 	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 )
 
@@ -27,6 +28,13 @@ func gcCommand(args []string) error {
 	mnt := defaultMount()
 	if len(positional) == 1 {
 		mnt = positional[0]
+	}
+	// A mountpoint no daemon serves holds only NOT-MOUNTED: say so, not that gc is missing.
+	if mnt, err = resolveMountpoint(mnt); err != nil {
+		return err
+	}
+	if typ, err := mountType(mnt); err != nil || typ != cfs.MountType {
+		return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s", mnt, shellQuote(mnt))
 	}
 	file := filepath.Join(mnt, "gc")
 	listing, err := fusefile.ReadFile(file)
