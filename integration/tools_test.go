@@ -625,6 +625,18 @@ func TestToolsMakefileHoldsTheStack(t *testing.T) {
 	if !strings.Contains(ev["message"].(string), a) || claimsEventCount(m, "app/stacks/"+stacks[0]+"/events") != n+1 {
 		t.Fatalf("refusal %v (stderr %q)", ev, r.Stderr)
 	}
+	// On a mountpoint no daemon serves, make fails and writes nothing there (root's writes would
+	// pass its read-only mode).
+	bare := filepath.Join(base, "bare")
+	if err := os.Mkdir(bare, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if r := shIn(t, a, "PATH="+filepath.Dir(binary)+":$PATH make -s claim M="+bare); r.Code == 0 {
+		t.Fatalf("make claim on a bare mountpoint exited 0: %s", r.Stderr)
+	}
+	if entries, err := os.ReadDir(bare); err != nil || len(entries) != 0 {
+		t.Fatalf("make wrote into a mountpoint no daemon serves: %v %v", entries, err)
+	}
 }
 
 // The README's Makefile, exactly as shown, claims from a checkout folder of any name a filesystem

@@ -431,6 +431,30 @@ func TestWorktreesHookClaimsNewWorktree(t *testing.T) {
 	if !strings.Contains(m.read("app/stacks", stack, "lease"), "released=true") {
 		t.Fatal("gc left the removed worktree's lease")
 	}
+
+	// A hook whose cockpit does not exist, or whose mount no daemon serves (a bare mountpoint,
+	// which root may write into, or no directory at all), claims nothing and creates nothing; the
+	// checkout goes on.
+	bare := filepath.Join(t.TempDir(), "bare")
+	if err := os.Mkdir(bare, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct{ mnt, cockpit string }{{m.Dir, "nope"}, {bare, "app"}, {filepath.Join(bare, "absent"), "app"}} {
+		if r := shIn(t, repo, `"$B" git install-hook --mount "$M" --cockpit "$C"`, "B="+binary, "M="+c.mnt, "C="+c.cockpit); r.Code != 0 {
+			t.Fatalf("install on %s: exit %d\n%s", c.mnt, r.Code, r.Stderr)
+		}
+		wt := filepath.Join(filepath.Dir(repo), fmt.Sprintf("unclaimed%d", i))
+		r := shIn(t, repo, `git worktree add -q "$W"`, "W="+wt)
+		if r.Code != 0 || !strings.Contains(r.Stderr, "cockpitfs: could not claim "+c.mnt+"/"+c.cockpit+"/stacks/") {
+			t.Fatalf("a checkout with the hook on %s/%s: exit %d\n%s", c.mnt, c.cockpit, r.Code, r.Stderr)
+		}
+	}
+	if got := m.ok("ls $M"); strings.Contains(got, "nope") {
+		t.Fatalf("the hook made the cockpit it was given: %q", got)
+	}
+	if entries, err := os.ReadDir(bare); err != nil || len(entries) != 0 {
+		t.Fatalf("the hook wrote into a mountpoint no daemon serves: %v %v", entries, err)
+	}
 }
 
 // echo stop > drain/attempt: the daemon runs the drain's runtime-stop itself. It ends a python

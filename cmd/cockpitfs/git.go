@@ -87,7 +87,9 @@ func gitCommand(args []string) error {
 // HEAD and a flag; a new worktree's checkout (git worktree add) has no previous HEAD: the null
 // object id, all zeros. The hook claims that worktree's stack for a pid-less holder whose
 // checkout is the worktree, and never fails the git command: a claim refused (no mount, no
-// cockpit) is reported on stderr, and the stack's events say why.
+// cockpit) is reported on stderr, and the stack's events say why. It makes the stack's directory
+// alone (not mkdir -p): a missing cockpit is not made, nor anything in a mountpoint no daemon
+// serves, which root's writes would pass.
 func postCheckoutHook(mnt, cockpit, self string) string {
 	return `#!/bin/sh
 ` + hookMark + ` (cockpitfs git install-hook): claims each new worktree's stack.
@@ -100,7 +102,7 @@ COCKPITFS=` + shellQuote(self) + `
 top=$(pwd -P)
 S="$M/$COCKPIT/stacks/$("$COCKPITFS" name stack)" &&
 	H=$("$COCKPITFS" name holder) &&
-	mkdir -p "$S" && echo "pid=none checkout=$top" > "$S/holders/$H" ||
+	{ [ -d "$S" ] || mkdir "$S"; } && echo "pid=none checkout=$top" > "$S/holders/$H" ||
 	echo "cockpitfs: could not claim $S for $top (see $M/$COCKPIT/events and $S/events)" >&2
 exit 0
 `
