@@ -1,12 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // notMountedNote is the file a daemon leaves in its mountpoint, seen only while no daemon serves
@@ -145,15 +150,17 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 		return nil, nil, err
 	}
 	// Made 0755 whatever the daemon's umask (daemonUmask is for its data): others reach the mount.
+	// Through a descriptor of the directory itself, never a link put in its place since.
 	for p := mnt; made != ""; p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o755); err != nil {
+		if err := chmodDir(p, 0o755); err != nil {
 			return nil, nil, err
 		}
 		if p == made {
 			break
 		}
 	}
-	if dir, err = os.Open(mnt); err != nil {
+	// mnt is resolved (resolveMountpoint): a link there now was put in its place since.
+	if dir, err = os.OpenFile(mnt, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0); err != nil {
 		return nil, nil, err
 	}
 	if err := checkEmpty(dir, mnt, nonempty); err != nil {
@@ -172,19 +179,66 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 	note := filepath.Join(mnt, notMountedNote)
 	q := shellQuote(mnt)
 	text := fmt.Sprintf(notMountedText, restart, q, q)
-	had, readErr := os.ReadFile(note)
+	had, readErr := readNote(dir)
 	if readErr != nil || string(had) != text {
-		os.Remove(note)
-		werr := os.WriteFile(note, []byte(text), 0o444)
-		if werr == nil {
-			werr = os.Chmod(note, 0o444) // whatever the umask: everyone reads it
+		unix.Unlinkat(int(dir.Fd()), notMountedNote, 0)
+		if err := writeNote(dir, text); err != nil {
+			log.Printf("leaving %s: %v", note, err)
 		}
-		if werr != nil {
-			log.Printf("leaving %s: %v", note, werr)
-		}
-		noteMade = os.IsNotExist(readErr)
+		noteMade = errors.Is(readErr, fs.ErrNotExist)
 	}
 	return dir, undo, nil
+}
+
+// The note is read, removed and made through the mountpoint's descriptor and never through a
+// link: the directory may be another user's, who can leave anything under the note's name there,
+// for root's daemon to write into or chmod.
+
+// chmodDir sets the mode of the directory at path, failing on anything else there.
+func chmodDir(path string, mode uint32) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "chmod", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return &fs.PathError{Op: "chmod", Path: path, Err: err}
+	}
+	return nil
+}
+
+// readNote reads the note as it is, when it is a regular file: a FIFO or a device would hold the
+// mount up.
+func readNote(dir *os.File) ([]byte, error) {
+	fd, err := unix.Openat(int(dir.Fd()), notMountedNote, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: notMountedNote, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), notMountedNote)
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", notMountedNote)
+	}
+	return io.ReadAll(io.LimitReader(f, 1<<16))
+}
+
+// writeNote makes the note anew (O_EXCL: whatever took its name since the unlink stays as it is)
+// with mode 0444 whatever the umask: everyone reads it.
+func writeNote(dir *os.File, text string) error {
+	fd, err := unix.Openat(int(dir.Fd()), notMountedNote, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), notMountedNote)
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o444); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // protectMountpoint clears every write bit of the directory beneath the mount, so that while no

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
@@ -61,5 +66,68 @@ func TestPrepareMountpointUndo(t *testing.T) {
 	st, err := os.Stat(base + "/there")
 	if entries, _ := os.ReadDir(base + "/there"); err != nil || st.Mode().Perm() != 0o550 || len(entries) != 0 {
 		t.Errorf("after undo: %v, mode %v, holding %v", err, st.Mode(), entries)
+	}
+}
+
+// The mountpoint may be another user's, who can put anything named NOT-MOUNTED in it while no
+// daemon serves: a FIFO does not hold the mount up, and a link, put there even as the note is
+// replaced, never leads the daemon's write or chmod to the file it names.
+func TestNoteFollowsNothing(t *testing.T) {
+	base := t.TempDir()
+	mnt, target := base+"/mnt", base+"/target"
+	if err := os.WriteFile(target, []byte("someone's file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	note := mnt + "/NOT-MOUNTED"
+	if err := unix.Mkfifo(note, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		dir, _, err := prepareMountpoint(mnt, false, "cockpitfs mount x")
+		if err == nil {
+			dir.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a FIFO named NOT-MOUNTED holds the mount up")
+	}
+	if st, err := os.Lstat(note); err != nil || !st.Mode().IsRegular() {
+		t.Fatalf("the note over a FIFO: %v %v", st, err)
+	}
+
+	// Another process puts the link back as fast as it can while the note is written anew.
+	var stop atomic.Bool
+	racer := make(chan struct{})
+	go func() {
+		defer close(racer)
+		for !stop.Load() {
+			os.Symlink(target, note)
+		}
+	}()
+	for i := range 300 {
+		os.Remove(note) // the note is written again: the racer's link may be there first
+		dir, _, err := prepareMountpoint(mnt, true, fmt.Sprintf("cockpitfs mount %d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir.Close()
+	}
+	stop.Store(true)
+	<-racer
+	if data, err := os.ReadFile(target); err != nil || string(data) != "someone's file\n" {
+		t.Fatalf("the linked file now holds %q (%v)", data, err)
+	}
+	if st, err := os.Stat(target); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("the linked file's mode: %v %v", st, err)
 	}
 }
