@@ -131,7 +131,7 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 		}
 		if made == "" {
 			if modeChanged {
-				os.Chmod(mnt, mode)
+				chmodDir(mnt, uint32(mode))
 			}
 			return
 		}
