@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -349,7 +350,13 @@ func (s *Server) wait(ctx context.Context, _ *mcp.CallToolRequest, in WaitArgs) 
 	if err := s.served(); err != nil {
 		return nil, Waited{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(in.TimeoutSeconds*float64(time.Second)))
+	// A time.Duration holds ≈ 292 years: a longer timeout is that (converted, it would overflow
+	// into the past and time out at once).
+	timeout := time.Duration(math.MaxInt64)
+	if in.TimeoutSeconds < float64(math.MaxInt64)/float64(time.Second) {
+		timeout = time.Duration(in.TimeoutSeconds * float64(time.Second))
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if in.Port != 0 {
 		return s.waitPort(ctx, in.Port)

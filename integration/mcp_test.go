@@ -345,11 +345,11 @@ func TestMCPWaitDrain(t *testing.T) {
 		t.Errorf("wait on a stack nobody changes: %+v", w)
 	}
 	// The wait returns at the first change after it opened the file: change the stack until it
-	// has.
+	// has. A timeout past what a time.Duration holds waits as long as one does.
 	done := make(chan agent.Waited)
 	go func() {
 		var w agent.Waited
-		a.call("wait", map[string]any{"stack": "s", "timeout_seconds": 60}, &w)
+		a.call("wait", map[string]any{"stack": "s", "timeout_seconds": 1e300}, &w)
 		done <- w
 	}()
 	for i := 0; ; i++ {

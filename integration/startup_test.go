@@ -11,11 +11,11 @@ import (
 // A daemon killed the moment its mount answers must die: it must make no request to its own
 // mount that the kill would leave unanswered (go-fuse's poll hack did, and left a zombie holding
 // the mount and the store's lock). Then the next daemon starts on the same store and mount point.
-// Each round spins on a CPU until the mount answers: 20 rounds in the suite, 200 in the long runs
+// Each round spins on a CPU until the mount answers: 10 rounds in the suite, 200 in the long runs
 // (scripts/long, COCKPITFS_LONG=1).
 func TestStartupKillLeavesNoZombie(t *testing.T) {
 	t.Parallel()
-	rounds := 20
+	rounds := 10
 	if os.Getenv("COCKPITFS_LONG") != "" {
 		rounds = 200
 	}
