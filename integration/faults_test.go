@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage"
@@ -427,5 +428,93 @@ func TestMigrateToEtcdKilledAtEachCall(t *testing.T) {
 	}
 	if got := held(); !sameRecords(got, records) {
 		t.Fatalf("migrated again: %s", keysOf(got))
+	}
+}
+
+// mount killed at each call that changes the disk as it starts, on a data directory holding a
+// store and (COCKPITFS_FAULTS=all) on a fresh one: the next mount serves every record the store
+// had, and verify finds it clean. A start the kill did not reach serves, and is unmounted.
+func TestMountKilledAtEachDiskCall(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "strace")
+	m, _ := faultStores(t)
+	pristine := filepath.Join(t.TempDir(), "pristine")
+	replaceDir(t, m.Data, pristine)
+	// What a start and a clean stop leave of the store: what every killed start must leave too.
+	m.start()
+	m.Stop()
+	records := storeRecords(t, m.Data)
+	stores := []string{pristine}
+	if os.Getenv("COCKPITFS_FAULTS") == "all" {
+		stores = append(stores, "")
+	}
+	tmp := t.TempDir()
+	for _, from := range stores {
+		kills := 0
+		for _, sc := range faultSyscalls {
+			for n := 1; n <= faultLimit(sc, nil); n++ {
+				os.RemoveAll(m.Data)
+				if from != "" {
+					replaceDir(t, from, m.Data)
+				}
+				at := fmt.Sprintf("%s#%d", sc, n)
+				if !mountKilledAt(t, m, tmp, sc, n) {
+					break
+				}
+				kills++
+				detach(m.Dir)
+				m.start()
+				m.Stop()
+				if v, err := m.verify(); err != nil {
+					t.Fatalf("killed at %s: verify: %v\n%s", at, err, v)
+				}
+				if from == "" {
+					continue
+				}
+				if got := storeRecords(t, m.Data); !sameRecords(got, records) {
+					t.Fatalf("killed at %s: the store now holds %s, not the %d records it had", at, keysOf(got), len(records))
+				}
+			}
+		}
+		t.Logf("mount on %q killed %d times", from, kills)
+	}
+}
+
+// mountKilledAt starts the daemon on m's store and mount point killed at the n-th call of syscall;
+// it reports whether the kill came before the daemon served. One that serves is unmounted.
+func mountKilledAt(t *testing.T, m *mount, tmp, syscall string, n int) bool {
+	t.Helper()
+	cmd := exec.Command("strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace="+syscall,
+		"-e", fmt.Sprintf("inject=%s:signal=KILL:when=%d", syscall, n), binary, "mount", "--data", m.Data, m.Dir)
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1", "TMPDIR="+tmp)
+	log := newDaemonLog(t, cmd)
+	if err := m.ns.Do(cmd.Start); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			var exit *exec.ExitError
+			if ws, ok := cmd.ProcessState.Sys().(interface{ Signaled() bool }); errors.As(err, &exit) && (ok && ws.Signaled() || exit.ExitCode() == 128+9) {
+				return true
+			}
+			t.Fatalf("mount under strace ended unkilled before serving (%v):\n%s", err, log)
+		default:
+		}
+		if strings.Contains(log.String(), "serving "+m.Dir) && serving(m.Dir) {
+			if r := cockpitfs(t, "unmount", m.Dir); r.code != 0 {
+				t.Fatalf("unmounting a start the kill did not reach: %s", r.out)
+			}
+			<-done
+			return false
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("mount under strace neither served nor died in 30 s:\n%s", log)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
