@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -19,11 +20,14 @@ type Executor struct {
 	self int
 	// mount is the daemon's mount point, absolute: gc looks at no checkout below it.
 	mount string
+
+	stuckMu     sync.Mutex
+	stuckProbes map[uint32]stuckProbe // by uid: see checkouts
 }
 
 // New returns the executor of the daemon serving eng at mount.
 func New(eng *engine.Engine, mount string) *Executor {
-	return &Executor{eng: eng, self: os.Getpid(), mount: mount}
+	return &Executor{eng: eng, self: os.Getpid(), mount: mount, stuckProbes: map[uint32]stuckProbe{}}
 }
 
 const runtimeStop = "runtime-stop"

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
+	"github.com/cockpitfs/cockpitfs/internal/probe"
 )
 
 // Stale stacks (docs/worktrees.md): a stack with an active lease whose every holder is dead or
@@ -50,6 +50,8 @@ func (x *Executor) Survey() ([]Verdict, error) {
 		return nil, err
 	}
 	var out []Verdict
+	looks := x.newCheckouts()
+	defer looks.p.Close()
 	for _, c := range cockpits {
 		stacks, err := x.eng.Stacks(c.Name)
 		if err != nil {
@@ -61,7 +63,7 @@ func (x *Executor) Survey() ([]Verdict, error) {
 			if err != nil || !r.Value.Lease.Active() {
 				continue
 			}
-			v := x.judge(r)
+			v := x.judge(r, looks)
 			v.Grace = grace
 			out = append(out, v)
 		}
@@ -69,8 +71,76 @@ func (x *Executor) Survey() ([]Verdict, error) {
 	return out, nil
 }
 
+// checkoutWait is how long a checkout path may take to answer whether it exists; reapWait, how
+// long its killed probe may take to end before it counts as stuck.
+const (
+	checkoutWait = 2 * time.Second
+	reapWait     = 500 * time.Millisecond
+)
+
+// checkouts looks at holders' checkout paths for one survey, through a probe (a path may be
+// below a stopped FUSE server or a hung network mount, for as long as its user likes). A path that
+// does not answer in time costs its holder's uid the rest of the survey's looks, and every later
+// survey's while its probe cannot be ended: one user's paths delay a survey by one wait, hold at
+// most one process, and leave everyone else's looked at.
+type checkouts struct {
+	x    *Executor
+	p    *probe.Prober
+	hung map[uint32]string
+}
+
+func (x *Executor) newCheckouts() *checkouts {
+	return &checkouts{x: x, p: &probe.Prober{Timeout: checkoutWait}, hung: map[uint32]string{}}
+}
+
+// stuckProbe is a probe of a uid's checkout that did not answer, killed and not yet ended.
+type stuckProbe struct {
+	path   string
+	since  time.Time
+	reaped <-chan struct{}
+}
+
+// lstat is os.Lstat of h's checkout path, through the probe.
+func (c *checkouts) lstat(h engine.Holder) error {
+	if path, ok := c.hung[h.UID]; ok {
+		return fmt.Errorf("uid %d's checkout %s did not answer in this survey", h.UID, engine.Printable(path))
+	}
+	if s, ok := c.x.stuck(h.UID); ok {
+		return fmt.Errorf("uid %d's checkout %s has not answered since %s", h.UID, engine.Printable(s.path), s.since.UTC().Format(time.RFC3339))
+	}
+	err := c.p.Lstat(h.CheckoutPath)
+	if na := (*probe.NoAnswerError)(nil); errors.As(err, &na) {
+		c.hung[h.UID] = h.CheckoutPath
+		select {
+		case <-na.Reaped: // the kill ended it (a server that had not taken the request)
+		case <-time.After(reapWait):
+			c.x.stuckMu.Lock()
+			c.x.stuckProbes[h.UID] = stuckProbe{h.CheckoutPath, time.Now(), na.Reaped}
+			c.x.stuckMu.Unlock()
+		}
+	}
+	return err
+}
+
+// stuck is uid's probe that has not ended, if any.
+func (x *Executor) stuck(uid uint32) (stuckProbe, bool) {
+	x.stuckMu.Lock()
+	defer x.stuckMu.Unlock()
+	s, ok := x.stuckProbes[uid]
+	if !ok {
+		return s, false
+	}
+	select {
+	case <-s.reaped:
+		delete(x.stuckProbes, uid)
+		return s, false
+	default:
+		return s, true
+	}
+}
+
 // judge is gc's verdict on r, whose lease is active.
-func (x *Executor) judge(r engine.Record) Verdict {
+func (x *Executor) judge(r engine.Record, looks *checkouts) Verdict {
 	v := Verdict{Cockpit: r.Cockpit, Stack: r.Stack, record: r}
 	if d := r.Value.Drain; d != nil {
 		// A drain whose only action left is the runtime-stop (a gc drain its daemon died in, a
@@ -114,7 +184,7 @@ func (x *Executor) judge(r engine.Record) Verdict {
 			v.Why = fmt.Sprintf("holder %s's checkout %s is inside the mount", h.Name, engine.Printable(h.CheckoutPath))
 			return v
 		}
-		if _, err := os.Lstat(h.CheckoutPath); !errors.Is(err, fs.ErrNotExist) {
+		if err := looks.lstat(h); !errors.Is(err, fs.ErrNotExist) {
 			v.Why = fmt.Sprintf("holder %s's checkout %s exists", h.Name, engine.Printable(h.CheckoutPath))
 			if err != nil {
 				v.Why = fmt.Sprintf("holder %s's checkout %s cannot be told gone: %v", h.Name, engine.Printable(h.CheckoutPath), err)
@@ -189,7 +259,10 @@ func (x *Executor) DrainStale(ctx context.Context, c engine.Caller, v Verdict) (
 			if err != nil {
 				return nil, err
 			}
-			if v = x.judge(now); !v.Stale {
+			looks := x.newCheckouts()
+			v = x.judge(now, looks)
+			looks.p.Close()
+			if !v.Stale {
 				return nil, nil // claimed again meanwhile: kept
 			}
 			r = now

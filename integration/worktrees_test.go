@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/cockpitfs/cockpitfs/internal/testtool"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
@@ -737,4 +741,92 @@ func TestWorktreesGCDrainsOnlyWhatItsUserMay(t *testing.T) {
 	if r.Code != 0 || !strings.HasPrefix(r.Stdout, "drained app/stacks/s: holders me (pid-less)") {
 		t.Fatalf("gc as root: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
 	}
+}
+
+// A holder's checkout below a FUSE server that never answers (a stopped daemon: any user may
+// stop their own, or name a path on one) holds up nobody: gc keeps that stack, saying the path
+// did not answer, and drains another stack whose checkout is gone, as before.
+func TestWorktreesGCPastACheckoutThatNeverAnswers(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47990, "720h", "5s") + "EOF")
+	other := newMount(t)
+	if err := other.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.cmd.Process.Signal(syscall.SIGCONT) }) // before other's stop
+	stuck := other.Path("x")
+	m.ok("mkdir $M/app/stacks/stuck $M/app/stacks/gone && echo pid=none checkout=" + stuck + " > $M/app/stacks/stuck/holders/h && echo pid=none checkout=/nonexistent/gone > $M/app/stacks/gone/holders/h")
+
+	// A gc read waiting on the stopped server waits unkillably (the daemon took the request):
+	// after a minute the server goes on, which ends it, and the test fails.
+	gc := func(args ...string) (string, error) {
+		t.Helper()
+		waited := time.AfterFunc(time.Minute, func() { other.cmd.Process.Signal(syscall.SIGCONT) })
+		out, err := exec.Command(binary, append([]string{"gc"}, args...)...).CombinedOutput()
+		if !waited.Stop() {
+			t.Fatalf("gc %v waited on the stopped server for a minute (%v):\n%s", args, err, out)
+		}
+		return string(out), err
+	}
+	keep := "keep app/stacks/stuck: holder h's checkout " + stuck + " cannot be told gone: "
+	out, err := gc("--dry-run", m.Dir)
+	if err != nil || !strings.Contains(out, keep+"did not answer in 2s") || !strings.Contains(out, "drain app/stacks/gone: ") {
+		t.Fatalf("gc --dry-run (%v):\n%s", err, out)
+	}
+	out, err = gc(m.Dir)
+	if err != nil || out != "drained app/stacks/gone: holders h (pid-less); checkouts gone: /nonexistent/gone\n" {
+		t.Fatalf("gc (%v):\n%s", err, out)
+	}
+	// Another of the same uid's stacks on the same server: one wait per survey, not one per path.
+	m.ok("mkdir $M/app/stacks/stuck2 && echo pid=none checkout=" + other.Path("y") + " > $M/app/stacks/stuck2/holders/h")
+	start := time.Now()
+	out, err = gc("--dry-run", m.Dir)
+	if err != nil || !strings.Contains(out, keep+"did not answer in 2s") || !strings.Contains(out, "keep app/stacks/stuck2: holder h's checkout "+other.Path("y")+" cannot be told gone: uid 0's checkout "+stuck+" did not answer in this survey") {
+		t.Fatalf("gc --dry-run with two stuck stacks (%v):\n%s", err, out)
+	}
+	t.Logf("a survey past two stuck checkouts took %v", time.Since(start))
+	if !strings.Contains(m.read("app/stacks/stuck/lease"), "released=false") || !strings.Contains(m.read("app/stacks/gone/lease"), "released=true") {
+		t.Fatal("gc drained the wrong stack")
+	}
+
+	// A server that takes the request and never answers (an sshfs whose link died): the killed
+	// probe cannot end. While it stays, that uid's checkouts are not looked at again: one process
+	// held, not one per survey.
+	hung := hangingServer(t)
+	m.ok("mkdir $M/app/stacks/hung && echo pid=none checkout=" + hung + "/x > $M/app/stacks/hung/holders/h")
+	keep = "keep app/stacks/hung: holder h's checkout " + hung + "/x cannot be told gone: "
+	if out, err := gc("--dry-run", m.Dir); err != nil || !strings.Contains(out, keep+"did not answer in 2s\n") {
+		t.Fatalf("gc --dry-run past a server that never answers (%v):\n%s", err, out)
+	}
+	if out, err := gc("--dry-run", m.Dir); err != nil || !strings.Contains(out, keep+"uid 0's checkout "+hung+"/x has not answered since ") {
+		t.Fatalf("gc --dry-run while the probe stays (%v):\n%s", err, out)
+	}
+}
+
+// hangingServer mounts a FUSE server whose every lookup waits until the test ends, and returns
+// its mount point.
+func hangingServer(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	release := make(chan struct{})
+	server, err := fusefs.Mount(dir, &hangingRoot{release: release}, &fusefs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		close(release)
+		server.Unmount()
+	})
+	return dir
+}
+
+type hangingRoot struct {
+	fusefs.Inode
+	release chan struct{}
+}
+
+func (r *hangingRoot) Lookup(context.Context, string, *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	<-r.release
+	return nil, syscall.ENOENT
 }

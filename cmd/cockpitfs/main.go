@@ -14,6 +14,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/cockpitfs/cockpitfs/internal/probe"
 )
 
 // command is one subcommand: its usage text and what it does with its arguments.
@@ -228,6 +230,9 @@ type exitError struct{ code int }
 func (e *exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
 func main() {
+	if probe.Child() { // the daemon's gc asking whether checkout paths exist
+		os.Exit(probe.Serve(os.Stdin, os.Stdout))
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

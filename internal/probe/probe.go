@@ -1,0 +1,154 @@
+// Package probe tells whether paths exist by asking a child process, killed when a path does not
+// answer in time. A path below a stopped FUSE server or a hung network mount holds whatever looks
+// at it in the kernel until that server answers — for ever, short of SIGKILL — and a holder's
+// checkout path is any user's to choose, so the daemon never looks at one itself.
+package probe
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// childEnv marks the process a Prober starts.
+const childEnv = "COCKPITFS_PROBE_CHILD"
+
+// NoAnswerError is a path that did not answer within the Prober's timeout. Its child was killed;
+// Reaped is closed once it has ended. A kill ends a wait for a server that has not yet taken the
+// request (a stopped one); a child whose request a server took and never answers stays until it
+// answers, so a caller that meets one asks nothing more on that path's behalf until Reaped.
+type NoAnswerError struct {
+	Timeout time.Duration
+	Reaped  <-chan struct{}
+}
+
+func (e *NoAnswerError) Error() string { return fmt.Sprintf("did not answer in %v", e.Timeout) }
+
+// Child reports whether this process is a Prober's child, which must run Serve and nothing else:
+// the daemon's main (and a test binary's TestMain) asks first.
+func Child() bool { return os.Getenv(childEnv) == "1" }
+
+// Serve answers each NUL-terminated path read from in with a line: "e" (it exists), "g" (no such
+// file or directory), or "? " and the errno's text. It returns at the end of in.
+func Serve(in io.Reader, out io.Writer) int {
+	r, w := bufio.NewReader(in), bufio.NewWriter(out)
+	for {
+		path, err := r.ReadString(0)
+		if err != nil {
+			return 0
+		}
+		_, err = os.Lstat(strings.TrimSuffix(path, "\x00"))
+		var errno syscall.Errno
+		switch {
+		case err == nil:
+			w.WriteString("e\n")
+		case errors.Is(err, fs.ErrNotExist):
+			w.WriteString("g\n")
+		case errors.As(err, &errno):
+			fmt.Fprintf(w, "? %s\n", errno.Error()) // not the PathError: the path may hold a newline
+		default:
+			w.WriteString("? unreadable\n")
+		}
+		if w.Flush() != nil {
+			return 1
+		}
+	}
+}
+
+// Prober looks at paths through one child at a time (this program run again, /proc/self/exe).
+// A path that does not answer within Timeout has its child killed, and the next path gets a new
+// one. Not for concurrent use.
+type Prober struct {
+	Timeout time.Duration
+	cmd     *exec.Cmd
+	in      io.WriteCloser
+	answers chan string
+}
+
+// Lstat says whether path exists, as os.Lstat would: nil, an error that is fs.ErrNotExist, the
+// errno's error, or a *NoAnswerError.
+func (p *Prober) Lstat(path string) error {
+	if strings.IndexByte(path, 0) >= 0 {
+		return errors.New("a path holds no NUL byte")
+	}
+	if p.cmd == nil {
+		if err := p.start(); err != nil {
+			return err
+		}
+	}
+	if _, err := io.WriteString(p.in, path+"\x00"); err != nil {
+		p.Close()
+		return fmt.Errorf("probe: %w", err)
+	}
+	timer := time.NewTimer(p.Timeout)
+	defer timer.Stop()
+	select {
+	case answer, ok := <-p.answers:
+		switch {
+		case !ok:
+			p.Close()
+			return errors.New("probe: the child ended without answering")
+		case answer == "e":
+			return nil
+		case answer == "g":
+			return fs.ErrNotExist
+		default:
+			return errors.New(strings.TrimPrefix(answer, "? "))
+		}
+	case <-timer.C:
+		return &NoAnswerError{Timeout: p.Timeout, Reaped: p.Close()}
+	}
+}
+
+func (p *Prober) start() error {
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	answers := make(chan string)
+	go func() {
+		defer close(answers)
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			answers <- s.Text()
+		}
+	}()
+	p.cmd, p.in, p.answers = cmd, in, answers
+	return nil
+}
+
+// Close ends the child: killed, since it may be waiting on a path, and reaped apart, so nothing
+// here waits on it; the channel is closed once it is.
+func (p *Prober) Close() <-chan struct{} {
+	reaped := make(chan struct{})
+	if p.cmd == nil {
+		close(reaped)
+		return reaped
+	}
+	p.in.Close()
+	p.cmd.Process.Kill()
+	go func(cmd *exec.Cmd, answers chan string) {
+		for range answers { // the reader's last line, if any, so that it ends
+		}
+		cmd.Wait()
+		close(reaped)
+	}(p.cmd, p.answers)
+	p.cmd = nil
+	return reaped
+}
