@@ -114,10 +114,12 @@ func TestCommitUnderWayWhenTheStoreFindsAnotherLeader(t *testing.T) {
 }
 
 // followed writes through s until it sends to endpoint, the leader now (each answer's term tells
-// the store to look for the leader, at most once a second): every write must succeed meanwhile.
+// the store to look for the leader, at most once a second; a search asks every member, and waits
+// out the budget, etcdtest's 10 s, on a stopped one): every write must succeed meanwhile. Thirty
+// seconds: ten, the budget itself, failed once in a full suite run.
 func followed(t *testing.T, s *etcdstore.Store, c *etcdtest.Cluster, endpoint string) {
 	t.Helper()
-	for range 100 {
+	for range 300 {
 		set(t, s, "a", endpoint)
 		if s.LeaderEndpoint() == endpoint {
 			if got := get(t, s, "a"); got != endpoint {
