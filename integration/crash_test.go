@@ -32,7 +32,7 @@ import (
 // crashCyclesDefault and crashCyclesEtcd keep the CI run short (a cycle over etcd also restarts a
 // daemon that reconnects to the cluster); COCKPITFS_CRASH_CYCLES asks for a long run of either.
 const (
-	crashCyclesDefault = 20
+	crashCyclesDefault = 12
 	crashCyclesEtcd    = 3
 )
 
