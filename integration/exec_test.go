@@ -105,6 +105,12 @@ func TestExecNotAStackDirectory(t *testing.T) {
 	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
 		t.Errorf("a refused exec created %v in %s", entries, elsewhere)
 	}
+	// With no daemon serving the mount, exec says so.
+	m.Stop()
+	r := shIn(t, t.TempDir(), `"$B" exec "$D" -- echo ran`, "B="+binary, "D="+m.Path("app", "stacks", "s"))
+	if r.Code != 1 || strings.Contains(r.Stdout, "ran") || !strings.Contains(r.Stderr, "no cockpitfs daemon serves "+m.Dir+": start one with cockpitfs mount --daemon "+m.Dir) {
+		t.Errorf("exec with no daemon serving: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
 }
 
 // Ctrl-C at a terminal reaches the whole foreground process group: the command gets SIGINT as it

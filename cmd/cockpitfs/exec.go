@@ -46,6 +46,11 @@ func execCommand(args []string) error {
 		return err
 	}
 	if st, err := os.Stat(filepath.Join(stack, "holders")); err != nil || !st.IsDir() {
+		// MOUNTPOINT/COCKPIT/stacks/STACK on a mountpoint no daemon serves: say that.
+		mnt := filepath.Dir(filepath.Dir(filepath.Dir(stack)))
+		if note, err := os.Lstat(filepath.Join(mnt, notMountedNote)); err == nil && note.Mode().IsRegular() {
+			return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s", mnt, shellQuote(mnt))
+		}
 		return fmt.Errorf("%s is not a stack's directory (it has no holders/): give one like MOUNTPOINT/COCKPIT/stacks/STACK", stack)
 	}
 	// A command that cannot start is refused before anything is claimed: no holder, no lease.
