@@ -42,7 +42,7 @@ func TestChurnRacesCompactions(t *testing.T) {
 		ports[s] = m.read("app", "stacks", s, "ports", "HTTP")
 	}
 
-	cockpits := 150
+	cockpits := 100
 	if os.Getenv("COCKPITFS_LONG") != "" {
 		cockpits = 1000
 	}

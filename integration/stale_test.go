@@ -15,11 +15,11 @@ import (
 // returned — reads `revision`, stats `record` and reads it, lists `holders/` and reads a holder
 // file. Every read must show the writer's latest change: whatever the kernel caches, a change is
 // visible at the next open, stat and readdir (SPEC §2). COCKPITFS_STALE_ROUNDS sets the number
-// of rounds: 200 in the suite (a round is a commit and eight processes: 500 took 115 s of its
+// of rounds: 120 in the suite (a round is a commit and eight processes: 500 took 115 s of its
 // ten minutes beside the others), 10000 in scripts/long (COCKPITFS_LONG=1), which nothing bounds.
 func TestNeverStale(t *testing.T) {
 	t.Parallel()
-	rounds := 200
+	rounds := 120
 	if os.Getenv("COCKPITFS_LONG") == "1" {
 		rounds = 10000
 	}
