@@ -49,7 +49,7 @@ func execCommand(args []string) error {
 		// MOUNTPOINT/COCKPIT/stacks/STACK on a mountpoint no daemon serves: say that.
 		mnt := filepath.Dir(filepath.Dir(filepath.Dir(stack)))
 		if note, err := os.Lstat(filepath.Join(mnt, notMountedNote)); err == nil && note.Mode().IsRegular() {
-			return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s", mnt, shellQuote(mnt))
+			return notServed(mnt)
 		}
 		return fmt.Errorf("%s is not a stack's directory (it has no holders/): give one like MOUNTPOINT/COCKPIT/stacks/STACK", stack)
 	}

@@ -34,7 +34,7 @@ func gcCommand(args []string) error {
 		return err
 	}
 	if typ, err := mountType(mnt); err != nil || typ != cfs.MountType {
-		return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s", mnt, shellQuote(mnt))
+		return notServed(mnt)
 	}
 	file := filepath.Join(mnt, "gc")
 	listing, err := fusefile.ReadFile(file)

@@ -190,9 +190,10 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 	return dir, undo, nil
 }
 
-// The note is read, removed and made through the mountpoint's descriptor and never through a
-// link: the directory may be another user's, who can leave anything under the note's name there,
-// for root's daemon to write into or chmod.
+// notServed is what a command that works through the mount says of a mountpoint no daemon serves.
+func notServed(mnt string) error {
+	return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s", mnt, shellQuote(mnt))
+}
 
 // chmodDir sets the mode of the directory at path, failing on anything else there.
 func chmodDir(path string, mode uint32) error {
@@ -206,6 +207,10 @@ func chmodDir(path string, mode uint32) error {
 	}
 	return nil
 }
+
+// readNote and writeNote reach the note through the mountpoint's descriptor and never through a
+// link: the directory may be another user's, who can leave anything under the note's name there,
+// for root's daemon to write into or chmod.
 
 // readNote reads the note as it is, when it is a regular file: a FIFO or a device would hold the
 // mount up.

@@ -114,6 +114,7 @@ func TestNoteFollowsNothing(t *testing.T) {
 			os.Symlink(target, note)
 		}
 	}()
+	t.Cleanup(func() { stop.Store(true); <-racer }) // a failure below ends the racer too
 	for i := range 300 {
 		os.Remove(note) // the note is written again: the racer's link may be there first
 		dir, _, err := prepareMountpoint(mnt, true, fmt.Sprintf("cockpitfs mount %d", i))
