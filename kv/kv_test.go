@@ -389,6 +389,31 @@ func TestSecondOpenInProcessIsHeld(t *testing.T) {
 	again.Close()
 }
 
+// A store closed while a child this process started still holds a copy of its lock's descriptor
+// (forked, not yet exec'd: here a child given the descriptor, which ends 300 ms later) opens
+// again once the child lets go, rather than naming this process as the one in the way.
+func TestOpenAfterCloseWhileAChildHoldsTheLock(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	db, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("sleep", "0.3")
+	child.ExtraFiles = []*os.File{db.lock}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Wait()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(dir)
+	if err != nil {
+		t.Fatalf("Open after Close, the child holding the lock's copy: %v", err)
+	}
+	again.Close()
+}
+
 func TestOpenRemovesEmptyLogFiles(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	db, err := Open(dir)

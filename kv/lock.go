@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -14,6 +15,9 @@ import (
 // lockFileName sits beside badger's own LOCK. We take ours first because badger's
 // message does not say who holds the directory, and ours records the pid.
 const lockFileName = "cockpitfs.lock"
+
+// selfHeldWait is how long a lock this process's own pid holds is tried again (see lockDir).
+const selfHeldWait = time.Second
 
 // HeldError reports that another process holds the data directory.
 type HeldError struct {
@@ -39,10 +43,22 @@ func lockDir(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kv: open lock file: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	// A lock this process let go can stay taken a moment: a child it was starting when the lock's
+	// file was closed holds a copy of the descriptor until it execs (fork copies every descriptor,
+	// and close-on-exec closes it only at the exec). So a lock held by this pid is tried again for
+	// a while, and one held by another process is refused at once.
+	for deadline := time.Now().Add(selfHeldWait); ; time.Sleep(5 * time.Millisecond) {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		pid := readHolderPID(path)
+		if errors.Is(err, unix.EWOULDBLOCK) && pid == os.Getpid() && time.Now().Before(deadline) {
+			continue
+		}
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, &HeldError{Dir: dir, PID: readHolderPID(path)}
+			return nil, &HeldError{Dir: dir, PID: pid}
 		}
 		return nil, fmt.Errorf("kv: lock %s: %w", path, err)
 	}
