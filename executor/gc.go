@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -51,7 +54,7 @@ func (x *Executor) Survey() ([]Verdict, error) {
 	}
 	var out []Verdict
 	looks := x.newCheckouts()
-	defer looks.p.Close()
+	defer looks.close()
 	for _, c := range cockpits {
 		stacks, err := x.eng.Stacks(c.Name)
 		if err != nil {
@@ -83,14 +86,79 @@ const (
 // does not answer in time costs its holder's uid the rest of the survey's looks, and every later
 // survey's while its probe cannot be ended: one user's paths delay a survey by one wait, hold at
 // most one process, and leave everyone else's looked at.
+//
+// A daemon running as root looks at each holder's path as the holder's uid (its groups from the
+// user database), in a probe of that uid's own: what gc says of a path (exists, gone, cannot be
+// read) is then what its holder could find out, never what only root can see. A daemon of another
+// user can take no other uid, and looks as itself.
 type checkouts struct {
-	x    *Executor
-	p    *probe.Prober
-	hung map[uint32]string
+	x       *Executor
+	probers map[uint32]*probe.Prober
+	hung    map[uint32]string
 }
 
 func (x *Executor) newCheckouts() *checkouts {
-	return &checkouts{x: x, p: &probe.Prober{Timeout: checkoutWait}, hung: map[uint32]string{}}
+	return &checkouts{x: x, probers: map[uint32]*probe.Prober{}, hung: map[uint32]string{}}
+}
+
+func (c *checkouts) close() {
+	for _, p := range c.probers {
+		p.Close()
+	}
+}
+
+// prober is the probe that looks at uid's paths.
+func (c *checkouts) prober(uid uint32) *probe.Prober {
+	if p, ok := c.probers[uid]; ok {
+		return p
+	}
+	p := &probe.Prober{Timeout: checkoutWait}
+	if os.Geteuid() == 0 && uid != 0 {
+		p.As = credential(uid)
+	}
+	c.probers[uid] = p
+	return p
+}
+
+// credential is uid with its primary group and the groups naming it as /etc/passwd and /etc/group
+// give them, read here rather than through the system's user lookup, which may ask a directory
+// server and wait on it; a uid these files do not know gets the overflow group (65534) alone.
+// Either way the probe has no right its holder lacks.
+func credential(uid uint32) *syscall.Credential {
+	cred := &syscall.Credential{Uid: uid, Gid: 65534, Groups: []uint32{}}
+	id := strconv.FormatUint(uint64(uid), 10)
+	var name string
+	for _, f := range dbEntries("/etc/passwd", 7) { // name:password:uid:gid:gecos:home:shell
+		if gid, err := strconv.ParseUint(f[3], 10, 32); f[2] == id && err == nil {
+			name, cred.Gid = f[0], uint32(gid)
+			break
+		}
+	}
+	if name == "" {
+		return cred
+	}
+	for _, f := range dbEntries("/etc/group", 4) { // name:password:gid:members
+		gid, err := strconv.ParseUint(f[2], 10, 32)
+		if err == nil && slices.Contains(strings.Split(f[3], ","), name) {
+			cred.Groups = append(cred.Groups, uint32(gid))
+		}
+	}
+	return cred
+}
+
+// dbEntries are the lines of a colon-separated user database with n fields.
+func dbEntries(path string, n int) [][]string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out [][]string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Split(line, ":"); len(f) == n {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // stuckProbe is a probe of a uid's checkout that did not answer, killed and not yet ended.
@@ -108,7 +176,7 @@ func (c *checkouts) lstat(h engine.Holder) error {
 	if s, ok := c.x.stuck(h.UID); ok {
 		return fmt.Errorf("uid %d's checkout %s has not answered since %s", h.UID, engine.Printable(s.path), s.since.UTC().Format(time.RFC3339))
 	}
-	err := c.p.Lstat(h.CheckoutPath)
+	err := c.prober(h.UID).Lstat(h.CheckoutPath)
 	if na := (*probe.NoAnswerError)(nil); errors.As(err, &na) {
 		c.hung[h.UID] = h.CheckoutPath
 		select {
@@ -261,7 +329,7 @@ func (x *Executor) DrainStale(ctx context.Context, c engine.Caller, v Verdict) (
 			}
 			looks := x.newCheckouts()
 			v = x.judge(now, looks)
-			looks.p.Close()
+			looks.close()
 			if !v.Stale {
 				return nil, nil // claimed again meanwhile: kept
 			}

@@ -743,6 +743,34 @@ func TestWorktreesGCDrainsOnlyWhatItsUserMay(t *testing.T) {
 	}
 }
 
+// gc looks at a holder's checkout with the holder's rights, not the daemon's: a co-user who names
+// paths in a directory only root may read learns nothing of them from root's daemon (one there and
+// one absent both "cannot be told gone: permission denied"), where root's own holder of the absent
+// path is found gone.
+func TestWorktreesGCLooksAsTheHolder(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "setpriv")
+	m := ownershipMount(t, "--allow-other", "--gc-interval", "0")
+	private := t.TempDir() // root's, 0700
+	if err := os.WriteFile(filepath.Join(private, "there"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ownershipNobodyOK(m, "mkdir $M/nob && cat > $M/nob/config <<'EOF'\n"+worktreesConfig(48060, "720h", "5s")+"EOF\n"+
+		"mkdir $M/nob/stacks/there $M/nob/stacks/absent && echo 'pid=none checkout="+private+"/there' > $M/nob/stacks/there/holders/h && echo 'pid=none checkout="+private+"/absent' > $M/nob/stacks/absent/holders/h")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(48080, "720h", "5s") + "EOF\n" +
+		"mkdir $M/app/stacks/mine && echo 'pid=none checkout=" + private + "/absent' > $M/app/stacks/mine/holders/h")
+	r := shIn(t, "/", `"$B" gc --dry-run "$M"`, "B="+binary, "M="+m.Dir)
+	for _, want := range []string{
+		"keep nob/stacks/there: holder h's checkout " + private + "/there cannot be told gone: permission denied\n",
+		"keep nob/stacks/absent: holder h's checkout " + private + "/absent cannot be told gone: permission denied\n",
+		"drain app/stacks/mine: holders h (pid-less); checkouts gone: " + private + "/absent\n",
+	} {
+		if r.Code != 0 || !strings.Contains(r.Stdout, want) {
+			t.Fatalf("gc --dry-run lacks %q: exit %d\nstdout: %s\nstderr: %s", want, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+}
+
 // A holder's checkout below a FUSE server that never answers (a stopped daemon: any user may
 // stop their own, or name a path on one) holds up nobody: gc keeps that stack, saying the path
 // did not answer, and drains another stack whose checkout is gone, as before.

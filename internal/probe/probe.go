@@ -67,6 +67,10 @@ func Serve(in io.Reader, out io.Writer) int {
 // one. Not for concurrent use.
 type Prober struct {
 	Timeout time.Duration
+	// As, when set, is who the child runs as, so that a path is looked at with its user's rights
+	// and not the caller's. Such a child is that user's to signal, trace and read (/proc): it gets
+	// no environment but its mark, and its answers are read as text the user may have chosen.
+	As      *syscall.Credential
 	cmd     *exec.Cmd
 	in      io.WriteCloser
 	answers chan string
@@ -99,17 +103,38 @@ func (p *Prober) Lstat(path string) error {
 			return nil
 		case answer == "g":
 			return fs.ErrNotExist
+		case strings.HasPrefix(answer, "? ") && len(answer) <= maxAnswer:
+			return errors.New(printable(answer[2:]))
 		default:
-			return errors.New(strings.TrimPrefix(answer, "? "))
+			p.Close()
+			return errors.New("probe: the child answered out of turn")
 		}
 	case <-timer.C:
 		return &NoAnswerError{Timeout: p.Timeout, Reaped: p.Close()}
 	}
 }
 
+// maxAnswer bounds an answer's line: an errno's text is far shorter.
+const maxAnswer = 200
+
+// printable keeps an answer's printable ASCII only: a child running as another user may be made
+// to say anything.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < ' ' || r > '~' {
+			return '?'
+		}
+		return r
+	}, s)
+}
+
 func (p *Prober) start() error {
 	cmd := exec.Command("/proc/self/exe")
 	cmd.Env = append(os.Environ(), childEnv+"=1")
+	if p.As != nil {
+		cmd.Env = []string{childEnv + "=1"}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.As}
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return err
