@@ -53,7 +53,7 @@ func killedAt(t *testing.T, tmp, syscall string, n int, path string, args ...str
 	if path != "" {
 		strace = append(strace, "-P", path)
 	}
-	cmd := exec.Command("strace", append(append(strace, binary), args...)...)
+	cmd := exec.Command("strace", append(append(strace, plainBinary), args...)...)
 	// The race detector's second at exit, in every one of hundreds of runs, goes; one P keeps
 	// the calls on few threads, so the per-thread counts reach the command's later calls.
 	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", "GOMAXPROCS=1", "TMPDIR="+tmp)
@@ -100,7 +100,7 @@ func faultLoop(t *testing.T, every []string, prepare func(), check func(at strin
 func storeRecords(t *testing.T, data string) map[string][]byte {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "records.backup")
-	if r := cockpitfs(t, "backup", "--data", data, file); r.code != 0 {
+	if r := plain(t, "backup", "--data", data, file); r.code != 0 {
 		t.Fatalf("backup of %s: %s", data, r.out)
 	}
 	b, err := kv.ReadBackup(file)
@@ -146,7 +146,7 @@ func faultStores(t *testing.T) (m *mount, backup string) {
 	m.setupApp(40, map[string]int{"HTTP": 39600}, stacks...)
 	m.Stop()
 	backup = filepath.Join(t.TempDir(), "forty.backup")
-	if r := cockpitfs(t, "backup", "--data", m.Data, backup); r.code != 0 {
+	if r := plain(t, "backup", "--data", m.Data, backup); r.code != 0 {
 		t.Fatal(r.out)
 	}
 	m.start()
@@ -184,7 +184,7 @@ func TestRestoreKilledAtEachDiskCall(t *testing.T) {
 			}
 			return
 		}
-		v := cockpitfs(t, "verify", "--data", m.Data)
+		v := plain(t, "verify", "--data", m.Data)
 		if v.code != 0 {
 			want := "finish the restore with `cockpitfs restore --data " + m.Data + "`"
 			if !strings.Contains(v.out, "unfinished restore of "+backup) || !strings.Contains(v.out, want) {
@@ -192,12 +192,12 @@ func TestRestoreKilledAtEachDiskCall(t *testing.T) {
 			}
 			if seen["refused"] == 0 { // mount opens the store as verify does: once is enough
 				mnt := filepath.Join(t.TempDir(), "mnt")
-				if r := cockpitfs(t, "mount", "--data", m.Data, mnt); r.code == 0 || !strings.Contains(r.out, want) {
+				if r := plain(t, "mount", "--data", m.Data, mnt); r.code == 0 || !strings.Contains(r.out, want) {
 					t.Fatalf("killed at %s: mount (exit %d) did not refuse naming %s:\n%s", at, r.code, want, r.out)
 				}
 			}
 			seen["refused"]++
-			if r := cockpitfs(t, "restore", "--data", m.Data); r.code != 0 || !strings.Contains(r.out, "finished the restore of "+backup) {
+			if r := plain(t, "restore", "--data", m.Data); r.code != 0 || !strings.Contains(r.out, "finished the restore of "+backup) {
 				t.Fatalf("killed at %s: finishing the restore: %s", at, r.out)
 			}
 			if got := storeRecords(t, m.Data); !sameRecords(got, restored) {
@@ -255,7 +255,7 @@ func TestBackupKilledAtEachDiskCall(t *testing.T) {
 			temps++
 		}
 	}, "backup", "--data", m.Data, file)
-	if v := cockpitfs(t, "verify", "--data", m.Data); v.code != 0 {
+	if v := plain(t, "verify", "--data", m.Data); v.code != 0 {
 		t.Fatalf("verify after the kills: %s", v.out)
 	}
 	t.Logf("backup killed %d times; %d left a temporary file beside %s", kills, temps, file)
@@ -275,7 +275,7 @@ func TestVerifyKilledAtEachDiskCall(t *testing.T) {
 		}
 	}, "verify", "--data", m.Data)
 	// The next verify removes the copies the killed ones left in TMPDIR.
-	v := exec.Command(binary, "verify", "--data", m.Data)
+	v := exec.Command(plainBinary, "verify", "--data", m.Data)
 	v.Env = append(os.Environ(), "TMPDIR="+tmp)
 	if out, err := v.CombinedOutput(); err != nil {
 		t.Fatalf("verify after the kills: %v\n%s", err, out)
@@ -299,10 +299,10 @@ func TestMigrateKilledAtEachDiskCall(t *testing.T) {
 	// verify refuse it naming the command, which then copies everything.
 	refused := func(at string) {
 		mnt := filepath.Join(t.TempDir(), "mnt")
-		if r := cockpitfs(t, "mount", "--data", dst, mnt); r.code == 0 || !strings.Contains(r.out, again) {
+		if r := plain(t, "mount", "--data", dst, mnt); r.code == 0 || !strings.Contains(r.out, again) {
 			t.Fatalf("killed at %s: mount (exit %d) did not refuse naming %s:\n%s", at, r.code, again, r.out)
 		}
-		if r := cockpitfs(t, "migrate", m.Data, dst); r.code != 0 {
+		if r := plain(t, "migrate", m.Data, dst); r.code != 0 {
 			t.Fatalf("killed at %s: migrating again: %s", at, r.out)
 		}
 		if got := storeRecords(t, dst); !sameRecords(got, records) {
@@ -314,7 +314,7 @@ func TestMigrateKilledAtEachDiskCall(t *testing.T) {
 		if !killed && !strings.Contains(out, "copied ") {
 			t.Fatalf("migrate run to its end: %s", out)
 		}
-		v := cockpitfs(t, "verify", "--data", dst)
+		v := plain(t, "verify", "--data", dst)
 		switch {
 		case strings.Contains(v.out, "unfinished migration from "+m.Data) && strings.Contains(v.out, again):
 			refused(at)
@@ -342,7 +342,7 @@ func TestMigrateKilledAtEachDiskCall(t *testing.T) {
 	if killed, out := killedAt(t, tmp, "unlinkat", 1, mark, "migrate", m.Data, dst); !killed {
 		t.Fatalf("migrate was not killed removing %s: %s", mark, out)
 	}
-	v := cockpitfs(t, "verify", "--data", dst)
+	v := plain(t, "verify", "--data", dst)
 	if v.code == 0 || !strings.Contains(v.out, "unfinished migration from "+m.Data) || !strings.Contains(v.out, again) {
 		t.Fatalf("killed removing its mark: verify (exit %d) did not refuse naming %s:\n%s", v.code, again, v.out)
 	}
@@ -383,10 +383,10 @@ func TestMigrateToEtcdKilledAtEachCall(t *testing.T) {
 		got := held()
 		if _, marked := got["migrating"]; marked {
 			again := fmt.Sprintf("`cockpitfs migrate %s %s` again", m.Data, url)
-			if v := cockpitfs(t, "verify", "--store", url, "--command-timeout", "10s"); v.code == 0 || !strings.Contains(v.out, again) {
+			if v := plain(t, "verify", "--store", url, "--command-timeout", "10s"); v.code == 0 || !strings.Contains(v.out, again) {
 				t.Fatalf("killed at %s: verify (exit %d) did not refuse naming %s:\n%s", at, v.code, again, v.out)
 			}
-			if r := cockpitfs(t, "migrate", "--command-timeout", "10s", m.Data, url); r.code != 0 {
+			if r := plain(t, "migrate", "--command-timeout", "10s", m.Data, url); r.code != 0 {
 				t.Fatalf("killed at %s: migrating again: %s", at, r.out)
 			}
 			if got := held(); !sameRecords(got, records) {
@@ -408,7 +408,7 @@ func TestMigrateToEtcdKilledAtEachCall(t *testing.T) {
 	// Which writes fall between the first key and the end depends on the threads they run on: a
 	// prefix as such a kill leaves it (marked, part of the keys) is refused for certain.
 	empty()
-	if r := cockpitfs(t, "migrate", "--command-timeout", "10s", m.Data, url); r.code != 0 {
+	if r := plain(t, "migrate", "--command-timeout", "10s", m.Data, url); r.code != 0 {
 		t.Fatal(r.out)
 	}
 	if err := store.Update(context.Background(), func(tx storage.Txn) error {
@@ -420,10 +420,10 @@ func TestMigrateToEtcdKilledAtEachCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	again := fmt.Sprintf("`cockpitfs migrate %s %s` again", m.Data, url)
-	if v := cockpitfs(t, "verify", "--store", url, "--command-timeout", "10s"); v.code == 0 || !strings.Contains(v.out, again) {
+	if v := plain(t, "verify", "--store", url, "--command-timeout", "10s"); v.code == 0 || !strings.Contains(v.out, again) {
 		t.Fatalf("a marked prefix: verify (exit %d) did not refuse naming %s:\n%s", v.code, again, v.out)
 	}
-	if r := cockpitfs(t, "migrate", "--command-timeout", "10s", m.Data, url); r.code != 0 {
+	if r := plain(t, "migrate", "--command-timeout", "10s", m.Data, url); r.code != 0 {
 		t.Fatalf("migrating into a marked prefix again: %s", r.out)
 	}
 	if got := held(); !sameRecords(got, records) {
@@ -491,7 +491,7 @@ func TestMountKilledAtEachDiskCall(t *testing.T) {
 func mountKilledAt(t *testing.T, m *mount, tmp, syscall string, n int) bool {
 	t.Helper()
 	cmd := exec.Command("strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace="+syscall,
-		"-e", fmt.Sprintf("inject=%s:signal=KILL:when=%d", syscall, n), binary, "mount", "--data", m.Data, m.Dir)
+		"-e", fmt.Sprintf("inject=%s:signal=KILL:when=%d", syscall, n), plainBinary, "mount", "--data", m.Data, m.Dir)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1", "TMPDIR="+tmp)
 	log := newDaemonLog(t, cmd)
 	if err := m.ns.Do(cmd.Start); err != nil {
@@ -511,7 +511,7 @@ func mountKilledAt(t *testing.T, m *mount, tmp, syscall string, n int) bool {
 		default:
 		}
 		if strings.Contains(log.String(), "serving "+m.Dir) && serving(m.Dir) {
-			if r := cockpitfs(t, "unmount", m.Dir); r.code != 0 {
+			if r := plain(t, "unmount", m.Dir); r.code != 0 {
 				t.Fatalf("unmounting a start the kill did not reach: %s", r.out)
 			}
 			<-done

@@ -101,7 +101,18 @@ type cliRun struct {
 
 func cockpitfs(t *testing.T, args ...string) cliRun {
 	t.Helper()
-	out, err := exec.Command(binary, args...).CombinedOutput()
+	return runCLI(t, binary, args...)
+}
+
+// plain runs the binary the fault loops kill (plainBinary).
+func plain(t *testing.T, args ...string) cliRun {
+	t.Helper()
+	return runCLI(t, plainBinary, args...)
+}
+
+func runCLI(t *testing.T, program string, args ...string) cliRun {
+	t.Helper()
+	out, err := exec.Command(program, args...).CombinedOutput()
 	code := 0
 	if exit, ok := err.(*exec.ExitError); ok {
 		code = exit.ExitCode()
