@@ -255,7 +255,7 @@ func (x *Executor) judge(r engine.Record, looks *checkouts) Verdict {
 		if err := looks.lstat(h); !errors.Is(err, fs.ErrNotExist) {
 			v.Why = fmt.Sprintf("holder %s's checkout %s exists", h.Name, engine.Printable(h.CheckoutPath))
 			if err != nil {
-				v.Why = fmt.Sprintf("holder %s's checkout %s cannot be told gone: %v", h.Name, engine.Printable(h.CheckoutPath), err)
+				v.Why = fmt.Sprintf("holder %s's checkout %s cannot be told gone: %s", h.Name, engine.Printable(h.CheckoutPath), engine.Printable(err.Error()))
 			}
 			return v
 		}

@@ -69,7 +69,8 @@ type Prober struct {
 	Timeout time.Duration
 	// As, when set, is who the child runs as, so that a path is looked at with its user's rights
 	// and not the caller's. Such a child is that user's to signal, trace and read (/proc): it gets
-	// no environment but its mark, and its answers are read as text the user may have chosen.
+	// no environment but its mark, and its answers are text the user may have chosen (one short
+	// line, or the child is ended; the caller prints them as engine.Printable does any text).
 	As      *syscall.Credential
 	cmd     *exec.Cmd
 	in      io.WriteCloser
@@ -104,7 +105,7 @@ func (p *Prober) Lstat(path string) error {
 		case answer == "g":
 			return fs.ErrNotExist
 		case strings.HasPrefix(answer, "? ") && len(answer) <= maxAnswer:
-			return errors.New(printable(answer[2:]))
+			return errors.New(answer[2:])
 		default:
 			p.Close()
 			return errors.New("probe: the child answered out of turn")
@@ -116,17 +117,6 @@ func (p *Prober) Lstat(path string) error {
 
 // maxAnswer bounds an answer's line: an errno's text is far shorter.
 const maxAnswer = 200
-
-// printable keeps an answer's printable ASCII only: a child running as another user may be made
-// to say anything.
-func printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r < ' ' || r > '~' {
-			return '?'
-		}
-		return r
-	}, s)
-}
 
 func (p *Prober) start() error {
 	cmd := exec.Command("/proc/self/exe")

@@ -56,10 +56,3 @@ func TestLstatAnswersAsOsLstat(t *testing.T) {
 	}
 	check()
 }
-
-// An answer is read as text its child's user may have chosen: only printable ASCII is kept.
-func TestPrintableKeepsPrintableASCII(t *testing.T) {
-	if got := printable("no such\x1b[31m\nfile\u00e9"); got != "no such?[31m?file?" {
-		t.Errorf("printable: %q", got)
-	}
-}
