@@ -53,7 +53,7 @@ func (e *Engine) CountStacks(ctx context.Context, perUID int, unbounded ...uint3
 
 // CreateCockpit makes a namespace owned by the caller.
 func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error {
-	if !validCockpitName(name) {
+	if !ValidCockpitName(name) {
 		return refuse(StateRecordMalformed, name, "use 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-', and not README or ports",
 			"cockpit name %q is invalid", name)
 	}

@@ -140,7 +140,7 @@ func FuzzValidName(f *testing.F) {
 		if got := ValidName(s); got != want {
 			t.Fatalf("ValidName(%q) = %v, the spec says %v", s, got, want)
 		}
-		if got := validCockpitName(s); got != (want && s != "README" && s != "ports" && s != "status" && s != "status.json" && s != "gc") {
+		if got := ValidCockpitName(s); got != (want && s != "README" && s != "ports" && s != "status" && s != "status.json" && s != "gc") {
 			t.Fatalf("ValidCockpitName(%q) = %v", s, got)
 		}
 	})

@@ -115,8 +115,8 @@ func StackNameFor(dir string) string {
 	return folder[:min(len(folder), maxNameBytes-len(suffix))] + suffix
 }
 
-// validCockpitName adds the names the root directory already uses.
-func validCockpitName(s string) bool {
+// ValidCockpitName is ValidName less the names the root directory already uses.
+func ValidCockpitName(s string) bool {
 	return ValidName(s) && s != "README" && s != "ports" && s != "status" && s != "status.json" && s != "gc"
 }
 

@@ -54,7 +54,7 @@ func check(r Record, checked Value) error {
 	if r.Format != recordFormat || r.Kind != recordKind {
 		bad("format/kind %q/%q is not %s/%s", r.Format, r.Kind, recordFormat, recordKind)
 	}
-	if !validCockpitName(r.Cockpit) || !ValidName(r.Stack) {
+	if !ValidCockpitName(r.Cockpit) || !ValidName(r.Stack) {
 		bad("names %q/%q are invalid", r.Cockpit, r.Stack)
 	}
 	if r.CockpitID != cockpitID(r.Cockpit) || r.SubjectID != StackID(r.Cockpit, r.Stack) {

@@ -371,7 +371,7 @@ func foreignLine(h portlock.Holder) string {
 		return fmt.Sprintf("daemon=none pid=%s uid=%s\n", pid, uid)
 	}
 	id := h.Identity
-	return fmt.Sprintf("daemon=other pid=%s uid=%s data=%s mount=%s cockpit=%s stack=%s key=%s\n", pid, uid, id.Data, id.Mount, id.Cockpit, id.Stack, id.Key)
+	return fmt.Sprintf("daemon=other pid=%s uid=%s data=%s mount=%s cockpit=%s stack=%s key=%s\n", pid, uid, portlock.Quoted(id.Data), portlock.Quoted(id.Mount), id.Cockpit, id.Stack, id.Key)
 }
 
 // contentTimes keep a record-derived file's mtime while its content stays the same. Such a file

@@ -55,6 +55,9 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"unmount"}, "unmount takes one MOUNTPOINT"},
 		{[]string{"exec", filepath.Join(dir, "s")}, "exec needs -- and the command to run after it"},
 		{[]string{"completion", "zsh"}, "completion supports bash only"},
+		{[]string{"git", "install-hook", "--cockpit", "../../etc", dir}, "--cockpit ../../etc is not a cockpit name"},
+		{[]string{"git", "install-hook", "--cockpit", "a$(x)b", dir}, "--cockpit a$(x)b is not a cockpit name"},
+		{[]string{"git", "install-hook", "--cockpit", "status", dir}, "--cockpit status is not a cockpit name"},
 		{[]string{"help", "bogus"}, `unknown command "bogus"`},
 	} {
 		r := lifecycleRun(t, c.args...)

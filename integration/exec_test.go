@@ -86,6 +86,39 @@ func TestExecCommandThatCannotStart(t *testing.T) {
 	}
 }
 
+// A --holder that is not a holder's name is refused before anything happens: one with a slash
+// or a dot-dot would name a file outside holders/, which exec would otherwise create, overwrite
+// with its pid and remove. Exit 2; the file, the stack and its events are unchanged.
+func TestExecHolderNameOutsideHolders(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 37690}, "s")
+	before := m.read("app/stacks/s/events")
+	config := m.read("app/config")
+	outside := filepath.Join(t.TempDir(), "precious")
+	if err := os.WriteFile(outside, []byte("precious\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{strings.Repeat("../", 12) + strings.TrimPrefix(outside, "/"), "../../../config", "a/b", "..", ".hidden", "-x", "a\x1bb"} {
+		r := shIn(t, t.TempDir(), `"$B" exec --holder "$H" "$M/app/stacks/s" -- echo ran`, "M="+m.Dir, "B="+binary, "H="+name)
+		if r.Code != 2 || strings.Contains(r.Stdout, "ran") || !strings.Contains(r.Stderr, "is not a holder name") || strings.Contains(r.Stderr, "\x1b") {
+			t.Errorf("exec --holder %q: exit %d\nstdout: %s\nstderr: %q", name, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	if got, err := os.ReadFile(outside); err != nil || string(got) != "precious\n" {
+		t.Errorf("the file outside the mount after exec --holder ../…: %q, %v", got, err)
+	}
+	if got := m.read("app/config"); got != config {
+		t.Errorf("config changed by exec --holder ../../../config:\n%s", got)
+	}
+	if got := m.ok("ls -A $M/app/stacks/s/holders"); got != "" {
+		t.Errorf("holders after refused execs: %q", got)
+	}
+	if got := m.read("app/stacks/s/events"); got != before {
+		t.Errorf("events changed by refused execs:\n%s", strings.TrimPrefix(got, before))
+	}
+}
+
 // exec of a directory that is no stack's (a typo, the cockpit's, a checkout's): exit 1 naming
 // what to give; nothing runs and nothing is created.
 func TestExecNotAStackDirectory(t *testing.T) {

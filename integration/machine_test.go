@@ -232,6 +232,31 @@ done; done`, rounds, strings.Join(stacks, " "), machineDrain)
 	}
 }
 
+// Another daemon's data directory and mount are its user's to name: a path with spaces and '='
+// in it is shown quoted, so that it never reads as fields of the line — here, as the lease of a
+// stack this daemon never made — nor as words of a claim's events line.
+func TestMachineOtherDaemonsPathsCannotForgeFields(t *testing.T) {
+	t.Parallel() // its daemons are in a network namespace of the test's own
+	ns := machineSharedNetns(t)
+	a := newMountIn(t, ns)
+	base := t.TempDir()
+	b := &mount{t: t, ns: ns, Dir: filepath.Join(base, "m=(lease),app"), Data: filepath.Join(base, "d mount=/forged cockpit=app stack=forged key=HTTP")}
+	b.start()
+	t.Cleanup(b.stop)
+	const port = 46600
+	machineApp(b, 3, port, "b1")
+	b.ok("touch $M/app/stacks/b1/holders/me")
+	machineApp(a, 3, port, "a1")
+	want := fmt.Sprintf("daemon=other pid=%d uid=0 data=%q mount=%q cockpit=app stack=b1 key=HTTP\n", b.cmd.Process.Pid, b.Data, b.Dir)
+	if got := a.read("ports", strconv.Itoa(port)); got != want {
+		t.Fatalf("ports/%d = %q, want %q", port, got, want)
+	}
+	a.ok("touch $M/app/stacks/a1/holders/me")
+	if ev := a.lastEvent("app/stacks/a1/events"); !strings.Contains(ev, fmt.Sprintf("(data %s, lease app/b1)", strings.ReplaceAll(strconv.Quote(b.Data), `"`, `\"`))) {
+		t.Fatalf("a1's claim does not name b's data directory quoted: %s", ev)
+	}
+}
+
 // A daemon killed with SIGKILL strands nothing: the other daemon leases its family at once. Started
 // again it takes back the holds of its leases before it serves, keeps those nobody took, and
 // reports the one the other daemon took — in health, events and verify — without sharing it.

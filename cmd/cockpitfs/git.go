@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/cockpitfs/cockpitfs/engine"
 )
 
 // hookMark is the line that makes a post-checkout hook cockpitfs's own: one it may rewrite.
@@ -32,6 +34,10 @@ func gitCommand(args []string) error {
 	}
 	if *cockpit == "" {
 		return &usageError{command: "git", msg: "install-hook needs --cockpit NAME"}
+	}
+	// A hook for a name no cockpit can have would never claim: refused now, not at each checkout.
+	if !engine.ValidCockpitName(*cockpit) {
+		return &usageError{command: "git", msg: fmt.Sprintf("--cockpit %s is not a cockpit name: 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-', and none of README, ports, status, status.json, gc", engine.Printable(*cockpit))}
 	}
 	repo := "."
 	if len(positional) == 1 {

@@ -97,11 +97,22 @@ func (h Holder) String() string {
 	if h.Identity == nil {
 		return who + ", not a cockpitfs daemon"
 	}
-	s := fmt.Sprintf("the cockpitfs daemon %s (data %s", who, h.Identity.Data)
+	s := fmt.Sprintf("the cockpitfs daemon %s (data %s", who, Quoted(h.Identity.Data))
 	if h.Identity.Stack != "" {
 		s += ", lease " + h.Identity.Cockpit + "/" + h.Identity.Stack
 	}
 	return s + ")"
+}
+
+// Quoted is a path of another daemon's answer as a line or message shows it: quoted as Go quotes
+// a string when it is empty or holds a space, '=', '"', ',' or a parenthesis, so that a data
+// directory (any user may name one "d mount=/x cockpit=app") never reads as fields or words of
+// the line's own.
+func Quoted(path string) string {
+	if path == "" || strings.ContainsAny(path, " =\",()") {
+		return strconv.Quote(path)
+	}
+	return path
 }
 
 // Hold is one port held by this process until Release.
