@@ -373,8 +373,8 @@ func TestSharedPortHolderIsWhatTheKernelSays(t *testing.T) {
 
 // The documents a user's cat shows as another user wrote them — a cockpit's config, a stack's
 // declared-values, which any of its holders may write — hold no control character a terminal
-// acts on: a co-user's ESC, BEL or C1 CSI, comments included, is refused (EINVAL, one events
-// line, the document unchanged).
+// acts on: a co-user's ESC, BEL, C1 CSI or right-to-left override, comments included, is
+// refused (EINVAL, one events line, the document unchanged).
 func TestSharedDocumentsHoldNoTerminalControls(t *testing.T) {
 	t.Parallel()
 	m := ownershipMount(t, "--allow-other")
@@ -382,7 +382,7 @@ func TestSharedDocumentsHoldNoTerminalControls(t *testing.T) {
 	m.ok("chmod o+w $M/app/stacks/s") // open to nobody's holders
 	ownershipNobodyOK(m, "touch $M/app/stacks/s/holders/nob && echo 'web=http://localhost:1/' > $M/app/stacks/s/declared-values")
 	// coreutils' printf reports the close's errno, at which a whole document is judged.
-	for _, doc := range []string{`# \033]0;pwned\007\nweb=x`, `# \302\2332J\nweb=x`, `# fine\rforged\nweb=x`} {
+	for _, doc := range []string{`# \033]0;pwned\007\nweb=x`, `# \302\2332J\nweb=x`, `# fine\rforged\nweb=x`, `# \342\200\256x=bew\nweb=x`} {
 		lines := claimsEventCount(m, "app/stacks/s/events")
 		ownershipNobodyRefused(m, `/usr/bin/printf '`+doc+`\n' > $M/app/stacks/s/declared-values`, syscall.EINVAL)
 		ev := claimsRefusalEvent(t, m, "app/stacks/s/events", "STATE_RECORD_MALFORMED", "EINVAL")

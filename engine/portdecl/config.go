@@ -203,12 +203,18 @@ func checkExported(prefix string, bases map[string]int, entrypoints []Entrypoint
 // CheckText refuses a document another user's `cat` shows as it was written (a config,
 // declared values) when it holds a control character a terminal acts on: anything but tab and
 // newline, a carriage return only before a newline. TOML refuses most of them; C1 controls
-// (U+0080-U+009F) it lets through in comments.
+// (U+0080-U+009F) it lets through in comments. Nor may it hold a bidirectional embedding,
+// override or isolate (U+202A-U+202E, U+2066-U+2069): they reorder what is shown, so a comment
+// could show one value where another is (CVE-2021-42574, "Trojan Source").
 func CheckText(text []byte) error {
 	for i, r := range string(text) {
 		if unicode.IsControl(r) && r != '\t' && r != '\n' && !(r == '\r' && i+1 < len(text) && text[i+1] == '\n') {
 			line := 1 + bytes.Count(text[:i], []byte{'\n'})
 			return fmt.Errorf("line %d: control character %U, which a terminal reading the document would act on", line, r)
+		}
+		if r >= 0x202A && r <= 0x202E || r >= 0x2066 && r <= 0x2069 {
+			line := 1 + bytes.Count(text[:i], []byte{'\n'})
+			return fmt.Errorf("line %d: bidirectional control character %U, which reorders the text a reader is shown", line, r)
 		}
 	}
 	return nil

@@ -144,6 +144,8 @@ func TestParseRefuses(t *testing.T) {
 		{"C1 control in a comment", "# \u009b2J\n" + ports, "config: line 1: control character U+009B, which a terminal reading the document would act on"},
 		{"ESC in a comment", ports + "# \x1b]0;pwned\x07\n", "control character U+001B"},
 		{"lone carriage return", ports + "# fine\rforged\n", "control character U+000D"},
+		{"right-to-left override in a comment", ports + "# HTTP = 1\u202e0008 = \n", "config: line 7: bidirectional control character U+202E"},
+		{"isolate in a comment", "# \u2066x\u2069\n" + ports, "config: line 1: bidirectional control character U+2066"},
 		{"an integer TOML cannot hold", portsWith("9223372036854775808", "1", "A = 1"), "config: toml:"},
 		{"empty document", "", "config: no [ports] table"},
 		{"only entrypoints", entrypoint("web", `port = "HTTP"`, `path = "/"`), "config: no [ports] table"},
