@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -413,5 +414,104 @@ func TestMCPWaitDrain(t *testing.T) {
 	a.call("drain", map[string]any{"stack": "s", "action": "down", "targets": []string{"volume:db"}}, &d)
 	if d.Attempt == nil || d.Attempt["status"] != "failed" || d.Attempt["currentStage"] != "runtime-stop" {
 		t.Errorf("drain after a failed attempt: %+v", d)
+	}
+}
+
+// A line that is no JSON-RPC message — not JSON, a byte-order mark, an empty batch, null, another
+// version, one past 16 MiB — is answered with a JSON-RPC error whose id is null, and the session
+// goes on: its claims are kept and later requests are served. The end of stdin still ends it, and
+// releases its holders.
+func TestMCPBadLinesAreAnsweredNotFatal(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 49060})
+	cmd := exec.Command(binary, "mcp", "--mount", m.Dir, "--cockpit", "app", "--holder", "agent")
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), mcpRace)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ns.Do(cmd.Start); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	answers := json.NewDecoder(stdout)
+	send := func(line string) {
+		t.Helper()
+		if _, err := io.WriteString(stdin, line+"\n"); err != nil {
+			t.Fatalf("writing %.40q: %v", line, err)
+		}
+	}
+	type answer struct {
+		ID    any `json:"id"`
+		Error *struct {
+			Code int `json:"code"`
+		} `json:"error"`
+		Result json.RawMessage `json:"result"`
+	}
+	next := func() answer {
+		t.Helper()
+		var a answer
+		if err := answers.Decode(&a); err != nil {
+			t.Fatalf("reading an answer: %v", err)
+		}
+		return a
+	}
+	bad := []struct {
+		line string
+		code int
+	}{
+		{"{oops", -32700},
+		{"\ufeff{}", -32700},
+		{"[]", -32600},
+		{"null", -32600},
+		{`{"jsonrpc":"1.0","id":3,"method":"tools/list"}`, -32600},
+		{`{"jsonrpc":"2.0","id":{"a":1},"method":"tools/list"}`, -32600},
+		{strings.Repeat(" ", 16<<20) + "{}", -32600},
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, b := range bad {
+			send(b.line)
+			if a := next(); a.ID != nil || a.Error == nil || a.Error.Code != b.code {
+				t.Errorf("%s: %.40q answered %+v, want error %d with id null", when, b.line, a, b.code)
+			}
+		}
+	}
+	check("before initialize")
+	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if a := next(); a.ID != float64(1) || a.Error != nil {
+		t.Fatalf("initialize: %+v", a)
+	}
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"claim","arguments":{"stack":"s"}}}`)
+	if a := next(); a.ID != float64(2) || a.Error != nil || !strings.Contains(string(a.Result), "49060") {
+		t.Fatalf("claim: %+v %s", a, a.Result)
+	}
+	check("after a claim")
+	// Batches went with protocol 2025-06-18: the SDK would end the session at one.
+	send(`[{"jsonrpc":"2.0","id":4,"method":"tools/list"}]`)
+	if a := next(); a.ID != nil || a.Error == nil || a.Error.Code != -32600 {
+		t.Errorf("a batch under 2025-06-18 answered %+v", a)
+	}
+	if got := m.ok("ls $M/app/stacks/s/holders"); got != "agent\n" {
+		t.Fatalf("holders after the bad lines: %q", got)
+	}
+	send(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"status","arguments":{}}}`)
+	if a := next(); a.ID != float64(5) || a.Error != nil {
+		t.Fatalf("status after the bad lines: %+v", a)
+	}
+	// With a second holder, the session's is released when stdin ends.
+	m.ok("touch $M/app/stacks/s/holders/human")
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("cockpitfs mcp at the end of stdin: %v", err)
+	}
+	if got := m.ok("ls $M/app/stacks/s/holders"); got != "human\n" {
+		t.Errorf("holders after the session ended: %q", got)
 	}
 }

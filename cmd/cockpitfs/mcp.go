@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"github.com/cockpitfs/cockpitfs/agent"
 	"github.com/cockpitfs/cockpitfs/engine"
 )
@@ -46,7 +44,7 @@ func mcpCommand(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	err = srv.Run(ctx, &mcp.StdioTransport{})
+	err = srv.Run(ctx, stdioTransport{})
 	if ctx.Err() != nil {
 		return nil // signalled: the session's holders are released, as at the end of stdin
 	}
