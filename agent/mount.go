@@ -62,7 +62,8 @@ func (s *Server) mountErr(events string, err error) error {
 	if errors.As(err, &te) {
 		return te
 	}
-	if errors.Is(err, syscall.ENOTCONN) {
+	// ECONNABORTED: the daemon died while the request (a wait) was under way.
+	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
 		return s.notServed()
 	}
 	var errno syscall.Errno

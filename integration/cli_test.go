@@ -423,3 +423,33 @@ func TestMountDaemonDetached(t *testing.T) {
 		t.Errorf("--log-level error logged %q", log)
 	}
 }
+
+// When the daemon of a mount is killed, the tools say no daemon serves it and how to start one —
+// exec before it runs anything, gc, and an agent's wait that was under way — not the errno of a
+// dead FUSE connection or that the stack is no stack.
+func TestToolsOnAKilledDaemonsMount(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(2, map[string]int{"HTTP": 37700}, "s")
+	a := m.mcpAgent(t.TempDir(), "--cockpit", "app")
+	a.call("claim", map[string]any{"stack": "s"}, nil)
+	waited := make(chan refusal, 1)
+	go func() { waited <- a.refused("wait", map[string]any{"stack": "s", "timeout_seconds": 60}) }()
+	time.Sleep(500 * time.Millisecond) // the wait's read is under way in the daemon
+	m.Kill()
+	says := "no cockpitfs daemon serves " + m.Dir + ": start one with cockpitfs mount --daemon " + m.Dir
+	select {
+	case r := <-waited:
+		if r.Code != "NOT_MOUNTED" || !strings.Contains(r.Message, "no cockpitfs daemon serves "+m.Dir) {
+			t.Errorf("wait when the daemon was killed: %+v", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("wait did not return when the daemon was killed")
+	}
+	r := shIn(t, t.TempDir(), `"$B" exec "$M/app/stacks/s" -- echo ran`, "M="+m.Dir, "B="+binary)
+	if r.Code != 1 || strings.Contains(r.Stdout, "ran") || !strings.Contains(r.Stderr, says) {
+		t.Errorf("exec on the killed daemon's mount: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := cockpitfs(t, "gc", m.Dir); r.code != 1 || !strings.Contains(r.out, says) {
+		t.Errorf("gc on the killed daemon's mount: exit %d\n%s", r.code, r.out)
+	}
+}

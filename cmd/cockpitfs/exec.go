@@ -51,9 +51,10 @@ func execCommand(args []string) error {
 		return err
 	}
 	if st, err := os.Stat(filepath.Join(stack, "holders")); err != nil || !st.IsDir() {
-		// MOUNTPOINT/COCKPIT/stacks/STACK on a mountpoint no daemon serves: say that.
+		// MOUNTPOINT/COCKPIT/stacks/STACK on a mountpoint no daemon serves, or whose daemon is
+		// gone (ENOTCONN): say that.
 		mnt := filepath.Dir(filepath.Dir(filepath.Dir(stack)))
-		if note, err := os.Lstat(filepath.Join(mnt, notMountedNote)); err == nil && note.Mode().IsRegular() {
+		if note, nerr := os.Lstat(filepath.Join(mnt, notMountedNote)); errors.Is(err, syscall.ENOTCONN) || nerr == nil && note.Mode().IsRegular() {
 			return notServed(mnt)
 		}
 		return fmt.Errorf("%s is not a stack's directory (it has no holders/): give one like MOUNTPOINT/COCKPIT/stacks/STACK", stack)

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	cfs "github.com/cockpitfs/cockpitfs/fs"
 	"github.com/cockpitfs/cockpitfs/internal/fusefile"
@@ -38,6 +40,9 @@ func gcCommand(args []string) error {
 	}
 	file := filepath.Join(mnt, "gc")
 	listing, err := fusefile.ReadFile(file)
+	if errors.Is(err, syscall.ENOTCONN) { // its daemon is gone
+		return notServed(mnt)
+	}
 	if err != nil {
 		return err
 	}
