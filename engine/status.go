@@ -1,16 +1,16 @@
 package engine
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
 )
 
 // machineStatus is the machine at a glance: every cockpit, its stacks, their leased ports, holders
@@ -48,7 +48,7 @@ type holderStatus struct {
 	Name     string `json:"name"`
 	State    string `json:"state"` // live, dead, unknown, untracked
 	PID      int    `json:"pid,omitempty"`
-	Command  string `json:"command,omitempty"` // a live holder's command line
+	Command  string `json:"command,omitempty"` // a live holder's process's name (see command)
 	Checkout string `json:"checkout"`
 	UID      uint32 `json:"uid"`
 	// processStart is the start its pid was recorded with: what its liveness is judged by.
@@ -122,18 +122,19 @@ func (s stackStatus) withCells() stackStatus {
 	return s
 }
 
-// maxCommandLine bounds the command line a status row shows.
-const maxCommandLine = 60
+// maxCommand bounds the command a status row shows.
+const maxCommand = 60
 
-// commandLine is pid's command line, its arguments joined by spaces; "" when unreadable.
-func commandLine(pid int) string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return ""
-	}
-	s := strings.TrimSpace(strings.ReplaceAll(string(bytes.TrimRight(data, "\x00")), "\x00", " "))
-	if len([]rune(s)) > maxCommandLine {
-		s = string([]rune(s)[:maxCommandLine-1]) + "…"
+// command is what a status row shows as pid's command: its name as the kernel keeps it (comm), as
+// ps shows it without -f; "" when unreadable. Not its command line: reading another process's
+// argv takes that process's mmap lock, which its owner can hold for as long as they like (a fault
+// on a file of a FUSE server they stopped holds it, an mmap queued behind that holds back every
+// later reader: CVE-2018-1121's class), and a status read, under the status lock, must wait on no
+// user's process (TestStatusPastAHolderWhoseMemoryStalls). The name is the task's own field: no read of the process's memory.
+func command(pid int) string {
+	s := liveness.Name(pid)
+	if len([]rune(s)) > maxCommand { // a kernel thread's name may be longer than a process's
+		s = string([]rune(s)[:maxCommand-1]) + "…"
 	}
 	return s
 }

@@ -379,12 +379,12 @@ func (k *statusKeeper) observe(e *Engine) {
 		}
 		results[i].state = state
 		if state == "live" {
-			command, ok := commands[key.pid]
+			cmd, ok := commands[key.pid]
 			if !ok {
-				command = commandLine(key.pid)
-				commands[key.pid] = command
+				cmd = command(key.pid)
+				commands[key.pid] = cmd
 			}
-			results[i].command = command
+			results[i].command = cmd
 		}
 	}
 	if k.observed != nil && slices.Equal(results, k.observed) {

@@ -125,7 +125,7 @@ func TestStatusObservesHoldersAtEveryRead(t *testing.T) {
 		return ""
 	}
 	first := statusFile(t, e, StatusTable)
-	if got, want := row(first), "live "+pid+" sleep 600 /src -"; got != want {
+	if got, want := row(first), "live "+pid+" sleep /src -"; got != want {
 		t.Fatalf("job's row: %q, want %q", got, want)
 	}
 	if again := statusFile(t, e, StatusTable); &again[0] != &first[0] {

@@ -28,6 +28,9 @@ import (
 var binary, plainBinary string
 
 func TestMain(m *testing.M) {
+	if path := os.Getenv(memoryStallEnv); path != "" {
+		runMemoryStall(path) // this binary is a test's helper process (status_stall_test.go)
+	}
 	os.Exit(run(m))
 }
 

@@ -553,3 +553,15 @@ func HoldsOpen(tid int, path string) bool {
 	}
 	return false
 }
+
+// Name is process pid's name as the kernel keeps it (comm: its executable's base name, or what it
+// set, up to 15 bytes), as ps shows it without -f; "" when it cannot be read. It is a field of the
+// task, printed without a look at the process's memory: unlike its command line, no process can
+// make reading it wait.
+func Name(pid int) string {
+	data, err := readProc(procFile(pid, "comm"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(string(data), "\n")
+}
