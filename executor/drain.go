@@ -46,15 +46,16 @@ func (x *Executor) StopAttempt(ctx context.Context, c engine.Caller, cockpit, st
 			Message: fmt.Sprintf("the drain's next action is %s of %s, not %s: stop runs only the runtime-stop", a.Stage, a.TargetID, runtimeStop),
 			Fix:     "echo start > drain/attempt, do the work, then echo success > drain/outcome"}
 	}
-	return x.stopStack(ctx, c, r, r.Value.Holders)
+	return x.stopStack(ctx, c, r, r.Value.Holders, []uint32{c.UID})
 }
 
 // stopStack starts an attempt of the drain reserved in r's stack with c's process as its
-// executor, signals the processes the stack runs as c may (Find, Stop: those listening on the
-// lease's ports and the members of holders' process groups, never c's own process, its
-// ancestors, the daemon, or a process listening on another stack's leased port), records each in
-// the stack's events, and publishes the attempt's outcome.
-func (x *Executor) stopStack(ctx context.Context, c engine.Caller, r engine.Record, holders []engine.Holder) ([]Stopped, error) {
+// executor, signals the processes the stack runs as each uid of as may (Find, Stop: those
+// listening on the lease's ports and the members of holders' process groups, never c's own
+// process, its ancestors, the daemon, or a process listening on another stack's leased port),
+// records each in the stack's events, and publishes the attempt's outcome. as is c's uid for a
+// stop its writer asks for; gc's sweep names more (sweepers).
+func (x *Executor) stopStack(ctx context.Context, c engine.Caller, r engine.Record, holders []engine.Holder, as []uint32) ([]Stopped, error) {
 	cockpit, stack := r.Cockpit, r.Stack
 	at := func(name string) engine.Caller {
 		c := c
@@ -92,7 +93,15 @@ func (x *Executor) stopStack(ctx context.Context, c engine.Caller, r engine.Reco
 	if err != nil {
 		return nil, err
 	}
-	stopped := Stop(targets, c.UID, x.stopGrace(cockpit))
+	stopped := Stop(targets, as, x.stopGrace(cockpit))
+	var actingFor string
+	if len(as) != 1 || as[0] != c.UID {
+		uids := make([]string, len(as))
+		for i, uid := range as {
+			uids[i] = strconv.FormatUint(uint64(uid), 10)
+		}
+		actingFor = " (gc stops only what each of uids " + strings.Join(uids, ", ") + " may signal: the stack's creator, its cockpit's owner, its holders' and its drain's)"
+	}
 	outcome := engine.Outcome{Success: true, AttemptID: attemptID}
 	for _, s := range stopped {
 		if s.Result == "survived SIGKILL" {
@@ -104,7 +113,7 @@ func (x *Executor) stopStack(ctx context.Context, c engine.Caller, r engine.Reco
 				who = fmt.Sprintf("a process the daemon cannot see (uid %d, %s)", s.UID, strings.Join(s.Why, ", "))
 			}
 			_ = x.eng.LogRefusal(at("attempt"), cockpit, stack, &engine.Refusal{Code: engine.PermissionDenied,
-				Message: fmt.Sprintf("stop: %s is not one uid %d may signal: not signalled", who, c.UID),
+				Message: fmt.Sprintf("stop: %s is not one uid %d may signal: not signalled%s", who, s.DeniedTo, actingFor),
 				Fix:     fmt.Sprintf("stop it as uid %d or root", s.UID)}, s.Errno)
 			continue
 		}

@@ -290,9 +290,10 @@ func (x *Executor) mayDrain(uid uint32, r engine.Record) bool {
 // already reserved is finished: its orphaned attempt repaired, its runtime-stop run. Otherwise it
 // releases all pid-less holders but the first, reserves `down` for that one (or, when every holder
 // is dead, for a new holder named gc, which takes the stack over), and runs the drain's one action
-// with the stop step. The reservation is planned at the revision judged, so a stack changed since
-// (claimed again) is refused by the engine, not drained.
-func (x *Executor) DrainStale(ctx context.Context, c engine.Caller, v Verdict) ([]Stopped, error) {
+// with the stop step, which signals only what each uid of as may. The reservation is planned at
+// the revision judged, so a stack changed since (claimed again) is refused by the engine, not
+// drained.
+func (x *Executor) DrainStale(ctx context.Context, c engine.Caller, v Verdict, as []uint32) ([]Stopped, error) {
 	r := v.record
 	at := func(path string) engine.Caller {
 		c := c
@@ -306,7 +307,7 @@ func (x *Executor) DrainStale(ctx context.Context, c engine.Caller, v Verdict) (
 				return nil, err
 			}
 		}
-		return x.stopStack(ctx, c, r, r.Value.Holders)
+		return x.stopStack(ctx, c, r, r.Value.Holders, as)
 	}
 	var pidless []engine.Holder
 	for _, h := range r.Value.Holders {
@@ -343,7 +344,35 @@ func (x *Executor) DrainStale(ctx context.Context, c engine.Caller, v Verdict) (
 	if err := x.eng.ReserveDrain(ctx, at("drain/request"), r.Cockpit, r.Stack, req, r.Revision); err != nil {
 		return nil, err
 	}
-	return x.stopStack(ctx, c, r, r.Value.Holders)
+	return x.stopStack(ctx, c, r, r.Value.Holders, as)
+}
+
+// sweepers are the uids a sweep's drain of r's stack stops processes for: every uid with a say in
+// the stack being stale. Those are its creator, its cockpit's owner (who may remove any holder of
+// it, and the record does not say who removed one), each holder's uid (another user's holder, a
+// pid-less one of a path that does not exist, makes the stack stale once the others are gone) and
+// a reserved drain's. The stop signals only what each of them may, so root's sweep ends nothing
+// the users who made the stack stale could not have ended themselves. Root restricts nothing and
+// is left out unless it is all there is.
+func sweepers(r engine.Record, creator, owner uint32) []uint32 {
+	var as []uint32
+	add := func(uid uint32) {
+		if uid != 0 && !slices.Contains(as, uid) {
+			as = append(as, uid)
+		}
+	}
+	add(creator)
+	add(owner)
+	for _, h := range r.Value.Holders {
+		add(h.UID)
+	}
+	if d := r.Value.Drain; d != nil {
+		add(d.UID)
+	}
+	if len(as) == 0 {
+		return []uint32{0}
+	}
+	return as
 }
 
 // Drained is one stack a gc run drained, or tried to.
@@ -363,7 +392,7 @@ func (x *Executor) Collect(ctx context.Context, c engine.Caller) ([]Drained, err
 	var out []Drained
 	for _, v := range verdicts {
 		if v.Stale && x.mayDrain(c.UID, v.record) {
-			stopped, err := x.DrainStale(ctx, c, v)
+			stopped, err := x.DrainStale(ctx, c, v, []uint32{c.UID})
 			out = append(out, Drained{Verdict: v, Stopped: stopped, Err: err})
 		}
 	}
@@ -374,7 +403,8 @@ func (x *Executor) Collect(ctx context.Context, c engine.Caller) ([]Drained, err
 const maxDrainsPerSweep = 8
 
 // Sweeper drains stacks stale for their cockpit's [gc] grace, as the stack's creator, once per
-// interval (Run). It remembers when it first saw each stack stale: a restart starts the grace
+// interval (Run), stopping only what every uid with a say in the stack being stale may signal
+// (sweepers). It remembers when it first saw each stack stale: a restart starts the grace
 // again, which only ever delays a drain.
 type Sweeper struct {
 	x *Executor
@@ -405,7 +435,8 @@ func (s *Sweeper) Run(ctx context.Context, interval time.Duration) {
 }
 
 // Sweep judges every stack with an active lease once and drains, as its creator, up to
-// maxDrainsPerSweep of those stale for their cockpit's grace; the rest wait for the next sweep.
+// maxDrainsPerSweep of those stale for their cockpit's grace, stopping only what each of its
+// sweepers may signal; the rest wait for the next sweep.
 func (s *Sweeper) Sweep(ctx context.Context) {
 	verdicts, err := s.x.Survey()
 	if err != nil {
@@ -432,11 +463,12 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 	s.since = stale
 	for _, v := range due {
 		creator, ok := s.x.eng.StackCreator(v.record)
-		if !ok {
+		info, err := s.x.eng.Cockpit(v.Cockpit)
+		if !ok || err != nil {
 			continue
 		}
 		c := engine.Caller{PID: s.x.self, UID: creator, Op: "gc"}
-		if _, err := s.x.DrainStale(ctx, c, v); err != nil {
+		if _, err := s.x.DrainStale(ctx, c, v, sweepers(v.record, creator, info.UID)); err != nil {
 			s.report(c, v.Cockpit, v.Stack, err)
 		}
 	}

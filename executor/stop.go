@@ -37,10 +37,12 @@ type Target struct {
 type Stopped struct {
 	Target
 	// Result is "terminated" (it ended after SIGTERM), "killed" (after SIGKILL), "gone" (it ended
-	// before any signal), "not signalled" (the requester may not signal it: Errno says why), "not
+	// before any signal), "not signalled" (a requester may not signal it: Errno says why), "not
 	// signalled: <why>" (it runs another stack too) or "survived SIGKILL".
 	Result string
 	Errno  string
+	// DeniedTo is, with Errno EPERM, the requester that may not signal it.
+	DeniedTo uint32
 }
 
 // String names the process and what became of it, for an events line.
@@ -216,25 +218,22 @@ func appendPort(ports []int, port int) []int {
 // (a hung disk or FUSE request) outlasts it.
 const killWait = 2 * time.Second
 
-// Stop ends targets as a process of uid requester may (kill(2)'s rule: its own, or any for
-// root): SIGTERM, then SIGKILL to those still running after grace. A target the requester may
-// not signal, or that the daemon cannot see, is not signalled. Each
-// process is signalled through a pidfd opened while its start was the one Find saw, so a pid
-// reused meanwhile is never signalled.
-func Stop(targets []Target, requester uint32, grace time.Duration) []Stopped {
+// Stop ends targets as a process of each uid of requesters may (kill(2)'s rule: its own, or any
+// for root): SIGTERM, then SIGKILL to those still running after grace. A target one of the
+// requesters may not signal, or that the daemon cannot see, is not signalled. Each process is
+// signalled through a pidfd opened while its start was the one Find saw, so a pid reused
+// meanwhile is never signalled.
+func Stop(targets []Target, requesters []uint32, grace time.Duration) []Stopped {
 	out := make([]Stopped, len(targets))
 	pidfds := make([]int, len(targets))
 	for i, t := range targets {
 		out[i], pidfds[i] = Stopped{Target: t}, -1
-		switch {
-		case t.Kept != "":
+		if t.Kept != "" {
 			out[i].Result = "not signalled: " + t.Kept
 			continue
-		case t.PID == 0:
-			out[i].Result, out[i].Errno = "not signalled", "EPERM"
-			continue
-		case !liveness.Signalable(requester, t.PID):
-			out[i].Result, out[i].Errno = "not signalled", "EPERM"
+		}
+		if denied, ok := deniedTo(t, requesters); ok {
+			out[i].Result, out[i].Errno, out[i].DeniedTo = "not signalled", "EPERM", denied
 			continue
 		}
 		fd, err := unix.PidfdOpen(t.PID, 0)
@@ -267,6 +266,24 @@ func Stop(targets []Target, requester uint32, grace time.Duration) []Stopped {
 		}
 	}
 	return out
+}
+
+// deniedTo is the first of requesters that may not signal t, if any. A process the daemon cannot
+// see is signalled by none: the one named is then the first requester that is neither root nor
+// its socket's uid, or else the first.
+func deniedTo(t Target, requesters []uint32) (uint32, bool) {
+	if len(requesters) == 0 {
+		return 0, true // a stop acting for no one signals nothing
+	}
+	for _, uid := range requesters {
+		if t.PID == 0 && uid != 0 && uid != t.UID || t.PID != 0 && !liveness.Signalable(uid, t.PID) {
+			return uid, true
+		}
+	}
+	if t.PID == 0 {
+		return requesters[0], true
+	}
+	return 0, false
 }
 
 // waitExit waits until each pidfd's process has ended, or deadline; each that has is closed and

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -48,15 +49,19 @@ time.sleep(3600)`, strconv.Itoa(port))
 	if len(targets) != 1 || targets[0].PID != server.Process.Pid || strings.Join(targets[0].Why, ",") != "listens on port "+strconv.Itoa(port) {
 		t.Fatalf("Find: %+v, want only the server %d", targets, server.Process.Pid)
 	}
-	if got := Stop(targets, 65534, time.Second); got[0].Result != "not signalled" || got[0].Errno != "EPERM" {
+	if got := Stop(targets, []uint32{65534}, time.Second); got[0].Result != "not signalled" || got[0].Errno != "EPERM" {
 		t.Fatalf("Stop as uid 65534: %+v", got)
+	}
+	// Acting for several uids, a stop signals only what each may: the server's own uid is not enough.
+	if got := Stop(targets, []uint32{uint32(os.Getuid()), 65534}, time.Second); os.Getuid() != 65534 && (got[0].Result != "not signalled" || got[0].DeniedTo != 65534) {
+		t.Fatalf("Stop as uids %d and 65534: %+v", os.Getuid(), got)
 	}
 	reused := targets[0]
 	reused.start = "1" // as if the pid now were another process's
-	if got := Stop([]Target{reused}, 0, time.Second); got[0].Result != "gone" {
+	if got := Stop([]Target{reused}, []uint32{0}, time.Second); got[0].Result != "gone" {
 		t.Fatalf("Stop of a pid whose start changed: %+v", got)
 	}
-	if got := Stop(targets, 0, time.Minute); got[0].Result != "terminated" {
+	if got := Stop(targets, []uint32{0}, time.Minute); got[0].Result != "terminated" {
 		t.Fatalf("Stop as root: %+v", got)
 	}
 	server.Wait()

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -768,6 +769,94 @@ func TestWorktreesGCLooksAsTheHolder(t *testing.T) {
 		if r.Code != 0 || !strings.Contains(r.Stdout, want) {
 			t.Fatalf("gc --dry-run lacks %q: exit %d\nstdout: %s\nstderr: %s", want, r.Code, r.Stdout, r.Stderr)
 		}
+	}
+}
+
+// gcVictim is the uid whose server the owner of another cockpit tries to have root's sweep end.
+const gcVictim = 1001
+
+// asGCVictim are setpriv's arguments that run a program as uid and gid gcVictim, with no groups.
+var asGCVictim = []string{"--reuid=" + strconv.Itoa(gcVictim), "--regid=" + strconv.Itoa(gcVictim), "--clear-groups"}
+
+// asVictim runs script with bash as gcVictim (asGCVictim), from /, with $M set; it fails the test
+// unless the script succeeds.
+func asVictim(m *mount, script string) {
+	m.t.Helper()
+	r := shIn(m.t, "/", `exec setpriv $ARGS bash -c "$S"`, "ARGS="+strings.Join(asGCVictim, " "), "M="+m.Dir, "S="+script)
+	if r.Code != 0 {
+		m.t.Fatalf("as uid %d, script failed (exit %d):\n%s\nstdout: %s\nstderr: %s", gcVictim, r.Code, script, r.Stdout, r.Stderr)
+	}
+}
+
+// Root's sweep stops only what every uid with a say in a stack being stale may signal. A
+// cockpit's owner (nobody) makes another user's stack in it stale (a pid-less holder of a path
+// that does not exist added, the user's holder removed: both an owner's rights): the sweep drains
+// it but leaves the user's server on its port serving, naming it as not one uid 65534 may signal.
+// The same user's own stale stack, in the user's own cockpit, has its server ended by the sweep.
+func TestWorktreesGCStopsNothingTheOwnerMayNotSignal(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "node", "setpriv")
+	m := ownershipMount(t, "--allow-other", "--gc-interval", "100ms")
+	checkout := map[string]string{}
+	for _, name := range []string{"attacked", "own"} {
+		checkout[name] = filepath.Join(filepath.Dir(m.Dir), name)
+		if err := os.Mkdir(checkout[name], 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(checkout[name], gcVictim, gcVictim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ownershipNobodyOK(m, "mkdir $M/evil && cat > $M/evil/config <<'EOF'\n"+worktreesConfig(45600, "1s", "2s")+"EOF")
+	asVictim(m, "mkdir $M/evil/stacks/vs && echo 'pid=none checkout="+checkout["attacked"]+"' > $M/evil/stacks/vs/holders/vic\n"+
+		"mkdir $M/vc && cat > $M/vc/config <<'EOF'\n"+worktreesConfig(45700, "1s", "2s")+"EOF\n"+
+		"mkdir $M/vc/stacks/own && echo 'pid=none checkout="+checkout["own"]+"' > $M/vc/stacks/own/holders/vic")
+	port := func(cockpit, stack string) int {
+		p, err := strconv.Atoi(strings.TrimSpace(m.read(cockpit, "stacks", stack, "ports", "HTTP")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	attackedPort, ownPort := port("evil", "vs"), port("vc", "own")
+	server := func(port int) *process {
+		return startIn(m, "listening", "setpriv", append(slices.Clone(asGCVictim), "node", "-e", nodeServer, strconv.Itoa(port))...)
+	}
+	attacked, own := server(attackedPort), server(ownPort)
+
+	ownershipNobodyOK(m, "echo 'pid=none checkout=/nonexistent-atk' > $M/evil/stacks/vs/holders/atk && rm $M/evil/stacks/vs/holders/vic")
+	if err := os.Remove(checkout["own"]); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"evil/stacks/vs", "vc/stacks/own"} {
+		waitFor(t, func() string { return s + " drained by the sweep: " + m.read(s, "lease") },
+			func() bool { return strings.Contains(m.read(s, "lease"), "released=true") })
+	}
+
+	if !attacked.running() || !servesHTTP(m, attackedPort) {
+		t.Errorf("the sweep stopped uid %d's server on evil/stacks/vs, which its cockpit's owner made stale", gcVictim)
+	}
+	events := m.read("evil/stacks/vs/events")
+	refusal := fmt.Sprintf(`"uid":%[1]d,"result":"refused","code":"PERMISSION_DENIED","errno":"EPERM","message":"stop: process %[2]d (node, uid %[1]d, listens on port %[3]d) is not one uid 65534 may signal: not signalled (gc stops only what each of uids %[1]d, 65534 may signal: the stack's creator, its cockpit's owner, its holders' and its drain's)","fix":"stop it as uid %[1]d or root"}`,
+		gcVictim, attacked.cmd.Process.Pid, attackedPort)
+	var refused bool
+	for _, line := range strings.Split(events, "\n") {
+		refused = refused || strings.Contains(line, `"op":"gc","path":"evil/stacks/vs/drain/attempt"`) && strings.HasSuffix(line, refusal)
+	}
+	if !refused || strings.Contains(events, `"result":"stopped"`) {
+		t.Errorf("evil/stacks/vs's events, want gc's refusal %s and nothing stopped:\n%s", refusal, events)
+	}
+	if holders := m.ok("ls -A $M/evil/stacks/vs/holders"); holders != "" {
+		t.Errorf("evil/stacks/vs drained, its holders: %q", holders)
+	}
+
+	if got := own.endedBy(t); got != "SIGTERM" {
+		t.Errorf("uid %d's server on its own stale stack ended by %q, want the sweep's SIGTERM", gcVictim, got)
+	}
+	stopped := fmt.Sprintf(`"uid":%d,"result":"stopped","message":"stop: process %d node (uid %d, listens on port %d): terminated"`,
+		gcVictim, own.cmd.Process.Pid, gcVictim, ownPort)
+	if events := m.read("vc/stacks/own/events"); !strings.Contains(events, stopped) {
+		t.Errorf("vc/stacks/own's events lack %s:\n%s", stopped, events)
 	}
 }
 
