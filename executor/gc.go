@@ -171,10 +171,10 @@ type stuckProbe struct {
 // lstat is os.Lstat of h's checkout path, through the probe.
 func (c *checkouts) lstat(h engine.Holder) error {
 	if path, ok := c.hung[h.UID]; ok {
-		return fmt.Errorf("uid %d's checkout %s did not answer in this survey", h.UID, engine.Printable(path))
+		return fmt.Errorf("uid %d's checkout %s did not answer in this survey", h.UID, path) // judge makes it printable
 	}
 	if s, ok := c.x.stuck(h.UID); ok {
-		return fmt.Errorf("uid %d's checkout %s has not answered since %s", h.UID, engine.Printable(s.path), s.since.UTC().Format(time.RFC3339))
+		return fmt.Errorf("uid %d's checkout %s has not answered since %s", h.UID, s.path, s.since.UTC().Format(time.RFC3339))
 	}
 	err := c.prober(h.UID).Lstat(h.CheckoutPath)
 	if na := (*probe.NoAnswerError)(nil); errors.As(err, &na) {

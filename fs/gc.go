@@ -20,7 +20,7 @@ func (f *FS) gcView() (view, error) {
 	}
 	var b strings.Builder
 	for _, v := range verdicts {
-		b.WriteString(engine.Printable(v.Line()))
+		b.WriteString(v.Line()) // printable already: Survey escapes each path and error it names
 		b.WriteByte('\n')
 	}
 	// Its content follows processes and directories, not commits: no change has a time to show.

@@ -377,6 +377,29 @@ func TestWorktreesGCDryRunThenRun(t *testing.T) {
 	waitFor(t, func() string { return "the left server to end" }, func() bool { return processGone(server) })
 }
 
+// A checkout path is shown in the gc file as every text view shows it, escaped once: ESC as \x1b,
+// a backslash as \\ — not escaped again (\\x1b), and never raw.
+func TestWorktreesGCShowsAPathEscapedOnce(t *testing.T) {
+	t.Parallel()
+	m := newMount(t, "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47960, "720h", "5s") + "EOF")
+	checkout := filepath.Join(t.TempDir(), "a\x1b[31mb\\c")
+	if err := os.Mkdir(checkout, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m.ok("mkdir $M/app/stacks/s")
+	if r := shIn(t, checkout, `echo pid=none > "$M/app/stacks/s/holders/me"`, "M="+m.Dir); r.Code != 0 {
+		t.Fatalf("claim from %q: exit %d: %s", checkout, r.Code, r.Stderr)
+	}
+	if err := os.Remove(checkout); err != nil {
+		t.Fatal(err)
+	}
+	want := "drain app/stacks/s: holders me (pid-less); checkouts gone: " + strings.TrimSuffix(filepath.Dir(checkout), "/") + `/a\x1b[31mb\\c` + "\n"
+	if got := m.read("gc"); got != want {
+		t.Fatalf("the gc file reads %q, want %q", got, want)
+	}
+}
+
 // cockpitfs git install-hook writes a post-checkout hook that claims each new worktree's stack
 // for a pid-less holder; installing it again changes nothing, and a hook cockpitfs did not write
 // is left as it is unless --force (then it is kept and run first). gc drains the stack once the
