@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -142,6 +143,11 @@ type handle struct {
 	// read is how far this open has read, in the same terms as base (see follow).
 	read int64
 	tid  uint32 // the thread that opened it (see threadOpens)
+	// opener (an open for writing's) and writers, those that wrote what is pending, are the
+	// processes of this open (see party). Every other holder of one of its descriptors inherited
+	// it (fork copies them all): a `$(…)` subshell, a child python started.
+	opener  int
+	writers []int
 	// pin is this open's hold on the shared snapshot it took (nil: none; see snapshots).
 	pin *pin
 	// what it writes counts against the open bytes of the uid that opened it
@@ -235,8 +241,9 @@ var (
 )
 
 // Release forgets a followed open, and the open its thread's stats and SETATTRs went through,
-// and lets go of its snapshot. It applies what is still pending: a close that held back for
-// another descriptor of its process (see applyPending), where that descriptor was of another open.
+// and lets go of its snapshot. It applies what is still pending: what a close held back for a
+// descriptor that was of another open (a process writing the file through two opens), or wrote
+// by a process the open did not remember (see applyPending, maxWriters).
 func (f *file) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
 	defer f.fsys.guard("release", f.path, "", &errno)
 	f.applyPending(ctx, fh, "release")
@@ -413,6 +420,9 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uin
 		h.doc = append([]byte(nil), v.data...)
 	}
 	f.opened(ctx, h)
+	if openedFlags == writeOpenFlags {
+		h.opener, _ = callerProcess(ctx)
+	}
 	if f.follows {
 		f.fsys.followers.add(f.path, h)
 	}
@@ -483,6 +493,7 @@ func (f *file) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	defer h.mu.Unlock()
 	_, isCommand := f.writer.(commandWriter)
 	_, isDocument := f.writer.(documentWriter)
+	h.wroteBy(ctx, isDocument && h.dirty || isCommand && len(h.line) > 0)
 	if h.refused != 0 {
 		errno := h.refused
 		if isCommand && endsLine(data) {
@@ -751,9 +762,10 @@ func (f *file) Fsync(ctx context.Context, fh gofs.FileHandle, _ uint32) (errno s
 	return f.applyPending(ctx, fh, "fsync")
 }
 
-// Flush is a close (of each descriptor of the open): it applies what was written on this open
-// and is pending, unless the writer was killed. cat, cp, dd, tee, python, sed and editors report
-// its errno; bash's builtins do not.
+// Flush is a close (of each descriptor of the open, by whichever process holds it): it applies
+// what was written on this open and is pending, once its writer is done (see applyPending),
+// unless the writer was killed. cat, cp, dd, tee, python, sed and editors report its errno;
+// bash's builtins do not.
 func (f *file) Flush(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
 	defer f.fsys.guard("flush", f.path, "", &errno)
 	return f.applyPending(ctx, fh, "write")
@@ -774,10 +786,15 @@ type commandWriter interface {
 }
 
 // applyPending applies what this open wrote and nothing has applied yet: a document, or a
-// command's unended line. At a close (op "write") by a writer a signal killed, it applies
-// nothing: what it wrote may stop anywhere (`HTTP = 2` of `HTTP = 26500`). One events line says
-// so; the writer is gone and reads no errno. A writer that exits without closing closes at its
-// exit, unkilled, and what it wrote applies.
+// command's unended line. FUSE flushes at every close(2) of every descriptor sharing the open,
+// so a close (op "write") applies only when it ends the writing: it is by a process of the open
+// (see party), and neither that process nor another of the open's still holds a descriptor of
+// the file for writing. The close of an inherited copy by a child that wrote nothing (a `$(…)`
+// subshell, a `sleep` killed) ends nothing and abandons nothing. At a close by a process of the
+// open a signal killed, it applies nothing: what was written may stop anywhere (`HTTP = 2` of
+// `HTTP = 26500`). One events line says so; the writer is gone and reads no errno, and the
+// open's later writes are refused with the same errno. A writer that exits without closing
+// closes at its exit, unkilled, and what it wrote applies.
 func (f *file) applyPending(ctx context.Context, fh gofs.FileHandle, op string) syscall.Errno {
 	ctx = uninterrupted(ctx)
 	h, ok := fh.(*handle)
@@ -803,12 +820,16 @@ func (f *file) applyPending(ctx context.Context, fh gofs.FileHandle, op string) 
 	if op == "release" {
 		op = "write" // the last close's, which held back: nobody is left to read its errno
 	} else if op == "write" {
+		pid, known := callerProcess(ctx)
+		if known && !h.party(pid) {
+			return 0 // a copy inherited: the open's own processes are not done with it
+		}
 		if errno := f.abandoned(ctx, pending); errno != 0 {
-			h.dirty, h.line = false, h.line[:0]
+			h.dirty, h.line, h.refused = false, h.line[:0], errno
 			return errno
 		}
-		if f.stillOpen(ctx) {
-			return 0 // bash's `printf … >&3` closes a duplicate of fd 3: the writer is not done
+		if f.stillWriting(ctx, h, pid) {
+			return 0
 		}
 	}
 	var err error
@@ -826,11 +847,52 @@ func (f *file) applyPending(ctx context.Context, fh gofs.FileHandle, op string) 
 	return 0
 }
 
-// stillOpen says whether the process closing a descriptor of f holds another one on it: that
-// close is not its writer's last.
-func (f *file) stillOpen(ctx context.Context) bool {
+// stillWriting says whether a close of h by process pid leaves the writing unended: that process
+// holds another descriptor of f for writing (bash's `printf … >&3` closes a duplicate of fd 3),
+// or another process of h does (a child that wrote part exits; its parent writes on). A
+// descriptor open only for reading is no duplicate of a write open, and does not count.
+func (f *file) stillWriting(ctx context.Context, h *handle, pid int) bool {
+	path := filepath.Join(f.fsys.dir, f.path)
+	if fc, ok := fuse.FromContext(ctx); ok && liveness.HoldsOpenForWriting(int(fc.Pid), path) {
+		return true
+	}
+	for _, p := range append([]int{h.opener}, h.writers...) {
+		if p != 0 && p != pid && liveness.HoldsOpenForWriting(p, path) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxWriters bounds the writers an open remembers. A write by one more is not remembered: its
+// close holds back, and the release (the last close) applies what it wrote.
+const maxWriters = 64
+
+// wroteBy notes the caller's process as a writer of what h holds pending; a write that starts
+// anew (pending false: nothing is) forgets the writers of what was applied or refused before.
+func (h *handle) wroteBy(ctx context.Context, pending bool) {
+	if !pending {
+		h.writers = h.writers[:0]
+	}
+	if pid, ok := callerProcess(ctx); ok && !h.party(pid) && len(h.writers) < maxWriters {
+		h.writers = append(h.writers, pid)
+	}
+}
+
+// party says whether process pid is one of h's: its opener, or a writer of what is pending.
+func (h *handle) party(pid int) bool {
+	return pid == h.opener || slices.Contains(h.writers, pid)
+}
+
+// callerProcess is the process of the thread the kernel says made the request (false when none:
+// outside a request, or a thread that cannot be resolved).
+func callerProcess(ctx context.Context) (int, bool) {
 	fc, ok := fuse.FromContext(ctx)
-	return ok && liveness.HoldsOpen(int(fc.Pid), filepath.Join(f.fsys.dir, f.path))
+	if !ok || fc.Pid == 0 {
+		return 0, false
+	}
+	pid, err := liveness.ProcessOf(int(fc.Pid))
+	return pid, err == nil && pid != 0
 }
 
 // abandoned refuses, with its events line, what a close by a killed writer leaves pending.

@@ -307,8 +307,10 @@ func (n *replacementFile) Release(ctx context.Context, _ gofs.FileHandle) (errno
 }
 
 // apply ends the replacement with the document written: applied, or refused with its errno and
-// events line. A writer a signal killed applies nothing (what it wrote may stop anywhere), and
-// the close of a duplicate descriptor while the process holds another is not its last.
+// events line. A writer a signal killed applies nothing (what it wrote may stop anywhere). The
+// close of a copy another process inherited (a child the writer started) ends nothing, and
+// neither does the close of a duplicate while the writer holds another descriptor of it for
+// writing (one open for reading, of the old document, is no duplicate).
 func (n *replacementFile) apply(ctx context.Context, op string) syscall.Errno {
 	n.s.mu.Lock() // held to the end: one close applies it
 	defer n.s.mu.Unlock()
@@ -320,13 +322,16 @@ func (n *replacementFile) apply(ctx context.Context, op string) syscall.Errno {
 		op = "write"
 	}
 	c := caller(ctx, op, n.path)
+	if !last && op == "write" && c.PID != 0 && c.PID != n.r.caller.PID {
+		return 0 // a child of the writer closes the copy it inherited
+	}
 	var refused error
 	fc, _ := fuse.FromContext(ctx)
 	if sig, killed := liveness.KilledBy(int(fc.Pid)); killed {
 		refused = &engine.Refusal{Code: engine.WriteAbandoned,
 			Message: fmt.Sprintf("its writer was killed (%s) before it closed %s, which it had taken away to replace it: config stays as it was", unix.SignalName(sig), n.path),
 			Fix:     "write it again, whole"}
-	} else if !last && op == "write" && liveness.HoldsOpen(int(fc.Pid), filepath.Join(n.fsys.dir, n.path)) {
+	} else if !last && op == "write" && liveness.HoldsOpenForWriting(int(fc.Pid), filepath.Join(n.fsys.dir, n.path)) {
 		return 0
 	} else {
 		refused = n.fsys.eng.SetConfig(ctx, c, n.cockpit, n.s.data)

@@ -347,3 +347,52 @@ func TestToolsConfigReplacementBounds(t *testing.T) {
 	}
 	claimsRefusalEvent(t, m, "app/events", "CONFIG_EDIT_LIMIT", "ENOSPC")
 }
+
+// A script that renames config aside and creates it again, reading the old document through a
+// descriptor it keeps open, and starting a child between two writes of the new one: the child's
+// close of the copy it inherited ends nothing, and the read descriptor is no duplicate of the
+// write. The document applies whole at the script's close, or is refused there, with its errno.
+func TestConfigReplacementChildEndsNothing(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "python3")
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 46900})
+	const python = `python3 - "$M/app/config" "$DOC" <<'EOF'
+import os, subprocess, sys
+p = sys.argv[1]
+with open(p) as old:
+    old.read()
+    os.rename(p, p + "~")
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    first, rest = sys.argv[2].encode().split(b"|")
+    os.write(fd, first)
+    subprocess.run(["true"], check=True)
+    os.write(fd, rest)
+    try:
+        os.close(fd)
+        print("closed")
+    except OSError as e:
+        print("close:", e.strerror)
+os.unlink(p + "~")
+print(os.getpid())
+EOF`
+	config := m.read("app/config")
+	n := claimsEventCount(m, "app/events")
+	out := m.ok(`DOC=$(printf '` + configHead + `HTTP = 46910\n|DB = 46910\n'); ` + python)
+	if !strings.HasPrefix(out, "close: Invalid argument\n") {
+		t.Fatalf("a refused replacement's close: %q", out)
+	}
+	if got := m.read("app/config"); got != config {
+		t.Fatalf("a refused replacement was applied in part:\n%s", got)
+	}
+	oneEvent(t, m, "app/events", n, "refused", "PORT_FAMILY_OUT_OF_RANGE", lastPid(t, out))
+	n = claimsEventCount(m, "app/events")
+	out = m.ok(`DOC=$(printf '` + configHead + `HTTP = 46920\n|DB = 46960\n'); ` + python)
+	if !strings.HasPrefix(out, "closed\n") {
+		t.Fatalf("a replacement's close: %q", out)
+	}
+	oneEvent(t, m, "app/events", n, "ok", "", lastPid(t, out))
+	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 46920") || !strings.Contains(got, "DB = 46960") {
+		t.Fatalf("config after its replacement:\n%s", got)
+	}
+}

@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -191,6 +193,219 @@ os._exit(0)' $M/app/config`)
 	ev = claimsEvent(t, m, "app/events")
 	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 39520") || ev["revision"].(float64) != rev.(float64)+1 {
 		t.Fatalf("config %q applied at revision %v after %v: want it applied once", got, ev["revision"], rev)
+	}
+}
+
+// eventsSince parses the lines an events file gained after its first n.
+func eventsSince(t *testing.T, m *mount, path string, n int) []map[string]any {
+	t.Helper()
+	var evs []map[string]any
+	for _, line := range strings.Split(strings.TrimSuffix(m.read(path), "\n"), "\n")[n:] {
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("%s: a line is not JSON: %v\n%s", path, err, line)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// oneEvent checks that an events file gained exactly one line since its first n, of result (and
+// code, when refused) and by process pid, and returns it.
+func oneEvent(t *testing.T, m *mount, path string, n int, result, code string, pid int) map[string]any {
+	t.Helper()
+	evs := eventsSince(t, m, path, n)
+	if len(evs) != 1 {
+		t.Fatalf("%s gained %d lines, want one (%s %s by %d):\n%v", path, len(evs), result, code, pid, evs)
+	}
+	ev := evs[0]
+	if ev["result"] != result || code != "" && ev["code"] != code || ev["pid"] != float64(pid) {
+		t.Fatalf("%s: want %s %s by pid %d, got %v", path, result, code, pid, ev)
+	}
+	return ev
+}
+
+// lastPid is the pid a script printed as its output's last line.
+func lastPid(t *testing.T, out string) int {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	pid, err := strconv.Atoi(lines[len(lines)-1])
+	if err != nil {
+		t.Fatalf("no pid as the last line of %q", out)
+	}
+	return pid
+}
+
+// FUSE flushes at every close(2) of every descriptor sharing an open, so a child's close of the
+// copy it inherited reaches the daemon too. A child that wrote nothing through it (a `$(…)`
+// subshell, a process python starts, a `sleep` killed) ends nothing and abandons nothing: the
+// document applies whole at its writer's own close, or is refused whole, never in part, and the
+// child leaves no events line. The same for a command's unended line.
+
+// configHead is a config up to its bases.
+const configHead = `[ports]\nstep = 10\ncount = 4\n[ports.bases]\n`
+
+func TestSubshellBetweenWritesEndsNothing(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 46600})
+	// bash: a `$(…)` subshell between two writes. Refused whole (DB repeats HTTP's port) at
+	// echo's write, which sees EINVAL; config stays as it was.
+	config := m.read("app/config")
+	n := claimsEventCount(m, "app/events")
+	r := m.sh(`echo $$; { printf '` + configHead + `HTTP = 46610\n'; echo "DB = $(echo 46610)"; } > $M/app/config`)
+	if r.Code != 1 || !strings.Contains(r.Stderr, "write error: Invalid argument") {
+		t.Fatalf("bash's echo of a refused line: exit %d, stderr %q; want 1, EINVAL", r.Code, r.Stderr)
+	}
+	if got := m.read("app/config"); got != config {
+		t.Fatalf("a refused document was applied in part:\n%s", got)
+	}
+	oneEvent(t, m, "app/events", n, "refused", "PORT_FAMILY_OUT_OF_RANGE", lastPid(t, r.Stdout))
+	// Accepted: applied once (one events line), whole.
+	n = claimsEventCount(m, "app/events")
+	out := m.ok(`echo $$; { printf '` + configHead + `HTTP = 46620\n'; echo "DB = $(echo 46820)"; } > $M/app/config`)
+	oneEvent(t, m, "app/events", n, "ok", "", lastPid(t, out))
+	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 46620") || !strings.Contains(got, "DB = 46820") {
+		t.Fatalf("config after a document written around a subshell:\n%s", got)
+	}
+}
+
+// Written by two children in turn, the first one's exit ends nothing while the shell that opened
+// the file holds it: `{ cat base; cat more; } > config` applies once, whole.
+func TestTwoChildWritersApplyOnce(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 46600})
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "base"), []byte("[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 46640\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "more"), []byte("DB = 46840\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := claimsEventCount(m, "app/events")
+	out := m.ok(`echo $$; { cat ` + dir + `/base; cat ` + dir + `/more; } > $M/app/config`)
+	oneEvent(t, m, "app/events", n, "ok", "", lastPid(t, out))
+	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 46640") || !strings.Contains(got, "DB = 46840") {
+		t.Fatalf("config after two cats:\n%s", got)
+	}
+}
+
+func TestPythonChildBetweenWritesEndsNothing(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 46600})
+	// A child started between two writes (`true`) closes its copy as it execs.
+	const python = `python3 - "$M/app/config" "$DOC" <<'EOF'
+import os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+first, rest = sys.argv[2].encode().split(b"|")
+os.write(fd, first)
+subprocess.run(["true"], check=True)
+try:
+    os.write(fd, rest)
+    print("written")
+except OSError as e:
+    print("write:", e.strerror)
+try:
+    os.close(fd)
+    print("closed")
+except OSError as e:
+    print("close:", e.strerror)
+print(os.getpid())
+EOF`
+	config := m.read("app/config")
+	n := claimsEventCount(m, "app/events")
+	out := m.ok(`DOC=$(printf '` + configHead + `HTTP = 46660\n|DB = 46660\n'); ` + python)
+	if !strings.HasPrefix(out, "written\nclose: Invalid argument\n") { // its last line, unended, is judged at the close
+		t.Fatalf("python writing a refused document: %q", out)
+	}
+	if got := m.read("app/config"); got != config {
+		t.Fatalf("a refused document was applied in part:\n%s", got)
+	}
+	oneEvent(t, m, "app/events", n, "refused", "PORT_FAMILY_OUT_OF_RANGE", lastPid(t, out))
+	n = claimsEventCount(m, "app/events")
+	out = m.ok(`DOC=$(printf '` + configHead + `HTTP = 46670\n|DB = 46870\n'); ` + python)
+	if !strings.HasPrefix(out, "written\nclosed\n") {
+		t.Fatalf("python writing a document: %q", out)
+	}
+	oneEvent(t, m, "app/events", n, "ok", "", lastPid(t, out))
+	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 46670") || !strings.Contains(got, "DB = 46870") {
+		t.Fatalf("config after python's document:\n%s", got)
+	}
+}
+
+// A child that never wrote, killed: no abandonment; the writer goes on and its document applies
+// whole.
+func TestKilledChildThatNeverWroteAbandonsNothing(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 46600})
+	n := claimsEventCount(m, "app/events")
+	out := m.ok(`{ printf '[ports]\nstep = 10\n'; sleep 30; printf 'count = 4\n[ports.bases]\nHTTP = 46690\n'; } > $M/app/config &
+writer=$!
+for i in $(seq 100); do child=$(pgrep -P $writer -x sleep) && break; sleep 0.1; done
+kill -9 $child && wait $writer && echo $writer`)
+	oneEvent(t, m, "app/events", n, "ok", "", lastPid(t, out))
+	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 46690") {
+		t.Fatalf("config after the writer's child was killed:\n%s", got)
+	}
+}
+
+// A command's unended line, a subshell between its pieces: applied whole at the close.
+func TestSubshellBetweenPiecesOfACommand(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 46600}, "s")
+	m.ok("touch $M/app/stacks/s/holders/me")
+	n := claimsEventCount(m, "app/stacks/s/events")
+	out := m.ok(`echo $$; { printf 'pid=no'; : "$(true)"; printf 'ne'; } > $M/app/stacks/s/holders/me`)
+	oneEvent(t, m, "app/stacks/s/events", n, "ok", "", lastPid(t, out))
+	if got := m.read("app/stacks/s/holders/me"); !strings.Contains(got, "state=untracked") {
+		t.Fatalf("holder after pid=none written in two pieces:\n%s", got)
+	}
+}
+
+// A descriptor a process holds open for reading is no duplicate of its write open: the close of
+// the write open applies, and the writer reads the errno of a refusal, named in events
+// (`with open(p) as r: … open(p, "w")`).
+func TestReadOpenBesideAWriteOpen(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 46700})
+	const python = `python3 - "$M/app/config" "$DOC" <<'EOF'
+import os, sys
+keep = os.open(sys.argv[1], os.O_RDONLY)
+os.read(keep, 4096)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+os.write(fd, sys.argv[2].encode())
+try:
+    os.close(fd)
+    print("closed")
+except OSError as e:
+    print("close:", e.strerror)
+os.close(keep)
+print(os.getpid())
+EOF`
+	// Incomplete (no bases), so refused whole at the close, not at a write.
+	config := m.read("app/config")
+	n := claimsEventCount(m, "app/events")
+	out := m.ok(`DOC=$(printf '[ports]\nstep = 10\ncount = 4\n'); ` + python)
+	if !strings.HasPrefix(out, "close: Invalid argument\n") {
+		t.Fatalf("the close of a refused document, a read open beside it: %q", out)
+	}
+	if got := m.read("app/config"); got != config {
+		t.Fatalf("a refused document was applied:\n%s", got)
+	}
+	oneEvent(t, m, "app/events", n, "refused", "PORT_FAMILY_OUT_OF_RANGE", lastPid(t, out))
+	n = claimsEventCount(m, "app/events")
+	out = m.ok(`DOC=$(printf '[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = 46710\n'); ` + python)
+	if !strings.HasPrefix(out, "closed\n") {
+		t.Fatalf("the close of a document, a read open beside it: %q", out)
+	}
+	oneEvent(t, m, "app/events", n, "ok", "", lastPid(t, out))
+	if got := m.read("app/config"); !strings.Contains(got, "HTTP = 46710") {
+		t.Fatalf("config after the close:\n%s", got)
 	}
 }
 

@@ -384,3 +384,20 @@ func TestGroupsOfSelf(t *testing.T) {
 		t.Errorf("parseGroups = %v, want [4 24 27]", got)
 	}
 }
+
+func TestParseFdinfoFlags(t *testing.T) {
+	for text, want := range map[string]int{
+		"pos:\t0\nflags:\t0100001\nmnt_id:\t42\nino:\t7\n": 0o100001,
+		"pos:\t12\nflags:\t02\nmnt_id:\t42\n":              0o2,
+		"flags:\t0100000\n":                                0o100000,
+	} {
+		if got, ok := parseFdinfoFlags(text); !ok || got != want {
+			t.Errorf("parseFdinfoFlags(%q) = %#o, %v; want %#o", text, got, ok, want)
+		}
+	}
+	for _, text := range []string{"", "pos:\t0\n", "flags:\t09\n", "flags:\n"} {
+		if got, ok := parseFdinfoFlags(text); ok {
+			t.Errorf("parseFdinfoFlags(%q) = %#o, want no flags", text, got)
+		}
+	}
+}

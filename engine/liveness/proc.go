@@ -540,14 +540,31 @@ func parseKilledBy(text string) (unix.Signal, bool) {
 
 // HoldsOpen says whether thread tid's process has a descriptor open on path, as the links of
 // /proc/<tid>/fd name their files (a readlink: no request to the file's own file system).
-func HoldsOpen(tid int, path string) bool {
+func HoldsOpen(tid int, path string) bool { return holdsOpen(tid, path, false) }
+
+// HoldsOpenForWriting is HoldsOpen counting only descriptors open for writing, by the access
+// mode /proc/<tid>/fdinfo shows: a duplicate of a write open is one, a read of the same file
+// beside it (`with open(p) as r: … open(p, "w")`) is not.
+func HoldsOpenForWriting(tid int, path string) bool { return holdsOpen(tid, path, true) }
+
+func holdsOpen(tid int, path string, writing bool) bool {
 	dir := procFile(tid, "fd")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return false
 	}
 	for _, e := range entries {
-		if link, err := os.Readlink(dir + "/" + e.Name()); err == nil && link == path {
+		if link, err := os.Readlink(dir + "/" + e.Name()); err != nil || link != path {
+			continue
+		}
+		if !writing {
+			return true
+		}
+		info, err := readProc(procFile(tid, "fdinfo/"+e.Name()))
+		if err != nil {
+			continue // closed since
+		}
+		if flags, ok := parseFdinfoFlags(string(info)); ok && flags&unix.O_ACCMODE != unix.O_RDONLY {
 			return true
 		}
 	}
@@ -564,4 +581,15 @@ func Name(pid int) string {
 		return ""
 	}
 	return strings.TrimSuffix(string(data), "\n")
+}
+
+// parseFdinfoFlags reads the flags of a /proc/<pid>/fdinfo/<fd> file: its "flags:" line, octal.
+func parseFdinfoFlags(text string) (int, bool) {
+	for line := range strings.Lines(text) {
+		if value, found := strings.CutPrefix(line, "flags:"); found {
+			flags, err := strconv.ParseUint(strings.TrimSpace(value), 8, 32)
+			return int(flags), err == nil
+		}
+	}
+	return 0, false
 }

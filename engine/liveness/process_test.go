@@ -565,3 +565,37 @@ func TestRunningStartEndsAtTheZombie(t *testing.T) {
 		t.Fatalf("RunningStart of a reaped process = %q", got)
 	}
 }
+
+// A read of a file counts as holding it open, and only a write open counts as holding it open for
+// writing, whatever else the process has open.
+func TestHoldsOpenForWriting(t *testing.T) {
+	requireLinux(t)
+	path := filepath.Join(t.TempDir(), "config")
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if HoldsOpen(os.Getpid(), path) || HoldsOpenForWriting(os.Getpid(), path) {
+		t.Fatal("holds a file it never opened")
+	}
+	r, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !HoldsOpen(os.Getpid(), path) || HoldsOpenForWriting(os.Getpid(), path) {
+		t.Fatalf("read open: HoldsOpen %v, HoldsOpenForWriting %v; want true, false", HoldsOpen(os.Getpid(), path), HoldsOpenForWriting(os.Getpid(), path))
+	}
+	for _, flag := range []int{os.O_WRONLY, os.O_RDWR} {
+		w, err := os.OpenFile(path, flag, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !HoldsOpenForWriting(os.Getpid(), path) {
+			t.Errorf("open with flags %#o: not held for writing", flag)
+		}
+		w.Close()
+		if HoldsOpenForWriting(os.Getpid(), path) {
+			t.Errorf("closed the open with flags %#o: still held for writing", flag)
+		}
+	}
+}
