@@ -245,6 +245,7 @@ func lastPid(t *testing.T, out string) int {
 // configHead is a config up to its bases.
 const configHead = `[ports]\nstep = 10\ncount = 4\n[ports.bases]\n`
 
+// A `$(…)` subshell between two writes of a config: refused whole or applied whole, once.
 func TestSubshellBetweenWritesEndsNothing(t *testing.T) {
 	t.Parallel()
 	m := newMount(t)
@@ -291,6 +292,7 @@ func TestTwoChildWritersApplyOnce(t *testing.T) {
 	}
 }
 
+// A child python starts between two writes of a config: refused whole or applied whole, once.
 func TestPythonChildBetweenWritesEndsNothing(t *testing.T) {
 	t.Parallel()
 	m := newMount(t)
