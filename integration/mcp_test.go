@@ -493,6 +493,15 @@ func TestMCPBadLinesAreAnsweredNotFatal(t *testing.T) {
 		t.Fatalf("claim: %+v %s", a, a.Result)
 	}
 	check("after a claim")
+	// An id the SDK would answer as another (1e30 as -9223372036854775808, 2.5 as 2) is refused,
+	// answered with the id as it was sent.
+	for _, id := range []string{"1e30", "2.5"} {
+		send(`{"jsonrpc":"2.0","id":` + id + `,"method":"tools/list"}`)
+		var raw map[string]json.RawMessage
+		if err := answers.Decode(&raw); err != nil || string(raw["id"]) != id || !strings.Contains(string(raw["error"]), "-32600") {
+			t.Errorf("id %s answered %v, %v", id, raw, err)
+		}
+	}
 	// Batches went with protocol 2025-06-18: the SDK would end the session at one.
 	send(`[{"jsonrpc":"2.0","id":4,"method":"tools/list"}]`)
 	if a := next(); a.ID != nil || a.Error == nil || a.Error.Code != -32600 {
@@ -513,5 +522,42 @@ func TestMCPBadLinesAreAnsweredNotFatal(t *testing.T) {
 	}
 	if got := m.ok("ls $M/app/stacks/s/holders"); got != "human\n" {
 		t.Errorf("holders after the session ended: %q", got)
+	}
+}
+
+// Requests sent and stdin closed at once (`printf … | cockpitfs mcp`) are each run and answered
+// before the session ends: the claim is made, and said.
+func TestMCPRequestsBeforeTheEndOfStdinAreAnswered(t *testing.T) {
+	m := newMount(t)
+	m.setupApp(3, map[string]int{"HTTP": 49070})
+	cmd := exec.Command(binary, "mcp", "--mount", m.Dir, "--cockpit", "app", "--holder", "piped")
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), mcpRace)
+	cmd.Stdin = strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"claim","arguments":{"stack":"s"}}}
+{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"env","arguments":{"stack":"s"}}}
+`)
+	var out []byte
+	err := m.ns.Do(func() (err error) { out, err = cmd.Output(); return err })
+	if err != nil {
+		t.Fatalf("cockpitfs mcp: %v\n%s", err, out)
+	}
+	answered := map[float64]bool{}
+	for dec := json.NewDecoder(strings.NewReader(string(out))); dec.More(); {
+		var a struct {
+			ID     float64         `json:"id"`
+			Result json.RawMessage `json:"result"`
+		}
+		if err := dec.Decode(&a); err != nil {
+			t.Fatalf("%v in %s", err, out)
+		}
+		answered[a.ID] = a.Result != nil
+	}
+	if !answered[1] || !answered[2] || !answered[3] {
+		t.Fatalf("answered %v:\n%s", answered, out)
+	}
+	if got := m.read("app/stacks/s/ports/HTTP"); got != "49070\n" {
+		t.Fatalf("the piped claim's lease: %q", got)
 	}
 }
