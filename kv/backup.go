@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
@@ -53,11 +55,11 @@ func (db *DB) Backup(path string, seq uint64) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("kv: backup to %s: %w", path, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), backupTempPrefix+"*")
+	tmp, publish, discard, err := newBackupFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("kv: backup: %w", err)
 	}
-	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
+	defer discard()
 	hash := sha256.New()
 	w := bufio.NewWriter(io.MultiWriter(tmp, hash))
 	fmt.Fprintf(w, "%s %d %d seq=%d records=%d\n", backupMagic, backupVersion, time.Now().UnixNano(), seq, len(keys))
@@ -73,11 +75,11 @@ func (db *DB) Backup(path string, seq uint64) (int, error) {
 	if err == nil {
 		err = tmp.Sync()
 	}
+	if err == nil {
+		err = publish()
+	}
 	if closeErr := tmp.Close(); err == nil {
 		err = closeErr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
 	}
 	if err == nil {
 		err = SyncDir(filepath.Dir(path))
@@ -91,6 +93,48 @@ func (db *DB) Backup(path string, seq uint64) (int, error) {
 // backupTempPrefix names a backup being written; one a killed writer left in a backups directory
 // is removed by the next rolling backup.
 const backupTempPrefix = ".backup-"
+
+// newBackupFile is the file a backup to path is written to, and what gives it path once it is
+// whole and synced. Where the file system has them (ext4, xfs, btrfs, tmpfs), the file has no name
+// until then (O_TMPFILE): a writer killed before leaves nothing beside path, and one killed after
+// leaves path whole, or, when path was there already, a temporary name of the whole backup for the
+// moment between its link and its rename over path (linkat cannot replace). Elsewhere (or without
+// /proc, whose link to the descriptor names it) it is a temporary name from the start, removed on
+// failure, left by a kill.
+func newBackupFile(path string) (f *os.File, publish func() error, discard func(), err error) {
+	dir := filepath.Dir(path)
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if _, perr := os.Stat("/proc/self/fd"); err == nil && perr != nil {
+		unix.Close(fd) // no name to link it by
+		err = perr
+	}
+	if err == nil {
+		f := os.NewFile(uintptr(fd), path)
+		name := fmt.Sprintf("/proc/self/fd/%d", fd)
+		return f, func() error {
+			err := unix.Linkat(unix.AT_FDCWD, name, unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW)
+			if !errors.Is(err, unix.EEXIST) {
+				return err
+			}
+			// path is there: a name of its own first, then renamed over path.
+			tmp := filepath.Join(dir, fmt.Sprintf("%s%d", backupTempPrefix, time.Now().UnixNano()))
+			if err := unix.Linkat(unix.AT_FDCWD, name, unix.AT_FDCWD, tmp, unix.AT_SYMLINK_FOLLOW); err != nil {
+				return err
+			}
+			if err := os.Rename(tmp, path); err != nil {
+				os.Remove(tmp)
+				return err
+			}
+			return nil
+		}, func() { f.Close() }, nil
+	}
+	f, err = os.CreateTemp(dir, backupTempPrefix+"*")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return f, func() error { return os.Rename(f.Name(), path) },
+		func() { f.Close(); os.Remove(f.Name()) }, nil // the Remove fails harmlessly once renamed
+}
 
 func writeField(w *bufio.Writer, b []byte) {
 	var n [binary.MaxVarintLen64]byte
