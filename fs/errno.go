@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"runtime/debug"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -111,9 +113,62 @@ func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Err
 			f.log.Printf("%s %s: %s %v (not in events: %v)", c.Op, c.Path, unix.ErrnoName(errno), refusal, lerr)
 		}
 	case (refusal.Code == engine.StateLocked || refusal.Code == engine.OpenSnapshotLimit || refusal.Code == engine.CockpitUIDLimit) && !logged:
-		f.log.Printf("%s %s: %s %v", c.Op, c.Path, unix.ErrnoName(errno), refusal)
+		if more, ok := f.refusalLines.allow(c.UID, time.Now()); ok {
+			if more > 0 {
+				f.log.Printf("uid %d: %d more refusals were not logged (at most %d lines a %v)", c.UID, more, refusalLogLines, refusalLogWindow)
+			}
+			f.log.Printf("%s %s: %s %v", c.Op, c.Path, unix.ErrnoName(errno), refusal)
+		}
 	}
 	return errno
+}
+
+// refusalLogWindow and refusalLogLines bound the log lines of refusals no events file takes, per
+// uid: a user looping over a refused mkdir would otherwise write the log, which lives in the data
+// directory beside the store, as fast as the daemon answers (2 MiB a second), until the disk is
+// full and every user's commits fail. Past the bound a window's refusals are counted, and the
+// count is logged before the next line logged.
+const (
+	refusalLogWindow = time.Minute
+	refusalLogLines  = 10
+)
+
+// refusalLimiter counts each uid's logged refusal lines in the current window.
+type refusalLimiter struct {
+	mu    sync.Mutex
+	since time.Time // the current window's start
+	by    map[uint32]*refusalCount
+}
+
+type refusalCount struct{ logged, dropped int }
+
+// allow says whether uid's refusal may be logged at now, and how many of its refusals were not
+// logged before it (to be said first).
+func (l *refusalLimiter) allow(uid uint32, now time.Time) (dropped int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.since) >= refusalLogWindow {
+		// A new window; a count not yet said is said with the uid's next line logged.
+		kept := map[uint32]*refusalCount{}
+		for u, c := range l.by {
+			if c.dropped > 0 {
+				kept[u] = &refusalCount{dropped: c.dropped}
+			}
+		}
+		l.since, l.by = now, kept
+	}
+	c := l.by[uid]
+	if c == nil {
+		c = &refusalCount{}
+		l.by[uid] = c
+	}
+	if c.logged >= refusalLogLines {
+		c.dropped++
+		return 0, false
+	}
+	c.logged++
+	dropped, c.dropped = c.dropped, 0
+	return dropped, true
 }
 
 // failNoEvent is fail for an operation whose refusal no events file takes (a lookup, a stat, a

@@ -33,7 +33,9 @@ type FS struct {
 	uid     uint32 // the daemon's uid: owner of what no one else owns
 	gid     uint32 // the daemon's gid: every file's group (a user's own daemon shows theirs)
 	log     *log.Logger
-	byPath  sync.Map // cancel channels of the GETATTRs in flight that carry no file handle
+	// refusalLines bounds each uid's log lines of refusals no events file takes (see fail).
+	refusalLines refusalLimiter
+	byPath       sync.Map // cancel channels of the GETATTRs in flight that carry no file handle
 	// followers are the opens of events files (see file.follows).
 	followers followers
 	// scratch are the files beside each cockpit's config (see scratch.go).

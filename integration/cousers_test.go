@@ -250,8 +250,9 @@ func TestCoUserStackBound(t *testing.T) {
 }
 
 // One uid may have made at most --max-cockpits-per-uid cockpits that exist: past it mkdir is
-// refused (EDQUOT, COCKPIT_UID_LIMIT in the daemon's log: no cockpit's events take it) and
-// changes nothing, while root still makes cockpits; an rmdir of one of the uid's makes room.
+// refused (EDQUOT, COCKPIT_UID_LIMIT in the daemon's log, at most 10 lines a minute: no cockpit's
+// events take it) and changes nothing, while root still makes cockpits; an rmdir of one of the
+// uid's makes room.
 func TestCoUserCockpitBound(t *testing.T) {
 	t.Parallel()
 	m := ownershipMount(t, "--allow-other", "--max-cockpits-per-uid", "2")
@@ -266,6 +267,16 @@ func TestCoUserCockpitBound(t *testing.T) {
 		if !strings.Contains(line, want) {
 			t.Errorf("the daemon's log: want %q in %q", want, line)
 		}
+	}
+	// A loop of refused mkdirs logs at most 10 lines a minute (the log is in the data
+	// directory, beside the store): the rest are counted, not written.
+	logged = len(m.log.String())
+	ownershipNobodyOK(m, "for i in $(seq 300); do mkdir $M/flood$i 2>/dev/null; done; true")
+	if n := strings.Count(m.log.String()[logged:], "COCKPIT_UID_LIMIT"); n > 9 {
+		t.Errorf("300 refused mkdirs logged %d lines of 10 a minute (one taken before)", n)
+	}
+	if got := m.ok("ls $M"); got != before {
+		t.Fatalf("the root after refused mkdirs:\n%s\nbefore:\n%s", got, before)
 	}
 	m.ok("mkdir $M/r1 $M/r2 $M/r3") // root is not bounded
 	ownershipNobodyOK(m, "rmdir $M/n1 && mkdir $M/n3")
