@@ -417,6 +417,15 @@ func TestMCPWaitDrain(t *testing.T) {
 	}
 }
 
+// rawMCP is `cockpitfs mcp` for cockpit app as holder, not yet started, for a test that speaks
+// JSON-RPC to it by hand.
+func rawMCP(m *mount, holder string) *exec.Cmd {
+	cmd := exec.Command(binary, "mcp", "--mount", m.Dir, "--cockpit", "app", "--holder", holder)
+	cmd.Dir = m.t.TempDir()
+	cmd.Env = append(os.Environ(), mcpRace)
+	return cmd
+}
+
 // A line that is no JSON-RPC message — not JSON, a byte-order mark, an empty batch, null, another
 // version, one past 16 MiB — is answered with a JSON-RPC error whose id is null, and the session
 // goes on: its claims are kept and later requests are served. The end of stdin still ends it, and
@@ -424,9 +433,7 @@ func TestMCPWaitDrain(t *testing.T) {
 func TestMCPBadLinesAreAnsweredNotFatal(t *testing.T) {
 	m := newMount(t)
 	m.setupApp(3, map[string]int{"HTTP": 49060})
-	cmd := exec.Command(binary, "mcp", "--mount", m.Dir, "--cockpit", "app", "--holder", "agent")
-	cmd.Dir = t.TempDir()
-	cmd.Env = append(os.Environ(), mcpRace)
+	cmd := rawMCP(m, "agent")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -530,9 +537,7 @@ func TestMCPBadLinesAreAnsweredNotFatal(t *testing.T) {
 func TestMCPRequestsBeforeTheEndOfStdinAreAnswered(t *testing.T) {
 	m := newMount(t)
 	m.setupApp(3, map[string]int{"HTTP": 49070})
-	cmd := exec.Command(binary, "mcp", "--mount", m.Dir, "--cockpit", "app", "--holder", "piped")
-	cmd.Dir = t.TempDir()
-	cmd.Env = append(os.Environ(), mcpRace)
+	cmd := rawMCP(m, "piped")
 	cmd.Stdin = strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
 {"jsonrpc":"2.0","method":"notifications/initialized"}
 {"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"claim","arguments":{"stack":"s"}}}
