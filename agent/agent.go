@@ -51,7 +51,7 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("agent: Mount, Dir and Holder are required")
 	}
 	if !engine.ValidName(opts.Holder) {
-		return nil, fmt.Errorf("holder name %q is invalid: 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'", opts.Holder)
+		return nil, fmt.Errorf("holder name %q is invalid: %s", opts.Holder, engine.NameRule)
 	}
 	if opts.Cockpit != "" && !engine.ValidName(opts.Cockpit) {
 		return nil, fmt.Errorf("cockpit name %q is invalid", opts.Cockpit)

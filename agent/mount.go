@@ -124,7 +124,7 @@ func (s *Server) resolve(cockpit, stack string) (stackRef, error) {
 		if !engine.ValidName(n.name) {
 			return stackRef{}, &toolError{Errno: "EINVAL", Code: "STATE_RECORD_MALFORMED",
 				Message: fmt.Sprintf("%s name %q is invalid", n.kind, n.name),
-				Fix:     "1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'"}
+				Fix:     engine.NameRule}
 		}
 	}
 	return stackRef{cockpit, stack}, nil

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
+	"github.com/cockpitfs/cockpitfs/engine/liveness"
 	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -222,9 +223,8 @@ func owners(inodes map[string][]int, found []Listener) {
 			if !ok || found[idx[0]].PID != 0 {
 				continue
 			}
-			comm, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
 			for _, i := range idx {
-				found[i].PID, found[i].Command = pid, strings.TrimSpace(string(comm))
+				found[i].PID, found[i].Command = pid, liveness.Name(pid)
 			}
 			if left--; left == 0 {
 				return

@@ -54,7 +54,7 @@ func (e *Engine) CountStacks(ctx context.Context, perUID int, unbounded ...uint3
 // CreateCockpit makes a namespace owned by the caller.
 func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error {
 	if !ValidCockpitName(name) {
-		return refuse(StateRecordMalformed, name, "use 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-', and not README or ports",
+		return refuse(StateRecordMalformed, name, "use "+CockpitNameRule,
 			"cockpit name %q is invalid", name)
 	}
 	return e.apply(ctx, c, cockpitKey(name), func(tx storage.Txn, now time.Time) (change, error) {

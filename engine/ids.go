@@ -66,6 +66,12 @@ const (
 
 const maxNameBytes = 128
 
+// NameRule says what ValidName takes, for a refusal's words.
+const NameRule = "1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'"
+
+// CockpitNameRule says what ValidCockpitName takes.
+const CockpitNameRule = NameRule + ", and none of README, ports, status, status.json, gc"
+
 // ValidName reports whether s may name a cockpit, stack or holder: 1–128 bytes of
 // [A-Za-z0-9._-], not starting with '.' or '-'.
 func ValidName(s string) bool {
@@ -122,7 +128,7 @@ func ValidCockpitName(s string) bool {
 
 func checkName(kind, name string) error {
 	if !ValidName(name) {
-		return refuse(StateRecordMalformed, name, "use 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'",
+		return refuse(StateRecordMalformed, name, "use "+NameRule,
 			"%s name %q is invalid", kind, name)
 	}
 	return nil

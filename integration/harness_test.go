@@ -228,6 +228,11 @@ func (m *mount) start(args ...string) {
 		default:
 		}
 		if time.Now().After(deadline) {
+			// The caller's cleanup is not registered yet: the daemon and its mount go here.
+			m.cmd.Process.Kill()
+			<-m.done
+			m.cmd = nil
+			detach(m.Dir)
 			m.t.Fatalf("daemon not serving after %v\n%s", wait, m.log)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -253,10 +258,12 @@ func serving(dir string) bool {
 }
 
 // mounted reports whether dir is a mount point, live or dead, from mountinfo alone: touching a
-// dead mount answers ENOTCONN, a live one the daemon.
+// dead mount answers ENOTCONN, a live one the daemon. mountinfo spells a space, tab, newline and
+// backslash of a path in octal.
 func mounted(dir string) bool {
 	data, err := os.ReadFile("/proc/self/mountinfo")
-	return err == nil && strings.Contains(string(data), " "+dir+" ")
+	escaped := strings.NewReplacer(`\`, `\134`, " ", `\040`, "\t", `\011`, "\n", `\012`).Replace(dir)
+	return err == nil && strings.Contains(string(data), " "+escaped+" ")
 }
 
 // Stop ends the daemon with SIGTERM (a clean unmount and store close) and waits for it.

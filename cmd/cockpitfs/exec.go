@@ -44,7 +44,7 @@ func execCommand(args []string) error {
 	// The name is joined to the stack's holders/: one with a slash or a dot-dot would name a
 	// file elsewhere, which exec would create, write and remove.
 	if !engine.ValidName(*holder) {
-		return &usageError{command: "exec", msg: fmt.Sprintf("--holder %s is not a holder name: 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'", engine.Printable(*holder))}
+		return &usageError{command: "exec", msg: fmt.Sprintf("--holder %s is not a holder name: %s", engine.Printable(*holder), engine.NameRule)}
 	}
 	stack, err := filepath.Abs(positional[0])
 	if err != nil {

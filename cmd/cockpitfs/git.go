@@ -37,7 +37,7 @@ func gitCommand(args []string) error {
 	}
 	// A hook for a name no cockpit can have would never claim: refused now, not at each checkout.
 	if !engine.ValidCockpitName(*cockpit) {
-		return &usageError{command: "git", msg: fmt.Sprintf("--cockpit %s is not a cockpit name: 1-128 bytes of [A-Za-z0-9._-], not starting with '.' or '-', and none of README, ports, status, status.json, gc", engine.Printable(*cockpit))}
+		return &usageError{command: "git", msg: fmt.Sprintf("--cockpit %s is not a cockpit name: %s", engine.Printable(*cockpit), engine.CockpitNameRule)}
 	}
 	repo := "."
 	if len(positional) == 1 {

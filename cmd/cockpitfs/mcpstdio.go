@@ -49,7 +49,8 @@ type lineWriter struct {
 func (l *lineWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, msg := range decodeLine(bytes.TrimSpace(p)) {
+	msgs, _ := decodeLine(bytes.TrimSpace(p))
+	for _, msg := range msgs {
 		if r, ok := msg.(*jsonrpc.Response); ok {
 			delete(l.pending, idKey(r.ID))
 		}
@@ -103,13 +104,13 @@ func filterLines(in *bufio.Reader, sdk *io.PipeWriter, out *lineWriter) {
 	batches := true // until an initialize asks for a protocol without them
 	for {
 		line, tooLong, err := readLine(in)
-		if code, why, id := judgeLine(line, tooLong, &batches); code != 0 {
+		if msgs, code, why, id := judgeLine(line, tooLong, &batches); code != 0 {
 			answer, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": why}})
 			if _, werr := out.Write(append(answer, '\n')); werr != nil {
 				sdk.CloseWithError(werr)
 				return
 			}
-		} else if msgs := decodeLine(bytes.TrimSpace(line)); len(msgs) > 0 {
+		} else if len(msgs) > 0 {
 			out.track(msgs)
 			if _, werr := sdk.Write(append(line, '\n')); werr != nil {
 				return // the session ended
@@ -144,68 +145,62 @@ func readLine(in *bufio.Reader) (line []byte, tooLong bool, err error) {
 	}
 }
 
-// decodeLine is the messages of a line: one, or a batch's; none for anything else.
-func decodeLine(line []byte) []jsonrpc.Message {
+// decodeLine is the messages of a line, one or a batch's, and each one's text; none for anything
+// else.
+func decodeLine(line []byte) ([]jsonrpc.Message, []json.RawMessage) {
+	raws := []json.RawMessage{line}
 	if len(line) > 0 && line[0] == '[' {
-		var raws []json.RawMessage
+		raws = nil
 		if json.Unmarshal(line, &raws) != nil {
-			return nil
+			return nil, nil
 		}
-		msgs := make([]jsonrpc.Message, 0, len(raws))
-		for _, raw := range raws {
-			msg, err := jsonrpc.DecodeMessage(raw)
-			if err != nil {
-				return nil
-			}
-			msgs = append(msgs, msg)
+	}
+	msgs := make([]jsonrpc.Message, 0, len(raws))
+	for _, raw := range raws {
+		msg, err := jsonrpc.DecodeMessage(raw)
+		if err != nil {
+			return nil, nil
 		}
-		return msgs
+		msgs = append(msgs, msg)
 	}
-	msg, err := jsonrpc.DecodeMessage(line)
-	if err != nil {
-		return nil
-	}
-	return []jsonrpc.Message{msg}
+	return msgs, raws
 }
 
-// judgeLine is the JSON-RPC error a line gets instead of reaching the SDK (code 0: none; a blank
-// line is skipped), and the id to answer it with (nil when it cannot be told). It notes whether
-// the protocol an initialize asks for still has batches (the two before 2025-06-18): under any
-// other the SDK ends the session at a batch.
-func judgeLine(line []byte, tooLong bool, batches *bool) (int, string, json.RawMessage) {
+// judgeLine is a line's messages for the SDK (none for a blank line), or the JSON-RPC error it
+// gets instead (code not 0) and the id to answer that with (nil when it cannot be told). It notes
+// whether the protocol an initialize asks for still has batches (the two before 2025-06-18):
+// under any other the SDK ends the session at a batch.
+func judgeLine(line []byte, tooLong bool, batches *bool) (msgs []jsonrpc.Message, code int, why string, id json.RawMessage) {
 	line = bytes.TrimSpace(line)
 	switch {
 	case tooLong:
-		return jsonrpc.CodeInvalidRequest, "Invalid Request: a message is at most 16 MiB", nil
+		return nil, jsonrpc.CodeInvalidRequest, "Invalid Request: a message is at most 16 MiB", nil
 	case len(line) == 0:
-		return 0, "", nil
+		return nil, 0, "", nil
 	case !json.Valid(line):
-		return jsonrpc.CodeParseError, "Parse error: the line is not one JSON value", nil
-	case line[0] == '[':
-		var raws []json.RawMessage
-		if err := json.Unmarshal(line, &raws); err != nil || len(raws) == 0 || !*batches {
-			return jsonrpc.CodeInvalidRequest, "Invalid Request: not a batch this protocol version takes", nil
-		}
-		for _, raw := range raws {
-			if _, err := jsonrpc.DecodeMessage(raw); err != nil || !integralID(raw) {
-				return jsonrpc.CodeInvalidRequest, "Invalid Request: a batch's member is not a JSON-RPC 2.0 message with a string or integer id", nil
+		return nil, jsonrpc.CodeParseError, "Parse error: the line is not one JSON value", nil
+	}
+	msgs, raws := decodeLine(line)
+	batch := line[0] == '['
+	switch {
+	case batch && (len(msgs) == 0 || !*batches):
+		return nil, jsonrpc.CodeInvalidRequest, "Invalid Request: not a batch of JSON-RPC 2.0 messages this protocol version takes", nil
+	case len(msgs) == 0:
+		return nil, jsonrpc.CodeInvalidRequest, "Invalid Request: not a JSON-RPC 2.0 message", nil
+	}
+	for _, raw := range raws {
+		if !integralID(raw) {
+			// The SDK would answer it with another id (1.5 as 1, 1e30 as -9223372036854775808).
+			var m struct {
+				ID json.RawMessage `json:"id"`
 			}
+			if !batch {
+				json.Unmarshal(raw, &m)
+			}
+			return nil, jsonrpc.CodeInvalidRequest, "Invalid Request: an id is a string or an integer of at most 64 bits", m.ID
 		}
-		return 0, "", nil
 	}
-	msg, err := jsonrpc.DecodeMessage(line)
-	if err != nil {
-		return jsonrpc.CodeInvalidRequest, "Invalid Request: not a JSON-RPC 2.0 message", nil
-	}
-	if !integralID(line) {
-		// The SDK would answer it with another id (1.5 as 1, 1e30 as -9223372036854775808).
-		var m struct {
-			ID json.RawMessage `json:"id"`
-		}
-		json.Unmarshal(line, &m)
-		return jsonrpc.CodeInvalidRequest, "Invalid Request: an id is a string or an integer of at most 64 bits", m.ID
-	}
-	if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "initialize" {
+	if req, ok := msgs[0].(*jsonrpc.Request); ok && !batch && req.Method == "initialize" {
 		var params struct {
 			ProtocolVersion string `json:"protocolVersion"`
 		}
@@ -213,7 +208,7 @@ func judgeLine(line []byte, tooLong bool, batches *bool) (int, string, json.RawM
 			*batches = params.ProtocolVersion == "2024-11-05" || params.ProtocolVersion == "2025-03-26"
 		}
 	}
-	return 0, "", nil
+	return msgs, 0, "", nil
 }
 
 // integralID says whether a message's id, if it is a number, is an integer an int64 holds.
