@@ -165,6 +165,11 @@ func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh gofs.Fi
 		return nil, errno
 	}
 	in := d.NewInode(ctx, node, id)
+	if f, ok := in.Operations().(*file); ok && f.fixed != nil {
+		// The node the kernel now has for the name: maybe one it knew, which let its content go.
+		v, _ := node.(*file).fixed.content()
+		d.fsys.frozen.keep(f, v)
+	}
 	if g, ok := in.Operations().(gofs.NodeGetattrer); ok {
 		var attr fuse.AttrOut
 		if errno := g.Getattr(ctx, fh, &attr); errno != 0 {

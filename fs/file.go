@@ -52,8 +52,8 @@ type file struct {
 	cockpit string
 	stack   string
 	render  render
-	writer  writer // nil: read-only
-	fixed   *view  // a frozen file's one content (see entry.frozen)
+	writer  writer     // nil: read-only
+	fixed   *fixedView // a frozen file's one content (see entry.frozen, frozen.go)
 	// follows: an append-only file (events) an open keeps reading as it grows (see handle.base).
 	follows bool
 	// opens are the file's opens by the thread that opened each (see opened).
@@ -111,6 +111,18 @@ func (o *threadOpens) of(tid uint32) (*handle, bool) {
 		}
 	}
 	return found, found != nil
+}
+
+// held is the view one of the opens holds, if any.
+func (o *threadOpens) held() (view, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, h := range o.by {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.view, true
+	}
+	return view{}, false
 }
 
 // inProcess says whether thread tid belongs to process pid.
@@ -238,6 +250,7 @@ var (
 	_ = (gofs.NodeFsyncer)((*file)(nil))
 	_ = (gofs.NodeReleaser)((*file)(nil))
 	_ = (gofs.NodeFlusher)((*file)(nil))
+	_ = (gofs.NodeOnForgetter)((*file)(nil))
 )
 
 // Release forgets a followed open, and the open its thread's stats and SETATTRs went through,
@@ -357,7 +370,7 @@ func (f *FS) newFile(path, cockpit, stack string, r render, w writer) *file {
 
 // frozenFile is read-only f fixed at v.
 func (f *FS) frozenFile(of *file, v view) *file {
-	return &file{fsys: f, path: of.path, cockpit: of.cockpit, stack: of.stack, fixed: &v}
+	return &file{fsys: f, path: of.path, cockpit: of.cockpit, stack: of.stack, render: of.render, fixed: newFixedView(v)}
 }
 
 // frozenIno numbers a frozen file by its path and everything a stat or read shows of it.
@@ -388,8 +401,16 @@ func (f *file) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle, _ uin
 		return nil, 0, syscall.EACCES
 	}
 	if f.fixed != nil {
-		h, errno := f.pinned(ctx, *f.fixed)
-		return h, frozenOpenFlags, errno
+		v, errno := f.fixedContent()
+		if errno != 0 {
+			return nil, 0, errno
+		}
+		h, errno := f.pinned(ctx, v)
+		if errno != 0 {
+			return nil, 0, errno
+		}
+		f.opened(ctx, h) // what an open of this node finds once the node let its content go
+		return h, frozenOpenFlags, 0
 	}
 	v, err := f.render()
 	if err != nil { // a holder released since the kernel looked it up, say: gone
@@ -544,9 +565,10 @@ func (f *file) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	out.Gid = f.fsys.gid
 	var v view
 	origin := int64(-1) // where the size is counted from: the view's start unless an open says
+	length := int64(-1) // the content's length, when v does not hold the content
 	if f.fixed != nil {
-		v = *f.fixed
-		out.SetTimeout(entryTimeout) // it never changes
+		v, length = f.fixed.attrs, f.fixed.size // its content it may have let go
+		out.SetTimeout(entryTimeout)            // it never changes
 	} else if h, ok := f.ownOpen(ctx, fh); ok {
 		h.mu.Lock()
 		if f.follows {
@@ -589,7 +611,10 @@ func (f *file) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	if byPath {
 		origin = v.start
 	}
-	out.Size = uint64(max(0, v.start+int64(len(v.data))-origin))
+	if length < 0 {
+		length = int64(len(v.data))
+	}
+	out.Size = uint64(max(0, v.start+length-origin))
 	if fc, ok := ctx.(*fuse.Context); ok && byPath && f.follows {
 		// FUSE sends fstat as a stat by path. A follower (tail -f) takes a size below its own
 		// offset for a truncation and reads again from 0: a stat from a process following the

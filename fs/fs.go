@@ -43,6 +43,8 @@ type FS struct {
 	// replacing are the processes replacing a cockpit's config by taking it away first (see
 	// replace.go).
 	replacing replacements
+	// frozen are the frozen nodes that keep their content (see frozen.go).
+	frozen frozenNodes
 	// contentTimes keep a record-derived file's mtime while its content stays.
 	contentTimes contentTimes
 	// snapshots are the opens' shared contents and what each uid's opens hold.

@@ -1,11 +1,13 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -311,4 +313,102 @@ else:
 	if got := asUIDOK(m, pinningUser, "tail -n 1 $M/nob/events"); got != ev+"\n" {
 		t.Fatalf("uid 4321's tail: %q, want %q", got, ev)
 	}
+}
+
+// A file rendered from a stack's record (record, revision, lease, env…) is a node per content,
+// which the kernel keeps as long as anything holds its inode: an inotify watch holds it for good.
+// Only the latest nodes of a path keep their content (fs/frozen.go): nobody's watch on each new
+// revision of a 120 KB record used to keep every revision in the daemon that serves everybody
+// (one user took it to a gigabyte), and now keeps about a kilobyte a revision. An older node
+// still opens through a descriptor of it (/dev/fd/3) with the content it had.
+func TestCoUserWatchesPinNoContent(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other")
+	m.setupApp(20, map[string]int{"HTTP": 35500})
+	const stack = "app/stacks/n/"
+	// 30 holders with checkouts of 3.9 KB each: a record of about 120 KB.
+	asUIDOK(m, 65534, `mkdir $M/app/stacks/n && /usr/bin/python3 -c '
+import sys
+for i in range(30):
+    checkout = "/srv/h%02d" % i + ("/" + "x" * 200) * 19
+    with open(sys.argv[1] + "/holders/h%02d" % i, "w") as f: f.write("pid=none checkout=" + checkout + "\n")
+' $M/app/stacks/n`)
+	record := m.read(stack + "record")
+	if len(record) < 120000 {
+		t.Fatalf("the record has %d bytes, want over 120,000", len(record))
+	}
+
+	// A descriptor of an old revision opens again with what it had, past newer revisions.
+	out := m.ok(`S=$M/app/stacks/n; exec 3<$S/record
+		for i in 1 2 3; do echo pid=none checkout=/tmp/b > $S/holders/b$i && cat $S/record >/dev/null || exit 1; done
+		cat /dev/fd/3; rm $S/holders/b1 $S/holders/b2 $S/holders/b3`)
+	if out != record {
+		t.Fatalf("/dev/fd/3 of the first revision read %d bytes, want the %d it had", len(out), len(record))
+	}
+
+	before := liveHeap(m)
+	// nobody watches record at each of 80 revisions (a holder added or removed), and keeps
+	// the watches until its input closes.
+	watcher := &reader{cmd: exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", `
+import ctypes, os, sys
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+inotify = libc.inotify_init1(0)
+S = sys.argv[1]
+for i in range(80):
+    if i % 2 == 0:
+        with open(S + "/holders/b", "w") as f: f.write("pid=none checkout=/tmp/b\n")
+    else:
+        os.unlink(S + "/holders/b")
+    if libc.inotify_add_watch(inotify, (S + "/record").encode(), 2) < 0:
+        print("watch refused", os.strerror(ctypes.get_errno()), flush=True); sys.exit(1)
+print("watching", flush=True)
+sys.stdin.read()
+`, m.Path("app/stacks/n")), out: &syncBuffer{}, exit: make(chan struct{})}
+	watcher.cmd.Stdout, watcher.cmd.Stderr = watcher.out, watcher.out
+	stdin, release, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	watcher.cmd.Stdin = stdin
+	defer release.Close()
+	if err := watcher.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { watcher.cmd.Wait(); close(watcher.exit) }()
+	t.Cleanup(func() { watcher.cmd.Process.Kill(); <-watcher.exit })
+	waitFor(t, func() string { return "nobody's watches: " + watcher.output() }, func() bool {
+		return strings.Contains(watcher.output(), "watching") || watcher.done()
+	})
+	if !strings.Contains(watcher.output(), "watching") {
+		t.Fatalf("nobody's watcher: %s", watcher.output())
+	}
+	// Every revision's content kept would be 80 × 120 KB: 9.6 MB. A node keeps its content for
+	// a second once a newer one is looked up, so the heap is read until that is past.
+	var after int64
+	waitFor(t, func() string {
+		return fmt.Sprintf("the daemon's live heap grew by %d bytes (%d → %d) with nobody's watches on 80 revisions", after-before, before, after)
+	}, func() bool {
+		after = liveHeap(m)
+		return after-before < 3<<20
+	})
+}
+
+// liveHeap is the daemon's live heap after a collection, from the stats line a SIGUSR1 logs.
+func liveHeap(m *mount) int64 {
+	m.t.Helper()
+	stats := regexp.MustCompile(`stats: goroutines=\d+ heap_live=(\d+) `)
+	logged := len(stats.FindAllString(m.log.String(), -1))
+	if err := m.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		m.t.Fatal(err)
+	}
+	var live int64
+	waitFor(m.t, func() string { return "the daemon's stats line:\n" + m.log.String() }, func() bool {
+		all := stats.FindAllStringSubmatch(m.log.String(), -1)
+		if len(all) <= logged {
+			return false
+		}
+		live, _ = strconv.ParseInt(all[len(all)-1][1], 10, 64)
+		return true
+	})
+	return live
 }
