@@ -37,21 +37,8 @@ func TestCoUserOpensAreBounded(t *testing.T) {
 			held=$((held + $(wc -c <&$fd)))
 		done
 		echo "never refused held=$held"`
-	nobody := &reader{cmd: exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c", script),
-		out: &syncBuffer{}, exit: make(chan struct{})}
-	nobody.cmd.Env = append(nobody.cmd.Environ(), "M="+m.Dir)
-	nobody.cmd.Stdout, nobody.cmd.Stderr = nobody.out, nobody.out
-	stdin, release, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nobody.cmd.Stdin = stdin
+	nobody, release := startAsNobody(m, "bash", "-c", script)
 	defer release.Close()
-	if err := nobody.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { nobody.cmd.Wait(); close(nobody.exit) }()
-	t.Cleanup(func() { nobody.cmd.Process.Kill(); <-nobody.exit })
 	waitFor(t, func() string { return "nobody's opens: " + nobody.output() }, func() bool {
 		return strings.Contains(nobody.output(), "refused") || nobody.done()
 	})
@@ -349,7 +336,7 @@ for i in range(30):
 	before := liveHeap(m)
 	// nobody watches record at each of 80 revisions (a holder added or removed), and keeps
 	// the watches until its input closes.
-	watcher := &reader{cmd: exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", `
+	watcher, release := startAsNobody(m, "/usr/bin/python3", "-c", `
 import ctypes, os, sys
 libc = ctypes.CDLL("libc.so.6", use_errno=True)
 inotify = libc.inotify_init1(0)
@@ -363,19 +350,8 @@ for i in range(80):
         print("watch refused", os.strerror(ctypes.get_errno()), flush=True); sys.exit(1)
 print("watching", flush=True)
 sys.stdin.read()
-`, m.Path("app/stacks/n")), out: &syncBuffer{}, exit: make(chan struct{})}
-	watcher.cmd.Stdout, watcher.cmd.Stderr = watcher.out, watcher.out
-	stdin, release, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	watcher.cmd.Stdin = stdin
+`, m.Path("app/stacks/n"))
 	defer release.Close()
-	if err := watcher.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { watcher.cmd.Wait(); close(watcher.exit) }()
-	t.Cleanup(func() { watcher.cmd.Process.Kill(); <-watcher.exit })
 	waitFor(t, func() string { return "nobody's watches: " + watcher.output() }, func() bool {
 		return strings.Contains(watcher.output(), "watching") || watcher.done()
 	})
@@ -411,4 +387,27 @@ func liveHeap(m *mount) int64 {
 		return true
 	})
 	return live
+}
+
+// startAsNobody runs argv as uid 65534 with $M set, its input a pipe it reads until release (the
+// returned end) is closed; it is killed when the test ends.
+func startAsNobody(m *mount, argv ...string) (r *reader, release *os.File) {
+	m.t.Helper()
+	r = &reader{cmd: exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups"}, argv...)...),
+		out: &syncBuffer{}, exit: make(chan struct{})}
+	r.cmd.Env = append(r.cmd.Environ(), "M="+m.Dir)
+	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+	stdin, release, err := os.Pipe()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	defer stdin.Close()
+	r.cmd.Stdin = stdin
+	if err := r.cmd.Start(); err != nil {
+		release.Close()
+		m.t.Fatal(err)
+	}
+	go func() { r.cmd.Wait(); close(r.exit) }()
+	m.t.Cleanup(func() { r.cmd.Process.Kill(); <-r.exit })
+	return r, release
 }
