@@ -21,13 +21,13 @@ type Executor struct {
 	// mount is the daemon's mount point, absolute: gc looks at no checkout below it.
 	mount string
 
-	stuckMu     sync.Mutex
-	stuckProbes map[uint32]stuckProbe // by uid: see checkouts
+	lookersMu sync.Mutex
+	lookers   map[uint32]*looker // by uid: see checkouts
 }
 
 // New returns the executor of the daemon serving eng at mount.
 func New(eng *engine.Engine, mount string) *Executor {
-	return &Executor{eng: eng, self: os.Getpid(), mount: mount, stuckProbes: map[uint32]stuckProbe{}}
+	return &Executor{eng: eng, self: os.Getpid(), mount: mount, lookers: map[uint32]*looker{}}
 }
 
 const runtimeStop = "runtime-stop"

@@ -75,49 +75,122 @@ func (x *Executor) Survey() ([]Verdict, error) {
 }
 
 // checkoutWait is how long a checkout path may take to answer whether it exists; reapWait, how
-// long its killed probe may take to end before it counts as stuck.
+// long its killed probe may take to end before it counts as stuck; quietFor, how long a path that
+// did not answer is not looked at again: a stopped server costs the surveys (root's `cat gc`, the
+// sweep) one wait a minute, not one every survey.
 const (
 	checkoutWait = 2 * time.Second
 	reapWait     = 500 * time.Millisecond
+	quietFor     = time.Minute
 )
 
 // checkouts looks at holders' checkout paths for one survey, through a probe (a path may be
-// below a stopped FUSE server or a hung network mount, for as long as its user likes). A path that
-// does not answer in time costs its holder's uid the rest of the survey's looks, and every later
-// survey's while its probe cannot be ended: one user's paths delay a survey by one wait, hold at
-// most one process, and leave everyone else's looked at.
+// below a stopped FUSE server or a hung network mount, for as long as its user likes). Every
+// survey looks at a uid's paths through that uid's one looker: one probe, one look at a time. A
+// path that does not answer in time is not looked at again for quietFor, and costs its uid the
+// rest of the looks of each survey that meets it meanwhile; a probe the kill cannot end costs its
+// uid every survey's looks while it stays. So however many surveys run at once (a user's threads
+// reading gc), one user's paths hold at most one process and leave everyone else's looked at: a
+// survey waits for the look in progress rather than start another, and one waiting for a look
+// that does not answer finds that path quiet (surveys list paths in the same order) and looks no
+// further at that uid's.
 //
 // A daemon running as root looks at each holder's path as the holder's uid (its groups from the
 // user database), in a probe of that uid's own: what gc says of a path (exists, gone, cannot be
 // read) is then what its holder could find out, never what only root can see. A daemon of another
 // user can take no other uid, and looks as itself.
 type checkouts struct {
-	x       *Executor
-	probers map[uint32]*probe.Prober
-	hung    map[uint32]string
+	x      *Executor
+	joined map[uint32]*looker
+	hung   map[uint32]error // why each uid's paths are not looked at in this survey
+}
+
+// looker looks at one uid's paths for every survey.
+type looker struct {
+	// turn is held by the look in progress: the uid's other looks wait for it, which ends within
+	// checkoutWait and reapWait.
+	turn  chan struct{}
+	probe *probe.Prober // the turn's
+	// Under the executor's lookersMu:
+	surveys int                  // the surveys that joined it and have not ended: the last ends the probe
+	stuck   *stuckProbe          // a probe the kill did not end, until it ends
+	silent  map[string]time.Time // the paths that did not answer, and when, for quietFor
+}
+
+// stuckProbe is a probe of a uid's checkout that did not answer, killed and not yet ended.
+type stuckProbe struct {
+	path   string
+	since  time.Time
+	reaped <-chan struct{}
 }
 
 func (x *Executor) newCheckouts() *checkouts {
-	return &checkouts{x: x, probers: map[uint32]*probe.Prober{}, hung: map[uint32]string{}}
+	return &checkouts{x: x, joined: map[uint32]*looker{}, hung: map[uint32]error{}}
 }
 
+// close leaves the lookers c joined: the last survey to leave one ends its probe. A looker no
+// survey holds is forgotten once it has nothing to remember.
 func (c *checkouts) close() {
-	for _, p := range c.probers {
-		p.Close()
+	c.x.lookersMu.Lock()
+	defer c.x.lookersMu.Unlock()
+	for _, l := range c.joined {
+		if l.surveys--; l.surveys == 0 {
+			l.probe.Close()
+		}
+	}
+	for uid, l := range c.x.lookers {
+		for path := range l.silent {
+			l.unheard(path)
+		}
+		if l.surveys == 0 && l.unstuck() && len(l.silent) == 0 {
+			delete(c.x.lookers, uid)
+		}
 	}
 }
 
-// prober is the probe that looks at uid's paths.
-func (c *checkouts) prober(uid uint32) *probe.Prober {
-	if p, ok := c.probers[uid]; ok {
-		return p
+// looker is uid's looker, which c joins.
+func (c *checkouts) looker(uid uint32) *looker {
+	if l, ok := c.joined[uid]; ok {
+		return l
 	}
-	p := &probe.Prober{Timeout: checkoutWait}
-	if os.Geteuid() == 0 && uid != 0 {
-		p.As = credential(uid)
+	c.x.lookersMu.Lock()
+	defer c.x.lookersMu.Unlock()
+	l, ok := c.x.lookers[uid]
+	if !ok {
+		l = &looker{turn: make(chan struct{}, 1), probe: &probe.Prober{Timeout: checkoutWait}, silent: map[string]time.Time{}}
+		if os.Geteuid() == 0 && uid != 0 {
+			l.probe.As = credential(uid)
+		}
+		c.x.lookers[uid] = l
 	}
-	c.probers[uid] = p
-	return p
+	l.surveys++
+	c.joined[uid] = l
+	return l
+}
+
+// unstuck says whether l has no probe the kill did not end, forgetting one that has ended since.
+func (l *looker) unstuck() bool {
+	if l.stuck == nil {
+		return true
+	}
+	select {
+	case <-l.stuck.reaped:
+		l.stuck = nil
+		return true
+	default:
+		return false
+	}
+}
+
+// unheard says when path last did not answer, if that was less than quietFor ago; it forgets
+// an older silence.
+func (l *looker) unheard(path string) (time.Time, bool) {
+	at, ok := l.silent[path]
+	if ok && time.Since(at) >= quietFor {
+		delete(l.silent, path)
+		return at, false
+	}
+	return at, ok
 }
 
 // credential is uid with its primary group and the groups naming it as /etc/passwd and /etc/group
@@ -161,50 +234,49 @@ func dbEntries(path string, n int) [][]string {
 	return out
 }
 
-// stuckProbe is a probe of a uid's checkout that did not answer, killed and not yet ended.
-type stuckProbe struct {
-	path   string
-	since  time.Time
-	reaped <-chan struct{}
-}
-
-// lstat is os.Lstat of h's checkout path, through the probe.
+// lstat is os.Lstat of h's checkout path, through its uid's looker.
 func (c *checkouts) lstat(h engine.Holder) error {
-	if path, ok := c.hung[h.UID]; ok {
-		return fmt.Errorf("uid %d's checkout %s did not answer in this survey", h.UID, path) // judge makes it printable
+	if err, ok := c.hung[h.UID]; ok {
+		return err
 	}
-	if s, ok := c.x.stuck(h.UID); ok {
-		return fmt.Errorf("uid %d's checkout %s has not answered since %s", h.UID, s.path, s.since.UTC().Format(time.RFC3339))
+	l := c.looker(h.UID)
+	l.turn <- struct{}{}
+	defer func() { <-l.turn }()
+	if err := c.x.notLooked(h, l); err != nil {
+		c.hung[h.UID] = err
+		return err
 	}
-	err := c.prober(h.UID).Lstat(h.CheckoutPath)
+	err := l.probe.Lstat(h.CheckoutPath)
 	if na := (*probe.NoAnswerError)(nil); errors.As(err, &na) {
-		c.hung[h.UID] = h.CheckoutPath
+		c.hung[h.UID] = fmt.Errorf("uid %d's checkout %s did not answer in this survey", h.UID, h.CheckoutPath) // judge makes it printable
+		silent := time.Now()
+		var stuck *stuckProbe // notLooked found none
 		select {
 		case <-na.Reaped: // the kill ended it (a server that had not taken the request)
 		case <-time.After(reapWait):
-			c.x.stuckMu.Lock()
-			c.x.stuckProbes[h.UID] = stuckProbe{h.CheckoutPath, time.Now(), na.Reaped}
-			c.x.stuckMu.Unlock()
+			stuck = &stuckProbe{h.CheckoutPath, silent, na.Reaped}
 		}
+		c.x.lookersMu.Lock()
+		l.silent[h.CheckoutPath] = silent
+		l.stuck = stuck
+		c.x.lookersMu.Unlock()
 	}
 	return err
 }
 
-// stuck is uid's probe that has not ended, if any.
-func (x *Executor) stuck(uid uint32) (stuckProbe, bool) {
-	x.stuckMu.Lock()
-	defer x.stuckMu.Unlock()
-	s, ok := x.stuckProbes[uid]
-	if !ok {
-		return s, false
+// notLooked is why h's checkout, and the rest of its uid's in this survey, are not looked at now
+// through l; nil when it is.
+func (x *Executor) notLooked(h engine.Holder, l *looker) error {
+	x.lookersMu.Lock()
+	defer x.lookersMu.Unlock()
+	if !l.unstuck() {
+		return fmt.Errorf("uid %d's checkout %s has not answered since %s", h.UID, l.stuck.path, l.stuck.since.UTC().Format(time.RFC3339))
 	}
-	select {
-	case <-s.reaped:
-		delete(x.stuckProbes, uid)
-		return s, false
-	default:
-		return s, true
+	if at, ok := l.unheard(h.CheckoutPath); ok {
+		return fmt.Errorf("uid %d's checkout %s did not answer at %s, and is not looked at again before %s", h.UID, h.CheckoutPath,
+			at.UTC().Format(time.RFC3339), at.Add(quietFor).UTC().Format(time.RFC3339))
 	}
+	return nil
 }
 
 // judge is gc's verdict on r, whose lease is active.

@@ -52,8 +52,11 @@ type file struct {
 	cockpit string
 	stack   string
 	render  render
-	writer  writer     // nil: read-only
-	fixed   *fixedView // a frozen file's one content (see entry.frozen, frozen.go)
+	// stat, when set, is what a stat by path shows in place of a rendering: for a file whose
+	// rendering may wait on what users chose (gc's survey), never rendered but for an open.
+	stat   render
+	writer writer     // nil: read-only
+	fixed  *fixedView // a frozen file's one content (see entry.frozen, frozen.go)
 	// follows: an append-only file (events) an open keeps reading as it grows (see handle.base).
 	follows bool
 	// opens are the file's opens by the thread that opened each (see opened).
@@ -581,8 +584,12 @@ func (f *file) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 		origin = h.base
 		h.mu.Unlock()
 	} else {
+		render := f.render
+		if f.stat != nil {
+			render = f.stat
+		}
 		var err error
-		if v, err = f.render(); err != nil {
+		if v, err = render(); err != nil {
 			fc, ok := ctx.(*fuse.Context)
 			if !ok || !f.follows {
 				return f.fsys.failNoEvent("getattr", f.path, err)

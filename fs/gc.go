@@ -12,6 +12,21 @@ import (
 // and why; writing `run` drains, for the writer, every stale stack it may drain, without waiting
 // for the cockpit's grace. `cockpitfs gc` reads and writes it.
 
+// gcFile is the gc file. A survey looks at every holder's checkout, and one may keep it waiting
+// (a co-user's stopped FUSE server): a stat (`ls -l` of the mount) surveys nothing and shows size
+// 0, as a /proc file does, and a read, through direct I/O, gets the whole survey all the same.
+func (f *FS) gcFile() *file {
+	g := f.newFile("gc", "", "", f.gcView, gcWriter{})
+	g.stat = f.gcStat
+	return g
+}
+
+// gcStat is the gc file without its content. Its content follows processes and directories, not
+// commits: no change has a time to show.
+func (f *FS) gcStat() (view, error) {
+	return view{mtime: f.started, uid: f.uid}, nil
+}
+
 // gcView renders gc's verdicts, one line each.
 func (f *FS) gcView() (view, error) {
 	verdicts, err := f.exec.Survey()
@@ -23,8 +38,9 @@ func (f *FS) gcView() (view, error) {
 		b.WriteString(v.Line()) // printable already: Survey escapes each path and error it names
 		b.WriteByte('\n')
 	}
-	// Its content follows processes and directories, not commits: no change has a time to show.
-	return view{data: []byte(b.String()), mtime: f.started, uid: f.uid}, nil
+	v, _ := f.gcStat()
+	v.data = []byte(b.String())
+	return v, nil
 }
 
 // gcWriter applies `run` to the gc file.

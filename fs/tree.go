@@ -37,7 +37,7 @@ func rootFiles(f *FS) []entry {
 		{name: "status", node: f.newFile("status", "", "", f.statusView(engine.StatusTable), nil)},
 		{name: "status.json", node: f.newFile("status.json", "", "", f.statusView(engine.StatusJSON), nil)},
 		{name: "ports", node: f.newDir("ports", "", "", portsListing{}), dir: true},
-		{name: "gc", node: f.newFile("gc", "", "", f.gcView, gcWriter{})},
+		{name: "gc", node: f.gcFile()},
 	}
 }
 

@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(memoryStallEnv); path != "" {
 		runMemoryStall(path) // this binary is a test's helper process (status_stall_test.go)
 	}
+	if dir := os.Getenv(hungServerEnv); dir != "" {
+		runHungServer(dir) // a test's helper process (worktrees_test.go)
+	}
 	os.Exit(run(m))
 }
 

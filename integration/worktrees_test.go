@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -885,7 +886,9 @@ func TestWorktreesGCStopsNothingTheOwnerMayNotSignal(t *testing.T) {
 
 // A holder's checkout below a FUSE server that never answers (a stopped daemon: any user may
 // stop their own, or name a path on one) holds up nobody: gc keeps that stack, saying the path
-// did not answer, and drains another stack whose checkout is gone, as before.
+// did not answer, and drains another stack whose checkout is gone, as before. The same uid's
+// other checkouts are not looked at in that survey, and the path is not looked at again for a
+// minute: the next survey waits on it no more.
 func TestWorktreesGCPastACheckoutThatNeverAnswers(t *testing.T) {
 	t.Parallel()
 	m := newMount(t, "--gc-interval", "0")
@@ -896,7 +899,8 @@ func TestWorktreesGCPastACheckoutThatNeverAnswers(t *testing.T) {
 	}
 	t.Cleanup(func() { other.cmd.Process.Signal(syscall.SIGCONT) }) // before other's stop
 	stuck := other.Path("x")
-	m.ok("mkdir $M/app/stacks/stuck $M/app/stacks/gone && echo pid=none checkout=" + stuck + " > $M/app/stacks/stuck/holders/h && echo pid=none checkout=/nonexistent/gone > $M/app/stacks/gone/holders/h")
+	m.ok("mkdir $M/app/stacks/stuck $M/app/stacks/stuck2 $M/app/stacks/gone && echo pid=none checkout=" + stuck + " > $M/app/stacks/stuck/holders/h && " +
+		"echo pid=none checkout=" + other.Path("y") + " > $M/app/stacks/stuck2/holders/h && echo pid=none checkout=/nonexistent/gone > $M/app/stacks/gone/holders/h")
 
 	// A gc read waiting on the stopped server waits unkillably (the daemon took the request):
 	// after a minute the server goes on, which ends it, and the test fails.
@@ -910,63 +914,245 @@ func TestWorktreesGCPastACheckoutThatNeverAnswers(t *testing.T) {
 		return string(out), err
 	}
 	keep := "keep app/stacks/stuck: holder h's checkout " + stuck + " cannot be told gone: "
+	keep2 := "keep app/stacks/stuck2: holder h's checkout " + other.Path("y") + " cannot be told gone: "
+	// One wait per survey, not one per path.
 	out, err := gc("--dry-run", m.Dir)
-	if err != nil || !strings.Contains(out, keep+"did not answer in 2s") || !strings.Contains(out, "drain app/stacks/gone: ") {
+	if err != nil || !strings.Contains(out, keep+"did not answer in 2s\n") || !strings.Contains(out, keep2+"uid 0's checkout "+stuck+" did not answer in this survey\n") || !strings.Contains(out, "drain app/stacks/gone: ") {
 		t.Fatalf("gc --dry-run (%v):\n%s", err, out)
 	}
+	// The path that did not answer is not asked again for a minute: nor are the uid's paths after
+	// it, as in the survey that met it.
 	out, err = gc(m.Dir)
 	if err != nil || out != "drained app/stacks/gone: holders h (pid-less); checkouts gone: /nonexistent/gone\n" {
 		t.Fatalf("gc (%v):\n%s", err, out)
 	}
-	// Another of the same uid's stacks on the same server: one wait per survey, not one per path.
-	m.ok("mkdir $M/app/stacks/stuck2 && echo pid=none checkout=" + other.Path("y") + " > $M/app/stacks/stuck2/holders/h")
-	start := time.Now()
 	out, err = gc("--dry-run", m.Dir)
-	if err != nil || !strings.Contains(out, keep+"did not answer in 2s") || !strings.Contains(out, "keep app/stacks/stuck2: holder h's checkout "+other.Path("y")+" cannot be told gone: uid 0's checkout "+stuck+" did not answer in this survey") {
-		t.Fatalf("gc --dry-run with two stuck stacks (%v):\n%s", err, out)
+	if quiet := "uid 0's checkout " + stuck + " did not answer at "; err != nil || !strings.Contains(out, keep+quiet) || !strings.Contains(out, keep2+quiet) || !strings.Contains(out, ", and is not looked at again before ") {
+		t.Fatalf("gc --dry-run within a minute of the paths' silence (%v):\n%s", err, out)
 	}
-	t.Logf("a survey past two stuck checkouts took %v", time.Since(start))
 	if !strings.Contains(m.read("app/stacks/stuck/lease"), "released=false") || !strings.Contains(m.read("app/stacks/gone/lease"), "released=true") {
 		t.Fatal("gc drained the wrong stack")
 	}
+}
 
-	// A server that takes the request and never answers (an sshfs whose link died): the killed
-	// probe cannot end. While it stays, that uid's checkouts are not looked at again: one process
-	// held, not one per survey.
-	hung := hangingServer(t)
-	m.ok("mkdir $M/app/stacks/hung && echo pid=none checkout=" + hung + "/x > $M/app/stacks/hung/holders/h")
-	keep = "keep app/stacks/hung: holder h's checkout " + hung + "/x cannot be told gone: "
-	if out, err := gc("--dry-run", m.Dir); err != nil || !strings.Contains(out, keep+"did not answer in 2s\n") {
-		t.Fatalf("gc --dry-run past a server that never answers (%v):\n%s", err, out)
+// However many read gc at once, a co-user's checkout on a FUSE server that takes the request
+// and never answers (an sshfs whose link died) holds one probe of the daemon's: the first survey
+// looks and its probe stays, unkillable; the other surveys wait for that look and report it,
+// looking at nothing (each would otherwise have left a probe of its own: about a hundred for 300
+// threads reading gc for 10 s, each some MB and two of the daemon's descriptors, until the server
+// died). Another user's stack is judged as ever.
+func TestWorktreesGCOneProbeHoweverManyRead(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "setpriv")
+	m := ownershipMount(t, "--allow-other", "--gc-interval", "0")
+	// Its name looked up now, so that the reads' opens reach the daemon together: the kernel holds
+	// every lookup of a name but the first until it is answered.
+	m.ok("stat $M/gc > /dev/null && mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47400, "720h", "5s") + "EOF\n" +
+		"mkdir $M/app/stacks/gone && echo pid=none checkout=/nonexistent/gone > $M/app/stacks/gone/holders/h")
+	hung := startHungServer(t)
+	ownershipNobodyOK(m, "mkdir $M/nob && cat > $M/nob/config <<'EOF'\n"+worktreesConfig(47420, "720h", "5s")+"EOF\n"+
+		"mkdir $M/nob/stacks/hung && echo 'pid=none checkout="+hung.dir+"/x' > $M/nob/stacks/hung/holders/h")
+
+	const readers = 30
+	start := make(chan struct{})
+	done := make(chan string, readers)
+	for range readers {
+		go func() {
+			<-start
+			data, err := os.ReadFile(m.Path("gc"))
+			if err != nil {
+				done <- err.Error()
+				return
+			}
+			done <- string(data)
+		}()
 	}
-	if out, err := gc("--dry-run", m.Dir); err != nil || !strings.Contains(out, keep+"uid 0's checkout "+hung+"/x has not answered since ") {
-		t.Fatalf("gc --dry-run while the probe stays (%v):\n%s", err, out)
+	close(start)
+	var reads []string
+	for range readers {
+		select {
+		case read := <-done:
+			reads = append(reads, read)
+		case <-time.After(20 * time.Second):
+			t.Fatal("a read of gc did not return in 20s")
+		}
+	}
+	if probes := childrenOf(m.cmd.Process.Pid, 65534); probes != 1 || hung.lookups() != 1 {
+		t.Fatalf("after %d concurrent reads of gc the daemon has %d probes of uid 65534, the server took %d lookups; want 1 each", readers, probes, hung.lookups())
+	}
+	keep := "keep nob/stacks/hung: holder h's checkout " + hung.dir + "/x cannot be told gone: "
+	looked := 0
+	for _, read := range reads {
+		if !strings.Contains(read, "drain app/stacks/gone: holders h (pid-less); checkouts gone: /nonexistent/gone\n") {
+			t.Fatalf("a read of gc lacks root's gone stack:\n%s", read)
+		}
+		switch {
+		case strings.Contains(read, keep+"did not answer in 2s\n"):
+			looked++
+		case !strings.Contains(read, keep+"uid 65534's checkout "+hung.dir+"/x has not answered since "):
+			t.Fatalf("a read of gc:\n%s", read)
+		}
+	}
+	if looked != 1 {
+		t.Fatalf("%d of %d concurrent reads of gc looked at the checkout, want 1", looked, readers)
 	}
 }
 
-// hangingServer mounts a FUSE server whose every lookup waits until the test ends, and returns
-// its mount point.
-func hangingServer(t *testing.T) string {
+// A stat of gc (ls -l of the mount) surveys nothing: a co-user's stopped or hung server holds up
+// nobody's `ls -l`, and no checkout is looked at. Its size is 0, as a /proc file's, and a read
+// gets the whole survey all the same (through direct I/O, to its end).
+func TestWorktreesGCStatLooksAtNoCheckout(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "setpriv", "python3")
+	m := ownershipMount(t, "--allow-other", "--gc-interval", "0")
+	m.ok("mkdir $M/app && cat > $M/app/config <<'EOF'\n" + worktreesConfig(47440, "720h", "5s") + "EOF\n" +
+		"mkdir $M/app/stacks/gone && echo pid=none checkout=/nonexistent/gone > $M/app/stacks/gone/holders/h")
+	want := "drain app/stacks/gone: holders h (pid-less); checkouts gone: /nonexistent/gone\n"
+	if got := m.ok("cat $M/gc && python3 -c 'import sys; sys.stdout.write(open(sys.argv[1]).read())' $M/gc"); got != want+want {
+		t.Fatalf("cat and python's read of gc:\n%s", got)
+	}
+
+	hung := startHungServer(t)
+	ownershipNobodyOK(m, "mkdir $M/nob && cat > $M/nob/config <<'EOF'\n"+worktreesConfig(47460, "720h", "5s")+"EOF\n"+
+		"mkdir $M/nob/stacks/hung && echo 'pid=none checkout="+hung.dir+"/x' > $M/nob/stacks/hung/holders/h && stat $M/gc > /dev/null")
+	sizes := m.ok("stat -c %s $M/gc && ls -l $M | grep ' gc$'")
+	if probes := childrenOf(m.cmd.Process.Pid, 65534); probes != 0 || hung.lookups() != 0 {
+		t.Fatalf("stats of gc left %d probes of uid 65534, the server took %d lookups; want none", probes, hung.lookups())
+	}
+	if !strings.HasPrefix(sizes, "0\n") || !strings.Contains(sizes, " 0 ") {
+		t.Fatalf("root's stat and ls -l of gc:\n%s", sizes)
+	}
+}
+
+// childrenOf counts the processes of uid (real) whose parent is pid.
+func childrenOf(pid, uid int) int {
+	entries, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range entries {
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue // not a process, or gone
+		}
+		parent, owner := -1, -1
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+				parent, _ = strconv.Atoi(strings.TrimSpace(v))
+			}
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok && len(strings.Fields(v)) > 0 {
+				owner, _ = strconv.Atoi(strings.Fields(v)[0])
+			}
+		}
+		if parent == pid && owner == uid {
+			n++
+		}
+	}
+	return n
+}
+
+// hungServerEnv names, in a helper process's environment, the directory where it mounts, as uid
+// 65534, a FUSE server that takes every lookup and never answers (runHungServer).
+const hungServerEnv = "COCKPITFS_TEST_HUNG_SERVER"
+
+// hungServer is the helper process (this test binary run again) and what it reported.
+type hungServer struct {
+	dir string // its mount point: a path below it never answers
+	mu  sync.Mutex
+	n   int // the lookups it took
+}
+
+// lookups is how many lookups the server has taken.
+func (s *hungServer) lookups() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// startHungServer starts the helper and waits until it serves. Its cleanup kills it, which ends
+// every request it holds (and with them whatever waits on them), then detaches its mount.
+func startHungServer(t *testing.T) *hungServer {
 	t.Helper()
-	dir := t.TempDir()
-	release := make(chan struct{})
-	server, err := fusefs.Mount(dir, &hangingRoot{release: release}, &fusefs.Options{})
+	testtool.Need(t, "fusermount3")
+	base, err := os.MkdirTemp("/tmp", "cockpitfs-hung")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	s := &hungServer{dir: filepath.Join(base, "mnt")}
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(s.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(s.dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), hungServerEnv+"="+s.dir)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		close(release)
-		server.Unmount()
+		cmd.Process.Kill()
+		cmd.Wait()
+		detach(s.dir)
 	})
-	return dir
+	mounted := make(chan struct{})
+	go func() {
+		lines := bufio.NewScanner(out)
+		for lines.Scan() {
+			switch lines.Text() {
+			case "mounted":
+				close(mounted)
+			case "lookup":
+				s.mu.Lock()
+				s.n++
+				s.mu.Unlock()
+			}
+		}
+	}()
+	select {
+	case <-mounted:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the hung server did not mount in 20s; its stderr:\n%s", stderr.String())
+	}
+	return s
 }
 
-type hangingRoot struct {
-	fusefs.Inode
-	release chan struct{}
+// runHungServer is the helper: it becomes uid 65534, mounts at dir a server whose every lookup
+// it reports ("lookup" on stdout) and never answers, says "mounted", and serves until killed.
+func runHungServer(dir string) {
+	if err := syscall.Setgroups(nil); err != nil {
+		panic(err)
+	}
+	if err := syscall.Setgid(65534); err != nil {
+		panic(err)
+	}
+	if err := syscall.Setuid(65534); err != nil {
+		panic(err)
+	}
+	server, err := fusefs.Mount(dir, &hungRoot{}, &fusefs.Options{})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("mounted")
+	server.Wait()
+	os.Exit(0)
 }
 
-func (r *hangingRoot) Lookup(context.Context, string, *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	<-r.release
-	return nil, syscall.ENOENT
+type hungRoot struct{ fusefs.Inode }
+
+func (*hungRoot) Lookup(context.Context, string, *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	fmt.Println("lookup")
+	select {}
 }
