@@ -369,7 +369,7 @@ func TestEventsLogRefusal(t *testing.T) {
 	newCockpit(t, e, "app", exampleConfig, "main")
 	err := claimErr(e, "app", "main", ".bad")
 	c := me("create", "app/stacks/main/holders/.bad")
-	if err := e.LogRefusal(c, "app", "main", AsRefusal(err), "EINVAL"); err != nil {
+	if err := e.LogRefusal(c, "app", "main", AsRefusal(err), "EINVAL", 0); err != nil {
 		t.Fatal(err)
 	}
 	evs := eventLines(t, e, "app", "main")
@@ -384,16 +384,17 @@ func TestEventsLogRefusal(t *testing.T) {
 	if r := stackRecord(t, e, "app", "main"); r.Revision != 0 {
 		t.Fatalf("logging a refusal moved the revision to %d", r.Revision)
 	}
-	// Cockpit level, and a cockpit that does not exist records nothing.
+	// Cockpit level, saying how many refusals before it have no line; and a cockpit that does
+	// not exist records nothing.
 	before := len(eventLines(t, e, "app", ""))
 	r := &Refusal{Code: PermissionDenied, Message: "no", Fix: "ask"}
-	if err := e.LogRefusal(me("write", "app/config"), "app", "", r, "EACCES"); err != nil {
+	if err := e.LogRefusal(me("write", "app/config"), "app", "", r, "EACCES", 7); err != nil {
 		t.Fatal(err)
 	}
-	if evs := eventLines(t, e, "app", ""); len(evs) != before+1 || evs[len(evs)-1].Errno != "EACCES" {
+	if evs := eventLines(t, e, "app", ""); len(evs) != before+1 || evs[len(evs)-1].Errno != "EACCES" || evs[len(evs)-1].Unshown != 7 {
 		t.Fatalf("cockpit events %+v", evs)
 	}
-	if err := e.LogRefusal(me("mkdir", "nope/stacks/x"), "nope", "x", r, "EACCES"); err != nil {
+	if err := e.LogRefusal(me("mkdir", "nope/stacks/x"), "nope", "x", r, "EACCES", 0); err != nil {
 		t.Fatal(err)
 	}
 	if evs := eventLines(t, e, "nope", "x"); len(evs) != 0 {

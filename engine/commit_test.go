@@ -61,7 +61,7 @@ func TestStateLockedWhileTheStackIsLocked(t *testing.T) {
 	// The refusal is recorded while the contention lasts: logging it does not queue behind it.
 	c := me("create", "app/stacks/s/holders/alice")
 	seen := e.CockpitSeen("app")
-	if err := e.LogRefusal(c, "app", "s", refuse(StateLocked, "", "retry", "contention"), "EAGAIN"); err != nil {
+	if err := e.LogRefusal(c, "app", "s", refuse(StateLocked, "", "retry", "contention"), "EAGAIN", 0); err != nil {
 		t.Fatalf("logging the refusal: %v", err)
 	}
 	events, err := e.events("app", "s")

@@ -473,6 +473,9 @@ func appendEventJSON(b []byte, e event) []byte {
 			b = appendJSONField(b, ',', f.name, f.value)
 		}
 	}
+	if e.Unshown != 0 {
+		b = strconv.AppendInt(appendJSONKey(b, ',', "unshown"), int64(e.Unshown), 10)
+	}
 	if e.Revision != nil {
 		b = strconv.AppendInt(appendJSONKey(b, ',', "revision"), *e.Revision, 10)
 	}

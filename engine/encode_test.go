@@ -23,7 +23,7 @@ func TestEventJSONIsEncodingJSONs(t *testing.T) {
 		{},
 		{At: "2026-12-01T03:00:00.000Z", Op: "create", Path: "app/stacks/s/holders/c", PID: 4242, UID: 1000, Result: "ok", Revision: &rev},
 		{Op: "write", Path: "app/stacks/s/drain/request", PID: -1, UID: math.MaxUint32, Result: "refused", Code: PortLeaseExhausted, Errno: "EBUSY",
-			Message: "quote \" backslash \\ newline \n tab \t nul \x00 <html> & é 🚀 \u2028 \xff invalid", Fix: "echo sleep > drain/request", Revision: &neg},
+			Message: "quote \" backslash \\ newline \n tab \t nul \x00 <html> & é 🚀 \u2028 \xff invalid", Fix: "echo sleep > drain/request", Unshown: 1234, Revision: &neg},
 		{Result: "ok", Warning: "skipped candidate families: port 20000 is held by <pid 7>"},
 	} {
 		var want bytes.Buffer

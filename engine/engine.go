@@ -81,7 +81,8 @@ import (
 //  7. leaves held for a map or counter access alone: keyedLocks.mu, notifier.mu,
 //     cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, healthCache.mu, staleKeys.mu,
 //     budgetContext.mu, identities.mu, liveness's threadGroups, staged (a sync.Map), fs's own maps'
-//     (snapshots.mu, replacements.mu and those of file.go, nested.go, render.go and scratch.go),
+//     (snapshots.mu, replacements.mu, eventBudget.mu and those of errno.go, file.go, nested.go,
+//     render.go and scratch.go),
 //     the proxy's CA.mu (its certificates by name).
 type Engine struct {
 	db     storage.Store
@@ -432,9 +433,10 @@ func (n *cockpitNotifier) publish(key string) {
 
 // LogRefusal records a refused operation in the events file of the stack, or of the cockpit when
 // stack is "" or no longer exists (the nearest one), errno named by the adapter that chose it
-// (see logLine: it takes no lock).
-func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno string) error {
-	return e.logLine(c, cockpit, stack, event{Result: "refused", Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix})
+// (see logLine: it takes no lock). unshown is how many of c's uid's refusals before it the
+// adapter left without a line since that uid's previous one (0: none).
+func (e *Engine) LogRefusal(c Caller, cockpit, stack string, r *Refusal, errno string, unshown int) error {
+	return e.logLine(c, cockpit, stack, event{Result: "refused", Code: r.Code, Errno: errno, Message: r.Message, Fix: r.Fix, Unshown: unshown})
 }
 
 // exists reads key with Get, so the transaction conflicts with its creation or removal.

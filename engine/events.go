@@ -56,6 +56,7 @@ type event struct {
 	Errno    string `json:"errno,omitempty"`
 	Message  string `json:"message,omitempty"`
 	Fix      string `json:"fix,omitempty"`
+	Unshown  int    `json:"unshown,omitempty"` // its uid's refusals before it with no line of their own (fs's eventBudget)
 	Revision *int64 `json:"revision,omitempty"`
 	Warning  string `json:"warning,omitempty"`
 }

@@ -19,7 +19,7 @@ func TestEventQuotingHugeInputIsClipped(t *testing.T) {
 	newCockpit(t, e, "app", exampleConfig, "one")
 	junk := strings.Repeat("\x01é", 32<<10)
 	r := &Refusal{Code: StateRecordMalformed, Message: "cannot parse " + junk, Fix: "write pid=<n>"}
-	if err := e.LogRefusal(me("write", "app/stacks/one/holders/me"), "app", "one", r, "EINVAL"); err != nil {
+	if err := e.LogRefusal(me("write", "app/stacks/one/holders/me"), "app", "one", r, "EINVAL", 0); err != nil {
 		t.Fatal(err)
 	}
 	events, err := e.events("app", "one")
@@ -47,7 +47,7 @@ func TestEventsWindowsOfAnOldFile(t *testing.T) {
 	stranger := Caller{UID: 7, Op: "write", Path: "app/stacks/main/x"}
 	refusal := &Refusal{Code: UndefinedName, Message: "no"}
 	for range 40 {
-		if err := e.LogRefusal(stranger, "app", "main", refusal, "EPERM"); err != nil {
+		if err := e.LogRefusal(stranger, "app", "main", refusal, "EPERM", 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -78,7 +78,7 @@ func TestEventsWindowsOfAnOldFile(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.LogRefusal(stranger, "app", "main", refusal, "EPERM"); err != nil {
+	if err := e.LogRefusal(stranger, "app", "main", refusal, "EPERM", 0); err != nil {
 		t.Fatal(err)
 	}
 	evs := eventLines(t, e, "app", "main")

@@ -114,7 +114,7 @@ func (x *Executor) stopStack(ctx context.Context, c engine.Caller, r engine.Reco
 			}
 			_ = x.eng.LogRefusal(at("attempt"), cockpit, stack, &engine.Refusal{Code: engine.PermissionDenied,
 				Message: fmt.Sprintf("stop: %s is not one uid %d may signal: not signalled%s", who, s.DeniedTo, actingFor),
-				Fix:     fmt.Sprintf("stop it as uid %d or root", s.UID)}, s.Errno)
+				Fix:     fmt.Sprintf("stop it as uid %d or root", s.UID)}, s.Errno, 0)
 			continue
 		}
 		_ = x.eng.LogStopped(at("attempt"), cockpit, stack, "stop: process "+s.String())

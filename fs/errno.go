@@ -91,9 +91,10 @@ func errnoOf(err error) syscall.Errno {
 }
 
 // fail turns err into the errno the caller sees and reports it once: a refusal in the events file
-// of (cockpit, stack) — the nearest one; stack "" is the cockpit's, cockpit "" has none — and
-// anything else in the log, and in that events file under its code (STATE_ROOT_UNAVAILABLE, or
-// STATE_RECORD_MALFORMED for a stored value that does not decode). A refusal no events file
+// of (cockpit, stack) — the nearest one; stack "" is the cockpit's, cockpit "" has none — or, past
+// its uid's budget of lines, counted there (logRefusal); and anything else in the log, and in that
+// events file under its code (STATE_ROOT_UNAVAILABLE, or STATE_RECORD_MALFORMED for a stored value
+// that does not decode). A refusal no events file
 // takes is logged when it would otherwise leave no trace of its cause: one the store could not
 // serve (STATE_LOCKED: etcd without a quorum cannot take the events line either), and an open
 // past its uid's snapshot bound (status.json has no events file).
@@ -109,9 +110,7 @@ func (f *FS) fail(c engine.Caller, cockpit, stack string, err error) syscall.Err
 	refusal := engine.AsRefusal(err)
 	switch {
 	case cockpit != "":
-		if lerr := f.eng.LogRefusal(c, cockpit, stack, refusal, unix.ErrnoName(errno)); lerr != nil && !logged {
-			f.log.Printf("%s %s: %s %v (not in events: %v)", c.Op, c.Path, unix.ErrnoName(errno), refusal, lerr)
-		}
+		f.logRefusal(refusalLine{c: c, cockpit: cockpit, stack: stack, refusal: refusal, errno: unix.ErrnoName(errno)}, logged)
 	case (refusal.Code == engine.StateLocked || refusal.Code == engine.OpenSnapshotLimit || refusal.Code == engine.CockpitUIDLimit) && !logged:
 		if more, ok := f.refusalLines.allow(c.UID, time.Now()); ok {
 			if more > 0 {

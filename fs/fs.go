@@ -35,7 +35,9 @@ type FS struct {
 	log     *log.Logger
 	// refusalLines bounds each uid's log lines of refusals no events file takes (see fail).
 	refusalLines refusalLimiter
-	byPath       sync.Map // cancel channels of the GETATTRs in flight that carry no file handle
+	// eventLines bounds each uid's events lines of refusals (see logRefusal).
+	eventLines eventBudget
+	byPath     sync.Map // cancel channels of the GETATTRs in flight that carry no file handle
 	// followers are the opens of events files (see file.follows).
 	followers followers
 	// scratch are the files beside each cockpit's config (see scratch.go).
