@@ -405,3 +405,113 @@ func TestProxyAmbiguousName(t *testing.T) {
 		t.Fatalf("two stacks differing in case: %d %v", code, st)
 	}
 }
+
+// A request goes to whoever listens on the stack's port now, never over a connection the proxy
+// kept to a listener that went: stack a's server closes its listening socket and keeps the
+// connection the proxy made, a is drained, b takes the port and serves; b's request reaches b.
+// (The proxy's connections were pooled by port: another user's server that let its port go
+// received the next stack's requests, cookies and all.)
+func TestProxyConnectionsFollowTheListener(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "python3")
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
+	m.setupApp(1, map[string]int{"HTTP": 37300}, "a", "b")
+	m.ok("touch $M/app/stacks/a/holders/me")
+	// a's server: one connection, its listening socket closed once accepted, then every request
+	// on it answered "a" and kept alive.
+	a := exec.Command("/usr/bin/python3", "-c", `
+import socket
+ln = socket.socket(); ln.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ln.bind(("127.0.0.1", 37300)); ln.listen(8)
+conn, _ = ln.accept(); ln.close()
+f = conn.makefile("rb")
+while True:
+    line = f.readline()
+    if not line: break
+    while line not in (b"\r\n", b"\n", b""): line = f.readline()
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: keep-alive\r\n\r\na")
+`)
+	if err := m.ns.Do(a.Start); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Process.Kill(); a.Wait() })
+	url := func(stack string) string { return fmt.Sprintf("http://http.%s.app.localhost:%d/", stack, proxyPort) }
+	waitFor(t, func() string { return "a's server through the proxy" }, func() bool {
+		body, code := m.curl(url("a"))
+		return code == 200 && body == "a"
+	})
+	m.ok(`S=$M/app/stacks/a; echo sleep > $S/drain/request && echo start pid=none > $S/drain/attempt && echo success > $S/drain/outcome`)
+	m.ok("touch $M/app/stacks/b/holders/me")
+	if port := strings.TrimSpace(m.read("app/stacks/b/ports/HTTP")); port != "37300" {
+		t.Fatalf("b leased %s, want a's 37300", port)
+	}
+	startStackServer(t, m, 37300, "b", false)
+	for i := range 3 {
+		body, code := m.curl(url("b"))
+		if code != 200 || !strings.Contains(body, `<p id="stack">b</p>`) {
+			t.Fatalf("b's request %d: %d %q, want b's page", i, code, body)
+		}
+	}
+}
+
+// One user's connections to the proxy are bounded (256 at once), so they cannot take the
+// descriptors every user's commits need, nor the proxy from other users: nobody's 300 held
+// connections get 256 answers and 44 closed unanswered, one line in the log says so, root is
+// served meanwhile, and once nobody lets go it connects again.
+func TestProxyBoundsEachUsersConnections(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "python3")
+	m := newMount(t, "--proxy", strconv.Itoa(proxyPort))
+	hold := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", `
+import socket, sys
+answered = closed = 0
+held = []
+for i in range(300):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.settimeout(20)
+    try:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\r\n")
+        reply = s.recv(65536)
+    except ConnectionResetError:
+        reply = b""
+    if reply.startswith(b"HTTP/1.1 200"):
+        answered += 1
+        held.append(s)
+    else:
+        closed += 1
+        s.close()
+print("answered", answered, "closed", closed, flush=True)
+sys.stdin.read()
+`, strconv.Itoa(proxyPort))
+	out := &syncBuffer{}
+	hold.Stdout, hold.Stderr = out, out
+	stdin, release, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release.Close()
+	hold.Stdin = stdin
+	if err := m.ns.Do(hold.Start); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Close()
+	t.Cleanup(func() { hold.Process.Kill(); hold.Wait() })
+	waitFor(t, func() string { return "nobody's connections: " + out.String() }, func() bool {
+		return strings.Contains(out.String(), "\n")
+	})
+	if got := out.String(); got != "answered 256 closed 44\n" {
+		t.Fatalf("nobody's 300 connections: %q, want 256 answered and 44 closed", got)
+	}
+	if _, code := m.curl("-H", "Accept: application/json", fmt.Sprintf("http://localhost:%d/", proxyPort)); code != 200 {
+		t.Fatalf("root's request beside nobody's connections: %d", code)
+	}
+	if n := strings.Count(m.log.String(), "proxy: uid 65534 holds 256 connections to the proxy, its most"); n != 1 {
+		t.Fatalf("%d log lines about nobody's bound, want 1:\n%s", n, m.log)
+	}
+	release.Close()
+	hold.Wait()
+	waitFor(t, func() string { return "nobody's connection once it let go" }, func() bool {
+		r := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "curl", "-sf", "-o", "/dev/null", fmt.Sprintf("http://localhost:%d/", proxyPort))
+		return m.ns.Do(r.Run) == nil
+	})
+}

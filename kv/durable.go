@@ -475,6 +475,12 @@ func (l *commitLog) checkpoint() {
 	l.lastCheckpoint.Store(l.sequenced.Load())
 	c := l.applied.load()
 	if err := l.logs.sync(); err != nil {
+		if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+			// Out of descriptors for a moment (the process's, or the system's): the directory or
+			// a log could not be opened, so nothing this checkpoint would log was synced, and
+			// the log keeps every commit until the next one, which a later commit starts.
+			return
+		}
 		l.fail(fmt.Errorf("kv: checkpoint: sync badger's logs: %w", err))
 		return
 	}

@@ -48,10 +48,12 @@ func New(eng *engine.Engine) *Server {
 		// go through as they are written.
 		FlushInterval: -1,
 		Transport: &http.Transport{
-			Proxy:                 nil, // never an HTTP_PROXY from the daemon's environment
-			DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConnsPerHost:   16,
-			IdleConnTimeout:       30 * time.Second,
+			Proxy:       nil, // never an HTTP_PROXY from the daemon's environment
+			DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			// A connection per request, to whoever listens when the route was checked. A kept
+			// one went to whoever listened when it was made: a user whose server let the port go,
+			// its connection kept, received the next stack's requests, its cookies with them.
+			DisableKeepAlives:     true,
 			ResponseHeaderTimeout: 0, // a dev server may think for as long as it likes
 			// The upstream is a loopback process whose uid the route checked; dev servers
 			// serving HTTPS do so with certificates nobody signed.

@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	"github.com/cockpitfs/cockpitfs/proxy"
 )
@@ -48,7 +50,8 @@ func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), er
 			hold.Release()
 		}
 	}
-	srv := &http.Server{Handler: proxy.New(eng), ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(proxyLog{}, "", 0)}
+	// A connection idle past IdleTimeout is closed: each is one of the daemon's descriptors.
+	srv := &http.Server{Handler: proxy.New(eng), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: log.New(proxyLog{}, "", 0)}
 	scheme := "http"
 	if st.proxyHTTPS {
 		ca, err := proxy.LoadCA(st.data)
@@ -72,6 +75,10 @@ func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), er
 			return nil, fmt.Errorf("--proxy %d: %w", port, err)
 		}
 		lns = append(lns, ln)
+	}
+	conns := &proxyConns{by: map[uint32]int{}, full: map[uint32]bool{}}
+	for i, ln := range lns {
+		lns[i] = &boundedListener{Listener: ln, conns: conns}
 	}
 	tlsOn := srv.TLSConfig != nil // read once: Serve sets a TLSConfig of its own for HTTP/2
 	for _, ln := range lns {
@@ -118,4 +125,102 @@ func (proxyLog) Write(p []byte) (int, error) {
 		log.Printf("proxy: %s", p)
 	}
 	return len(p), nil
+}
+
+// proxyConnsPerUID bounds the connections to the proxy one uid holds at once, and
+// proxyConnsTotal everyone's: each is a descriptor of the daemon's, whose commits need some too.
+// Unbounded, one user's 20,000 idle connections took every descriptor the daemon may have, and a
+// checkpoint that could not open the data directory stopped the store for everybody. A browser
+// holds a few per origin; a connection past the bound is closed as soon as it is accepted.
+const (
+	proxyConnsPerUID = 256
+	proxyConnsTotal  = 2048
+)
+
+// proxyConns counts the proxy's open connections, per uid of the process at their other end
+// (sock_diag; a connection whose uid cannot be told counts under unknownPeer).
+type proxyConns struct {
+	mu    sync.Mutex
+	total int
+	by    map[uint32]int
+	// full are the uids refused since they last held fewer than the bound (unknownPeer too: the
+	// total's): each is logged once a time it reaches it.
+	full map[uint32]bool
+}
+
+const unknownPeer = ^uint32(0)
+
+func (p *proxyConns) take(uid uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.by[uid] >= proxyConnsPerUID {
+		p.refused(uid, fmt.Sprintf("uid %d holds %d connections to the proxy, its most", uid, proxyConnsPerUID))
+		return false
+	}
+	if p.total >= proxyConnsTotal {
+		p.refused(unknownPeer, fmt.Sprintf("the proxy holds %d connections, its most", proxyConnsTotal))
+		return false
+	}
+	p.total++
+	p.by[uid]++
+	return true
+}
+
+// refused logs why a connection was closed, the first time since who it counts against was
+// under its bound.
+func (p *proxyConns) refused(who uint32, why string) {
+	if !p.full[who] {
+		p.full[who] = true
+		log.Printf("proxy: %s; closing its new ones until one ends", why)
+	}
+}
+
+func (p *proxyConns) give(uid uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.total--
+	if p.by[uid]--; p.by[uid] == 0 {
+		delete(p.by, uid)
+	}
+	delete(p.full, uid)
+	delete(p.full, unknownPeer)
+}
+
+// boundedListener accepts the connections proxyConns has room for, and closes the others.
+type boundedListener struct {
+	net.Listener
+	conns *proxyConns
+}
+
+func (l *boundedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		uid := unknownPeer
+		local, lok := c.LocalAddr().(*net.TCPAddr)
+		remote, rok := c.RemoteAddr().(*net.TCPAddr)
+		if lok && rok {
+			if u, err := listeners.PeerUID(local.AddrPort(), remote.AddrPort()); err == nil {
+				uid = u
+			}
+		}
+		if !l.conns.take(uid) {
+			c.Close()
+			continue
+		}
+		return &boundedConn{Conn: c, release: sync.OnceFunc(func() { l.conns.give(uid) })}, nil
+	}
+}
+
+// boundedConn gives its room back when closed, by the server or by a hijacker (a WebSocket).
+type boundedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *boundedConn) Close() error {
+	c.release()
+	return c.Conn.Close()
 }

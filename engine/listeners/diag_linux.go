@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 
@@ -271,3 +272,97 @@ func readDiagReplies(b []byte, seq uint32, mark func(int, uint32)) (done bool, e
 }
 
 func nlmsgAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }
+
+// tcpEstablishedStates are every TCP state but LISTEN: a peer's socket in whatever state it is.
+const tcpEstablishedStates = ^uint32(1 << tcpListenState)
+
+// peerUID is the uid of the local TCP socket whose own address is peer and whose remote is
+// local: the other end of a connection this process accepted on local, from this host.
+func peerUID(local, peer netip.AddrPort) (uint32, error) {
+	diag.mu.Lock()
+	defer diag.mu.Unlock()
+	if diag.fd < 0 {
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %v", errDiagUnavailable, err)
+		}
+		diag.fd = fd
+		diag.buf = make([]byte, 32<<10)
+	}
+	diag.seq++
+	uid, err := askSocket(diag.fd, diag.buf, diag.seq, socketRequest(diag.seq, local, peer))
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		unix.Close(diag.fd) // its state unknown: the next question opens a new one
+		diag.fd = -1
+	}
+	return uid, err
+}
+
+// askSocket sends request, a question about one socket numbered seq, and returns the uid of the
+// socket the kernel answers with; ENOENT when there is none.
+func askSocket(fd int, buf []byte, seq uint32, request []byte) (uint32, error) {
+	if err := unix.Sendto(fd, request, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return 0, fmt.Errorf("%w: send: %v", errDiagUnavailable, err)
+	}
+	ne := binary.NativeEndian
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%w: receive: %v", errDiagUnavailable, err)
+		}
+		for b := buf[:n]; len(b) >= unix.NLMSG_HDRLEN; {
+			size := int(ne.Uint32(b[0:]))
+			if size < unix.NLMSG_HDRLEN || size > len(b) {
+				return 0, fmt.Errorf("%w: sock_diag: malformed reply (length %d of %d)", ErrUndecided, size, len(b))
+			}
+			kind, replySeq, body := ne.Uint16(b[4:]), ne.Uint32(b[8:]), b[unix.NLMSG_HDRLEN:size]
+			b = b[min(nlmsgAlign(size), len(b)):]
+			switch {
+			case replySeq != seq: // left over from an earlier request on this socket
+			case kind == unix.NLMSG_ERROR && len(body) >= 4:
+				return 0, unix.Errno(-int32(ne.Uint32(body)))
+			case kind == unix.SOCK_DIAG_BY_FAMILY && len(body) >= inetDiagMsgSize:
+				return ne.Uint32(body[inetDiagMsgUID:]), nil
+			default:
+				return 0, fmt.Errorf("%w: sock_diag: unexpected reply %d of %d bytes", ErrUndecided, kind, len(body))
+			}
+		}
+	}
+}
+
+// socketRequest is inet_diag_req_v2 for the one TCP socket bound to peer and connected to local,
+// in any state but LISTEN.
+func socketRequest(seq uint32, local, peer netip.AddrPort) []byte {
+	ne := binary.NativeEndian
+	size := unix.NLMSG_HDRLEN + inetDiagReqV2Size
+	msg := make([]byte, size)
+	ne.PutUint32(msg[0:], uint32(size))
+	ne.PutUint16(msg[4:], unix.SOCK_DIAG_BY_FAMILY)
+	ne.PutUint16(msg[6:], unix.NLM_F_REQUEST)
+	ne.PutUint32(msg[8:], seq)
+	req := msg[unix.NLMSG_HDRLEN:]
+	req[0], req[1] = unix.AF_INET6, unix.IPPROTO_TCP
+	if peer.Addr().Is4() {
+		req[0] = unix.AF_INET
+	}
+	ne.PutUint32(req[4:], tcpEstablishedStates)
+	// inet_diag_sockid: sport, dport (network order), src[16], dst[16], if, cookie (none).
+	id := req[8:]
+	binary.BigEndian.PutUint16(id[0:], peer.Port())
+	binary.BigEndian.PutUint16(id[2:], local.Port())
+	src, dst := peer.Addr().As16(), local.Addr().As16()
+	if peer.Addr().Is4() {
+		s4, d4 := peer.Addr().As4(), local.Addr().As4()
+		src, dst = [16]byte{}, [16]byte{}
+		copy(src[:], s4[:])
+		copy(dst[:], d4[:])
+	}
+	copy(id[4:], src[:])
+	copy(id[20:], dst[:])
+	ne.PutUint32(id[40:], 0xffffffff) // INET_DIAG_NOCOOKIE
+	ne.PutUint32(id[44:], 0xffffffff)
+	return msg
+}

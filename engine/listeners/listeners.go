@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 )
 
@@ -54,6 +55,13 @@ func Owners(ports []int) (map[int][]uint32, error) {
 		err = fmt.Errorf("%w: %w", ErrUndecided, err)
 	}
 	return owners, err
+}
+
+// PeerUID is the uid of the process end of a TCP connection from this host (peer) to local, as
+// an accepted connection's remote and local addresses give them: the socket's owner, as the
+// kernel keeps it. An error when the kernel cannot say (the peer gone already, no sock_diag).
+func PeerUID(local, peer netip.AddrPort) (uint32, error) {
+	return peerUID(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port()))
 }
 
 // wanted is the set of ports, each checked to be a TCP port.
