@@ -76,7 +76,7 @@ func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), er
 		}
 		lns = append(lns, ln)
 	}
-	conns := &proxyConns{by: map[uint32]int{}, full: map[uint32]bool{}}
+	conns := &proxyConns{own: uint32(os.Getuid()), by: map[uint32]int{}, full: map[uint32]bool{}}
 	for i, ln := range lns {
 		lns[i] = &boundedListener{Listener: ln, conns: conns}
 	}
@@ -128,10 +128,11 @@ func (proxyLog) Write(p []byte) (int, error) {
 }
 
 // proxyConnsPerUID bounds the connections to the proxy one uid holds at once, and
-// proxyConnsTotal everyone's: each is a descriptor of the daemon's, whose commits need some too.
-// Unbounded, one user's 20,000 idle connections took every descriptor the daemon may have, and a
-// checkpoint that could not open the data directory stopped the store for everybody. A browser
-// holds a few per origin; a connection past the bound is closed as soon as it is accepted.
+// proxyConnsTotal all such uids' together, root's and the daemon's own user's aside (as every
+// per-uid bound): each is a descriptor of the daemon's, whose commits need some too. Unbounded,
+// one user's 20,000 idle connections took every descriptor the daemon may have, and a checkpoint
+// that could not open the data directory stopped the store for everybody. A browser holds at most
+// 256 in all (Chromium's pool); a connection past the bound is closed as soon as it is accepted.
 const (
 	proxyConnsPerUID = 256
 	proxyConnsTotal  = 2048
@@ -140,6 +141,7 @@ const (
 // proxyConns counts the proxy's open connections, per uid of the process at their other end
 // (sock_diag; a connection whose uid cannot be told counts under unknownPeer).
 type proxyConns struct {
+	own   uint32 // the daemon's uid, unbounded as root is
 	mu    sync.Mutex
 	total int
 	by    map[uint32]int
@@ -151,6 +153,9 @@ type proxyConns struct {
 const unknownPeer = ^uint32(0)
 
 func (p *proxyConns) take(uid uint32) bool {
+	if uid == 0 || uid == p.own {
+		return true
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.by[uid] >= proxyConnsPerUID {
@@ -176,6 +181,9 @@ func (p *proxyConns) refused(who uint32, why string) {
 }
 
 func (p *proxyConns) give(uid uint32) {
+	if uid == 0 || uid == p.own {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.total--
