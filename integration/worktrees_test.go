@@ -186,13 +186,14 @@ func claimAndLeave(m *mount, dir, stack string) (server, sleeper int) {
 	m.t.Helper()
 	script := `touch "$M/app/stacks/$S/holders/me" || exit 1
 port=$(cat "$M/app/stacks/$S/ports/HTTP")
-python3 -c "$PY" "$port" >/dev/null 2>&1 &
+python3 -c "$PY" "$port" >"$LOG" 2>&1 &
 echo $!
 sleep 3600 >/dev/null 2>&1 &
 echo $!`
 	cmd := exec.Command("setsid", "bash", "-c", script)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "M="+m.Dir, "S="+stack, "PY="+pythonServer)
+	serverLog := filepath.Join(m.t.TempDir(), "server.log")
+	cmd.Env = append(os.Environ(), "M="+m.Dir, "S="+stack, "PY="+pythonServer, "LOG="+serverLog)
 	var out []byte
 	err := m.ns.Do(func() (err error) { out, err = cmd.Output(); return err })
 	if err != nil {
@@ -208,7 +209,11 @@ echo $!`
 		m.t.Fatalf("claim from %s printed %q", dir, out)
 	}
 	port := portOf(m, stack, "HTTP")
-	waitFor(m.t, func() string { return "the left server to answer" }, func() bool { return servesHTTP(m, port) })
+	waitFor(m.t, func() string {
+		out, _ := os.ReadFile(serverLog)
+		return fmt.Sprintf("the left server to answer on %d (process %d gone: %v); its output:\n%s\nthe stack's events:\n%s",
+			port, pids[0], processGone(pids[0]), out, m.read("app/stacks", stack, "events"))
+	}, func() bool { return servesHTTP(m, port) })
 	return pids[0], pids[1]
 }
 

@@ -119,7 +119,9 @@ func start(t testing.TB, n int, tlsInfo *transport.TLSInfo) (*Cluster, error) {
 // range of local ports for connections (ip_local_port_range) and below those tests lease: a
 // member stopped and started again listens on its port anew, and a port from that range may
 // meanwhile be any connection's own (a restart failed "address already in use" when a client's
-// connection took it).
+// connection took it). A port is handed out once in a process: a port free while a member of
+// another cluster was stopped was its own (a restart failed "address already in use" when
+// another test's cluster took it meanwhile).
 func freeURL(t testing.TB) url.URL {
 	high := 60999
 	if r, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
@@ -134,16 +136,35 @@ func freeURL(t testing.TB) url.URL {
 		from, to = 10000, 15000 // the range reaches the top: below what tests lease
 	}
 	for range 1000 {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", from+rand.IntN(to-from)))
+		port := from + rand.IntN(to-from)
+		handedOut.Lock()
+		taken := handedOut.ports[port]
+		handedOut.Unlock()
+		if taken {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue // someone's
 		}
 		l.Close()
-		return url.URL{Scheme: "http", Host: l.Addr().String()}
+		handedOut.Lock()
+		taken = handedOut.ports[port]
+		handedOut.ports[port] = true
+		handedOut.Unlock()
+		if !taken {
+			return url.URL{Scheme: "http", Host: l.Addr().String()}
+		}
 	}
 	t.Fatal("no free loopback port above the local port range")
 	return url.URL{}
 }
+
+// handedOut are the ports freeURL gave in this process, which it never gives again.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
 func (c *Cluster) start(i int) error {
 	c.mu.Lock()
