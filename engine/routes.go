@@ -64,7 +64,11 @@ func ProxyHost(cockpit, stack, entrypoint string) string {
 // is found at once; one with capitals within routeIndexMinAge) and at least every second (so a
 // stack made since, whose name differs from another's only in case, is seen to be ambiguous
 // within a second); a removed stack is gone at once, its record being read.
-func (e *Engine) ResolveRoute(host string) (Route, error) {
+//
+// requester is the uid of the process that asked, when known: among stacks the name could mean,
+// the one stack that is theirs (they own its cockpit, made it or hold it) is theirs to reach, so
+// another user's stack named like it in another case cannot take their name from them.
+func (e *Engine) ResolveRoute(host string, requester *uint32) (Route, error) {
 	name, ok := strings.CutSuffix(strings.ToLower(strings.TrimSuffix(host, ".")), ".localhost")
 	// Three names of at most maxNameBytes and their dots: anything longer names no stack, and is
 	// not split every way (a host of thousands of dots from any local user would cost the
@@ -106,7 +110,18 @@ func (e *Engine) ResolveRoute(host string) (Route, error) {
 		if len(entry) == 1 {
 			return entry[0], nil
 		}
-		return Route{State: RouteAmbiguous, Message: fmt.Sprintf("%q names more than one stack's entrypoint (names differing only in case or dots)", host),
+		if requester != nil {
+			var theirs []Route
+			for _, r := range entry {
+				if e.isTheirs(r, *requester) {
+					theirs = append(theirs, r)
+				}
+			}
+			if len(theirs) == 1 {
+				return theirs[0], nil
+			}
+		}
+		return Route{State: RouteAmbiguous, Message: fmt.Sprintf("%q names more than one stack's entrypoint (names differing only in case or dots), and not exactly one of them is yours", host),
 			Fix: "rename one of the stacks or cockpits"}, nil
 	}
 	return found[0], nil
@@ -290,10 +305,25 @@ func (e *Engine) route(c CockpitInfo, stack, entrypoint string) (Route, error) {
 // else on a shared machine could otherwise bind a stack's leased port first and be handed its
 // cookies under its name.
 func (e *Engine) mayServe(c CockpitInfo, r Record, uid uint32) bool {
-	if uid == 0 || uid == c.UID || (r.Creator != nil && *r.Creator == uid) {
+	return uid == 0 || hasStack(c, r, uid)
+}
+
+// hasStack says uid owns the stack's cockpit, made the stack or holds it.
+func hasStack(c CockpitInfo, r Record, uid uint32) bool {
+	if uid == c.UID || (r.Creator != nil && *r.Creator == uid) {
 		return true
 	}
 	return slices.ContainsFunc(r.Value.Holders, func(h Holder) bool { return h.UID == uid })
+}
+
+// isTheirs says the stack rt leads to is uid's (hasStack); false once it is gone.
+func (e *Engine) isTheirs(rt Route, uid uint32) bool {
+	c, err := e.Cockpit(rt.Cockpit)
+	if err != nil {
+		return false
+	}
+	r, err := e.Stack(rt.Cockpit, rt.Stack)
+	return err == nil && hasStack(c, r, uid)
 }
 
 // ProxiedEntrypoint is one web entrypoint of a stack with a lease: what the proxy's index lists.

@@ -515,3 +515,40 @@ sys.stdin.read()
 		return m.ns.Do(r.Run) == nil
 	})
 }
+
+// A name that could mean two stacks (app/feat, and App/feat that another user made) leads each
+// user to the one that is theirs: another user's mkdir of a name in another case cannot take a
+// stack's name from its owner. A user with neither gets the ambiguity.
+func TestProxyAmbiguousNameLeadsToYours(t *testing.T) {
+	t.Parallel()
+	m := ownershipMount(t, "--allow-other", "--proxy", strconv.Itoa(proxyPort))
+	m.setupApp(20, map[string]int{"HTTP": 37600}, "feat")
+	m.ok("touch $M/app/stacks/feat/holders/me")
+	startStackServer(t, m, 37600, "feat", false)
+	asUIDOK(m, 65534, "mkdir $M/App && mkdir $M/App/stacks/feat")
+	url := fmt.Sprintf("http://http.feat.app.localhost:%d/", proxyPort)
+	curlAs := func(uid int) (string, int) {
+		var out bytes.Buffer
+		cmd := exec.Command("setpriv", "--reuid="+strconv.Itoa(uid), "--regid="+strconv.Itoa(uid), "--clear-groups",
+			"curl", "-sS", "-H", "Accept: application/json", "-w", "\n%{http_code}", url)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := m.ns.Do(cmd.Run); err != nil {
+			t.Fatalf("curl as %d: %v\n%s", uid, err, out.String())
+		}
+		s := out.String()
+		i := strings.LastIndexByte(s, '\n')
+		code, _ := strconv.Atoi(s[i+1:])
+		return s[:i], code
+	}
+	// Once the proxy's index has both (within a second), uid 4321, whose neither is, is told.
+	waitFor(t, func() string { return "the name to read as two stacks" }, func() bool {
+		_, code := curlAs(pinningUser)
+		return code == 409
+	})
+	if body, code := curlAs(0); code != 200 || !strings.Contains(body, `<p id="stack">feat</p>`) {
+		t.Fatalf("root's request for its own stack beside nobody's App/feat: %d %s", code, body)
+	}
+	if body, code := curlAs(65534); code != 503 || routeState(t, body)["state"] != "no-lease" || routeState(t, body)["cockpit"] != "App" {
+		t.Fatalf("nobody's request, for its own App/feat: %d %s", code, body)
+	}
+}

@@ -31,6 +31,15 @@ type Server struct {
 // routeKey carries a request's resolved route from ServeHTTP to the rewrite.
 type routeKey struct{}
 
+// requesterKey carries the uid of the process at a connection's other end (see WithRequester).
+type requesterKey struct{}
+
+// WithRequester is ctx saying uid's process made the connection its requests come on: a name
+// that could mean more than one stack leads to the one that is theirs (engine.ResolveRoute).
+func WithRequester(ctx context.Context, uid uint32) context.Context {
+	return context.WithValue(ctx, requesterKey{}, uid)
+}
+
 // New is a proxy over eng's stacks.
 func New(eng *engine.Engine) *Server {
 	s := &Server{eng: eng}
@@ -85,7 +94,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.index(w, r)
 		return
 	}
-	rt, err := s.eng.ResolveRoute(host)
+	var requester *uint32
+	if uid, ok := r.Context().Value(requesterKey{}).(uint32); ok {
+		requester = &uid
+	}
+	rt, err := s.eng.ResolveRoute(host, requester)
 	if err != nil {
 		rt = engine.Route{State: engine.RouteUndecided, Message: "the store cannot be read: " + err.Error(), Fix: "see the daemon's log"}
 	}

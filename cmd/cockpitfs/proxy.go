@@ -51,7 +51,16 @@ func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), er
 		}
 	}
 	// A connection idle past IdleTimeout is closed: each is one of the daemon's descriptors.
-	srv := &http.Server{Handler: proxy.New(eng), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: log.New(proxyLog{}, "", 0)}
+	srv := &http.Server{Handler: proxy.New(eng), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: log.New(proxyLog{}, "", 0),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if t, ok := c.(interface{ NetConn() net.Conn }); ok { // a TLS connection
+				c = t.NetConn()
+			}
+			if b, ok := c.(*boundedConn); ok && b.uid != unknownPeer {
+				return proxy.WithRequester(ctx, b.uid)
+			}
+			return ctx
+		}}
 	scheme := "http"
 	if st.proxyHTTPS {
 		ca, err := proxy.LoadCA(st.data)
@@ -218,13 +227,14 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return &boundedConn{Conn: c, release: sync.OnceFunc(func() { l.conns.give(uid) })}, nil
+		return &boundedConn{Conn: c, uid: uid, release: sync.OnceFunc(func() { l.conns.give(uid) })}, nil
 	}
 }
 
 // boundedConn gives its room back when closed, by the server or by a hijacker (a WebSocket).
 type boundedConn struct {
 	net.Conn
+	uid     uint32 // of the process at its other end (unknownPeer: not known)
 	release func()
 }
 
