@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -44,6 +45,9 @@ type Route struct {
 	// Scheme and Upstream ("127.0.0.1:3000") are where a Routed request goes.
 	Scheme   string `json:"-"`
 	Upstream string `json:"-"`
+	// Listeners are the inodes of the sockets listening there when the route was read: a
+	// connection made to them reaches them alone (the proxy keeps connections by them).
+	Listeners string `json:"-"`
 }
 
 // ProxyHost is the host name the proxy answers for a stack's entrypoint:
@@ -282,21 +286,24 @@ func (e *Engine) route(c CockpitInfo, stack, entrypoint string) (Route, error) {
 		rt.Fix = "retry; the kernel's socket diagnostics did not answer"
 		return rt, nil
 	}
-	uids := owners[port]
-	if len(uids) == 0 {
+	socks := owners[port]
+	if len(socks) == 0 {
 		rt.State, rt.Message = RouteNotServing, fmt.Sprintf("nothing listens on port %d, entrypoint %s of %s", port, target.Name, stackPath)
 		rt.Fix = "start the stack's server on $" + target.Port + " (" + target.URL + ")"
 		return rt, nil
 	}
-	for _, uid := range uids {
-		if !e.mayServe(c, r, uid) {
-			rt.State, rt.Message = RouteForeign, fmt.Sprintf("port %d of %s is listened on by uid %d, who neither holds the stack nor owns it", port, stackPath, uid)
+	inodes := make([]string, 0, len(socks))
+	for _, s := range socks {
+		if !e.mayServe(c, r, s.UID) {
+			rt.State, rt.Message = RouteForeign, fmt.Sprintf("port %d of %s is listened on by uid %d, who neither holds the stack nor owns it", port, stackPath, s.UID)
 			rt.Fix = "stop that process; only the stack's holders' servers are proxied"
 			return rt, nil
 		}
+		inodes = append(inodes, strconv.FormatUint(uint64(s.Inode), 10))
 	}
+	slices.Sort(inodes)
 	rt.State, rt.Message = Routed, "routed to "+target.URL
-	rt.Scheme, rt.Upstream = u.Scheme, u.Host
+	rt.Scheme, rt.Upstream, rt.Listeners = u.Scheme, u.Host, strings.Join(inodes, ",")
 	return rt, nil
 }
 

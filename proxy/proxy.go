@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/engine"
@@ -56,18 +57,7 @@ func New(eng *engine.Engine) *Server {
 		// Streaming responses (server-sent events, long polls, a dev server's reload channel)
 		// go through as they are written.
 		FlushInterval: -1,
-		Transport: &http.Transport{
-			Proxy:       nil, // never an HTTP_PROXY from the daemon's environment
-			DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			// A connection per request, to whoever listens when the route was checked. A kept
-			// one went to whoever listened when it was made: a user whose server let the port go,
-			// its connection kept, received the next stack's requests, its cookies with them.
-			DisableKeepAlives:     true,
-			ResponseHeaderTimeout: 0, // a dev server may think for as long as it likes
-			// The upstream is a loopback process whose uid the route checked; dev servers
-			// serving HTTPS do so with certificates nobody signed.
-			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // see above
-		},
+		Transport:     &upstreams{by: map[string]*upstream{}},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			rt := r.Context().Value(routeKey{}).(engine.Route)
 			rt.State = engine.RouteNotServing
@@ -78,6 +68,63 @@ func New(eng *engine.Engine) *Server {
 		ErrorLog: log.New(discard{}, "", 0),
 	}
 	return s
+}
+
+// upstreams are the proxy's connections to the stacks' servers, kept apart by the listening
+// sockets the route found (engine.Route.Listeners): a request reuses a connection only while the
+// socket that accepted it still listens. Kept by address alone, a connection went to whoever
+// listened when it was made: a user whose server let the port go, its connections kept, received
+// the next stack's requests, its cookies with them.
+type upstreams struct {
+	mu    sync.Mutex
+	by    map[string]*upstream
+	swept time.Time
+}
+
+type upstream struct {
+	t    *http.Transport
+	used time.Time
+}
+
+// upstreamIdle is how long a connection to a stack's server is kept unused, and a set of
+// listeners' transport once none of its requests came.
+const upstreamIdle = 30 * time.Second
+
+func (u *upstreams) RoundTrip(r *http.Request) (*http.Response, error) {
+	rt := r.Context().Value(routeKey{}).(engine.Route)
+	return u.transport(rt.Listeners).RoundTrip(r)
+}
+
+// transport is the one of the listeners key; those unused for upstreamIdle go.
+func (u *upstreams) transport(key string) *http.Transport {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	now := time.Now()
+	if now.Sub(u.swept) > upstreamIdle {
+		u.swept = now
+		for k, up := range u.by {
+			if now.Sub(up.used) > upstreamIdle {
+				up.t.CloseIdleConnections()
+				delete(u.by, k)
+			}
+		}
+	}
+	up := u.by[key]
+	if up == nil {
+		up = &upstream{t: &http.Transport{
+			Proxy:                 nil, // never an HTTP_PROXY from the daemon's environment
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   16,
+			IdleConnTimeout:       upstreamIdle,
+			ResponseHeaderTimeout: 0, // a dev server may think for as long as it likes
+			// The upstream is a loopback process whose uid the route checked; dev servers
+			// serving HTTPS do so with certificates nobody signed.
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // see above
+		}}
+		u.by[key] = up
+	}
+	up.used = now
+	return up.t
 }
 
 type discard struct{}

@@ -28,8 +28,9 @@ const (
 	tcpDiagGetSock   = 18
 	inetDiagReqSize  = 60
 	inetDiagReqState = 52 // offset of idiag_states
-	inetDiagMsgSize  = 72 // up to inode; family, state, the local port and the uid are read
+	inetDiagMsgSize  = 72 // up to inode; family, state, the local port, the uid and the inode are read
 	inetDiagMsgUID   = 64
+	inetDiagMsgInode = 68
 	bcPortSize       = 12 // per port: S_EQ, the port, JMP (see portFilter)
 
 	// diagPortsPerRequest keeps a filter's jumps within its 16-bit offsets (12 bytes a port).
@@ -62,19 +63,19 @@ func init() { diag.fd = -1 }
 // answer does not parse.
 func sockDiagListening(want map[int]bool) (map[int]bool, error) {
 	found := make(map[int]bool, len(want))
-	err := sockDiag(want, func(port int, _ uint32) { found[port] = true })
+	err := sockDiag(want, func(port int, _ Owner) { found[port] = true })
 	if err != nil {
 		return nil, err
 	}
 	return found, nil
 }
 
-// sockDiagOwners is sockDiagListening with the uid of every listening socket, per port.
-func sockDiagOwners(want map[int]bool) (map[int][]uint32, error) {
-	owners := make(map[int][]uint32, len(want))
-	err := sockDiag(want, func(port int, uid uint32) {
-		if !slices.Contains(owners[port], uid) {
-			owners[port] = append(owners[port], uid)
+// sockDiagOwners is sockDiagListening with every listening socket, per port.
+func sockDiagOwners(want map[int]bool) (map[int][]Owner, error) {
+	owners := make(map[int][]Owner, len(want))
+	err := sockDiag(want, func(port int, s Owner) {
+		if !slices.Contains(owners[port], s) {
+			owners[port] = append(owners[port], s)
 		}
 	})
 	if err != nil {
@@ -84,7 +85,7 @@ func sockDiagOwners(want map[int]bool) (map[int][]uint32, error) {
 }
 
 // sockDiag calls mark with the port and uid of each TCP socket in LISTEN state on a port of want.
-func sockDiag(want map[int]bool, mark func(port int, uid uint32)) error {
+func sockDiag(want map[int]bool, mark func(port int, s Owner)) error {
 	diag.mu.Lock()
 	defer diag.mu.Unlock()
 	if diag.fd < 0 {
@@ -117,7 +118,7 @@ func oneWalkRefused(err error) bool {
 
 // askListeners dumps the listeners of want's ports, both families, on fd: in one request, or
 // perFamily, one request per family.
-func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool, perFamily bool, mark func(int, uint32)) error {
+func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool, perFamily bool, mark func(int, Owner)) error {
 	ports := make([]int, 0, len(want))
 	for port := range want {
 		ports = append(ports, port)
@@ -147,7 +148,7 @@ func askListeners(fd int, buf []byte, seq *uint32, want map[int]bool, perFamily 
 }
 
 // dumpListeners sends one dump request numbered seq and marks the listeners it returns.
-func dumpListeners(fd int, buf []byte, seq uint32, request []byte, mark func(int, uint32)) error {
+func dumpListeners(fd int, buf []byte, seq uint32, request []byte, mark func(int, Owner)) error {
 	if err := unix.Sendto(fd, request, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("%w: send: %v", errDiagUnavailable, err)
 	}
@@ -232,7 +233,7 @@ func portFilter(ports []int) []byte {
 
 // readDiagReplies parses one datagram of the dump answering seq, marking each listener's port
 // and uid; done once it holds NLMSG_DONE. An NLMSG_ERROR is returned as the errno it carries.
-func readDiagReplies(b []byte, seq uint32, mark func(int, uint32)) (done bool, err error) {
+func readDiagReplies(b []byte, seq uint32, mark func(int, Owner)) (done bool, err error) {
 	ne := binary.NativeEndian
 	for len(b) >= unix.NLMSG_HDRLEN {
 		size := int(ne.Uint32(b[0:]))
@@ -264,7 +265,7 @@ func readDiagReplies(b []byte, seq uint32, mark func(int, uint32)) (done bool, e
 			// is the local port in network byte order; after the id (48 bytes), expires, rqueue
 			// and wqueue, the socket's uid.
 			if body[1] == tcpListenState {
-				mark(int(binary.BigEndian.Uint16(body[4:])), ne.Uint32(body[inetDiagMsgUID:]))
+				mark(int(binary.BigEndian.Uint16(body[4:])), Owner{UID: ne.Uint32(body[inetDiagMsgUID:]), Inode: ne.Uint32(body[inetDiagMsgInode:])})
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -238,7 +239,7 @@ func TestSockDiagOneWalkAndPerFamilyAgree(t *testing.T) {
 	var seq uint32
 	for _, perFamily := range []bool{false, true} {
 		got := map[int]bool{}
-		err := askListeners(fd, buf, &seq, setOf(ports...), perFamily, func(port int, _ uint32) { got[port] = true })
+		err := askListeners(fd, buf, &seq, setOf(ports...), perFamily, func(port int, _ Owner) { got[port] = true })
 		if err != nil {
 			t.Fatalf("perFamily=%v: %v", perFamily, err)
 		}
@@ -267,8 +268,18 @@ func TestSockDiagOwnersAreTheListenersUIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := owners[mine]; len(got) != 1 || got[0] != uint32(os.Getuid()) {
-		t.Fatalf("owners of %d = %v, want [%d]", mine, got, os.Getuid())
+	var st syscall.Stat_t
+	if f, err := l.(*net.TCPListener).File(); err != nil {
+		t.Fatal(err)
+	} else {
+		err = syscall.Fstat(int(f.Fd()), &st)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := owners[mine]; len(got) != 1 || got[0] != (Owner{UID: uint32(os.Getuid()), Inode: uint32(st.Ino)}) {
+		t.Fatalf("owners of %d = %v, want [{%d %d}]", mine, got, os.Getuid(), st.Ino)
 	}
 	if got, ok := owners[unused]; ok {
 		t.Fatalf("a port nothing listens on has owners %v", got)

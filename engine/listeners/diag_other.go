@@ -12,6 +12,6 @@ var errDiagUnavailable = errors.New("sock_diag unavailable")
 
 func sockDiagListening(map[int]bool) (map[int]bool, error) { return nil, errDiagUnavailable }
 
-func sockDiagOwners(map[int]bool) (map[int][]uint32, error) { return nil, errDiagUnavailable }
+func sockDiagOwners(map[int]bool) (map[int][]Owner, error) { return nil, errDiagUnavailable }
 
 func peerUID(netip.AddrPort, netip.AddrPort) (uint32, error) { return 0, errDiagUnavailable }

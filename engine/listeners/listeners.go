@@ -42,10 +42,14 @@ func Listening(ports []int) ([]int, error) {
 	return inOrder(ports, found), nil
 }
 
-// Owners returns the uids of the TCP sockets listening on each of ports that has one, as the
-// kernel's sock_diag reports them: who a connection to the port would reach. Where sock_diag cannot
-// answer it returns an error wrapping ErrUndecided: no other source tells owners apart reliably.
-func Owners(ports []int) (map[int][]uint32, error) {
+// Owner is a listening socket as sock_diag reports it: its owner's uid and its inode, which no
+// other socket has while it lives.
+type Owner struct{ UID, Inode uint32 }
+
+// Owners returns the TCP sockets listening on each of ports that has one, as the kernel's
+// sock_diag reports them: who a connection to the port would reach. Where sock_diag cannot answer
+// it returns an error wrapping ErrUndecided: no other source tells owners apart reliably.
+func Owners(ports []int) (map[int][]Owner, error) {
 	want, err := wanted(ports)
 	if err != nil {
 		return nil, err
