@@ -552,3 +552,54 @@ func TestProxyAmbiguousNameLeadsToYours(t *testing.T) {
 		t.Fatalf("nobody's request, for its own App/feat: %d %s", code, body)
 	}
 }
+
+// One user's requests under way through the proxy are bounded (256), however few connections
+// carry them: nobody's 300 requests over HTTP/2 (one connection) to a server of theirs that never
+// answers get 44 answered 429 at once, where each used to hold a connection to that server, a
+// descriptor of the daemon's, until it answered.
+func TestProxyBoundsEachUsersRequestsInFlight(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "python3", "curl")
+	m := ownershipMount(t, "--allow-other", "--proxy", strconv.Itoa(proxyPort), "--proxy-https")
+	m.setupApp(20, map[string]int{"HTTP": 37700})
+	asUIDOK(m, 65534, "mkdir $M/app/stacks/n && touch $M/app/stacks/n/holders/me")
+	// nobody's server: accepts every connection and never answers.
+	mute := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", `
+import socket, threading
+ln = socket.socket(); ln.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ln.bind(("127.0.0.1", 37700)); ln.listen(1024)
+held = []
+while True:
+    c, _ = ln.accept(); held.append(c)
+`)
+	if err := m.ns.Do(mute.Start); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mute.Process.Kill(); mute.Wait() })
+	waitFor(t, func() string { return "nobody's server to listen" }, func() bool {
+		return m.ns.Do(func() error {
+			c, err := net.Dial("tcp", "127.0.0.1:37700")
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}) == nil
+	})
+	url := fmt.Sprintf("https://http.n.app.localhost:%d/", proxyPort)
+	args := []string{"--reuid=65534", "--regid=65534", "--clear-groups", "curl", "-sk", "--http2", "--parallel", "--parallel-max", "300",
+		"-m", "5", "-o", "/dev/null", "-w", "%{http_code}\n"}
+	for range 300 {
+		args = append(args, url)
+	}
+	var out bytes.Buffer
+	curl := exec.Command("setpriv", args...)
+	curl.Stdout = &out
+	_ = m.ns.Do(curl.Run) // the requests left unanswered time out
+	codes := map[string]int{}
+	for _, c := range strings.Fields(out.String()) {
+		codes[c]++
+	}
+	if codes["429"] != 44 {
+		t.Fatalf("nobody's 300 requests in flight: answers %v, want 44 of 429", codes)
+	}
+}

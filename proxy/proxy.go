@@ -27,7 +27,19 @@ import (
 type Server struct {
 	eng   *engine.Engine
 	proxy *httputil.ReverseProxy
+	// own is the daemon's uid; inFlight counts each other uid's requests (root's aside) being
+	// proxied (see maxInFlightPerUID).
+	own      uint32
+	mu       sync.Mutex
+	inFlight map[uint32]int
 }
+
+// maxInFlightPerUID bounds the requests of one uid (root's and the daemon's own user's aside) the
+// proxy passes on at once: each holds a connection to the stack's server, a descriptor of the
+// daemon's, for as long as that server takes to answer. The connections a uid holds to the proxy
+// are bounded too (cmd/cockpitfs), but one HTTP/2 connection carries 250 requests: 100 of them
+// from one user, to a server of theirs that never answers, took 17,000 descriptors.
+const maxInFlightPerUID = 256
 
 // routeKey carries a request's resolved route from ServeHTTP to the rewrite.
 type routeKey struct{}
@@ -41,9 +53,9 @@ func WithRequester(ctx context.Context, uid uint32) context.Context {
 	return context.WithValue(ctx, requesterKey{}, uid)
 }
 
-// New is a proxy over eng's stacks.
-func New(eng *engine.Engine) *Server {
-	s := &Server{eng: eng}
+// New is a proxy over eng's stacks, served by a daemon of uid own.
+func New(eng *engine.Engine, own uint32) *Server {
+	s := &Server{eng: eng, own: own, inFlight: map[uint32]int{}}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			rt := pr.In.Context().Value(routeKey{}).(engine.Route)
@@ -142,7 +154,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var requester *uint32
-	if uid, ok := r.Context().Value(requesterKey{}).(uint32); ok {
+	uid, known := r.Context().Value(requesterKey{}).(uint32)
+	if known {
 		requester = &uid
 	}
 	rt, err := s.eng.ResolveRoute(host, requester)
@@ -153,7 +166,37 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writePage(w, r, rt)
 		return
 	}
+	if known && uid != 0 && uid != s.own {
+		if !s.begin(uid) {
+			rt.State, rt.Message = RouteBusy, fmt.Sprintf("uid %d has %d requests under way through the proxy, its most", uid, maxInFlightPerUID)
+			rt.Fix = "wait for some to be answered"
+			writePage(w, r, rt)
+			return
+		}
+		defer s.end(uid)
+	}
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
+}
+
+// RouteBusy is a request refused because its uid has maxInFlightPerUID under way.
+const RouteBusy engine.RouteState = "busy"
+
+func (s *Server) begin(uid uint32) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight[uid] >= maxInFlightPerUID {
+		return false
+	}
+	s.inFlight[uid]++
+	return true
+}
+
+func (s *Server) end(uid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight[uid]--; s.inFlight[uid] == 0 {
+		delete(s.inFlight, uid)
+	}
 }
 
 // status is the HTTP status each state answers with.
@@ -165,6 +208,8 @@ func status(st engine.RouteState) int {
 		return http.StatusConflict
 	case engine.RouteForeign, engine.RouteNotHTTP:
 		return http.StatusBadGateway
+	case RouteBusy:
+		return http.StatusTooManyRequests
 	}
 	return http.StatusServiceUnavailable // no lease, draining, not serving, undecided: try later
 }

@@ -51,7 +51,7 @@ func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), er
 		}
 	}
 	// A connection idle past IdleTimeout is closed: each is one of the daemon's descriptors.
-	srv := &http.Server{Handler: proxy.New(eng), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: log.New(proxyLog{}, "", 0),
+	srv := &http.Server{Handler: proxy.New(eng, uint32(os.Getuid())), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: log.New(proxyLog{}, "", 0),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if t, ok := c.(interface{ NetConn() net.Conn }); ok { // a TLS connection
 				c = t.NetConn()
