@@ -253,7 +253,6 @@ var (
 	_ = (gofs.NodeFsyncer)((*file)(nil))
 	_ = (gofs.NodeReleaser)((*file)(nil))
 	_ = (gofs.NodeFlusher)((*file)(nil))
-	_ = (gofs.NodeOnForgetter)((*file)(nil))
 )
 
 // Release forgets a followed open, and the open its thread's stats and SETATTRs went through,

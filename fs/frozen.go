@@ -10,22 +10,23 @@ import (
 // node of its own, which the kernel keeps as long as anything holds its inode, a dentry or an
 // inotify watch. Whoever looks a path up may hold the node of each revision they saw: one watch
 // a revision kept a 135 KB record each, and a user's watches took the daemon that serves
-// everybody to a gigabyte. So a node keeps its content while it is the node the latest lookup of
-// its path gave, and for retireAfter once a lookup gave a newer one: a reader that looked the
-// path up just before still opens what it looked up. Then it lets its content go, and keeps its
-// attributes, so a stat, or an fstat of an open of it, answers as before; an open of it finds
-// the content again when an open of it still holds it (/dev/fd/3) or the path still renders it,
-// and answers ESTALE otherwise, on which the kernel walks the path again and opens the node of
-// the current content. What such a node costs is its attributes and go-fuse's entry for it,
-// about a kilobyte with the kernel's own. The contents retired nodes keep are bounded by
-// maxRetiredBytes: past it (a revision every few milliseconds, each of a large record) the
-// oldest go at once, and an open that lost that race answers ESTALE twice over, at worst.
+// everybody to a gigabyte; a watch on a stack's files kept them after the stack was removed. So a
+// node keeps its content for retireAfter after a lookup last gave it (a reader between its lookup
+// and its open still reads what it looked up; a name is looked up at every open, so a file read
+// keeps it). Then it lets its content go and keeps its attributes, so a stat, or an fstat of an
+// open of it, answers as before; an open of it finds the content again when an open of it still
+// holds it (/dev/fd/3) or the path still renders it, and answers ESTALE otherwise, on which the
+// kernel walks the path again and opens the node of the current content. What such a node costs
+// is its attributes and go-fuse's entry for it, about 300 bytes of the daemon's. The contents
+// kept are bounded by maxKeptBytes: past it (a revision every few milliseconds, each of a large
+// record) the oldest go at once, and an open that lost that race answers ESTALE twice over, at
+// worst.
 
-// retireAfter is how long a node keeps its content once a newer node of its path was looked up,
-// and maxRetiredBytes what such nodes keep at most, all paths together.
+// retireAfter is how long a node keeps its content after a lookup last gave it, and maxKeptBytes
+// what the nodes keep at most, all paths together.
 const (
-	retireAfter     = time.Second
-	maxRetiredBytes = 16 << 20
+	retireAfter  = time.Second
+	maxKeptBytes = 16 << 20
 )
 
 // fixedView is a frozen file's one content and the attributes it shows.
@@ -34,6 +35,10 @@ type fixedView struct {
 	size  int64
 	mu    sync.Mutex
 	data  []byte // nil once the node let it go (see frozenNodes)
+	// looked is when a lookup last gave the node, and listed says it is in frozenNodes' list;
+	// both belong to frozenNodes.mu.
+	looked time.Time
+	listed bool
 }
 
 func newFixedView(v view) *fixedView {
@@ -57,87 +62,66 @@ func (fv *fixedView) set(data []byte) {
 	fv.data = data
 }
 
-// frozenNodes are the frozen nodes that keep their content: each path's latest, and the
-// retired ones, which a newer node of their path replaced, oldest first.
+// frozenNodes are the frozen nodes that keep their content, in the order they were listed.
 type frozenNodes struct {
-	mu           sync.Mutex
-	latest       map[string]*file
-	retired      []retiredNode
-	retiredBytes int64
-	trimming     bool // a trim is due (time.AfterFunc)
+	mu       sync.Mutex
+	kept     []keptNode
+	bytes    int64
+	trimming bool // a trim is due (time.AfterFunc)
 }
 
-type retiredNode struct {
+type keptNode struct {
 	f  *file
-	at time.Time
+	at time.Time // when it was listed
 }
 
-// keep makes f, which holds v (the content it stands for, just rendered), its path's latest
-// node: it keeps (or finds again) its content, and the node it replaces is retired.
+// keep is a lookup giving f, which holds v (the content it stands for, just rendered): f keeps
+// (or finds again) its content for retireAfter from now.
 func (n *frozenNodes) keep(f *file, v view) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.latest == nil {
-		n.latest = map[string]*file{}
-	}
-	old := n.latest[f.path]
-	if old == f {
-		return
-	}
-	if _, kept := f.fixed.content(); !kept {
+	if _, held := f.fixed.content(); !held {
 		f.fixed.set(v.data)
 	}
-	n.latest[f.path] = f
-	if old != nil {
-		n.retired = append(n.retired, retiredNode{old, time.Now()})
-		n.retiredBytes += old.fixed.size
+	now := time.Now()
+	f.fixed.looked = now
+	if !f.fixed.listed {
+		f.fixed.listed = true
+		n.kept = append(n.kept, keptNode{f, now})
+		n.bytes += f.fixed.size
 	}
 	n.trim()
 }
 
-// trim lets go of the contents of nodes retired longer than retireAfter, and of the oldest
-// past maxRetiredBytes; a node that became its path's latest again keeps its own. It calls
-// itself again when retired nodes are left.
+// trim lets go of the contents of nodes no lookup gave for retireAfter, and of the oldest past
+// maxKeptBytes; a node looked up again since it was listed is listed again, as of then. It calls
+// itself again while nodes are kept.
 func (n *frozenNodes) trim() {
 	now := time.Now()
-	drop := 0
-	for ; drop < len(n.retired); drop++ {
-		r := n.retired[drop]
-		if now.Sub(r.at) < retireAfter && n.retiredBytes <= maxRetiredBytes {
+	for len(n.kept) > 0 {
+		k := n.kept[0]
+		over := n.bytes > maxKeptBytes
+		if !over && now.Sub(k.at) < retireAfter {
 			break
 		}
-		n.retiredBytes -= r.f.fixed.size
-		if n.latest[r.f.path] != r.f {
-			r.f.fixed.set(nil)
+		n.kept[0] = keptNode{}
+		n.kept = n.kept[1:]
+		if !over && k.f.fixed.looked.After(k.at) {
+			n.kept = append(n.kept, keptNode{k.f, k.f.fixed.looked})
+			continue
 		}
+		n.bytes -= k.f.fixed.size
+		k.f.fixed.listed = false
+		k.f.fixed.set(nil)
 	}
-	clear(n.retired[:drop]) // their nodes go once the kernel forgets them
-	n.retired = n.retired[drop:]
-	if len(n.retired) > 0 && !n.trimming {
+	if len(n.kept) > 0 && !n.trimming {
 		n.trimming = true
-		time.AfterFunc(retireAfter-now.Sub(n.retired[0].at), func() {
+		time.AfterFunc(retireAfter-now.Sub(n.kept[0].at), func() {
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			n.trimming = false
 			n.trim()
 		})
-	}
-}
-
-// forget takes f, a node the kernel forgot, out of the latest nodes (a retired one goes at its
-// trim).
-func (n *frozenNodes) forget(f *file) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.latest[f.path] == f {
-		delete(n.latest, f.path)
-	}
-}
-
-// OnForget: a frozen node the kernel no longer knows keeps nothing in frozenNodes.
-func (f *file) OnForget() {
-	if f.fixed != nil {
-		f.fsys.frozen.forget(f)
 	}
 }
 
