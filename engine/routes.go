@@ -115,14 +115,21 @@ func (e *Engine) ResolveRoute(host string, requester *uint32) (Route, error) {
 			return entry[0], nil
 		}
 		if requester != nil {
-			var theirs []Route
-			for _, r := range entry {
-				if e.isTheirs(r, *requester) {
-					theirs = append(theirs, r)
+			// First the stacks they made or hold, then those of their cockpits: another user's
+			// stack made in their cockpit under a name in another case is not theirs to reach.
+			for _, tier := range []func(CockpitInfo, Record, uint32) bool{madeOrHolds, hasStack} {
+				var theirs []Route
+				for _, r := range entry {
+					if e.isTheirs(r, *requester, tier) {
+						theirs = append(theirs, r)
+					}
 				}
-			}
-			if len(theirs) == 1 {
-				return theirs[0], nil
+				if len(theirs) == 1 {
+					return theirs[0], nil
+				}
+				if len(theirs) > 1 {
+					break
+				}
 			}
 		}
 		return Route{State: RouteAmbiguous, Message: fmt.Sprintf("%q names more than one stack's entrypoint (names differing only in case or dots), and not exactly one of them is yours", host),
@@ -317,20 +324,25 @@ func (e *Engine) mayServe(c CockpitInfo, r Record, uid uint32) bool {
 
 // hasStack says uid owns the stack's cockpit, made the stack or holds it.
 func hasStack(c CockpitInfo, r Record, uid uint32) bool {
-	if uid == c.UID || (r.Creator != nil && *r.Creator == uid) {
+	return uid == c.UID || madeOrHolds(c, r, uid)
+}
+
+// madeOrHolds says uid made the stack or holds it.
+func madeOrHolds(_ CockpitInfo, r Record, uid uint32) bool {
+	if r.Creator != nil && *r.Creator == uid {
 		return true
 	}
 	return slices.ContainsFunc(r.Value.Holders, func(h Holder) bool { return h.UID == uid })
 }
 
-// isTheirs says the stack rt leads to is uid's (hasStack); false once it is gone.
-func (e *Engine) isTheirs(rt Route, uid uint32) bool {
+// isTheirs says the stack rt leads to is uid's as is says; false once it is gone.
+func (e *Engine) isTheirs(rt Route, uid uint32, is func(CockpitInfo, Record, uint32) bool) bool {
 	c, err := e.Cockpit(rt.Cockpit)
 	if err != nil {
 		return false
 	}
 	r, err := e.Stack(rt.Cockpit, rt.Stack)
-	return err == nil && hasStack(c, r, uid)
+	return err == nil && is(c, r, uid)
 }
 
 // ProxiedEntrypoint is one web entrypoint of a stack with a lease: what the proxy's index lists.

@@ -456,8 +456,9 @@ while True:
 
 // One user's connections to the proxy are bounded (256 at once), so they cannot take the
 // descriptors every user's commits need, nor the proxy from other users: nobody's 300 held
-// connections get 256 answers and 44 closed unanswered, one line in the log says so, root is
-// served meanwhile, and once nobody lets go it connects again.
+// connections get 256 answers and 44 closed unanswered, one line in the log says so however often
+// nobody comes back to its bound, root is served meanwhile, and once nobody lets go it connects
+// again.
 func TestProxyBoundsEachUsersConnections(t *testing.T) {
 	t.Parallel()
 	testtool.Need(t, "python3")
@@ -481,6 +482,19 @@ for i in range(300):
         closed += 1
         s.close()
 print("answered", answered, "closed", closed, flush=True)
+# At its bound and back below, again and again: one of two new connections is taken each time.
+held.pop().close()
+for i in range(20):
+    pair = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(2)]
+    for s in pair:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\r\n")
+    for s in pair:
+        try:
+            s.recv(65536)
+        except ConnectionResetError:
+            pass
+        s.close()
+print("churned", flush=True)
 sys.stdin.read()
 `, strconv.Itoa(proxyPort))
 	out := &syncBuffer{}
@@ -497,9 +511,9 @@ sys.stdin.read()
 	stdin.Close()
 	t.Cleanup(func() { hold.Process.Kill(); hold.Wait() })
 	waitFor(t, func() string { return "nobody's connections: " + out.String() }, func() bool {
-		return strings.Contains(out.String(), "\n")
+		return strings.Contains(out.String(), "churned\n")
 	})
-	if got := out.String(); got != "answered 256 closed 44\n" {
+	if got := out.String(); got != "answered 256 closed 44\nchurned\n" {
 		t.Fatalf("nobody's 300 connections: %q, want 256 answered and 44 closed", got)
 	}
 	if _, code := m.curl("-H", "Accept: application/json", fmt.Sprintf("http://localhost:%d/", proxyPort)); code != 200 {
@@ -517,7 +531,8 @@ sys.stdin.read()
 }
 
 // A name that could mean two stacks (app/feat, and App/feat that another user made) leads each
-// user to the one that is theirs: another user's mkdir of a name in another case cannot take a
+// user to the one that is theirs, the stack they made or hold before one of their cockpits:
+// another user's mkdir of a name in another case, in their own cockpit or in yours, cannot take a
 // stack's name from its owner. A user with neither gets the ambiguity.
 func TestProxyAmbiguousNameLeadsToYours(t *testing.T) {
 	t.Parallel()
@@ -550,6 +565,15 @@ func TestProxyAmbiguousNameLeadsToYours(t *testing.T) {
 	}
 	if body, code := curlAs(65534); code != 503 || routeState(t, body)["state"] != "no-lease" || routeState(t, body)["cockpit"] != "App" {
 		t.Fatalf("nobody's request, for its own App/feat: %d %s", code, body)
+	}
+	// nobody's Feat in root's own cockpit: root owns both stacks' cockpit, but made feat alone.
+	asUIDOK(m, 65534, "mkdir $M/app/stacks/Feat")
+	waitFor(t, func() string { return "the name to read as nobody's two stacks" }, func() bool {
+		_, code := curlAs(65534)
+		return code == 409
+	})
+	if body, code := curlAs(0); code != 200 || !strings.Contains(body, `<p id="stack">feat</p>`) {
+		t.Fatalf("root's request for the stack it made beside nobody's app/Feat: %d %s", code, body)
 	}
 }
 

@@ -85,7 +85,7 @@ func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), er
 		}
 		lns = append(lns, ln)
 	}
-	conns := &proxyConns{own: uint32(os.Getuid()), by: map[uint32]int{}, full: map[uint32]bool{}}
+	conns := &proxyConns{own: uint32(os.Getuid()), by: map[uint32]int{}, logged: map[uint32]time.Time{}}
 	for i, ln := range lns {
 		lns[i] = &boundedListener{Listener: ln, conns: conns}
 	}
@@ -154,9 +154,9 @@ type proxyConns struct {
 	mu    sync.Mutex
 	total int
 	by    map[uint32]int
-	// full are the uids refused since they last held fewer than the bound (unknownPeer too: the
-	// total's): each is logged once a time it reaches it.
-	full map[uint32]bool
+	// logged is when each uid's refusal (unknownPeer's: the total's) was last logged: once a
+	// minute at most, since a user may reach the bound at will (2,874 lines in 10 s otherwise).
+	logged map[uint32]time.Time
 }
 
 const unknownPeer = ^uint32(0)
@@ -180,12 +180,18 @@ func (p *proxyConns) take(uid uint32) bool {
 	return true
 }
 
-// refused logs why a connection was closed, the first time since who it counts against was
-// under its bound.
+// refused logs why a connection was closed, once a minute at most for who it counts against.
 func (p *proxyConns) refused(who uint32, why string) {
-	if !p.full[who] {
-		p.full[who] = true
-		log.Printf("proxy: %s; closing its new ones until one ends", why)
+	now := time.Now()
+	if now.Sub(p.logged[who]) < time.Minute {
+		return
+	}
+	p.logged[who] = now
+	log.Printf("proxy: %s; closing its new ones until one ends (logged once a minute at most)", why)
+	for uid, at := range p.logged {
+		if now.Sub(at) >= time.Minute {
+			delete(p.logged, uid)
+		}
 	}
 }
 
@@ -199,8 +205,6 @@ func (p *proxyConns) give(uid uint32) {
 	if p.by[uid]--; p.by[uid] == 0 {
 		delete(p.by, uid)
 	}
-	delete(p.full, uid)
-	delete(p.full, unknownPeer)
 }
 
 // boundedListener accepts the connections proxyConns has room for, and closes the others.
