@@ -56,7 +56,8 @@ func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), er
 			if t, ok := c.(interface{ NetConn() net.Conn }); ok { // a TLS connection
 				c = t.NetConn()
 			}
-			if b, ok := c.(*boundedConn); ok && b.uid != unknownPeer {
+			// unknownPeer too: its requests under way are bounded together, and no stack is its.
+			if b, ok := c.(*boundedConn); ok {
 				return proxy.WithRequester(ctx, b.uid)
 			}
 			return ctx

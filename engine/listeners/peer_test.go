@@ -60,4 +60,23 @@ func TestPeerUIDOfAConnection(t *testing.T) {
 	if _, err := PeerUID(local, netip.MustParseAddrPort("127.0.0.1:1")); err == nil {
 		t.Fatal("a connection that does not exist has a uid")
 	}
+	// Over IPv6 (the proxy listens on ::1 too; browsers try it first for *.localhost).
+	ln6, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skip("no IPv6 loopback:", err)
+	}
+	defer ln6.Close()
+	own6, err := net.Dial("tcp", ln6.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own6.Close()
+	c6, err := ln6.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c6.Close()
+	if uid, err := PeerUID(c6.LocalAddr().(*net.TCPAddr).AddrPort(), c6.RemoteAddr().(*net.TCPAddr).AddrPort()); err != nil || uid != uint32(os.Getuid()) {
+		t.Fatalf("this process's connection over IPv6: uid %d, %v; want %d", uid, err, os.Getuid())
+	}
 }
