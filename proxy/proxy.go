@@ -27,11 +27,55 @@ import (
 type Server struct {
 	eng   *engine.Engine
 	proxy *httputil.ReverseProxy
-	// own is the daemon's uid; inFlight counts each other uid's requests (root's aside) being
-	// proxied (see maxInFlightPerUID).
-	own      uint32
-	mu       sync.Mutex
-	inFlight map[uint32]int
+	// inFlight counts each uid's requests being proxied (see maxInFlightPerUID).
+	inFlight *UIDCounts
+}
+
+// UIDCounts counts what each uid holds at once (connections, requests under way) against a bound
+// per uid and one for them all (0: none), root and the daemon's own uid aside: they are held to
+// none and not counted.
+type UIDCounts struct {
+	perUID, total int
+	own           uint32
+	mu            sync.Mutex
+	held          int
+	by            map[uint32]int
+}
+
+// NewUIDCounts bounds each uid to perUID and all of them to total, root and own aside.
+func NewUIDCounts(perUID, total int, own uint32) *UIDCounts {
+	return &UIDCounts{perUID: perUID, total: total, own: own, by: map[uint32]int{}}
+}
+
+// Take counts one more for uid, or says which bound it would pass: "uid" or "total".
+func (c *UIDCounts) Take(uid uint32) (passed string) {
+	if uid == 0 || uid == c.own {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.perUID > 0 && c.by[uid] >= c.perUID {
+		return "uid"
+	}
+	if c.total > 0 && c.held >= c.total {
+		return "total"
+	}
+	c.held++
+	c.by[uid]++
+	return ""
+}
+
+// Give counts one less for uid, which Take counted.
+func (c *UIDCounts) Give(uid uint32) {
+	if uid == 0 || uid == c.own {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.held--
+	if c.by[uid]--; c.by[uid] == 0 {
+		delete(c.by, uid)
+	}
 }
 
 // maxInFlightPerUID bounds the requests of one uid (root's and the daemon's own user's aside) the
@@ -55,7 +99,7 @@ func WithRequester(ctx context.Context, uid uint32) context.Context {
 
 // New is a proxy over eng's stacks, served by a daemon of uid own.
 func New(eng *engine.Engine, own uint32) *Server {
-	s := &Server{eng: eng, own: own, inFlight: map[uint32]int{}}
+	s := &Server{eng: eng, inFlight: NewUIDCounts(maxInFlightPerUID, 0, own)}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			rt := pr.In.Context().Value(routeKey{}).(engine.Route)
@@ -166,38 +210,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writePage(w, r, rt)
 		return
 	}
-	if known && uid != 0 && uid != s.own {
-		if !s.begin(uid) {
+	if known {
+		if s.inFlight.Take(uid) != "" {
 			rt.State, rt.Message = RouteBusy, fmt.Sprintf("uid %d has %d requests under way through the proxy, its most", uid, maxInFlightPerUID)
 			rt.Fix = "wait for some to be answered"
 			writePage(w, r, rt)
 			return
 		}
-		defer s.end(uid)
+		defer s.inFlight.Give(uid)
 	}
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
 }
 
 // RouteBusy is a request refused because its uid has maxInFlightPerUID under way.
 const RouteBusy engine.RouteState = "busy"
-
-func (s *Server) begin(uid uint32) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.inFlight[uid] >= maxInFlightPerUID {
-		return false
-	}
-	s.inFlight[uid]++
-	return true
-}
-
-func (s *Server) end(uid uint32) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.inFlight[uid]--; s.inFlight[uid] == 0 {
-		delete(s.inFlight, uid)
-	}
-}
 
 // status is the HTTP status each state answers with.
 func status(st engine.RouteState) int {

@@ -86,7 +86,7 @@ func startProxy(eng *engine.Engine, st storeChoice, mnt string) (stop func(), er
 		}
 		lns = append(lns, ln)
 	}
-	conns := &proxyConns{own: uint32(os.Getuid()), by: map[uint32]int{}, logged: map[uint32]time.Time{}}
+	conns := &proxyConns{counts: proxy.NewUIDCounts(proxyConnsPerUID, proxyConnsTotal, uint32(os.Getuid())), logged: map[uint32]time.Time{}}
 	for i, ln := range lns {
 		lns[i] = &boundedListener{Listener: ln, conns: conns}
 	}
@@ -151,10 +151,8 @@ const (
 // proxyConns counts the proxy's open connections, per uid of the process at their other end
 // (sock_diag; a connection whose uid cannot be told counts under unknownPeer).
 type proxyConns struct {
-	own   uint32 // the daemon's uid, unbounded as root is
-	mu    sync.Mutex
-	total int
-	by    map[uint32]int
+	counts *proxy.UIDCounts
+	mu     sync.Mutex
 	// logged is when each uid's refusal (unknownPeer's: the total's) was last logged: once a
 	// minute at most, since a user may reach the bound at will (2,874 lines in 10 s otherwise).
 	logged map[uint32]time.Time
@@ -163,26 +161,21 @@ type proxyConns struct {
 const unknownPeer = ^uint32(0)
 
 func (p *proxyConns) take(uid uint32) bool {
-	if uid == 0 || uid == p.own {
-		return true
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.by[uid] >= proxyConnsPerUID {
+	switch p.counts.Take(uid) {
+	case "uid":
 		p.refused(uid, fmt.Sprintf("uid %d holds %d connections to the proxy, its most", uid, proxyConnsPerUID))
 		return false
-	}
-	if p.total >= proxyConnsTotal {
+	case "total":
 		p.refused(unknownPeer, fmt.Sprintf("the proxy holds %d connections, its most", proxyConnsTotal))
 		return false
 	}
-	p.total++
-	p.by[uid]++
 	return true
 }
 
 // refused logs why a connection was closed, once a minute at most for who it counts against.
 func (p *proxyConns) refused(who uint32, why string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	now := time.Now()
 	if now.Sub(p.logged[who]) < time.Minute {
 		return
@@ -193,18 +186,6 @@ func (p *proxyConns) refused(who uint32, why string) {
 		if now.Sub(at) >= time.Minute {
 			delete(p.logged, uid)
 		}
-	}
-}
-
-func (p *proxyConns) give(uid uint32) {
-	if uid == 0 || uid == p.own {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.total--
-	if p.by[uid]--; p.by[uid] == 0 {
-		delete(p.by, uid)
 	}
 }
 
@@ -232,7 +213,7 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return &boundedConn{Conn: c, uid: uid, release: sync.OnceFunc(func() { l.conns.give(uid) })}, nil
+		return &boundedConn{Conn: c, uid: uid, release: sync.OnceFunc(func() { l.conns.counts.Give(uid) })}, nil
 	}
 }
 

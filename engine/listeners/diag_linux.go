@@ -57,6 +57,20 @@ var diag struct {
 
 func init() { diag.fd = -1 }
 
+// openDiag opens the sock_diag socket unless it is open. diag.mu is held.
+func openDiag() error {
+	if diag.fd >= 0 {
+		return nil
+	}
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errDiagUnavailable, err)
+	}
+	diag.fd = fd
+	diag.buf = make([]byte, 32<<10)
+	return nil
+}
+
 // sockDiagListening sets found[port] for every port of want with a TCP socket in LISTEN state,
 // IPv4 or IPv6 (v4-mapped and dual-stack sockets are IPv6 sockets). It returns an error wrapping
 // errDiagUnavailable when the kernel cannot be asked, and one wrapping ErrUndecided when its
@@ -88,13 +102,8 @@ func sockDiagOwners(want map[int]bool) (map[int][]Owner, error) {
 func sockDiag(want map[int]bool, mark func(port int, s Owner)) error {
 	diag.mu.Lock()
 	defer diag.mu.Unlock()
-	if diag.fd < 0 {
-		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
-		if err != nil {
-			return fmt.Errorf("%w: %v", errDiagUnavailable, err)
-		}
-		diag.fd = fd
-		diag.buf = make([]byte, 32<<10)
+	if err := openDiag(); err != nil {
+		return err
 	}
 	err := askListeners(diag.fd, diag.buf, &diag.seq, want, diag.perFamily, mark)
 	if !diag.perFamily && oneWalkRefused(err) {
@@ -282,13 +291,8 @@ const tcpEstablishedStates = ^uint32(1 << tcpListenState)
 func peerUID(local, peer netip.AddrPort) (uint32, error) {
 	diag.mu.Lock()
 	defer diag.mu.Unlock()
-	if diag.fd < 0 {
-		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
-		if err != nil {
-			return 0, fmt.Errorf("%w: %v", errDiagUnavailable, err)
-		}
-		diag.fd = fd
-		diag.buf = make([]byte, 32<<10)
+	if err := openDiag(); err != nil {
+		return 0, err
 	}
 	diag.seq++
 	uid, err := askSocket(diag.fd, diag.buf, diag.seq, socketRequest(diag.seq, local, peer))
