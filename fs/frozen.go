@@ -140,7 +140,7 @@ func (f *file) fixedContent() (view, syscall.Errno) {
 		return view{}, f.fsys.failNoEvent("open", f.path, gone(err))
 	}
 	if frozenIno(f.path, v) != f.StableAttr().Ino {
-		return view{}, syscall.ESTALE
+		return view{}, f.fsys.failNoEvent("open", f.path, errGone)
 	}
 	f.fsys.frozen.keep(f, v)
 	return v, 0

@@ -283,7 +283,7 @@ var (
 
 func (n *replacementFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if n.fsys.replacing.ended(n.r) {
-		return nil, 0, syscall.ESTALE // config is config again: the kernel looks it up anew
+		return nil, 0, n.fsys.failNoEvent("open", n.path, errGone) // config is config again: the kernel looks it up anew
 	}
 	return n.scratchFile.Open(ctx, flags)
 }
