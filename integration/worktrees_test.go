@@ -508,9 +508,10 @@ func TestWorktreesStopStepEndsServersNotClients(t *testing.T) {
 	// and a server of the other stack t.
 	holder := exec.Command("setsid", "bash", "-c", `touch "$M/app/stacks/s/holders/me" || exit 1
 sleep 3600 & echo $!
-python3 -c "$PY" "$PORT" >/dev/null 2>&1 & echo $!
+python3 -c "$PY" "$PORT" >"$LOG" 2>&1 & echo $!
 exec sleep 3600`)
-	holder.Dir, holder.Env = t.TempDir(), append(os.Environ(), "M="+m.Dir, "PY="+pythonServer, "PORT="+strconv.Itoa(otherPort))
+	serverLog := filepath.Join(t.TempDir(), "server.log")
+	holder.Dir, holder.Env = t.TempDir(), append(os.Environ(), "M="+m.Dir, "PY="+pythonServer, "PORT="+strconv.Itoa(otherPort), "LOG="+serverLog)
 	holderOut, _ := holder.StdoutPipe()
 	if err := m.ns.Do(holder.Start); err != nil {
 		t.Fatal(err)
@@ -528,7 +529,11 @@ exec sleep 3600`)
 		pids = append(pids, pid)
 	}
 	worker, otherServer := pids[0], pids[1]
-	waitFor(t, func() string { return "the other stack's server to answer" }, func() bool { return servesHTTP(m, otherPort) })
+	waitFor(t, func() string {
+		out, _ := os.ReadFile(serverLog)
+		return fmt.Sprintf("the other stack's server to answer on %d (process %d gone: %v); its output:\n%s\nt's events:\n%s",
+			otherPort, otherServer, processGone(otherServer), out, m.read("app/stacks/t/events"))
+	}, func() bool { return servesHTTP(m, otherPort) })
 	httpPort, apiPort := portOf(m, "s", "HTTP"), portOf(m, "s", "API")
 	py := startIn(m, "listening", "python3", "-c", pythonServer, strconv.Itoa(httpPort))
 	node := startIn(m, "listening", "node", "-e", nodeServer, strconv.Itoa(apiPort), "stubborn")
