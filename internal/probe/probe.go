@@ -35,10 +35,14 @@ func (e *NoAnswerError) Error() string { return fmt.Sprintf("did not answer in %
 // the daemon's main (and a test binary's TestMain) asks first.
 func Child() bool { return os.Getenv(childEnv) == "1" }
 
-// Serve answers each NUL-terminated path read from in with a line: "e" (it exists), "g" (no such
-// file or directory), or "? " and the errno's text. It returns at the end of in.
+// Serve says it is ready (a line "r"), then answers each NUL-terminated path read from in with a
+// line: "e" (it exists), "g" (no such file or directory), or "? " and the errno's text. It
+// returns at the end of in.
 func Serve(in io.Reader, out io.Writer) int {
 	r, w := bufio.NewReader(in), bufio.NewWriter(out)
+	if w.WriteString("r\n"); w.Flush() != nil {
+		return 1
+	}
 	for {
 		path, err := r.ReadString(0)
 		if err != nil {
@@ -64,7 +68,10 @@ func Serve(in io.Reader, out io.Writer) int {
 
 // Prober looks at paths through one child at a time (this program run again, /proc/self/exe).
 // A path that does not answer within Timeout has its child killed, and the next path gets a new
-// one. Not for concurrent use.
+// one. Timeout counts from the path's sending to a child that said it is ready: starting one (an
+// exec of the daemon's binary, a race-built one's runtime) took seconds on a loaded machine, and
+// counted against the path, a checkout that exists was found not to answer, and not looked at
+// again for a minute. Not for concurrent use.
 type Prober struct {
 	Timeout time.Duration
 	// As, when set, is who the child runs as, so that a path is looked at with its user's rights
@@ -145,8 +152,24 @@ func (p *Prober) start() error {
 		}
 	}()
 	p.cmd, p.in, p.answers = cmd, in, answers
-	return nil
+	timer := time.NewTimer(startWait)
+	defer timer.Stop()
+	select {
+	case ready, ok := <-answers:
+		if ok && ready == "r" {
+			return nil
+		}
+		p.Close()
+		return errors.New("probe: the child did not start")
+	case <-timer.C:
+		p.Close()
+		return fmt.Errorf("probe: the child did not start in %v", startWait)
+	}
 }
+
+// startWait bounds a child's start, which looks at no path: only a machine out of memory or
+// processes takes that long.
+const startWait = time.Minute
 
 // Close ends the child: killed, since it may be waiting on a path, and reaped apart, so nothing
 // here waits on it; the channel is closed once it is.

@@ -9,8 +9,14 @@ import (
 	"time"
 )
 
+// slowStartEnv, in a child's environment, is how long it takes to start (a loaded machine's).
+const slowStartEnv = "PROBE_TEST_START_DELAY"
+
 func TestMain(m *testing.M) {
 	if Child() {
+		if d, err := time.ParseDuration(os.Getenv(slowStartEnv)); err == nil {
+			time.Sleep(d)
+		}
 		os.Exit(Serve(os.Stdin, os.Stdout))
 	}
 	os.Exit(m.Run())
@@ -55,4 +61,16 @@ func TestLstatAnswersAsOsLstat(t *testing.T) {
 		t.Error("a dead child answered")
 	}
 	check()
+}
+
+// A child slow to start (an exec of a race-built daemon on a loaded machine took seconds) is not
+// a path that does not answer: Timeout counts from the path's sending to a ready child, and an
+// existing path is found to exist.
+func TestLstatTimeoutExcludesTheChildsStart(t *testing.T) {
+	t.Setenv(slowStartEnv, "1500ms")
+	p := &Prober{Timeout: 500 * time.Millisecond}
+	defer p.Close()
+	if err := p.Lstat(t.TempDir()); err != nil {
+		t.Fatalf("an existing directory, through a child that took 1.5s to start: %v", err)
+	}
 }
