@@ -391,8 +391,7 @@ func TestMountDaemonDetached(t *testing.T) {
 	mnt, data := filepath.Join(base, "mnt"), filepath.Join(base, "data")
 	pid := 0
 	t.Cleanup(func() {
-		if pid > 0 && !lifecycleGone(pid) {
-			syscall.Kill(pid, syscall.SIGTERM)
+		if pid := testtool.SignalDaemonOf(data, syscall.SIGTERM); pid > 0 {
 			for i := 0; i < 300 && !lifecycleGone(pid); i++ {
 				time.Sleep(20 * time.Millisecond)
 			}

@@ -745,16 +745,17 @@ func drainServeInPidNamespace(t *testing.T, m *mount) {
 	if err := m.ns.Do(cmd.Start); err != nil {
 		t.Skipf("unshare: %v", err)
 	}
+	signal := testtool.GroupSignaler(t, cmd.Process.Pid)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	// Registered after newMount's cleanup, so it runs first: stop the namespaced daemon (SIGTERM
 	// to the group reaches it as its namespace's init, which handles the signal), then detach.
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		signal(syscall.SIGTERM)
 		select {
 		case <-done:
 		case <-time.After(15 * time.Second):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			signal(syscall.SIGKILL)
 			<-done
 			t.Errorf("namespaced daemon did not stop on SIGTERM\n%s", log.String())
 		}

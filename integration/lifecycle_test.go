@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // SPEC §1: the command line and the daemon's lifecycle, through the real binary.
@@ -268,12 +270,7 @@ func TestLifecycleDaemonMode(t *testing.T) {
 	pid := 0
 	// Whatever happens, no daemon and no mount outlive the test.
 	t.Cleanup(func() {
-		if pid == 0 {
-			pid = lifecycleDaemonPID(data)
-		}
-		if pid > 0 && !lifecycleGone(pid) {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
+		testtool.SignalDaemonOf(data, syscall.SIGKILL)
 		detach(mnt)
 	})
 
@@ -472,12 +469,13 @@ func TestLifecycleReadmeFirstCommand(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	signal := testtool.GroupSignaler(t, cmd.Process.Pid)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	exited := false
 	t.Cleanup(func() {
 		if !exited {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			signal(syscall.SIGKILL)
 			<-done
 		}
 		detach(mnt)
@@ -504,7 +502,7 @@ func TestLifecycleReadmeFirstCommand(t *testing.T) {
 	}
 
 	// "Ctrl-C unmounts".
-	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	signal(syscall.SIGINT)
 	select {
 	case <-done:
 		// Not the exit status: `go run` exits 1 whenever it is interrupted, whatever its child

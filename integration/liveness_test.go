@@ -318,8 +318,8 @@ func livenessReuse(t *testing.T, pid int, oldTicks string) int {
 		exit 1`
 	for round := 0; round < 3; round++ {
 		cmd := exec.Command("bash", "-c", launch, "bash", strconv.Itoa(pid))
-		tries := testtool.StartReady(t, cmd)                     // no line: 1,000 tries did not get pid back
-		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // the sleep: in a session of its own
+		tries := testtool.StartReady(t, cmd) // no line: 1,000 tries did not get pid back
+		testtool.KillAtEnd(t, pid)           // the sleep: in a session of its own
 		if livenessStartTicks(t, pid) != oldTicks {
 			t.Logf("pid %d reused after %s tries", pid, strings.TrimSpace(tries))
 			return pid

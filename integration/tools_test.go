@@ -107,8 +107,9 @@ func startReader(t *testing.T, m *mount, script string, env ...string) *reader {
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	signal := testtool.GroupSignaler(t, r.cmd.Process.Pid)
 	go func() { r.cmd.Wait(); close(r.exit) }()
-	t.Cleanup(func() { syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL); <-r.exit })
+	t.Cleanup(func() { signal(syscall.SIGKILL); <-r.exit })
 	return r
 }
 

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // The mount/unmount lifecycle of the command line (SPEC §1), as root and as a user.
@@ -121,9 +123,7 @@ func TestUnmountThenVerifyRightAway(t *testing.T) {
 			}
 			mnt, data := base+"/mnt", base+"/data"
 			t.Cleanup(func() {
-				if pid := lifecycleDaemonPID(data); pid > 0 && !lifecycleGone(pid) {
-					syscall.Kill(pid, syscall.SIGKILL)
-				}
+				testtool.SignalDaemonOf(data, syscall.SIGKILL)
 				detach(mnt)
 			})
 			for i := 0; i < 3; i++ {
@@ -194,9 +194,7 @@ func TestMountpointThroughSymlink(t *testing.T) {
 	}
 	mnt, via := real+"/mp", base+"/lnk/mp"
 	t.Cleanup(func() {
-		if pid := lifecycleDaemonPID(data); pid > 0 && !lifecycleGone(pid) {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
+		testtool.SignalDaemonOf(data, syscall.SIGKILL)
 		detach(mnt)
 	})
 	if r := lifecycleRun(t, "mount", "--daemon", "--data", data, via); r.Code != 0 || !mounted(mnt) {
@@ -209,8 +207,11 @@ func TestMountpointThroughSymlink(t *testing.T) {
 		t.Fatalf("a second mount through the symlink: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
 	}
 
-	syscall.Kill(lifecycleDaemonPID(data), syscall.SIGKILL)
-	for pid := lifecycleDaemonPID(data); !lifecycleGone(pid); {
+	pid := testtool.SignalDaemonOf(data, syscall.SIGKILL)
+	if pid == 0 {
+		t.Fatal("no daemon of " + data + " to kill")
+	}
+	for !lifecycleGone(pid) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if r := lifecycleRun(t, "mount", "--daemon", "--data", data, via); r.Code != 0 {
@@ -258,9 +259,7 @@ func TestNotMountedNoteRestartsTheSameStore(t *testing.T) {
 	}
 	// Followed (in the background), it serves the cockpit made before, open to other users.
 	t.Cleanup(func() {
-		if pid := lifecycleDaemonPID(m.Data); pid > 0 && !lifecycleGone(pid) {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
+		testtool.SignalDaemonOf(m.Data, syscall.SIGKILL)
 		detach(m.Dir)
 	})
 	r := shIn(t, "/", start+" --daemon", "PATH="+filepath.Dir(binary)+":"+os.Getenv("PATH"))

@@ -203,7 +203,7 @@ echo $!`
 	for _, f := range strings.Fields(string(out)) {
 		pid, _ := strconv.Atoi(f)
 		pids = append(pids, pid)
-		m.t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+		testtool.KillAtEnd(m.t, pid)
 	}
 	if len(pids) != 2 {
 		m.t.Fatalf("claim from %s printed %q", dir, out)
@@ -525,7 +525,7 @@ exec sleep 3600`)
 		if err != nil {
 			t.Fatalf("the holder's processes: %q", line)
 		}
-		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+		testtool.KillAtEnd(t, pid)
 		pids = append(pids, pid)
 	}
 	worker, otherServer := pids[0], pids[1]

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cockpitfs/cockpitfs/internal/testtool"
 )
 
 // startSleep starts `sleep 60` and kills it when the test ends.
@@ -232,7 +234,7 @@ func TestSessionHolderLeaderExited(t *testing.T) {
 	if err != nil {
 		t.Fatalf("survivor pid %q: %v", out, err)
 	}
-	t.Cleanup(func() { _ = syscall.Kill(survivor, syscall.SIGKILL) })
+	testtool.KillAtEnd(t, survivor)
 	children := "/proc/" + strconv.Itoa(survivor) + "/task/" + strconv.Itoa(survivor) + "/children"
 	var child int
 	for range 500 {
@@ -251,7 +253,7 @@ func TestSessionHolderLeaderExited(t *testing.T) {
 	if child == 0 {
 		t.Fatalf("the survivor %d never started sleep", survivor)
 	}
-	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	testtool.KillAtEnd(t, child)
 	for _, pid := range []int{survivor, child} {
 		if got, err := SessionHolder(pid); err != nil || got != survivor {
 			t.Errorf("SessionHolder(%d) = %d, %v; want the survivor %d", pid, got, err, survivor)
@@ -440,7 +442,7 @@ func TestObserveSessionHolderForgetsAnExitedLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = syscall.Kill(member, syscall.SIGKILL) })
+	testtool.KillAtEnd(t, member)
 	for range 2 { // the second answer comes from the held leader
 		got, obs, err := ObserveSessionHolder(member)
 		if err != nil || got != leader.Process.Pid || obs != Observe(leader.Process.Pid) {
