@@ -584,6 +584,12 @@ func repairAttempt(r Record, c Caller, reads stepReads, seen executorCheck, now 
 	if err := inOrder(r, now); err != nil {
 		return r.Value, err
 	}
+	if a.ExecutorPID != 0 && !seen.gone && a.ExecutorPID == c.PID {
+		// The writer is the executor itself (a shell that wrote `start`, then `terminated`):
+		// telling it to kill its own pid would end the user's shell.
+		return r.Value, refuse(DrainAttemptRepairRequired, r.SubjectID, "publish the attempt's outcome: echo success > drain/outcome, or echo failure > drain/outcome",
+			"executor process %d is the writer of this repair: an attempt is repaired only once its executor is gone", a.ExecutorPID)
+	}
 	if a.ExecutorPID != 0 && !seen.gone {
 		return r.Value, refuse(DrainAttemptRepairRequired, r.SubjectID, fmt.Sprintf("let it finish and publish its outcome, or stop it with `kill %d`", a.ExecutorPID),
 			"executor process %d is still running; stop it with `kill %d`", a.ExecutorPID, a.ExecutorPID)

@@ -273,6 +273,20 @@ func TestDrainLateSuccessThenRepairOfKilledExecutor(t *testing.T) {
 	assertReleased(t, e, mustStep(t, e, publish(e, true, "")))
 }
 
+// A shell that wrote `start` and then `terminated` is told to publish the outcome, not to kill
+// its own pid.
+func TestDrainRepairByItsOwnExecutor(t *testing.T) {
+	t.Parallel()
+	e, _ := newDrainEngine(t)
+	mustStep(t, e, reserveText(t, e, "sleep"))
+	mustStep(t, e, startExecutor(e, os.Getpid()))
+	self := mustRefuse(t, e, DrainAttemptRepairRequired, func() error { return repairStack(e) })
+	if strings.Contains(self.Message+self.Fix, "kill") || !strings.Contains(self.Fix, "drain/outcome") {
+		t.Fatalf("repair by the executor itself: %q, fix %q", self.Message, self.Fix)
+	}
+	assertReleased(t, e, mustStep(t, e, publish(e, true, "")))
+}
+
 func TestDrainRepairWithoutExecutorWaitsForValidity(t *testing.T) {
 	t.Parallel()
 	e, clock := newDrainEngine(t)
