@@ -86,7 +86,22 @@ func gitCommand(args []string) error {
 		return err
 	}
 	fmt.Printf("%s: installed (cockpit %s on %s)\n", hook, *cockpit, mnt)
+	warnNoCockpit(mnt, *cockpit)
 	return nil
+}
+
+// warnNoCockpit says on stderr when the hook's cockpit is not there now (a typo in --cockpit, a
+// --mount left to its default, no daemon serving the mount): the hook is kept, since the daemon
+// may start later, but each checkout would only say it could not claim.
+func warnNoCockpit(mnt, cockpit string) {
+	if fi, err := os.Stat(filepath.Join(mnt, cockpit)); err == nil && fi.IsDir() {
+		return
+	}
+	why := fmt.Sprintf("no cockpit %s in %s (mkdir %s first)", cockpit, mnt, filepath.Join(mnt, cockpit))
+	if _, err := os.Stat(filepath.Join(mnt, "status")); err != nil {
+		why = fmt.Sprintf("no daemon serves %s (cockpitfs mount %s, or give the mount with --mount DIR)", mnt, mnt)
+	}
+	fmt.Fprintf(os.Stderr, "cockpitfs: warning: %s: new worktrees are not claimed until it is there\n", why)
 }
 
 // postCheckoutHook is the hook's text. git runs post-checkout with the previous HEAD, the new
