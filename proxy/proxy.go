@@ -291,7 +291,12 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	type link struct{ Stack, Cockpit, Name, URL string }
+	type link struct {
+		Stack      string `json:"stack"`
+		Cockpit    string `json:"cockpit"`
+		Entrypoint string `json:"entrypoint"`
+		URL        string `json:"url"`
+	}
 	var links []link
 	for _, e := range routes {
 		links = append(links, link{e.Stack, e.Cockpit, e.Entrypoint, scheme + "://" + engine.ProxyHost(e.Cockpit, e.Stack, e.Entrypoint) + port + "/"})
