@@ -131,6 +131,10 @@ func TestExecNotAStackDirectory(t *testing.T) {
 		if r.Code != 1 || strings.Contains(r.Stdout, "ran") || !strings.Contains(r.Stderr, dir+" is not a stack's directory") {
 			t.Errorf("exec %s: exit %d\nstdout: %s\nstderr: %s", dir, r.Code, r.Stdout, r.Stderr)
 		}
+		// A stack not made yet, in a cockpit that exists, is named with the mkdir it needs.
+		if missing := strings.HasSuffix(dir, "missing"); missing != strings.Contains(r.Stderr, "mkdir "+dir+" first") {
+			t.Errorf("exec %s: the refusal names the mkdir only for a missing stack: %s", dir, r.Stderr)
+		}
 	}
 	if got := m.ok("ls -A $M/app/stacks"); got != "" {
 		t.Errorf("a refused exec created %q", got)

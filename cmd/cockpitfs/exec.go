@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -56,6 +57,12 @@ func execCommand(args []string) error {
 		mnt := filepath.Dir(filepath.Dir(filepath.Dir(stack)))
 		if note, nerr := os.Lstat(filepath.Join(mnt, notMountedNote)); errors.Is(err, syscall.ENOTCONN) || nerr == nil && note.Mode().IsRegular() {
 			return notServed(mnt)
+		}
+		// A stack not made yet in a cockpit that exists (a fresh worktree's): exec makes none.
+		if errors.Is(err, fs.ErrNotExist) && filepath.Base(filepath.Dir(stack)) == "stacks" {
+			if st, serr := os.Stat(filepath.Dir(stack)); serr == nil && st.IsDir() {
+				return fmt.Errorf("%s is not a stack's directory: there is no stack %s yet (exec makes none): mkdir %s first", stack, filepath.Base(stack), stack)
+			}
 		}
 		return fmt.Errorf("%s is not a stack's directory (it has no holders/): give one like MOUNTPOINT/COCKPIT/stacks/STACK", stack)
 	}
