@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/cockpitfs/cockpitfs/internal/probe"
 )
@@ -390,6 +391,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 			if name, unknown := strings.CutPrefix(msg, "flag provided but not defined: -"); unknown {
 				msg = "unknown flag --" + strings.TrimPrefix(name, "-")
 			}
+			msg = flagError(fs, msg)
 			return nil, &usageError{command: fs.Name(), msg: msg}
 		}
 		args = fs.Args()
@@ -399,6 +401,35 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, args[0])
 		args = args[1:]
 	}
+}
+
+// flagError rewrites the flag package's other complaints (`invalid value "5" for flag
+// -gc-interval: parse error`, `flag needs an argument: -cockpit`) with the flag as it is written
+// here, two dashes, and, for a duration or a number, what the value should look like.
+func flagError(fs *flag.FlagSet, msg string) string {
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return "--" + strings.TrimPrefix(name, "-") + " needs a value"
+	}
+	var value, name string
+	if n, _ := fmt.Sscanf(msg, "invalid value %q for flag -%s", &value, &name); n == 2 {
+		name = strings.TrimSuffix(name, ":")
+	} else if n, _ := fmt.Sscanf(msg, "invalid boolean value %q for -%s", &value, &name); n == 2 {
+		return fmt.Sprintf("--%s takes no value, or true or false: %q", strings.TrimSuffix(name, ":"), value)
+	} else {
+		return msg
+	}
+	want := "a valid value"
+	if f := fs.Lookup(name); f != nil {
+		if g, ok := f.Value.(flag.Getter); ok {
+			switch g.Get().(type) {
+			case time.Duration:
+				want = "a duration (e.g. 30s, 1m, 2h)"
+			case int, int64, uint, uint64:
+				want = "a whole number"
+			}
+		}
+	}
+	return fmt.Sprintf("--%s %q is not %s", name, value, want)
 }
 
 // flagNames lists a command's flags as --name, for completion: those its usage's flag lines begin
