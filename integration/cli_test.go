@@ -286,8 +286,9 @@ func TestMountpointReadOnlyWhileNotServing(t *testing.T) {
 	if entries, _ := os.ReadDir(m.Dir); len(entries) != 1 {
 		t.Fatalf("the unmounted mountpoint holds %v", entries)
 	}
-	// gc says no daemon serves it, and how to start one.
-	if r := cockpitfs(t, "gc", m.Dir+"/"); r.code != 1 || !strings.Contains(r.out, "no cockpitfs daemon serves "+m.Dir+": start one with cockpitfs mount --daemon "+m.Dir) {
+	// gc says no daemon serves it, and how to start one: with the flags the note names (its
+	// --data: without it, the default store, another namespace).
+	if r := cockpitfs(t, "gc", m.Dir+"/"); r.code != 1 || !strings.Contains(r.out, "no cockpitfs daemon serves "+m.Dir+": start one with cockpitfs mount --daemon "+m.Dir) || !strings.Contains(r.out, "NOT-MOUNTED names them") {
 		t.Fatalf("gc on the unmounted mountpoint: exit %d\n%s", r.code, r.out)
 	}
 	// Mounted again, the tree is back: the cockpit made before.

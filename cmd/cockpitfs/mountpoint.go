@@ -192,7 +192,13 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 
 // notServed is what a command that works through the mount says of a mountpoint no daemon serves.
 func notServed(mnt string) error {
-	return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s", mnt, shellQuote(mnt))
+	// Without its --data (and --allow-other, --store …) that command starts a daemon on another
+	// store than the one that served here: an empty namespace. The note names them.
+	also := ""
+	if note, err := os.Lstat(filepath.Join(mnt, notMountedNote)); err == nil && note.Mode().IsRegular() {
+		also = fmt.Sprintf(", with the --data and flags of the daemon that served it (%s names them)", filepath.Join(mnt, notMountedNote))
+	}
+	return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s%s", mnt, shellQuote(mnt), also)
 }
 
 // chmodDir sets the mode of the directory at path, failing on anything else there.
