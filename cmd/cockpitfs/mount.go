@@ -315,7 +315,7 @@ func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine,
 	}
 	data := st.data
 	if err := os.MkdirAll(data, 0o700); err != nil {
-		return nil, "", nil, err
+		return nil, "", nil, dataDirError(data, err)
 	}
 	if err := unfinishedMigration(data); err != nil {
 		return nil, "", nil, err
@@ -457,7 +457,7 @@ func daemonize(args []string, data string) error {
 		return err
 	}
 	if err := os.MkdirAll(data, 0o700); err != nil {
-		return err
+		return dataDirError(data, err)
 	}
 	logPath := filepath.Join(data, daemonLogName)
 	// Never through a link, whatever was put there since the check.
@@ -824,4 +824,10 @@ func unmount(dir string, lazy bool) error {
 			mnt, answerWait, aborted)
 	}
 	return nil
+}
+
+// dataDirError says which data directory could not be made, and how to give another: the default
+// is below $HOME, which a service user's may not allow (HOME=/nonexistent).
+func dataDirError(data string, err error) error {
+	return fmt.Errorf("cannot make the data directory %s: %w (give one with --data DIR)", data, err)
 }
