@@ -444,7 +444,8 @@ func publishOutcome(r Record, c Caller, reads stepReads, o Outcome, now time.Tim
 	}
 	validThrough, _ := ParseStamp(a.ValidThrough)
 	if now.Truncate(time.Millisecond).After(validThrough) {
-		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, repairFix,
+		// Its executor, still running, may not repair it (repairAttempt): failure it may publish.
+		return r.Value, refuse(ExecutionPreconditionChanged, r.SubjectID, "publish failure instead (echo failure > drain/outcome), then start again; or, once its executor is gone, "+repairFix,
 			"attempt %s was valid through %s; its success arrived at %s, too late to trust", a.AttemptID, a.ValidThrough, stamp(now))
 	}
 	if a.ActionIndex < len(d.Actions)-1 {
@@ -587,7 +588,7 @@ func repairAttempt(r Record, c Caller, reads stepReads, seen executorCheck, now 
 	if a.ExecutorPID != 0 && !seen.gone && a.ExecutorPID == c.PID {
 		// The writer is the executor itself (a shell that wrote `start`, then `terminated`):
 		// telling it to kill its own pid would end the user's shell.
-		return r.Value, refuse(DrainAttemptRepairRequired, r.SubjectID, "publish the attempt's outcome: echo success > drain/outcome, or echo failure > drain/outcome",
+		return r.Value, refuse(DrainAttemptRepairRequired, r.SubjectID, "publish its outcome instead: echo success > drain/outcome, or echo failure > drain/outcome (the only one accepted past its validThrough), then start again",
 			"executor process %d is the writer of this repair: an attempt is repaired only once its executor is gone", a.ExecutorPID)
 	}
 	if a.ExecutorPID != 0 && !seen.gone {
