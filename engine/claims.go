@@ -360,7 +360,7 @@ func leaseFamily(current *Lease, retained bool, in leaseInputs) (*Lease, error) 
 		}
 		offsets = []int{current.Offset}
 	} else if in.activeLeases >= decl.Count {
-		return nil, refuse(PortLeaseExhausted, "", "release an inactive stack or extend the declared port-family count after checking host capacity",
+		return nil, refuse(PortLeaseExhausted, "", "release an inactive stack, or raise the config's count after checking host capacity (a new [ports]: each running stack refuses its next claim or touch until drained)",
 			"maximum %d"+fullCockpit, decl.Count)
 	} else if decl.Validate() == nil {
 		offsets = make([]int, decl.Count)

@@ -98,7 +98,7 @@ func (e *Engine) nameFullCockpit(cockpit, stack string, rf *Refusal) error {
 	named := *rf
 	named.Message += fmt.Sprintf(": held by %s; with only dead holders: %s", stackList(held), stackList(dead))
 	if len(dead) > 0 {
-		named.Fix = fmt.Sprintf("claim %s/stacks/%s instead (a claim takes over a stack whose holders are all dead), or drain it to free its family; or extend the declared port-family count after checking host capacity", cockpit, dead[0])
+		named.Fix = fmt.Sprintf("claim %s/stacks/%s instead (a claim takes over a stack whose holders are all dead), or drain it to free its family; or raise the config's count after checking host capacity (a new [ports]: each running stack refuses its next claim or touch until drained)", cockpit, dead[0])
 	}
 	return &named
 }
