@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -336,6 +337,24 @@ func TestProxyPortTaken(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
 		t.Fatalf("a refused mount left its fresh store: %v", err)
+	}
+	// On a store that exists, the refused mount adds no backup (a service manager restarting it
+	// in a loop would rotate every older one out).
+	stopped := newMount(t)
+	stopped.Stop()
+	backups := func() []string {
+		names, _ := filepath.Glob(filepath.Join(stopped.Data, "backups", "*"))
+		return names
+	}
+	before := backups()
+	cmd = exec.CommandContext(ctx, binary, "mount", "--data", stopped.Data, "--proxy", strconv.Itoa(proxyPort), filepath.Join(dir, "mnt"))
+	out.Reset()
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := m.ns.Do(cmd.Run); err == nil || !strings.Contains(out.String(), "the port is held by") {
+		t.Fatalf("a daemon of a stopped store on the same proxy port: %v\n%s", err, out.String())
+	}
+	if after := backups(); len(before) == 0 || !slices.Equal(after, before) {
+		t.Fatalf("the refused mount's backups: %v, before it %v\n%s", after, before, out.String())
 	}
 	// A cockpit whose first family would hold the proxy's port leases the next one.
 	m.setupApp(20, map[string]int{"HTTP": proxyPort}, "s")

@@ -230,7 +230,7 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 		return err
 	}
 	discardStore := discardFresh(st.data)
-	eng, from, closeStore, err := openServed(mnt, st, restart)
+	eng, from, closeStore, served, err := openServed(mnt, st, restart)
 	if err != nil {
 		discardStore()
 		return err
@@ -261,6 +261,7 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	}
 	protectMountpoint(beneath)
 	defer closeStore()
+	served()
 	infof("serving %s (%s)", mnt, from)
 	if ready != nil {
 		fmt.Fprintln(ready, "ok")
@@ -279,50 +280,54 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	return nil
 }
 
-// openServed opens the store a daemon serves and its engine; closeStore ends what it started.
-// restart is the command that starts the daemon again.
-func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine, from string, closeStore func(), err error) {
+// openServed opens the store a daemon serves and its engine; closeStore ends what it started, and
+// served, called once the mount serves, starts what only a serving daemon does: the rolling
+// backups of a data directory. Not before: a refused mount (a proxy port taken, fusermount3's
+// refusal) leaves nothing new behind, and one restarted in a loop by its service manager would
+// otherwise rotate every older backup out with copies of the same store. restart is the command
+// that starts the daemon again.
+func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine, from string, closeStore, served func(), err error) {
 	if st.etcd != nil {
 		// The store is the truth of every machine sharing the prefix, so this daemon takes no
 		// machine-wide port holds (a port leased through etcd is leased to one stack across all
 		// of them), and etcd keeps its own copies, so there are no backups.
 		db, err := openEtcd(*st.etcd)
 		if err != nil {
-			return nil, "", nil, err
+			return nil, "", nil, nil, err
 		}
 		if err := unfinishedMigrationIn(db, st.url); err != nil {
 			db.Close()
-			return nil, "", nil, err
+			return nil, "", nil, nil, err
 		}
 		stopSeen, err := keepSeen(db, st, mnt, restart)
 		if err != nil {
 			db.Close()
-			return nil, "", nil, err
+			return nil, "", nil, nil, err
 		}
 		if eng, err = engine.NewShared(db); err != nil {
 			stopSeen()
 			db.Close()
-			return nil, "", nil, err
+			return nil, "", nil, nil, err
 		}
 		eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
 		eng.BoundCockpits(st.cockpitsPerUID, uint32(os.Getuid()))
 		if err := eng.CountStacks(context.Background(), st.stacksPerUID, uint32(os.Getuid())); err != nil {
 			stopSeen()
 			db.Close()
-			return nil, "", nil, err
+			return nil, "", nil, nil, err
 		}
-		return eng, "store " + st.url, func() { stopSeen(); db.Close() }, nil
+		return eng, "store " + st.url, func() { stopSeen(); db.Close() }, func() {}, nil
 	}
 	data := st.data
 	if err := os.MkdirAll(data, 0o700); err != nil {
-		return nil, "", nil, dataDirError(data, err)
+		return nil, "", nil, nil, dataDirError(data, err)
 	}
 	if err := unfinishedMigration(data); err != nil {
-		return nil, "", nil, err
+		return nil, "", nil, nil, err
 	}
 	db, err := kv.Open(data)
 	if err != nil {
-		return nil, "", nil, damageHint(err, data)
+		return nil, "", nil, nil, damageHint(err, data)
 	}
 	closeDB := func() {
 		if err := db.Close(); err != nil {
@@ -330,27 +335,36 @@ func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine,
 		}
 	}
 	stopBackups := make(chan struct{})
-	backupsDone := make(chan struct{})
-	go func() { keepBackups(db, data, stopBackups); close(backupsDone) }()
-	closeStore = func() { close(stopBackups); <-backupsDone; closeDB() }
+	var backupsDone chan struct{} // made once the backups start
+	served = func() {
+		backupsDone = make(chan struct{})
+		go func() { keepBackups(db, data, stopBackups); close(backupsDone) }()
+	}
+	closeStore = func() {
+		if backupsDone != nil {
+			close(stopBackups)
+			<-backupsDone
+		}
+		closeDB()
+	}
 	eng = engine.New(db)
 	// Whoever runs the daemon may take every family it could take by running one of its own.
 	eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
 	eng.BoundCockpits(st.cockpitsPerUID, uint32(os.Getuid()))
 	if err := eng.CountStacks(context.Background(), st.stacksPerUID, uint32(os.Getuid())); err != nil {
 		closeStore()
-		return nil, "", nil, err
+		return nil, "", nil, nil, err
 	}
 	// The holds of every active lease are taken again before the mount serves anyone.
 	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})
 	if err != nil {
 		closeStore()
-		return nil, "", nil, fmt.Errorf("holding the leased ports: %w", err)
+		return nil, "", nil, nil, fmt.Errorf("holding the leased ports: %w", err)
 	}
 	for _, l := range lost {
 		log.Printf("conflict: %s/%s: %s; reported in its health and events", l.Cockpit, l.Stack, l)
 	}
-	return eng, "data " + data, closeStore, nil
+	return eng, "data " + data, closeStore, served, nil
 }
 
 // keepSeen records, in the data directory, what the daemon sees of its etcd store, for verify and
