@@ -413,6 +413,10 @@ func TestMountDaemonDetached(t *testing.T) {
 	if fields[3] != strconv.Itoa(pid) || fields[4] != "0" {
 		t.Errorf("the daemon's session %s (want its own, %d), controlling terminal %s (want none)", fields[3], pid, fields[4])
 	}
+	// Named as the command it was started as, not after /proc/self/exe (`exe`): pgrep finds it.
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != filepath.Base(binary) {
+		t.Errorf("the daemon's name is %q, want %q", comm, filepath.Base(binary))
+	}
 	for fd, want := range map[int]string{0: "/dev/null", 1: logPath, 2: logPath} {
 		if got, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd)); got != want {
 			t.Errorf("the daemon's fd %d is %q, want %q", fd, got, want)

@@ -132,6 +132,7 @@ func startGated(path string, argv, env []string) (cmd *exec.Cmd, gate *os.File, 
 	defer wait.Close()
 	// This very binary, even if it was replaced or removed since it started.
 	cmd = exec.Command("/proc/self/exe", append([]string{gateCommand, path}, argv...)...)
+	cmd.Args[0] = os.Args[0] // its name until it runs argv
 	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{wait} // fd 3

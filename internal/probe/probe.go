@@ -127,6 +127,7 @@ const maxAnswer = 200
 
 func (p *Prober) start() error {
 	cmd := exec.Command("/proc/self/exe")
+	cmd.Args[0] = os.Args[0] // its name (the daemon's, not the link's `exe`) in ps and pgrep
 	cmd.Env = append(os.Environ(), childEnv+"=1")
 	if p.As != nil {
 		cmd.Env = []string{childEnv + "=1"}
