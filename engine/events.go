@@ -150,8 +150,13 @@ func loadEventsHead(tx storage.Txn, cockpit, stack string) (eventsHead, error) {
 	if h.End, err = legacyEventsEnd(tx, cockpit, stack); err != nil { // before the next line is in the window
 		return h, err
 	}
-	h.Windows, err = loadWindows(tx, cockpit, stack, h.Seq)
-	return h, err
+	if h.Windows, err = loadWindows(tx, cockpit, stack, h.Seq); err != nil {
+		return h, err
+	}
+	if err := h.check(); err != nil {
+		return h, fmt.Errorf("decode %s: %w", eventsSeqKey(cockpit, stack), err)
+	}
+	return h, nil
 }
 
 // readEventsHead reads the head key alone: found is false for a file written before heads were
@@ -164,10 +169,33 @@ func readEventsHead(tx storage.Txn, cockpit, stack string) (h eventsHead, found 
 	if err != nil {
 		return h, false, err
 	}
-	if h, err = decodeEventsHead(data); err != nil {
-		return h, false, fmt.Errorf("decode %s: %w", eventsHeadKey(cockpit, stack), err)
+	if h, err = decodeEventsHead(data); err == nil {
+		err = h.check()
+	}
+	if err != nil {
+		return eventsHead{}, false, fmt.Errorf("decode %s: %w", eventsHeadKey(cockpit, stack), err)
 	}
 	return h, true, nil
+}
+
+// maxEventsCount bounds an events head's numbers: far past what appends reach (2^53 bytes, at a
+// line a microsecond for centuries), and far enough from the integers' own limits that an
+// append, and a reader's offset into the file (its start plus a read's offset), never wraps.
+// A shared store's values are anyone's input: an end at the limit made every offset wrap, and a
+// reader of the file (cat, tail) was served its lines again forever.
+const maxEventsCount = 1 << 53
+
+// check refuses a head whose numbers no appends reach (see maxEventsCount) as damage.
+func (h eventsHead) check() error {
+	if h.End < 0 || h.End > maxEventsCount || h.Seq > maxEventsCount {
+		return malformedValue{fmt.Errorf("seq %d, end %d: out of range", h.Seq, h.End)}
+	}
+	for w, n := range h.Windows {
+		if n > maxEventsCount {
+			return malformedValue{fmt.Errorf("window %q counts %d lines: out of range", w, n)}
+		}
+	}
+	return nil
 }
 
 // dropIndexed removes the line indexed n in window, and its index entry.
@@ -272,6 +300,9 @@ func eventsEnd(tx storage.Txn, cockpit, stack string) (int64, error) {
 func legacyEventsEnd(tx storage.Txn, cockpit, stack string) (int64, error) {
 	var end int64
 	found, err := getJSON(tx, eventsEndKey(cockpit, stack), &end)
+	if err == nil && found && (end < 0 || end > maxEventsCount) {
+		err = fmt.Errorf("decode %s: %w", eventsEndKey(cockpit, stack), malformedValue{fmt.Errorf("end %d: out of range", end)})
+	}
 	if err != nil || found {
 		return end, err
 	}
