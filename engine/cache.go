@@ -199,7 +199,12 @@ func (c *cockpitCache) decode(key string, raw []byte) (cockpitMeta, error) {
 	}
 	var m cockpitMeta
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return m, fmt.Errorf("decode %s: %w", key, err)
+		return m, fmt.Errorf("decode %s: %w", key, malformedValue{err})
+	}
+	if name := key[len(cockpitsPrefix):]; m.Name != name {
+		// A shared store's values are anyone's input: served, it would show another cockpit's
+		// name, or none, under this one.
+		return cockpitMeta{}, fmt.Errorf("decode %s: %w", key, malformedValue{fmt.Errorf("it names cockpit %q", m.Name)})
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -219,6 +219,9 @@ type CockpitInfo struct {
 	Derived []portdecl.Derived
 	// proxy is where the daemon's web proxy serves, nil when it serves none (ProxiedURL).
 	proxy *proxyBase
+	// Damaged: the cockpit's value does not decode, or names another cockpit (Cockpits lists it
+	// by its key; every other field is empty). Reading it refuses STATE_RECORD_MALFORMED.
+	Damaged bool
 }
 
 func (m cockpitMeta) info() CockpitInfo {
@@ -232,14 +235,22 @@ func (m cockpitMeta) info() CockpitInfo {
 	return info
 }
 
-// Cockpits lists every cockpit, by name.
+// Cockpits lists every cockpit, by name. A cockpit whose value is damaged is listed by its key's
+// name alone (Damaged), so one damaged cockpit hides no other from the listing, the proxy or gc,
+// and its own lookup says what is wrong; a key whose name no cockpit may have is left out (verify
+// names it).
 func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 	var out []CockpitInfo
 	err := e.db.View(func(tx storage.Txn) error {
-		return tx.Scan(cockpitsPrefix, func(_ string, v []byte) error {
+		return tx.Scan(cockpitsPrefix, func(key string, v []byte) error {
+			name := key[len(cockpitsPrefix):]
+			if !ValidCockpitName(name) {
+				return nil
+			}
 			var m cockpitMeta
-			if err := json.Unmarshal(v, &m); err != nil {
-				return err
+			if err := json.Unmarshal(v, &m); err != nil || m.Name != name {
+				out = append(out, CockpitInfo{Name: name, Damaged: true})
+				return nil
 			}
 			info := m.info()
 			info.proxy = e.proxyBase.Load()

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -82,5 +83,73 @@ func TestEventsHeadOutOfRangeIsDamage(t *testing.T) {
 		if _, _, _, err := e.EventsWindow("app", "t"); err != nil {
 			t.Fatalf("head %s: another stack's events: %v", head, err)
 		}
+	}
+}
+
+// TestDamagedCockpitOrPortEntryHidesNoOther: one cockpit's value that does not decode, or names
+// another cockpit (or none), failed the listing of every cockpit (the mount's root, the web
+// proxy's routes, gc's survey), and one port index entry that does not decode failed the listing
+// of every port (`ls ports`). The damaged one is now listed by its key, and its own read refuses
+// it as damage; every other cockpit and port is listed and served.
+func TestDamagedCockpitOrPortEntryHidesNoOther(t *testing.T) {
+	e, put := hostileEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s")
+	newCockpit(t, e, "other", "[ports]\nstep = 10\ncount = 5\n[ports.bases]\nWEB = 19000\n", "o")
+	for _, c := range []struct{ cockpit, stack string }{{"app", "s"}, {"other", "o"}} {
+		if err := e.Claim(ctx, me("create", "h"), c.cockpit, c.stack, "h", untracked("h")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, meta := range []string{"garbage", `{}`, `{"name":"other"}`, `[1]`} {
+		put(cockpitKey("app"), meta)
+		put(cockpitKey(""), meta)    // a name no cockpit may have: not listed
+		put(cockpitKey("a/b"), "{}") // nor one with a '/'
+		cockpits, err := e.Cockpits()
+		if err != nil {
+			t.Fatalf("c/app %s: cockpits: %v", meta, err)
+		}
+		var names []string
+		for _, c := range cockpits {
+			names = append(names, c.Name)
+			if c.Damaged != (c.Name == "app") {
+				t.Errorf("c/app %s: cockpit %s listed with Damaged %v", meta, c.Name, c.Damaged)
+			}
+		}
+		if len(names) != 2 || names[0] != "app" || names[1] != "other" {
+			t.Fatalf("c/app %s: cockpits %q, want [app other]", meta, names)
+		}
+		if _, err := e.Cockpit("app"); AsRefusal(err).Code != StateRecordMalformed {
+			t.Errorf("c/app %s: reading it: %v, want %s", meta, err, StateRecordMalformed)
+		}
+		if _, err := e.Cockpit("other"); err != nil {
+			t.Errorf("c/app %s: reading other: %v", meta, err)
+		}
+		if _, err := e.ProxiedEntrypoints(); err != nil {
+			t.Errorf("c/app %s: the proxy's entrypoints: %v", meta, err)
+		}
+		if idx, err := e.routes.get(e, indexNow); err != nil {
+			t.Errorf("c/app %s: the proxy's routes: %v", meta, err)
+		} else if len(idx.stacks["other/o"]) != 1 {
+			t.Errorf("c/app %s: other/o indexed %d times in the proxy's routes", meta, len(idx.stacks["other/o"]))
+		}
+	}
+
+	put(portKey(19000), "garbage")
+	put(portKey(19010), `{"port":-1}`)
+	put(portsPrefix+"abc", "x")
+	owners, err := e.Ports()
+	if err != nil {
+		t.Fatalf("ports: %v", err)
+	}
+	var ports []int
+	for _, o := range owners {
+		ports = append(ports, o.Port)
+	}
+	if want := []int{15432, 18080, 19000, 19010}; !slices.Equal(ports, want) {
+		t.Fatalf("ports %v, want %v", ports, want)
+	}
+	if _, _, err := e.PortOwner(19000); !isMalformed(err) {
+		t.Errorf("reading port 19000's garbage: %v, want it refused as damage", err)
 	}
 }

@@ -67,6 +67,20 @@ func portKey(port int) string {
 	}
 	return string(strconv.AppendInt(b, int64(port), 10))
 }
+
+// portOfKey is the port whose index key is key, if key is one portKey makes.
+func portOfKey(key string) (int, bool) {
+	digits := strings.TrimPrefix(key, portsPrefix)
+	if len(digits) != 5 || len(key) != len(portsPrefix)+5 {
+		return 0, false
+	}
+	port, err := strconv.Atoi(digits)
+	if err != nil || port < 1 || port > 65535 || portKey(port) != key {
+		return 0, false
+	}
+	return port, true
+}
+
 func leaseCountKey(cockpit string) string            { return "n/" + cockpit }
 func leasedPortsKey(cockpit string) string           { return "l/" + cockpit }
 func uidLeasesKey(uid uint32) string                 { return fmt.Sprintf("%s%d", uidLeasesPrefix, uid) }

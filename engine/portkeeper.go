@@ -59,9 +59,16 @@ func (e *Engine) Ports() ([]PortOwner, error) {
 	if e.shared {
 		err = e.db.View(func(tx storage.Txn) error {
 			return tx.Scan(portsPrefix, func(key string, v []byte) error {
+				port, ok := portOfKey(key)
+				if !ok {
+					return nil // a key outside the layout: verify names it
+				}
 				var o PortOwner
-				if err := decodeJSON(key, v, &o); err != nil {
-					return err
+				if err := decodeJSON(key, v, &o); err != nil || o.Port != port {
+					// Damaged (a shared store's values are anyone's input): listed by its
+					// key's port alone, whose own read says what is wrong, so one entry hides
+					// no other port from the listing.
+					o = PortOwner{Port: port}
 				}
 				out = append(out, o)
 				return nil

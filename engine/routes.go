@@ -236,7 +236,7 @@ func (x *routeIndexes) get(e *Engine, rebuild indexRebuild) (*routeIndex, error)
 	}
 	for _, c := range cockpits {
 		stacks, err := e.Stacks(c.Name)
-		if err != nil && AsRefusal(err).Code != NotFound {
+		if err != nil && AsRefusal(err).Code != NotFound && !c.Damaged && !isMalformed(err) {
 			return nil, err
 		}
 		for _, s := range stacks {
@@ -358,6 +358,9 @@ func (e *Engine) ProxiedEntrypoints() ([]ProxiedEntrypoint, error) {
 	var out []ProxiedEntrypoint
 	for _, c := range cockpits {
 		stacks, err := e.Stacks(c.Name)
+		if c.Damaged || isMalformed(err) {
+			continue // its own files say what is wrong; every other cockpit's entrypoints are served
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -139,6 +139,9 @@ func Verify(db storage.Store) ([]string, int, error) {
 				bad(key, "%v", err)
 				return nil
 			}
+			if name := key[len(cockpitsPrefix):]; m.Name != name {
+				bad(key, "names cockpit %q", m.Name)
+			}
 			if m.Counted {
 				uidCockpits[uidCockpitsKey(m.UID)]++
 			}
