@@ -248,12 +248,34 @@ func (s *Store) Announce(key string, ttl time.Duration) error {
 		return fmt.Errorf("etcd announce %s: %w", key, s.describe(err))
 	}
 	s.announcements.Store(key, a)
+	// The key itself is anyone's to delete or overwrite (a teammate tidying the prefix with
+	// etcdctl): gone, every other machine would read this one's holders dead, and their next
+	// claim release them while their processes run. Each change to it is checked, and the key
+	// written again under the lease.
+	changed := make(chan struct{}, 1)
+	s.cache.subscribe(a.full, func(string) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	})
 	go func() {
 		for s.closing.Err() == nil {
 			a.mu.Lock()
 			lost := a.lost
 			a.mu.Unlock()
-			<-lost
+			select {
+			case <-changed:
+				if !s.keepAnnounced(a) {
+					_ = sleep(s.closing, time.Second)
+					select {
+					case changed <- struct{}{}: // checked again
+					default:
+					}
+				}
+				continue
+			case <-lost:
+			}
 			_ = sleep(s.closing, time.Second)
 			a.mu.Lock()
 			for s.closing.Err() == nil && a.lost == lost { // Prove may have written it again already
@@ -268,6 +290,27 @@ func (s *Store) Announce(key string, ttl time.Duration) error {
 		}
 	}()
 	return nil
+}
+
+// keepAnnounced writes a's key again under its lease unless etcd holds it so, and says whether
+// etcd answered.
+func (s *Store) keepAnnounced(a *announcement) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(s.closing, s.budget)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, a.full)
+	if err != nil {
+		return false
+	}
+	if len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) == a.lease {
+		return true
+	}
+	_, err = s.cli.Put(ctx, a.full, "", clientv3.WithLease(a.lease))
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		err = s.announce(a) // lost meanwhile: a new lease, as the lost lease's keeper would
+	}
+	return err == nil
 }
 
 // announcement is one key Announce keeps, under its current lease.

@@ -14,6 +14,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -352,6 +353,57 @@ func TestProveAnnouncement(t *testing.T) {
 	if err := quick.Prove("m/b"); !errors.Is(err, storage.ErrLocked) {
 		t.Fatalf("Prove without a quorum: %v", err)
 	}
+}
+
+// An announced key deleted behind the store's back (a teammate tidying the prefix with etcdctl), or
+// overwritten without its lease, is written again under the store's lease: gone, every other
+// machine would read this one's holders dead, and their next claim release them while their
+// processes run.
+func TestAnnouncementDeletedIsWrittenAgain(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	s := c.Open(t, "keep")
+	if err := s.Announce("m/a", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	cli := s.Client()
+	ctx := context.Background()
+	get := func() *mvccpb.KeyValue {
+		resp, err := cli.Get(ctx, "keep/m/a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return nil
+		}
+		return resp.Kvs[0]
+	}
+	lease := clientv3.LeaseID(get().Lease)
+	waitFor := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			kv := get()
+			if kv != nil && clientv3.LeaseID(kv.Lease) == lease {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the key is %v, not under the store's lease %x, after 5 s", what, kv, lease)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if _, err := cli.Delete(ctx, "keep/m/a"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("deleted")
+	if _, err := cli.Delete(ctx, "keep/m/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("deleted with its prefix")
+	if _, err := cli.Put(ctx, "keep/m/a", "x"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("overwritten without a lease")
 }
 
 // A cluster Open cannot reach is refused with why, as etcdctl and Go's TLS say it, and the flag
