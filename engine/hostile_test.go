@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/cockpitfs/cockpitfs/storage"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
@@ -151,5 +153,35 @@ func TestDamagedCockpitOrPortEntryHidesNoOther(t *testing.T) {
 	}
 	if _, _, err := e.PortOwner(19000); !isMalformed(err) {
 		t.Errorf("reading port 19000's garbage: %v, want it refused as damage", err)
+	}
+}
+
+// TestRecordOfAnotherStackIsDamage: a stack's key holding {} (which decodes) or another stack's
+// record was served as this stack's: a stack of no name, or another's lease and names, under its
+// path. It is refused as damage; the other stack serves.
+func TestRecordOfAnotherStackIsDamage(t *testing.T) {
+	e, put := hostileEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s", "t")
+	for _, stack := range []string{"s", "t"} {
+		if err := e.Claim(ctx, me("create", "h"), "app", stack, "h", untracked("h")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var other []byte
+	if err := e.db.View(func(tx storage.Txn) (err error) {
+		other, err = tx.Get(stackKey("app", "t"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, head := range []string{`{}`, `null`, string(other), strings.Replace(string(other), `"format":"cockpit-state/v1"`, `"format":"cockpit-state/v2"`, 1)} {
+		put(stackKey("app", "s"), head)
+		if r, err := e.Stack("app", "s"); !isMalformed(err) {
+			t.Errorf("s/app/s %.60s: read as %s/%s, err %v; want it refused as damage", head, r.Cockpit, r.Stack, err)
+		}
+		if _, err := e.Stack("app", "t"); err != nil {
+			t.Errorf("s/app/s %.60s: the other stack: %v", head, err)
+		}
 	}
 }

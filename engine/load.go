@@ -198,6 +198,11 @@ func withHolders(key string, head []byte, keyed keyedHolders) (cachedRecord, err
 	if err != nil {
 		return cachedRecord{}, err
 	}
+	if cockpit, stack := splitStackKey(key); r.Format != recordFormat || r.Kind != recordKind || r.Cockpit != cockpit || r.Stack != stack {
+		// Not this stack's record (a shared store's values are anyone's input: {} decodes):
+		// served, it would show a stack of no name, or another's, with no lease.
+		return cachedRecord{}, fmt.Errorf("decode %s: %w", key, malformedValue{fmt.Errorf("it holds the %q/%q record of %q/%q", r.Format, r.Kind, r.Cockpit, r.Stack)})
+	}
 	if keyed.err != nil {
 		return cachedRecord{}, keyed.err
 	}
