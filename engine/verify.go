@@ -155,10 +155,13 @@ func Verify(db storage.Store) ([]string, int, error) {
 				bad(key, "counts %d stacks, the store holds %d", m.Stacks, stacks[m.Name])
 			}
 			var n int
-			if _, err := getJSON(tx, leaseCountKey(m.Name), &n); err != nil {
+			if _, err := getJSON(tx, leaseCountKey(m.Name), &n); isMalformed(err) {
+				// A violation like any other: the rest is checked and reported too.
+				bad(leaseCountKey(m.Name), "%v", err)
+				n = leases[m.Name]
+			} else if err != nil {
 				return err
-			}
-			if n != leases[m.Name] {
+			} else if n != leases[m.Name] {
 				bad(leaseCountKey(m.Name), "counts %d active leases, the store holds %d", n, leases[m.Name])
 			}
 			ports, known, err := leasedPorts(tx, m.Name)

@@ -95,6 +95,17 @@ func TestVerifyNamesEachCorruption(t *testing.T) {
 		{"a wrong lease count", "n/app", "counts 2 active leases, the store holds 1", func(tx storage.Txn) error {
 			return setJSON(tx, leaseCountKey("app"), 2)
 		}},
+		{"a lease count that is not a number", "n/app", "decode n/app", func(tx storage.Txn) error {
+			return tx.Set(leaseCountKey("app"), []byte("garbage")) // used to end verify, naming nothing else
+		}},
+		{"a cockpit naming another", "c/web", `names cockpit "app"`, func(tx storage.Txn) error {
+			var m cockpitMeta
+			if _, err := getJSON(tx, cockpitKey("web"), &m); err != nil {
+				return err
+			}
+			m.Name = "app"
+			return setJSON(tx, cockpitKey("web"), m)
+		}},
 		{"a wrong cockpit count", uidCockpitsKey(uint32(os.Getuid())), "counts 5, the store holds 2 counted cockpits made by that uid", func(tx storage.Txn) error {
 			return setJSON(tx, uidCockpitsKey(uint32(os.Getuid())), 5)
 		}},
