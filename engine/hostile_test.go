@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -184,4 +185,79 @@ func TestRecordOfAnotherStackIsDamage(t *testing.T) {
 			t.Errorf("s/app/s %.60s: the other stack: %v", head, err)
 		}
 	}
+}
+
+// TestStatusShowsDamageBesideEverythingElse: one stack's record or one cockpit's value that does
+// not decode failed status and status.json for every user of every machine on the prefix. Each
+// is now a row that says it is damaged, and every other row is shown; once the value is whole
+// again, so is its row.
+func TestStatusShowsDamageBesideEverythingElse(t *testing.T) {
+	e, put := hostileEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s", "t")
+	newCockpit(t, e, "other", "[ports]\nstep = 10\ncount = 5\n[ports.bases]\nWEB = 19000\n", "o")
+	for _, c := range []struct{ cockpit, stack string }{{"app", "s"}, {"app", "t"}, {"other", "o"}} {
+		if err := e.Claim(ctx, me("create", "h"), c.cockpit, c.stack, "h", untracked("h")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func() (table, js string) {
+		t.Helper()
+		tb, _, err := e.StatusFile(StatusTable)
+		if err != nil {
+			t.Fatalf("status: %v", err)
+		}
+		j, _, err := e.StatusFile(StatusJSON)
+		if err != nil {
+			t.Fatalf("status.json: %v", err)
+		}
+		return string(tb), string(j)
+	}
+	whole, _ := status()
+	var kept []byte
+	if err := e.db.View(func(tx storage.Txn) (err error) { kept, err = tx.Get(stackKey("app", "t")); return err }); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"garbage", `{}`, string(kept[:len(kept)/2])} {
+		put(stackKey("app", "t"), bad)
+		waitStatus(t, e, func(table string) bool { return strings.Contains(table, "damaged") })
+		table, js := status()
+		for _, want := range []string{"app      s  ", "app      t      -    -", "damaged", "other    o  "} {
+			if !strings.Contains(table, want) {
+				t.Fatalf("s/app/t %q: status lacks %q:\n%s", bad, want, table)
+			}
+		}
+		if !strings.Contains(js, `"name": "t",`) || !strings.Contains(js, `"damaged": "decode `) || !strings.Contains(js, `"name": "o",`) {
+			t.Fatalf("s/app/t %q: status.json:\n%s", bad, js)
+		}
+	}
+	put(stackKey("app", "t"), string(kept))
+	waitStatus(t, e, func(table string) bool { return !strings.Contains(table, "damaged") })
+	if table, _ := status(); table != whole {
+		t.Fatalf("whole again, status:\n%s\nwas:\n%s", table, whole)
+	}
+
+	put(cockpitKey("app"), "garbage")
+	waitStatus(t, e, func(table string) bool { return strings.Contains(table, "damaged") })
+	table, js := status()
+	if !regexp.MustCompile(`(?m)^app +- +- +- +- +damaged +- +- +- +-$`).MatchString(table) || strings.Contains(table, "app      s") || !strings.Contains(table, "other    o  ") {
+		t.Fatalf("c/app garbage: status:\n%s", table)
+	}
+	if !strings.Contains(js, `"damaged": "decode `) || !strings.Contains(js, `"name": "o",`) {
+		t.Fatalf("c/app garbage: status.json:\n%s", js)
+	}
+}
+
+// waitStatus waits for the engine's status table to satisfy ok: a value put behind the engine's
+// back reaches it through the store's watch.
+func waitStatus(t *testing.T, e *Engine, ok func(table string) bool) {
+	t.Helper()
+	var table []byte
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var err error
+		if table, _, err = e.StatusFile(StatusTable); err == nil && ok(string(table)) {
+			return
+		}
+	}
+	t.Fatalf("status never as wanted:\n%s", table)
 }

@@ -27,6 +27,8 @@ type cockpitStatus struct {
 	Name   string        `json:"name"`
 	UID    uint32        `json:"uid"`
 	Stacks []stackStatus `json:"stacks"`
+	// Damaged is why the cockpit's value cannot be read, when it cannot (no stack is shown).
+	Damaged string `json:"damaged,omitempty"`
 }
 
 // stackStatus is one stack: its revision, active lease, holders and drain.
@@ -39,6 +41,9 @@ type stackStatus struct {
 	// Proxied are the stack's web entrypoints' URLs through the daemon's proxy, by entrypoint
 	// name, while it holds a lease and the daemon serves a proxy.
 	Proxied map[string]string `json:"proxied,omitempty"`
+	// Damaged is why the stack's record cannot be read, when it cannot: the row shows nothing
+	// else of it, and every other row is shown (a shared store's values are anyone's input).
+	Damaged string `json:"damaged,omitempty"`
 	cells   stackCells
 	text    *stackText // its JSON, shared by the copies of one row (nil: encoded every time)
 }
@@ -170,10 +175,18 @@ func (st machineStatus) Table() []byte {
 	}
 	for _, c := range st.Cockpits {
 		if len(c.Stacks) == 0 {
-			row(&stackStatus{cells: stackCells{proxied: "-"}}, c.Name, "-", "-", "-", "-", "-", "-", "-", "-", "-")
+			state := "-"
+			if c.Damaged != "" {
+				state = "damaged"
+			}
+			row(&stackStatus{cells: stackCells{proxied: "-"}}, c.Name, "-", "-", "-", "-", state, "-", "-", "-", "-")
 		}
 		for i := range c.Stacks {
 			s := &c.Stacks[i]
+			if s.Damaged != "" {
+				row(s, c.Name, s.Name, "-", "-", "-", "damaged", "-", "-", "-", "-")
+				continue
+			}
 			if len(s.Holders) == 0 {
 				row(s, c.Name, s.Name, s.cells.revision, s.cells.ports, "-", "-", "-", "-", "-", s.cells.drain)
 			}
@@ -270,7 +283,15 @@ func (st machineStatus) JSON() ([]byte, error) {
 		if len(c.Stacks) > 0 {
 			b = append(b, "\n      "...)
 		}
-		b = append(b, "]\n    }"...)
+		b = append(b, ']')
+		if c.Damaged != "" {
+			why, err := json.Marshal(c.Damaged)
+			if err != nil {
+				return nil, err
+			}
+			b = append(append(b, ",\n      \"damaged\": "...), PrintableJSON(why)...)
+		}
+		b = append(b, "\n    }"...)
 	}
 	if len(st.Cockpits) > 0 {
 		b = append(b, "\n  "...)

@@ -73,17 +73,19 @@ type statusKeeper struct {
 	rendered [statusFormats][]byte
 }
 
-// keptCockpit is a cockpit's metadata and its stacks' rows, by stack key.
+// keptCockpit is a cockpit's metadata and its stacks' rows, by stack key; or, when its value
+// cannot be read, why (damaged), and no rows.
 type keptCockpit struct {
-	meta cockpitMeta
-	rows map[string]keptRow
+	meta    cockpitMeta
+	rows    map[string]keptRow
+	damaged string
 }
 
 // keptRow is one stack's row: its holders' state is "" where a pid is to be observed.
 type keptRow struct {
 	status    stackStatus
 	updatedAt string
-	err       error // why the record cannot be read: the status cannot be shown
+	err       error // why the store cannot be read: the status cannot be shown
 }
 
 // holderProbe is a holder of st whose process each read observes.
@@ -147,20 +149,23 @@ func (k *statusKeeper) current(e *Engine) (*machineStatus, error) {
 // load reads every cockpit and stack.
 func (k *statusKeeper) load(e *Engine, tx storage.Txn, proxy *proxyBase) error {
 	k.cockpits, k.st, k.proxy, k.patched = map[string]*keptCockpit{}, nil, proxy, map[string]keptRow{}
-	var metas []cockpitMeta
+	var kept []*keptCockpit
 	if err := tx.Scan(cockpitsPrefix, func(key string, raw []byte) error {
-		m, err := e.cockpits.decode(key, raw)
-		metas = append(metas, m)
+		kc, err := decodeKept(e, key, raw)
+		if kc != nil {
+			kept = append(kept, kc)
+		}
 		return err
 	}); err != nil {
 		return err
 	}
-	for _, m := range metas {
-		kc := &keptCockpit{meta: m}
-		if err := k.loadRows(e, tx, kc); err != nil {
-			return err
+	for _, kc := range kept {
+		if kc.damaged == "" {
+			if err := k.loadRows(e, tx, kc); err != nil {
+				return err
+			}
 		}
-		k.cockpits[m.Name] = kc
+		k.cockpits[kc.meta.Name] = kc
 	}
 	k.loaded = true
 	return nil
@@ -182,7 +187,7 @@ func (k *statusKeeper) loadRows(e *Engine, tx storage.Txn, kc *keptCockpit) erro
 	kc.rows = make(map[string]keptRow, len(heads))
 	info := k.info(kc.meta)
 	for key := range heads {
-		kc.rows[key] = e.keptRow(records[key], failed[key], info)
+		kc.rows[key] = e.keptRow(key, records[key], failed[key], info)
 	}
 	return nil
 }
@@ -193,7 +198,27 @@ func (k *statusKeeper) info(m cockpitMeta) CockpitInfo {
 	return info
 }
 
-func (e *Engine) keptRow(r cachedRecord, err error, info CockpitInfo) keptRow {
+// decodeKept is the cockpit of key as status keeps it: a value that does not decode (a shared
+// store's values are anyone's input) is a damaged cockpit, shown as such beside every other; nil
+// for a key no cockpit may have, which verify names.
+func decodeKept(e *Engine, key string, raw []byte) (*keptCockpit, error) {
+	name := key[len(cockpitsPrefix):]
+	if !ValidCockpitName(name) {
+		return nil, nil
+	}
+	m, err := e.cockpits.decode(key, raw)
+	if isMalformed(err) {
+		return &keptCockpit{meta: cockpitMeta{Name: name}, damaged: err.Error()}, nil
+	}
+	return &keptCockpit{meta: m}, err
+}
+
+// keptRow is the row of the stack of key: a record that does not decode is a damaged row.
+func (e *Engine) keptRow(key string, r cachedRecord, err error, info CockpitInfo) keptRow {
+	if isMalformed(err) {
+		_, stack := splitStackKey(key)
+		return keptRow{status: stackStatus{Name: stack, Holders: []holderStatus{}, Damaged: err.Error()}.withCells()}
+	}
 	if err != nil {
 		return keptRow{err: err}
 	}
@@ -225,12 +250,22 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 		if err != nil {
 			return err
 		}
-		m, err := e.cockpits.decode(key, raw)
-		if err != nil {
+		fresh, err := decodeKept(e, key, raw)
+		if err != nil || fresh == nil {
 			return err
 		}
-		kc := k.cockpits[name]
+		m, kc := fresh.meta, k.cockpits[name]
 		switch {
+		case fresh.damaged != "" || kc != nil && kc.damaged != "":
+			// Damaged, or damaged no more: shown anew either way.
+			if fresh.damaged == "" {
+				if err := k.loadRows(e, tx, fresh); err != nil {
+					return err
+				}
+			}
+			k.cockpits[name], reread[name] = fresh, true
+			k.changed()
+			continue
 		case kc == nil || kc.meta.Config != m.Config:
 			// New, or its declaration changed: every row is derived again (its proxied URLs).
 			kc = &keptCockpit{meta: m}
@@ -250,8 +285,8 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 		}
 		cockpit, _ := splitStackKey(key)
 		kc := k.cockpits[cockpit]
-		if kc == nil || reread[cockpit] {
-			continue
+		if kc == nil || reread[cockpit] || kc.damaged != "" {
+			continue // a damaged cockpit shows no stack
 		}
 		raw, err := tx.Get(key)
 		old, had := kc.rows[key]
@@ -268,9 +303,9 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 			if err != nil && !isMalformed(err) {
 				return err
 			}
-			row := e.keptRow(r, err, k.info(kc.meta))
+			row := e.keptRow(key, r, err, k.info(kc.meta))
 			kc.rows[key] = row
-			if !had || row.err != nil || old.err != nil || row.updatedAt < old.updatedAt {
+			if !had || row.err != nil || old.err != nil || row.status.Damaged != "" || old.status.Damaged != "" || row.updatedAt < old.updatedAt {
 				k.changed() // a row added, or an order or latest change a patch would not keep
 			} else {
 				k.patched[key] = row
@@ -328,7 +363,7 @@ func (k *statusKeeper) assemble() error {
 	for _, name := range sortedKeys(k.cockpits) {
 		kc := k.cockpits[name]
 		st.UpdatedAt = later(st.UpdatedAt, kc.meta.UpdatedAt)
-		c := cockpitStatus{Name: name, UID: kc.meta.UID, Stacks: make([]stackStatus, 0, len(kc.rows))}
+		c := cockpitStatus{Name: name, UID: kc.meta.UID, Stacks: make([]stackStatus, 0, len(kc.rows)), Damaged: kc.damaged}
 		for _, key := range sortedKeys(kc.rows) {
 			row := kc.rows[key]
 			if row.err != nil {
