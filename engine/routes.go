@@ -346,7 +346,8 @@ func (e *Engine) isTheirs(rt Route, uid uint32, is func(CockpitInfo, Record, uin
 }
 
 // ProxiedEntrypoint is one web entrypoint of a stack with a lease: what the proxy's index lists.
-type ProxiedEntrypoint struct{ Cockpit, Stack, Entrypoint string }
+// Path is its URL's path, as the stack's proxied URL in status ends.
+type ProxiedEntrypoint struct{ Cockpit, Stack, Entrypoint, Path string }
 
 // ProxiedEntrypoints lists the http and https entrypoints of every stack with a lease, by cockpit
 // and stack.
@@ -370,8 +371,8 @@ func (e *Engine) ProxiedEntrypoints() ([]ProxiedEntrypoint, error) {
 				continue // removed since the listing
 			}
 			for _, ep := range r.Entrypoints(c.Entrypoints) {
-				if strings.HasPrefix(ep.URL, "http://") || strings.HasPrefix(ep.URL, "https://") {
-					out = append(out, ProxiedEntrypoint{c.Name, s, ep.Name})
+				if u, err := url.Parse(ep.URL); err == nil && (u.Scheme == "http" || u.Scheme == "https") {
+					out = append(out, ProxiedEntrypoint{c.Name, s, ep.Name, cmp.Or(u.EscapedPath(), "/")})
 				}
 			}
 		}

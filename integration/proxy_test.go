@@ -292,6 +292,10 @@ mkdir $M/app/stacks/s && touch $M/app/stacks/s/holders/me`)
 	if st := m.read("status.json"); !strings.Contains(st, `"proxied"`) {
 		t.Fatalf("status.json:\n%s", st)
 	}
+	// The proxy's index links each entrypoint as status shows it, its path included.
+	if body, _ := m.curl(fmt.Sprintf("http://localhost:%d/", proxyPort)); !strings.Contains(body, `"url":"`+want+`"`) {
+		t.Fatalf("index: %s", body)
+	}
 
 	// proxied on a non-web scheme is refused at the write, the config unchanged.
 	before := m.read("app/config")

@@ -299,7 +299,7 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 	}
 	var links []link
 	for _, e := range routes {
-		links = append(links, link{e.Stack, e.Cockpit, e.Entrypoint, scheme + "://" + engine.ProxyHost(e.Cockpit, e.Stack, e.Entrypoint) + port + "/"})
+		links = append(links, link{e.Stack, e.Cockpit, e.Entrypoint, scheme + "://" + engine.ProxyHost(e.Cockpit, e.Stack, e.Entrypoint) + port + e.Path})
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	if !wantsHTML(r) {
