@@ -108,7 +108,7 @@ type checkouts struct {
 // looker looks at one uid's paths for every survey.
 type looker struct {
 	// turn is held by the look in progress: the uid's other looks wait for it, which ends within
-	// checkoutWait and reapWait.
+	// its probe's start bound (when it starts one), checkoutWait and reapWait.
 	turn  chan struct{}
 	probe *probe.Prober // the turn's
 	// Under the executor's lookersMu:

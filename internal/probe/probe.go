@@ -6,6 +6,7 @@ package probe
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -71,9 +72,12 @@ func Serve(in io.Reader, out io.Writer) int {
 // one. Timeout counts from the path's sending to a child that said it is ready: starting one (an
 // exec of the daemon's binary, a race-built one's runtime) took seconds on a loaded machine, and
 // counted against the path, a checkout that exists was found not to answer, and not looked at
-// again for a minute. Not for concurrent use.
+// again for a minute. The start has a bound of its own, StartTimeout (default 5 s), past which
+// the path did not answer either: a child runs as the user it looks for, who may stop it before
+// it is ready, and must not hold the looks of others for longer. Not for concurrent use.
 type Prober struct {
-	Timeout time.Duration
+	Timeout      time.Duration
+	StartTimeout time.Duration
 	// As, when set, is who the child runs as, so that a path is looked at with its user's rights
 	// and not the caller's. Such a child is that user's to signal, trace and read (/proc): it gets
 	// no environment but its mark, and its answers are text the user may have chosen (one short
@@ -85,7 +89,7 @@ type Prober struct {
 }
 
 // Lstat says whether path exists, as os.Lstat would: nil, an error that is fs.ErrNotExist, the
-// errno's error, or a *NoAnswerError.
+// errno's error, or a *NoAnswerError (the path, or the child's start, took too long).
 func (p *Prober) Lstat(path string) error {
 	if strings.IndexByte(path, 0) >= 0 {
 		return errors.New("a path holds no NUL byte")
@@ -153,7 +157,8 @@ func (p *Prober) start() error {
 		}
 	}()
 	p.cmd, p.in, p.answers = cmd, in, answers
-	timer := time.NewTimer(startWait)
+	wait := cmp.Or(p.StartTimeout, startWait)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case ready, ok := <-answers:
@@ -163,14 +168,13 @@ func (p *Prober) start() error {
 		p.Close()
 		return errors.New("probe: the child did not start")
 	case <-timer.C:
-		p.Close()
-		return fmt.Errorf("probe: the child did not start in %v", startWait)
+		return &NoAnswerError{Timeout: wait, Reaped: p.Close()}
 	}
 }
 
-// startWait bounds a child's start, which looks at no path: only a machine out of memory or
-// processes takes that long.
-const startWait = time.Minute
+// startWait is StartTimeout's default: a race-built child started in 0.2–0.4 s on the 2-CPU VM
+// at a load of 9.
+const startWait = 5 * time.Second
 
 // Close ends the child: killed, since it may be waiting on a path, and reaped apart, so nothing
 // here waits on it; the channel is closed once it is.

@@ -74,3 +74,21 @@ func TestLstatTimeoutExcludesTheChildsStart(t *testing.T) {
 		t.Fatalf("an existing directory, through a child that took 1.5s to start: %v", err)
 	}
 }
+
+// A child that is not ready within StartTimeout (its user stopped it, say) is a path that did not
+// answer: killed and reaped, and the look ends then.
+func TestStartTimeoutIsNoAnswer(t *testing.T) {
+	t.Setenv(slowStartEnv, "1h")
+	p := &Prober{Timeout: 500 * time.Millisecond, StartTimeout: 300 * time.Millisecond}
+	defer p.Close()
+	err := p.Lstat(t.TempDir())
+	var na *NoAnswerError
+	if !errors.As(err, &na) {
+		t.Fatalf("a child never ready: %v, want a NoAnswerError", err)
+	}
+	select {
+	case <-na.Reaped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the child that never got ready was not ended")
+	}
+}
