@@ -37,8 +37,11 @@ type scratch struct {
 	mode  uint32
 	data  []byte
 	mtime time.Time
-	// promoted: renamed onto config. The kernel may still hold config's name for this node;
-	// an open of it answers ESTALE, so the kernel looks config up again.
+	// promoted: renamed onto config. The kernel may still hold config's name for this node; an
+	// open, stat or change of it by name answers ESTALE, so the kernel looks config up again and
+	// the name shows config's inode and times from the rename on (an editor compares a file's
+	// mtime at its write with the one at its read: vim found config changed under it, and
+	// vim -es wrote nothing and exited 0). A descriptor still open on it sees its own.
 	promoted bool
 }
 
@@ -184,11 +187,14 @@ func (n *scratchFile) Write(ctx context.Context, _ gofs.FileHandle, data []byte,
 	return uint32(len(data)), 0
 }
 
-func (n *scratchFile) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
+func (n *scratchFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer n.fsys.guard("getattr", n.path, "", &errno)
 	out.Gid = n.fsys.gid
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
+	if n.s.promoted && fh == nil {
+		return syscall.ESTALE
+	}
 	out.Mode = syscall.S_IFREG | n.s.mode
 	out.Nlink = 1
 	out.Size = uint64(len(n.s.data))
@@ -198,9 +204,13 @@ func (n *scratchFile) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.
 }
 
 // Setattr changes what a plain file would: size, mode, times; its owner stays its creator.
-func (n *scratchFile) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+func (n *scratchFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	defer n.fsys.guard("setattr", n.path, "", &errno)
 	n.s.mu.Lock()
+	if n.s.promoted && fh == nil {
+		n.s.mu.Unlock()
+		return syscall.ESTALE
+	}
 	if !n.s.mine(ctx) {
 		n.s.mu.Unlock()
 		return syscall.EACCES
@@ -225,7 +235,7 @@ func (n *scratchFile) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.S
 		n.s.mtime = t
 	}
 	n.s.mu.Unlock()
-	return n.Getattr(ctx, nil, out)
+	return n.Getattr(ctx, fh, out)
 }
 
 func (n *scratchFile) Fsync(context.Context, gofs.FileHandle, uint32) syscall.Errno { return 0 }

@@ -471,6 +471,50 @@ with open(sys.argv[1], "w", buffering=1) as f:
 	}
 }
 
+// An edit right after a replacement by rename (os.replace, mv, sed -i) applies too: the name
+// shows config's inode and mtime from the rename on. It showed the renamed file's until config
+// was opened, so vim, which compares the mtime at its write with the one at its read, found
+// config changed under it, and vim -es wrote nothing and exited 0.
+func TestToolsEditRightAfterAReplace(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "vim", "python3")
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	claimsConfig(m, "app", toolsConfig(26750))
+	port := 26750
+	for _, tc := range []struct{ name, script string }{
+		{"os.replace", `python3 -c 'import os, sys, tempfile
+cfg = sys.argv[1] + "/config"
+fd, tmp = tempfile.mkstemp(dir=sys.argv[1], prefix=".config.")
+os.write(fd, open(cfg).read().replace("FROM", "MID").encode())
+os.close(fd)
+os.replace(tmp, cfg)' $M/app`},
+		{"mv", "sed s/FROM/MID/ $M/app/config > $M/app/new.toml && mv $M/app/new.toml $M/app/config"},
+		{"sed -i", "sed -i s/FROM/MID/ $M/app/config"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			replace := func(from, to int) string {
+				return strings.NewReplacer("FROM", fmt.Sprint(from), "MID", fmt.Sprint(to)).Replace(tc.script)
+			}
+			n := claimsEventCount(m, "app/events")
+			m.ok(replace(port, port+1) + fmt.Sprintf(" && vim -es -i NONE -c '%%s/%d/%d/' -c wq $M/app/config", port+1, port+2))
+			if got, want := m.read("app/config"), toolsConfig(port+2); got != want {
+				t.Fatalf("config = %q after vim's edit right after the replacement, want %q", got, want)
+			}
+			lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
+			if len(lines) != 2 || !strings.Contains(lines[0], `"result":"ok"`) || !strings.Contains(lines[1], `"result":"ok"`) {
+				t.Fatalf("want both documents applied, events:\n%s", strings.Join(lines, "\n"))
+			}
+			// By name, right after a rename and after an open of config: one inode, one mtime.
+			out := m.ok(replace(port+2, port+3) + ` && stat -c '%i %y' $M/app/config && cat $M/app/config >/dev/null && stat -c '%i %y' $M/app/config`)
+			if stats := strings.Split(strings.TrimSpace(out), "\n"); len(stats) != 2 || stats[0] != stats[1] {
+				t.Errorf("config by name, right after the rename and after an open: %q", stats)
+			}
+			port += 3
+		})
+	}
+}
+
 // editApplied runs an edit of app/config (script, its FROM and TO the ports from and to) and
 // checks it ends with config the document of port to, applied once: one ok events line.
 func editApplied(t *testing.T, m *mount, script string, from, to int) {
