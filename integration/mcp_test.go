@@ -111,11 +111,16 @@ func text(res *mcp.CallToolResult) string {
 	return b.String()
 }
 
-// TestMCPNotServed: with no daemon serving the mount (a bare directory, then a killed daemon's
-// dead mount) every tool says so, with the command that starts one, and writes nothing.
-// In process, over the Go SDK's in-memory transports.
+// TestMCPNotServed: with no daemon serving the mount (a bare directory, a killed daemon's dead
+// mount, a stopped daemon's mountpoint) every tool says so, with the command that starts one
+// (naming the NOT-MOUNTED note when there is one: the daemon's --data is needed too), and writes
+// nothing. In process, over the Go SDK's in-memory transports.
 func TestMCPNotServed(t *testing.T) {
-	check := func(t *testing.T, mnt string) {
+	check := func(t *testing.T, mnt string, note bool) {
+		fix := "start one: cockpitfs mount --daemon " + mnt
+		if note {
+			fix += ", with the --data and flags of the daemon that served it (" + mnt + "/NOT-MOUNTED names them)"
+		}
 		srv, err := agent.New(agent.Options{Mount: mnt, Dir: t.TempDir(), Cockpit: "app", Holder: "agent"})
 		if err != nil {
 			t.Fatal(err)
@@ -136,14 +141,14 @@ func TestMCPNotServed(t *testing.T) {
 			"wait": {"timeout_seconds": 1}, "drain": {"action": "sleep"},
 		} {
 			r := refusedCall(t, cs, tool, args)
-			if r.Code != "NOT_MOUNTED" || !strings.Contains(r.Message, "no cockpitfs daemon serves "+mnt) || r.Fix != "start one: cockpitfs mount --daemon "+mnt {
+			if r.Code != "NOT_MOUNTED" || !strings.Contains(r.Message, "no cockpitfs daemon serves "+mnt) || r.Fix != fix {
 				t.Errorf("%s: %+v", tool, r)
 			}
 		}
 	}
 	t.Run("bare directory", func(t *testing.T) {
 		mnt := t.TempDir()
-		check(t, mnt)
+		check(t, mnt, false)
 		if entries, _ := os.ReadDir(mnt); len(entries) != 0 {
 			t.Errorf("the bare directory holds %v", entries)
 		}
@@ -152,7 +157,13 @@ func TestMCPNotServed(t *testing.T) {
 		m := newMount(t)
 		m.setupApp(2, map[string]int{"HTTP": 49010})
 		m.Kill()
-		check(t, m.Dir)
+		check(t, m.Dir, false)
+	})
+	t.Run("stopped daemon", func(t *testing.T) {
+		m := newMount(t)
+		m.setupApp(2, map[string]int{"HTTP": 49020})
+		m.Stop()
+		check(t, m.Dir, true)
 	})
 }
 
