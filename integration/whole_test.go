@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -474,5 +475,32 @@ func TestBackupsOrderedByWhatTheyHold(t *testing.T) {
 	}
 	if names, _ := filepath.Glob(filepath.Join(backups, "*.backup")); len(names) != 4 {
 		t.Fatalf("backups after the rotation: %v", names)
+	}
+}
+
+// A restore run on a clean store drops what was committed since its backup, names it, and says
+// how to undo it: backing up the store it kept aside and restoring that brings it all back.
+func TestRestoreOfACleanStoreSaysHowToUndoIt(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.setupApp(4, map[string]int{"HTTP": 39560}, "s1")
+	m.Stop()
+	m.start() // its backup holds s1
+	m.ok("mkdir $M/app/stacks/s2")
+	m.Stop()
+	r := cockpitfs(t, "restore", "--data", m.Data)
+	undo := regexp.MustCompile(`(?m)^to undo it: (cockpitfs backup --data \S+ FILE && cockpitfs restore --data \S+ FILE)$`).FindStringSubmatch(r.out)
+	if r.code != 0 || !strings.Contains(r.out, "s2") || undo == nil {
+		t.Fatalf("restore of a clean store: exit %d, want s2 named lost and how to undo it:\n%s", r.code, r.out)
+	}
+	file := filepath.Join(t.TempDir(), "undo.backup")
+	sh := exec.Command("bash", "-c", strings.ReplaceAll(undo[1], "FILE", file))
+	sh.Env = append(os.Environ(), "PATH="+filepath.Dir(binary)+":"+os.Getenv("PATH"))
+	if out, err := sh.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", undo[1], err, out)
+	}
+	m.start()
+	if got := m.ok("ls $M/app/stacks"); got != "s1\ns2\n" {
+		t.Fatalf("after the undo, stacks %q", got)
 	}
 }

@@ -70,7 +70,7 @@ func restoreCommand(args []string) error {
 			return heldHint(err)
 		}
 		fmt.Printf("finished the restore of %s that was stopped before it ended\n", report.Backup)
-		return printRestore(report)
+		return printRestore(report, *data)
 	}
 	var path string
 	if len(positional) == 1 {
@@ -87,11 +87,12 @@ func restoreCommand(args []string) error {
 	if err != nil {
 		return heldHint(err)
 	}
-	return printRestore(report)
+	return printRestore(report, *data)
 }
 
-// printRestore says what a restore did and what is lost.
-func printRestore(report *kv.RestoreReport) error {
+// printRestore says what a restore of data did, what is lost, and how to undo it when anything
+// is: restore asks nothing, and run on a clean store it drops what was committed since the backup.
+func printRestore(report *kv.RestoreReport, data string) error {
 	fmt.Printf("restored %s from %s (taken %s)\n", plural(report.Restored, "record"), report.Backup, report.Taken.Format(time.RFC3339))
 	fmt.Printf("the replaced store is kept, unchanged, in %s\n", report.MovedTo)
 	for _, f := range report.Unreadable {
@@ -108,6 +109,7 @@ func printRestore(report *kv.RestoreReport) error {
 		for _, l := range report.Lost {
 			fmt.Println("  " + l)
 		}
+		fmt.Printf("to undo it: cockpitfs backup --data %s FILE && cockpitfs restore --data %s FILE\n", shellQuote(report.MovedTo), shellQuote(data))
 	}
 	return nil
 }
