@@ -47,14 +47,11 @@ func (s *Server) served() error {
 }
 
 func (s *Server) notServed() error {
-	fix := "start one: cockpitfs mount --daemon " + shellQuote(s.mount)
-	// Without its --data (and --allow-other, --store …) that command starts a daemon on another
-	// store than the one that served here: an empty namespace. The note a daemon leaves beneath
-	// its mount names them.
-	if note, err := os.Lstat(filepath.Join(s.mount, "NOT-MOUNTED")); err == nil && note.Mode().IsRegular() {
-		fix += fmt.Sprintf(", with the --data and flags of the daemon that served it (%s names them)", filepath.Join(s.mount, "NOT-MOUNTED"))
+	return &toolError{
+		Code:    "NOT_MOUNTED",
+		Message: fmt.Sprintf("no cockpitfs daemon serves %s", s.mount),
+		Fix:     "start one: cockpitfs mount --daemon " + shellQuote(s.mount) + mountinfo.RestartNeedsNote(s.mount),
 	}
-	return &toolError{Code: "NOT_MOUNTED", Message: fmt.Sprintf("no cockpitfs daemon serves %s", s.mount), Fix: fix}
 }
 
 // mountErr turns err from an operation on path below the mount into the tool's error: a dead

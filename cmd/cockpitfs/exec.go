@@ -18,6 +18,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
 	"github.com/cockpitfs/cockpitfs/internal/fusefile"
+	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
 )
 
 // execCommand holds a stack for a command's lifetime (docs/spec.md §4, "Holding a stack for a
@@ -55,7 +56,7 @@ func execCommand(args []string) error {
 		// MOUNTPOINT/COCKPIT/stacks/STACK on a mountpoint no daemon serves, or whose daemon is
 		// gone (ENOTCONN): say that.
 		mnt := filepath.Dir(filepath.Dir(filepath.Dir(stack)))
-		if note, nerr := os.Lstat(filepath.Join(mnt, notMountedNote)); errors.Is(err, syscall.ENOTCONN) || nerr == nil && note.Mode().IsRegular() {
+		if note, nerr := os.Lstat(filepath.Join(mnt, mountinfo.NotMountedNote)); errors.Is(err, syscall.ENOTCONN) || nerr == nil && note.Mode().IsRegular() {
 			return notServed(mnt)
 		}
 		// A stack not made yet in a cockpit that exists (a fresh worktree's): exec makes none.

@@ -12,11 +12,9 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-)
 
-// notMountedNote is the file a daemon leaves in its mountpoint, seen only while no daemon serves
-// there, saying why the directory refuses writes.
-const notMountedNote = "NOT-MOUNTED"
+	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
+)
 
 const notMountedText = `No cockpitfs daemon is serving this directory. It is kept read-only while none
 does, so that nothing is written here by mistake and hidden by the next mount.
@@ -99,7 +97,7 @@ func checkEmpty(dir *os.File, mnt string, nonempty bool) error {
 	}
 	var there []string
 	for _, n := range names {
-		if n != notMountedNote {
+		if n != mountinfo.NotMountedNote {
 			there = append(there, n)
 		}
 	}
@@ -127,7 +125,7 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 	var mode os.FileMode
 	undo = func() {
 		if noteMade {
-			os.Remove(filepath.Join(mnt, notMountedNote))
+			os.Remove(filepath.Join(mnt, mountinfo.NotMountedNote))
 		}
 		if made == "" {
 			if modeChanged {
@@ -176,12 +174,12 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 	}
 	mode, modeChanged = st.Mode().Perm(), true
 	// Written again when it differs: the daemon may have been started with other flags.
-	note := filepath.Join(mnt, notMountedNote)
+	note := filepath.Join(mnt, mountinfo.NotMountedNote)
 	q := shellQuote(mnt)
 	text := fmt.Sprintf(notMountedText, restart, q, q)
 	had, readErr := readNote(dir)
 	if readErr != nil || string(had) != text {
-		unix.Unlinkat(int(dir.Fd()), notMountedNote, 0)
+		unix.Unlinkat(int(dir.Fd()), mountinfo.NotMountedNote, 0)
 		if err := writeNote(dir, text); err != nil {
 			log.Printf("leaving %s: %v", note, err)
 		}
@@ -192,13 +190,7 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 
 // notServed is what a command that works through the mount says of a mountpoint no daemon serves.
 func notServed(mnt string) error {
-	// Without its --data (and --allow-other, --store …) that command starts a daemon on another
-	// store than the one that served here: an empty namespace. The note names them.
-	also := ""
-	if note, err := os.Lstat(filepath.Join(mnt, notMountedNote)); err == nil && note.Mode().IsRegular() {
-		also = fmt.Sprintf(", with the --data and flags of the daemon that served it (%s names them)", filepath.Join(mnt, notMountedNote))
-	}
-	return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s%s", mnt, shellQuote(mnt), also)
+	return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s%s", mnt, shellQuote(mnt), mountinfo.RestartNeedsNote(mnt))
 }
 
 // chmodDir sets the mode of the directory at path, failing on anything else there.
@@ -221,14 +213,14 @@ func chmodDir(path string, mode uint32) error {
 // readNote reads the note as it is, when it is a regular file: a FIFO or a device would hold the
 // mount up.
 func readNote(dir *os.File) ([]byte, error) {
-	fd, err := unix.Openat(int(dir.Fd()), notMountedNote, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(int(dir.Fd()), mountinfo.NotMountedNote, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: notMountedNote, Err: err}
+		return nil, &fs.PathError{Op: "open", Path: mountinfo.NotMountedNote, Err: err}
 	}
-	f := os.NewFile(uintptr(fd), notMountedNote)
+	f := os.NewFile(uintptr(fd), mountinfo.NotMountedNote)
 	defer f.Close()
 	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", notMountedNote)
+		return nil, fmt.Errorf("%s is not a regular file", mountinfo.NotMountedNote)
 	}
 	return io.ReadAll(io.LimitReader(f, 1<<16))
 }
@@ -236,11 +228,11 @@ func readNote(dir *os.File) ([]byte, error) {
 // writeNote makes the note anew (O_EXCL: whatever took its name since the unlink stays as it is)
 // with mode 0444 whatever the umask: everyone reads it.
 func writeNote(dir *os.File, text string) error {
-	fd, err := unix.Openat(int(dir.Fd()), notMountedNote, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+	fd, err := unix.Openat(int(dir.Fd()), mountinfo.NotMountedNote, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
 	if err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(fd), notMountedNote)
+	f := os.NewFile(uintptr(fd), mountinfo.NotMountedNote)
 	if _, err := f.WriteString(text); err != nil {
 		f.Close()
 		return err

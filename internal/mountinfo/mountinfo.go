@@ -4,6 +4,7 @@ package mountinfo
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,4 +56,20 @@ func unescape(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// NotMountedNote is the file a daemon leaves in its mountpoint, seen only while no daemon serves
+// there, saying why the directory refuses writes and which command starts that daemon again.
+const NotMountedNote = "NOT-MOUNTED"
+
+// RestartNeedsNote is what a "start one: cockpitfs mount --daemon MNT" fix adds where a stopped
+// daemon left its note in mnt: without that daemon's --data (and --allow-other, --store …) the
+// command starts one on another store, an empty namespace, and the note names them. "" where
+// there is none (a bare directory, a dead mount hiding it).
+func RestartNeedsNote(mnt string) string {
+	note := filepath.Join(mnt, NotMountedNote)
+	if fi, err := os.Lstat(note); err != nil || !fi.Mode().IsRegular() {
+		return ""
+	}
+	return ", with the --data and flags of the daemon that served it (" + note + " names them)"
 }
