@@ -215,6 +215,20 @@ func (c *cockpitCache) decode(key string, raw []byte) (cockpitMeta, error) {
 	return m, nil
 }
 
+// listed is key's cockpit as a listing of every cockpit shows it: ok is false for a key no cockpit
+// may have (verify names it); damage is why a value does not decode or names another cockpit,
+// and m then holds the key's name alone, so that one damaged cockpit hides no other.
+func (c *cockpitCache) listed(key string, raw []byte) (m cockpitMeta, damage error, ok bool) {
+	name := key[len(cockpitsPrefix):]
+	if !ValidCockpitName(name) {
+		return m, nil, false
+	}
+	if m, damage = c.decode(key, raw); damage != nil {
+		return cockpitMeta{Name: name}, damage, true
+	}
+	return m, nil, true
+}
+
 // current returns key's cockpit if no commit happened since it was read.
 func (c *cockpitCache) current(key string) (cockpitMeta, bool) {
 	c.mu.Lock()

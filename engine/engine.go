@@ -5,7 +5,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -243,13 +242,12 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 	var out []CockpitInfo
 	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(cockpitsPrefix, func(key string, v []byte) error {
-			name := key[len(cockpitsPrefix):]
-			if !ValidCockpitName(name) {
+			m, damage, ok := e.cockpits.listed(key, v)
+			if !ok {
 				return nil
 			}
-			var m cockpitMeta
-			if err := json.Unmarshal(v, &m); err != nil || m.Name != name {
-				out = append(out, CockpitInfo{Name: name, Damaged: true})
+			if damage != nil {
+				out = append(out, CockpitInfo{Name: m.Name, Damaged: true})
 				return nil
 			}
 			info := m.info()

@@ -151,11 +151,10 @@ func (k *statusKeeper) load(e *Engine, tx storage.Txn, proxy *proxyBase) error {
 	k.cockpits, k.st, k.proxy, k.patched = map[string]*keptCockpit{}, nil, proxy, map[string]keptRow{}
 	var kept []*keptCockpit
 	if err := tx.Scan(cockpitsPrefix, func(key string, raw []byte) error {
-		kc, err := decodeKept(e, key, raw)
-		if kc != nil {
+		if kc := decodeKept(e, key, raw); kc != nil {
 			kept = append(kept, kc)
 		}
-		return err
+		return nil
 	}); err != nil {
 		return err
 	}
@@ -198,19 +197,17 @@ func (k *statusKeeper) info(m cockpitMeta) CockpitInfo {
 	return info
 }
 
-// decodeKept is the cockpit of key as status keeps it: a value that does not decode (a shared
-// store's values are anyone's input) is a damaged cockpit, shown as such beside every other; nil
-// for a key no cockpit may have, which verify names.
-func decodeKept(e *Engine, key string, raw []byte) (*keptCockpit, error) {
-	name := key[len(cockpitsPrefix):]
-	if !ValidCockpitName(name) {
-		return nil, nil
+// decodeKept is the cockpit of key as status keeps it: a damaged one (a shared store's values are
+// anyone's input) is shown as such beside every other; nil for a key no cockpit may have.
+func decodeKept(e *Engine, key string, raw []byte) *keptCockpit {
+	m, damage, ok := e.cockpits.listed(key, raw)
+	switch {
+	case !ok:
+		return nil
+	case damage != nil:
+		return &keptCockpit{meta: m, damaged: damage.Error()}
 	}
-	m, err := e.cockpits.decode(key, raw)
-	if isMalformed(err) {
-		return &keptCockpit{meta: cockpitMeta{Name: name}, damaged: err.Error()}, nil
-	}
-	return &keptCockpit{meta: m}, err
+	return &keptCockpit{meta: m}
 }
 
 // keptRow is the row of the stack of key: a record that does not decode is a damaged row.
@@ -250,9 +247,9 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 		if err != nil {
 			return err
 		}
-		fresh, err := decodeKept(e, key, raw)
-		if err != nil || fresh == nil {
-			return err
+		fresh := decodeKept(e, key, raw)
+		if fresh == nil {
+			continue // not a name a cockpit may have
 		}
 		m, kc := fresh.meta, k.cockpits[name]
 		switch {
