@@ -150,7 +150,7 @@ func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
 	if n.s.promoted {
-		return nil, 0, syscall.ESTALE
+		return nil, 0, n.fsys.failNoEvent("open", n.path, errGone)
 	}
 	if !n.s.mine(ctx) {
 		return nil, 0, syscall.EACCES
@@ -193,7 +193,7 @@ func (n *scratchFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
 	if n.s.promoted && fh == nil {
-		return syscall.ESTALE
+		return n.fsys.failNoEvent("getattr", n.path, errGone)
 	}
 	out.Mode = syscall.S_IFREG | n.s.mode
 	out.Nlink = 1
@@ -209,7 +209,7 @@ func (n *scratchFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.
 	n.s.mu.Lock()
 	if n.s.promoted && fh == nil {
 		n.s.mu.Unlock()
-		return syscall.ESTALE
+		return n.fsys.failNoEvent("setattr", n.path, errGone)
 	}
 	if !n.s.mine(ctx) {
 		n.s.mu.Unlock()
