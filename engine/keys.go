@@ -70,13 +70,10 @@ func portKey(port int) string {
 
 // portOfKey is the port whose index key is key, if key is one portKey makes.
 func portOfKey(key string) (int, bool) {
-	digits := strings.TrimPrefix(key, portsPrefix)
-	if len(digits) != 5 || len(key) != len(portsPrefix)+5 {
-		return 0, false
-	}
+	digits, ok := strings.CutPrefix(key, portsPrefix)
 	port, err := strconv.Atoi(digits)
-	if err != nil || port < 1 || port > 65535 || portKey(port) != key {
-		return 0, false
+	if !ok || err != nil || port < 1 || port > 65535 || portKey(port) != key {
+		return 0, false // the round trip refuses any other spelling ("+8080", "8080 ")
 	}
 	return port, true
 }
