@@ -416,6 +416,15 @@ func toolsConfig(port int) string {
 	return fmt.Sprintf("[ports]\nstep = 10\ncount = 4\n[ports.bases]\nHTTP = %d\n", port)
 }
 
+// hiddenReplaceEdit edits config FROM to TO as python's atomic save does: a hidden mkstemp
+// beside it, renamed onto it.
+const hiddenReplaceEdit = `python3 -c 'import os, sys, tempfile
+cfg = sys.argv[1] + "/config"
+fd, tmp = tempfile.mkstemp(dir=sys.argv[1], prefix=".config.")
+os.write(fd, open(cfg).read().replace("FROM", "TO").encode())
+os.close(fd)
+os.replace(tmp, cfg)' $M/app`
+
 // Every common way of editing config ends with the new document applied, once, when the writer
 // is done, and exit 0; nothing is left beside config.
 func TestToolsConfigEdits(t *testing.T) {
@@ -435,12 +444,7 @@ fd, tmp = tempfile.mkstemp(dir=sys.argv[1])
 os.write(fd, open(cfg).read().replace("FROM", "TO").encode())
 os.close(fd)
 os.replace(tmp, cfg)' $M/app`},
-		{"hidden mkstemp and os.replace", `python3 -c 'import os, sys, tempfile
-cfg = sys.argv[1] + "/config"
-fd, tmp = tempfile.mkstemp(dir=sys.argv[1], prefix=".config.")
-os.write(fd, open(cfg).read().replace("FROM", "TO").encode())
-os.close(fd)
-os.replace(tmp, cfg)' $M/app`},
+		{"hidden mkstemp and os.replace", hiddenReplaceEdit},
 		// rsync writes .config.XXXXXX beside config, then renames it onto config. (Its quick check
 		// skips a file of config's size and second: new.toml is an older file here.)
 		{"rsync new.toml config", "sed s/FROM/TO/ $M/app/config > " + dir + "/rsync.toml && touch -d @0 " + dir + "/rsync.toml && rsync " + dir + "/rsync.toml $M/app/config"},
@@ -483,18 +487,13 @@ func TestToolsEditRightAfterAReplace(t *testing.T) {
 	claimsConfig(m, "app", toolsConfig(26750))
 	port := 26750
 	for _, tc := range []struct{ name, script string }{
-		{"os.replace", `python3 -c 'import os, sys, tempfile
-cfg = sys.argv[1] + "/config"
-fd, tmp = tempfile.mkstemp(dir=sys.argv[1], prefix=".config.")
-os.write(fd, open(cfg).read().replace("FROM", "MID").encode())
-os.close(fd)
-os.replace(tmp, cfg)' $M/app`},
-		{"mv", "sed s/FROM/MID/ $M/app/config > $M/app/new.toml && mv $M/app/new.toml $M/app/config"},
-		{"sed -i", "sed -i s/FROM/MID/ $M/app/config"},
+		{"os.replace", hiddenReplaceEdit},
+		{"mv", "sed s/FROM/TO/ $M/app/config > $M/app/new.toml && mv $M/app/new.toml $M/app/config"},
+		{"sed -i", "sed -i s/FROM/TO/ $M/app/config"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			replace := func(from, to int) string {
-				return strings.NewReplacer("FROM", fmt.Sprint(from), "MID", fmt.Sprint(to)).Replace(tc.script)
+				return strings.NewReplacer("FROM", fmt.Sprint(from), "TO", fmt.Sprint(to)).Replace(tc.script)
 			}
 			n := claimsEventCount(m, "app/events")
 			m.ok(replace(port, port+1) + fmt.Sprintf(" && vim -es -i NONE -c '%%s/%d/%d/' -c wq $M/app/config", port+1, port+2))
