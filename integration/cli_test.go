@@ -393,7 +393,7 @@ func TestMountDaemonDetached(t *testing.T) {
 	pid := 0
 	t.Cleanup(func() {
 		if pid := testtool.SignalDaemonOf(data, syscall.SIGTERM); pid > 0 {
-			for i := 0; i < 300 && !lifecycleGone(pid); i++ {
+			for i := 0; i < 300 && !testtool.Gone(pid); i++ {
 				time.Sleep(20 * time.Millisecond)
 			}
 		}

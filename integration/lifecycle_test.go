@@ -251,18 +251,6 @@ func lifecycleDaemonPID(data string) int {
 	return pid
 }
 
-// lifecycleGone reports whether pid has exited (gone, or a zombie nobody has reaped yet: a
-// daemonised process is reparented away from the test).
-func lifecycleGone(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(fields) > 0 && fields[0] == "Z"
-}
-
 func TestLifecycleDaemonMode(t *testing.T) {
 	t.Parallel()
 	base := t.TempDir()
@@ -304,7 +292,7 @@ func TestLifecycleDaemonMode(t *testing.T) {
 		t.Fatalf("%s still mounted after cockpitfs unmount", mnt)
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for !lifecycleGone(pid) {
+	for !testtool.Gone(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("daemon %d still running 15s after cockpitfs unmount", pid)
 		}

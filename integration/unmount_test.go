@@ -134,7 +134,7 @@ func TestUnmountThenVerifyRightAway(t *testing.T) {
 				if out, err := cli("unmount", mnt).CombinedOutput(); err != nil || string(out) != "unmounted "+mnt+"\n" {
 					t.Fatalf("round %d: unmount: %v\n%s", i, err, out)
 				}
-				if !lifecycleGone(pid) {
+				if !testtool.Gone(pid) {
 					t.Errorf("round %d: the daemon (pid %d) is still running when unmount has returned", i, pid)
 				}
 				if out, err := cli("verify", "--data", data).CombinedOutput(); err != nil || string(out) != "0 records clean\n" {
@@ -211,7 +211,7 @@ func TestMountpointThroughSymlink(t *testing.T) {
 	if pid == 0 {
 		t.Fatal("no daemon of " + data + " to kill")
 	}
-	for !lifecycleGone(pid) {
+	for !testtool.Gone(pid) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if r := lifecycleRun(t, "mount", "--daemon", "--data", data, via); r.Code != 0 {

@@ -212,20 +212,9 @@ echo $!`
 	waitFor(m.t, func() string {
 		out, _ := os.ReadFile(serverLog)
 		return fmt.Sprintf("the left server to answer on %d (process %d gone: %v); its output:\n%s\nthe stack's events:\n%s",
-			port, pids[0], processGone(pids[0]), out, m.read("app/stacks", stack, "events"))
+			port, pids[0], testtool.Gone(pids[0]), out, m.read("app/stacks", stack, "events"))
 	}, func() bool { return servesHTTP(m, port) })
 	return pids[0], pids[1]
-}
-
-// processGone says whether pid has ended (a zombie waiting for init has).
-func processGone(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	text := string(stat)
-	fields := strings.Fields(text[strings.LastIndexByte(text, ')')+1:])
-	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
 }
 
 // The daemon's sweep drains a stack whose holder died and whose worktree was removed, once its
@@ -287,7 +276,7 @@ func TestWorktreesStaleStackDrainedAfterGrace(t *testing.T) {
 			t.Errorf("the stale stack's events lack %s:\n%s", want, events)
 		}
 	}
-	waitFor(t, func() string { return "the left server and sleep to end" }, func() bool { return processGone(server) && processGone(sleeper) })
+	waitFor(t, func() string { return "the left server and sleep to end" }, func() bool { return testtool.Gone(server) && testtool.Gone(sleeper) })
 	if !client.running() {
 		t.Errorf("the client connected to the stale stack's server ended with it")
 	}
@@ -360,7 +349,7 @@ func TestWorktreesGCDryRunThenRun(t *testing.T) {
 	if after := state(); after != before {
 		t.Fatalf("gc --dry-run changed the stacks:\n%s\n->\n%s", before, after)
 	}
-	if processGone(server) {
+	if testtool.Gone(server) {
 		t.Fatal("gc --dry-run stopped the server")
 	}
 	// The gc file takes only run: anything else is refused (EINVAL) and drains nothing. (The root
@@ -380,7 +369,7 @@ func TestWorktreesGCDryRunThenRun(t *testing.T) {
 	if !strings.Contains(m.read("app/stacks", sKept, "lease"), "released=false") {
 		t.Fatal("gc drained the stack whose checkout exists")
 	}
-	waitFor(t, func() string { return "the left server to end" }, func() bool { return processGone(server) })
+	waitFor(t, func() string { return "the left server to end" }, func() bool { return testtool.Gone(server) })
 }
 
 // A checkout path is shown in the gc file as every text view shows it, escaped once: ESC as \x1b,
@@ -532,7 +521,7 @@ exec sleep 3600`)
 	waitFor(t, func() string {
 		out, _ := os.ReadFile(serverLog)
 		return fmt.Sprintf("the other stack's server to answer on %d (process %d gone: %v); its output:\n%s\nt's events:\n%s",
-			otherPort, otherServer, processGone(otherServer), out, m.read("app/stacks/t/events"))
+			otherPort, otherServer, testtool.Gone(otherServer), out, m.read("app/stacks/t/events"))
 	}, func() bool { return servesHTTP(m, otherPort) })
 	httpPort, apiPort := portOf(m, "s", "HTTP"), portOf(m, "s", "API")
 	py := startIn(m, "listening", "python3", "-c", pythonServer, strconv.Itoa(httpPort))
@@ -551,9 +540,9 @@ exec sleep 3600`)
 	if !pyClient.running() || !nodeClient.running() {
 		t.Errorf("a client connected to a server was ended: python's %v, node's %v", pyClient.running(), nodeClient.running())
 	}
-	if processGone(holder.Process.Pid) || !processGone(worker) || processGone(otherServer) {
+	if testtool.Gone(holder.Process.Pid) || !testtool.Gone(worker) || testtool.Gone(otherServer) {
 		t.Errorf("gone: the holder's session leader %v (want false), its worker %v (want true), the other stack's server %v (want false)",
-			processGone(holder.Process.Pid), processGone(worker), processGone(otherServer))
+			testtool.Gone(holder.Process.Pid), testtool.Gone(worker), testtool.Gone(otherServer))
 	}
 	events := m.read("app/stacks/s/events")
 	for _, want := range []string{

@@ -94,3 +94,15 @@ func holdsOpen(pid int, path string) bool {
 	}
 	return false
 }
+
+// Gone says whether process pid has ended: no such process, or one nobody has reaped yet (a
+// zombie; a daemonised process is reparented away from the test that started it).
+func Gone(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	text := string(stat)
+	fields := strings.Fields(text[strings.LastIndexByte(text, ')')+1:])
+	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
+}

@@ -25,7 +25,7 @@ func TestGroupSignalerReachesTheGroupAfterItsLeader(t *testing.T) {
 	KillAtEnd(t, member)
 	leader.Wait()
 	signal(syscall.SIGKILL)
-	for deadline := time.Now().Add(10 * time.Second); alive(member); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); !Gone(member); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the member %d lives on after its group was killed", member)
 		}
@@ -48,17 +48,7 @@ func TestSignalDaemonOfSparesAStranger(t *testing.T) {
 		t.Fatalf("signalled %d, which does not hold the lock", pid)
 	}
 	time.Sleep(50 * time.Millisecond)
-	if !alive(stranger.Process.Pid) {
+	if Gone(stranger.Process.Pid) {
 		t.Fatal("the stranger was killed")
 	}
-}
-
-// alive says whether pid runs (a zombie has ended).
-func alive(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	return len(fields) > 0 && fields[0] != "Z"
 }
