@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -491,4 +492,55 @@ func TestTeamQuorumLoss(t *testing.T) {
 		t.Errorf("a refused drain request applied:\n%s", got)
 	}
 	quick.ok("touch $M/app/stacks/s1/holders/q && rm $M/app/stacks/s1/holders/q")
+}
+
+// A stack's record under the prefix that does not decode (a teammate's etcdctl, another
+// version's bug) is refused where it is read, EIO with the daemon's log saying what does not decode, and shown
+// in status as damaged; every other stack reads and shows as before. Once whole again, it reads.
+func TestTeamDamagedRecordHidesNoOtherStack(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t, 1)
+	m := newEtcdMount(t, cluster.URL("hostile"))
+	m.setupApp(5, map[string]int{"HTTP": 18380}, "s", "t")
+	m.ok("touch $M/app/stacks/s/holders/h $M/app/stacks/t/holders/h")
+	sBefore, tBefore := m.read("app/stacks/s/record"), m.read("app/stacks/t/record")
+	cli := cluster.Open(t, "hostile").Client()
+	put := func(value string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := cli.Put(ctx, "hostile/s/app/t", value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	kept, err := cli.Get(ctx, "hostile/s/app/t")
+	cancel()
+	if err != nil || len(kept.Kvs) != 1 {
+		t.Fatalf("t's stored record: %v %v", kept, err)
+	}
+	put("garbage")
+	waitFor(t, func() string { return "status to show t damaged:\n" + m.read("status") }, func() bool {
+		return regexp.MustCompile(`(?m)^app +t +- +- +- +damaged `).MatchString(m.read("status"))
+	})
+	logged := len(m.log.String())
+	if r := m.sh("cat $M/app/stacks/t/record"); r.Code == 0 || !strings.Contains(r.Stderr, "Input/output error") {
+		t.Fatalf("cat of the damaged record: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	if line := m.log.String()[logged:]; !strings.Contains(line, "app/stacks/t/record: decode record") {
+		t.Errorf("the daemon's log after the refused read: %q", line)
+	}
+	if got := m.read("app/stacks/s/record"); got != sBefore {
+		t.Fatalf("s's record changed beside t's damage:\n%s\nwas:\n%s", got, sBefore)
+	}
+	if st := m.read("status.json"); !strings.Contains(st, `"damaged": "decode`) || !strings.Contains(st, `"name": "s",`) {
+		t.Fatalf("status.json:\n%s", st)
+	}
+	put(string(kept.Kvs[0].Value))
+	waitFor(t, func() string { return "t to read again:\n" + m.read("status") }, func() bool {
+		return m.sh("cat $M/app/stacks/t/record").Code == 0
+	})
+	if got := m.read("app/stacks/t/record"); got != tBefore {
+		t.Fatalf("t's record once whole again:\n%s\nwas:\n%s", got, tBefore)
+	}
 }
