@@ -230,16 +230,16 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 		return err
 	}
 	discardStore := discardFresh(st.data)
-	eng, from, closeStore, served, err := openServed(mnt, st, restart)
+	store, err := openServed(mnt, st, restart)
 	if err != nil {
 		discardStore()
 		return err
 	}
 	if st.proxyPort != 0 {
 		// Before the mount, so a port that is taken refuses the whole mount and leaves nothing.
-		stopProxy, err := startProxy(eng, st, mnt)
+		stopProxy, err := startProxy(store.eng, st, mnt)
 		if err != nil {
-			closeStore()
+			store.close()
 			discardStore()
 			return err
 		}
@@ -247,22 +247,22 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	}
 	beneath, undoMountpoint, err := prepareMountpoint(mnt, nonempty, restart)
 	if err != nil {
-		closeStore()
+		store.close()
 		discardStore()
 		return err
 	}
 	defer beneath.Close()
-	server, err := cfs.Mount(mnt, eng, o)
+	server, err := cfs.Mount(mnt, store.eng, o)
 	if err != nil {
 		undoMountpoint()
-		closeStore()
+		store.close()
 		discardStore()
 		return mountError(mnt, err)
 	}
 	protectMountpoint(beneath)
-	defer closeStore()
-	served()
-	infof("serving %s (%s)", mnt, from)
+	defer store.close()
+	store.served()
+	infof("serving %s (%s)", mnt, store.from)
 	if ready != nil {
 		fmt.Fprintln(ready, "ok")
 		ready.Close()
@@ -280,54 +280,63 @@ func serve(mnt string, st storeChoice, nonempty bool, restart string, o cfs.Opti
 	return nil
 }
 
-// openServed opens the store a daemon serves and its engine; closeStore ends what it started, and
-// served, called once the mount serves, starts what only a serving daemon does: the rolling
-// backups of a data directory. Not before: a refused mount (a proxy port taken, fusermount3's
-// refusal) leaves nothing new behind, and one restarted in a loop by its service manager would
-// otherwise rotate every older backup out with copies of the same store. restart is the command
-// that starts the daemon again.
-func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine, from string, closeStore, served func(), err error) {
+// servedStore is the store a daemon serves, opened by openServed: its engine, what it is (for the
+// log), close, which ends what the opening started, and served, called once the mount serves,
+// which starts what only a serving daemon does: the rolling backups of a data directory. Not
+// before: a refused mount (a proxy port taken, fusermount3's refusal) leaves nothing new behind,
+// and one restarted in a loop by its service manager would otherwise rotate every older backup
+// out with copies of the same store.
+type servedStore struct {
+	eng           *engine.Engine
+	from          string
+	close, served func()
+}
+
+// openServed opens the store a daemon serves and its engine; restart is the command that starts
+// the daemon again.
+func openServed(mnt string, st storeChoice, restart string) (servedStore, error) {
 	if st.etcd != nil {
 		// The store is the truth of every machine sharing the prefix, so this daemon takes no
 		// machine-wide port holds (a port leased through etcd is leased to one stack across all
 		// of them), and etcd keeps its own copies, so there are no backups.
 		db, err := openEtcd(*st.etcd)
 		if err != nil {
-			return nil, "", nil, nil, err
+			return servedStore{}, err
 		}
 		if err := unfinishedMigrationIn(db, st.url); err != nil {
 			db.Close()
-			return nil, "", nil, nil, err
+			return servedStore{}, err
 		}
 		stopSeen, err := keepSeen(db, st, mnt, restart)
 		if err != nil {
 			db.Close()
-			return nil, "", nil, nil, err
+			return servedStore{}, err
 		}
-		if eng, err = engine.NewShared(db); err != nil {
+		eng, err := engine.NewShared(db)
+		if err != nil {
 			stopSeen()
 			db.Close()
-			return nil, "", nil, nil, err
+			return servedStore{}, err
 		}
 		eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
 		eng.BoundCockpits(st.cockpitsPerUID, uint32(os.Getuid()))
 		if err := eng.CountStacks(context.Background(), st.stacksPerUID, uint32(os.Getuid())); err != nil {
 			stopSeen()
 			db.Close()
-			return nil, "", nil, nil, err
+			return servedStore{}, err
 		}
-		return eng, "store " + st.url, func() { stopSeen(); db.Close() }, func() {}, nil
+		return servedStore{eng, "store " + st.url, func() { stopSeen(); db.Close() }, func() {}}, nil
 	}
 	data := st.data
 	if err := os.MkdirAll(data, 0o700); err != nil {
-		return nil, "", nil, nil, dataDirError(data, err)
+		return servedStore{}, dataDirError(data, err)
 	}
 	if err := unfinishedMigration(data); err != nil {
-		return nil, "", nil, nil, err
+		return servedStore{}, err
 	}
 	db, err := kv.Open(data)
 	if err != nil {
-		return nil, "", nil, nil, damageHint(err, data)
+		return servedStore{}, damageHint(err, data)
 	}
 	closeDB := func() {
 		if err := db.Close(); err != nil {
@@ -336,35 +345,35 @@ func openServed(mnt string, st storeChoice, restart string) (eng *engine.Engine,
 	}
 	stopBackups := make(chan struct{})
 	var backupsDone chan struct{} // made once the backups start
-	served = func() {
+	served := func() {
 		backupsDone = make(chan struct{})
 		go func() { keepBackups(db, data, stopBackups); close(backupsDone) }()
 	}
-	closeStore = func() {
+	closeStore := func() {
 		if backupsDone != nil {
 			close(stopBackups)
 			<-backupsDone
 		}
 		closeDB()
 	}
-	eng = engine.New(db)
+	eng := engine.New(db)
 	// Whoever runs the daemon may take every family it could take by running one of its own.
 	eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
 	eng.BoundCockpits(st.cockpitsPerUID, uint32(os.Getuid()))
 	if err := eng.CountStacks(context.Background(), st.stacksPerUID, uint32(os.Getuid())); err != nil {
 		closeStore()
-		return nil, "", nil, nil, err
+		return servedStore{}, err
 	}
 	// The holds of every active lease are taken again before the mount serves anyone.
 	lost, err := eng.HoldPorts(portlock.Machine, engine.DaemonIdentity{PID: os.Getpid(), UID: uint32(os.Getuid()), Data: data, Mount: mnt})
 	if err != nil {
 		closeStore()
-		return nil, "", nil, nil, fmt.Errorf("holding the leased ports: %w", err)
+		return servedStore{}, fmt.Errorf("holding the leased ports: %w", err)
 	}
 	for _, l := range lost {
 		log.Printf("conflict: %s/%s: %s; reported in its health and events", l.Cockpit, l.Stack, l)
 	}
-	return eng, "data " + data, closeStore, served, nil
+	return servedStore{eng, "data " + data, closeStore, served}, nil
 }
 
 // keepSeen records, in the data directory, what the daemon sees of its etcd store, for verify and
