@@ -300,8 +300,10 @@ func eventsEnd(tx storage.Txn, cockpit, stack string) (int64, error) {
 func legacyEventsEnd(tx storage.Txn, cockpit, stack string) (int64, error) {
 	var end int64
 	found, err := getJSON(tx, eventsEndKey(cockpit, stack), &end)
-	if err == nil && found && (end < 0 || end > maxEventsCount) {
-		err = fmt.Errorf("decode %s: %w", eventsEndKey(cockpit, stack), malformedValue{fmt.Errorf("end %d: out of range", end)})
+	if err == nil && found {
+		if bad := (eventsHead{End: end}).check(); bad != nil {
+			err = fmt.Errorf("decode %s: %w", eventsEndKey(cockpit, stack), bad)
+		}
 	}
 	if err != nil || found {
 		return end, err

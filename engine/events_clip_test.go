@@ -164,3 +164,24 @@ func TestEventsHeadOfAnOldFile(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An old file's end key is read with the head's range check: an end no appends reach is damage,
+// as in a head (TestEventsHeadOutOfRangeIsDamage), and the file is refused, not served.
+func TestLegacyEventsEndOutOfRangeIsDamage(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t)
+	newCockpit(t, e, "app", exampleConfig, "main")
+	claim(t, e, "app", "main", "alice")
+	legacyEvents(t, e, "app", "main", false)
+	for _, end := range []int64{-1, maxEventsCount + 1} {
+		if err := e.db.Update(context.Background(), func(tx storage.Txn) error {
+			return setJSON(tx, eventsEndKey("app", "main"), end)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var malformed malformedValue
+		if _, _, _, err := e.EventsWindow("app", "main"); !errors.As(err, &malformed) {
+			t.Fatalf("end %d: events read with err %v, want it refused as damage", end, err)
+		}
+	}
+}
