@@ -167,6 +167,25 @@ func (c *recordCache) forget(key string) {
 	delete(c.latest, key)
 }
 
+// drop forgets key's record, read or committed, so the next read assembles it from the store: a
+// shared store's holder key changed by a commit that left the head as it was (a third party's
+// delete), where head bytes seen before no longer name the same holders.
+func (c *recordCache) drop(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bump(key)
+	delete(c.latest, key)
+}
+
+// dropAll is drop of every key: a shared store's watch may have missed changes.
+func (c *recordCache) dropAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.counter++
+	c.floor = c.counter
+	c.gen, c.m, c.latest = nil, nil, nil
+}
+
 // cockpitCache keeps each cockpit's metadata decoded, with the bytes it came from: every file
 // rendered asks for its cockpit's owner, and reading and decoding it each time cost more than the
 // rest of an open. A transaction, which must read the bytes anyway, skips only the decode when

@@ -153,8 +153,14 @@ func NewShared(db storage.Shared) (*Engine, error) {
 func (e *Engine) published(key string) {
 	switch {
 	case key == "":
+		e.records.dropAll()
 		e.changes.publishAll()
 		e.cockpitChanges.publishAll()
+	case strings.HasPrefix(key, allHoldersPrefix):
+		// Every daemon's commit of a holder writes its stack's head too, and the cache trusts
+		// head bytes it has seen to name the same holders; a holder's key changed alone (deleted
+		// with etcdctl) breaks that trust until the record is read again.
+		e.records.drop(holderStackKey(key))
 	case strings.HasPrefix(key, allStacksPrefix):
 		e.changes.publish(key)
 		e.cockpitChanges.publish(key)

@@ -23,6 +23,36 @@ import (
 // hostileEngine is an engine over prefix "team" of a one-member etcd, and a client that writes
 // under the prefix behind its back.
 func hostileEngine(t *testing.T) (*Engine, func(key, value string)) {
+	e, w := hostileStore(t)
+	return e, w.put
+}
+
+// hostileWriter writes under the prefix "team" behind an engine's back.
+type hostileWriter struct {
+	t   *testing.T
+	cli *clientv3.Client
+}
+
+func (w hostileWriter) put(key, value string) {
+	w.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := w.cli.Put(ctx, "team/"+key, value); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w hostileWriter) del(key string) {
+	w.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := w.cli.Delete(ctx, "team/"+key); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// hostileStore is hostileEngine with a writer that deletes too.
+func hostileStore(t *testing.T) (*Engine, hostileWriter) {
 	t.Helper()
 	cluster := etcdtest.Start(t, 1)
 	e, err := NewShared(cluster.Open(t, "team"))
@@ -34,15 +64,7 @@ func hostileEngine(t *testing.T) (*Engine, func(key, value string)) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	put := func(key, value string) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := cli.Put(ctx, "team/"+key, value); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return e, put
+	return e, hostileWriter{t, cli}
 }
 
 // TestEventsHeadOutOfRangeIsDamage: an events head whose end no appends reach (at int64's limits)
@@ -260,4 +282,41 @@ func waitStatus(t *testing.T, e *Engine, ok func(table string) bool) {
 		}
 	}
 	t.Fatalf("status never as wanted:\n%s", table)
+}
+
+// TestHolderDeletedBehindTheDaemonIsGone: a holder's key deleted by a third party left the stack's
+// head as it was, and a running daemon, which decodes a record again only when its head changes,
+// kept showing the holder until the next commit on the stack; a fresh daemon showed none. The
+// watch now drops the cached record, so the running daemon reads the stack as the store holds it.
+func TestHolderDeletedBehindTheDaemonIsGone(t *testing.T) {
+	e, w := hostileStore(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s")
+	for _, h := range []string{"h", "g"} {
+		if err := e.Claim(ctx, me("create", h), "app", "s", h, untracked(h)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := e.Stack("app", "s")
+	if err != nil || len(r.Value.Holders) != 2 {
+		t.Fatalf("before: %v, %d holders", err, len(r.Value.Holders))
+	}
+	w.del(holderKey("app", "s", holderID("g")))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := e.Stack("app", "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, held := r.Value.Holder("g"); !held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("holder g, whose key is gone, still shown: %+v", r.Value.Holders)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, held := r.Value.Holder("h"); !held {
+		t.Fatal("holder h gone too")
+	}
 }
