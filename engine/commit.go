@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -139,7 +140,7 @@ func (t txReads) portOwner(port int) (string, error) {
 	key := portKey(port)
 	data, err := t.tx.Get(key)
 	if errors.Is(err, storage.ErrNotFound) {
-		return "", nil
+		return t.unindexedOwner(port)
 	}
 	if err != nil {
 		return "", err
@@ -156,6 +157,34 @@ func (t txReads) portOwner(port int) (string, error) {
 		return "", nil
 	}
 	return string(cockpit) + "/" + string(stack), nil
+}
+
+// unindexedOwner is portOwner of a port with no index entry: the stack whose record, read with
+// Get, still holds it in an active lease (its entry deleted by hand), else none. Only the stack
+// leaseHolders names is read: one Get, and none for a port no lease held.
+func (t txReads) unindexedOwner(port int) (string, error) {
+	key, ok := t.e.leaseHolders.holder(port)
+	if !ok || key == stackKey(t.cockpitName, t.stack) {
+		return "", nil
+	}
+	head, err := t.tx.Get(key)
+	if errors.Is(err, storage.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	cockpit, stack := splitStackKey(key)
+	owner := cockpit + "/" + stack + ", missing from the port index"
+	r, err := decodeHead(head)
+	if err != nil {
+		// It held the port when it last decoded: what it holds now is unknown, so not free.
+		return owner + " (its record does not decode)", nil
+	}
+	if r.Value.Lease.Active() && slices.Contains(slices.Collect(maps.Values(r.Value.Lease.Ports)), port) {
+		return owner, nil
+	}
+	return "", nil
 }
 
 // applyStep commits the value s derives from the stack's current record.
@@ -433,8 +462,8 @@ type commitOutcome struct {
 
 // observers are what a commit keeps fresh, in the order update walks them: the record cache takes
 // a commit's record before its waiters wake, so they read it from memory.
-func (e *Engine) observers() [8]commitObserver {
-	return [...]commitObserver{&e.records, &e.changes, &e.cockpitChanges, &e.inventory, &e.ports, &e.status, &e.cockpits, &e.healthCache}
+func (e *Engine) observers() [9]commitObserver {
+	return [...]commitObserver{&e.records, &e.changes, &e.cockpitChanges, &e.inventory, &e.ports, &e.status, &e.cockpits, &e.healthCache, &e.leaseHolders}
 }
 
 // commitPastHolds commits run; a run refused behind another stack's newer holds (behindHolds)

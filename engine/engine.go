@@ -65,7 +65,8 @@ import (
 //  3. inventory.mu: a health read's, held across its whole View of the store (observeInventory);
 //     taken with no key's lock held. portKeeper.mu likewise: a read of the port index's, held across
 //     its View (portIndex). statusKeeper.mu likewise: a status read's, held across its
-//     View, its observations of the holders' processes and its rendering (StatusFile). routeIndexes.mu likewise: the web proxy's, held across the
+//     View, its observations of the holders' processes and its rendering (StatusFile). leaseHolders.mu likewise: a claim's, held across
+//     the read of the records it refreshes before the claim's transaction (refreshLeaseHolders). routeIndexes.mu likewise: the web proxy's, held across the
 //     Views that rebuild its index of names (ResolveRoute), with no other lock held.
 //  4. the store's transaction (kv's group-commit lock inside it). The store calls back into the
 //     engine only through fn, which takes the locks below.
@@ -78,7 +79,7 @@ import (
 //     and owners.mu (a scan of /proc), holds.boundMu (a read of /proc/net/unix; never with
 //     holds.mu).
 //  7. leaves held for a map or counter access alone: keyedLocks.mu, notifier.mu,
-//     cockpitNotifier.mu, recordCache.mu, cockpitCache.mu, healthCache.mu, staleKeys.mu,
+//     cockpitNotifier.mu, recordCache.mu, leaseHolders.portsMu, cockpitCache.mu, healthCache.mu, staleKeys.mu,
 //     budgetContext.mu, identities.mu, liveness's threadGroups, staged (a sync.Map), fs's own maps'
 //     (snapshots.mu, replacements.mu, eventBudget.mu and those of errno.go, file.go, nested.go,
 //     render.go and scratch.go),
@@ -113,6 +114,9 @@ type Engine struct {
 	ports portKeeper
 	// status is what the root files status and status.json show, kept from commits.
 	status statusKeeper
+	// leaseHolders are the ports of every active lease, kept from the records, so that a port
+	// whose index entry is missing is not taken as free.
+	leaseHolders leaseHolders
 	// healthCache is what the last health read of each stack read of the store, while no commit
 	// has begun since.
 	healthCache healthCache
@@ -154,6 +158,7 @@ func (e *Engine) published(key string) {
 	switch {
 	case key == "":
 		e.records.dropAll()
+		e.leaseHolders.reload.Store(true)
 		e.changes.publishAll()
 		e.cockpitChanges.publishAll()
 	case strings.HasPrefix(key, allHoldersPrefix):
@@ -162,6 +167,7 @@ func (e *Engine) published(key string) {
 		// with etcdctl) breaks that trust until the record is read again.
 		e.records.drop(holderStackKey(key))
 	case strings.HasPrefix(key, allStacksPrefix):
+		e.leaseHolders.stale.mark(key)
 		e.changes.publish(key)
 		e.cockpitChanges.publish(key)
 	case strings.HasPrefix(key, cockpitsPrefix):

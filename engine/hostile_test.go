@@ -320,3 +320,43 @@ func TestHolderDeletedBehindTheDaemonIsGone(t *testing.T) {
 		t.Fatal("holder h gone too")
 	}
 }
+
+// TestPortIndexEntryDeletedIsNoFreePort: a port's index entry deleted behind the daemons (etcdctl)
+// made the port free to the next claim while another stack's active lease still held it, so two
+// stacks leased one port. A claim now checks, for a port with no entry, the record of the stack
+// the leases name for it: the family is passed as that stack's.
+func TestPortIndexEntryDeletedIsNoFreePort(t *testing.T) {
+	e, w := hostileStore(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s")
+	newCockpit(t, e, "other", exampleConfig, "o")
+	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.Stack("app", "s")
+	if err != nil || s.Value.Lease.Offset != 0 {
+		t.Fatalf("app/s: %v, offset %d", err, s.Value.Lease.Offset)
+	}
+	for _, port := range s.Value.Lease.Ports {
+		w.del(portKey(port))
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, ok, err := e.PortOwner(18080); err == nil && !ok {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("port 18080 still indexed: %v", err)
+		}
+	}
+	if err := e.Claim(ctx, me("create", "h"), "other", "o", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	o, err := e.Stack("other", "o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, port := range o.Value.Lease.Ports {
+		if port == s.Value.Lease.Ports[key] {
+			t.Fatalf("other/o leased port %d (%s), which app/s's active lease holds", port, key)
+		}
+	}
+}

@@ -48,6 +48,9 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 	if err != nil {
 		return nil, err
 	}
+	if err := e.refreshLeaseHolders(); err != nil { // before any lock: it reads the store
+		return nil, err
+	}
 	id := holderID(name)
 	in := claimInput{holder: nh, dead: e.deadHolders(before.Value.Holders, id, nh),
 		uidLeaseLimit: e.leaseBound.Of(nh.UID), groups: func() []uint32 { return callerGroups(c) }}
