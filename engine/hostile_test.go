@@ -360,3 +360,55 @@ func TestPortIndexEntryDeletedIsNoFreePort(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyChecksEventsKeys: verify checked every record, the port index and the counts, but
+// none of the events files' keys, so an events head or line no daemon wrote (which refuses the
+// file, or is served in it) passed as clean. Each is now named, and an untouched store is clean.
+func TestVerifyChecksEventsKeys(t *testing.T) {
+	e, w := hostileStore(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s")
+	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	if violations, _, err := Verify(e.db); err != nil || len(violations) > 0 {
+		t.Fatalf("before: %v %q", err, violations)
+	}
+	for _, c := range []struct{ key, value, want string }{
+		{eventsHeadKey("app", "s"), "garbage", eventsHeadKey("app", "s") + ": "},
+		{eventsHeadKey("app", "s"), `{"seq":3,"end":-1,"windows":{"h":3}}`, "out of range"},
+		{eventsHeadKey("app", "gone"), `{"seq":1,"end":10,"windows":{"h":1}}`, "app/gone, which does not exist"},
+		{eventKey("app", "s", 0), "garbage", eventKey("app", "s", 0) + ": "},
+		{eventKey("app", "s", 1000), `{"at":"x"}`, "at or past its file's next seq"},
+		{eventsPrefix("app", "s") + "zz", `{}`, "is not the key of an events line"},
+		{eventsIndexKey("app", "s", historyWindow, 0), "garbage", eventsIndexKey("app", "s", historyWindow, 0) + ": "},
+		{eventsIndexKey("app", "s", historyWindow, 0), "77", "names line 77, which is not there"},
+		{eventsIndexKey("app", "s", historyWindow, 500), "0", "which has had"},
+		{eventsSeqKey("app", cockpitLevel), "-1", eventsSeqKey("app", cockpitLevel) + ": "},
+		{eventsEndKey("app", "s"), "-5", "out of range"},
+	} {
+		var kept []byte
+		if err := e.db.View(func(tx storage.Txn) (err error) {
+			kept, err = tx.Get(c.key)
+			if errors.Is(err, storage.ErrNotFound) {
+				err = nil
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		w.put(c.key, c.value)
+		violations, _, err := Verify(e.db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(violations) != 1 || !strings.HasPrefix(violations[0], c.key+": ") || !strings.Contains(violations[0], c.want) {
+			t.Errorf("%s = %s: verify says %q, want one line naming it with %q", c.key, c.value, violations, c.want)
+		}
+		if kept != nil {
+			w.put(c.key, string(kept))
+		} else {
+			w.del(c.key)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine/portdecl"
@@ -133,7 +134,9 @@ func Verify(db storage.Store) ([]string, int, error) {
 			return err
 		}
 		uidCockpits := map[string]int{} // by uidCockpitsKey
+		cockpits := map[string]bool{}
 		if err := tx.Scan(cockpitsPrefix, func(key string, value []byte) error {
+			cockpits[key[len(cockpitsPrefix):]] = true
 			var m cockpitMeta
 			if err := json.Unmarshal(value, &m); err != nil {
 				bad(key, "%v", err)
@@ -177,7 +180,12 @@ func Verify(db storage.Store) ([]string, int, error) {
 		}); err != nil {
 			return err
 		}
-		return verifyUIDCounts(tx, uidCockpitsPrefix, uidCockpits, "counted cockpits made by that uid", bad)
+		if err := verifyUIDCounts(tx, uidCockpitsPrefix, uidCockpits, "counted cockpits made by that uid", bad); err != nil {
+			return err
+		}
+		return verifyEvents(tx, func(cockpit, stack string) bool {
+			return cockpits[cockpit] && (stack == cockpitLevel || hasKey(heads, stackKey(cockpit, stack)))
+		}, bad)
 	})
 	return violations, len(records), err
 }
@@ -233,4 +241,116 @@ func VerifyHolds(db storage.Store, space portlock.Space) ([]string, error) {
 func hasKey(m map[string][]byte, key string) bool {
 	_, ok := m[key]
 	return ok
+}
+
+// verifyEvents checks the events files' keys: each head (and the legacy keys before heads)
+// decodes within range and belongs to a file that exists (a cockpit's, or a stack's); each line
+// is under a key appendEvent makes, decodes, and comes before its head's next seq; each window's
+// index entry decodes, counts below its window's lines, and names a line that is there.
+func verifyEvents(tx storage.Txn, exists func(cockpit, stack string) bool, bad func(key, format string, args ...any)) error {
+	// file splits key, under prefix, into its events file's names and what follows them.
+	file := func(prefix, key string, parts int) (cockpit, stack string, rest []string, ok bool) {
+		fields := strings.SplitN(strings.TrimPrefix(key, prefix), "/", parts)
+		if len(fields) != parts {
+			bad(key, "is not a key of an events file")
+			return "", "", nil, false
+		}
+		if !exists(fields[0], fields[1]) {
+			bad(key, "belongs to the events file of %s/%s, which does not exist", fields[0], fields[1])
+			return "", "", nil, false
+		}
+		return fields[0], fields[1], fields[2:], true
+	}
+	heads := map[string]eventsHead{} // by events file, "cockpit/stack"
+	if err := tx.Scan("f/", func(key string, value []byte) error {
+		cockpit, stack, _, ok := file("f/", key, 2)
+		if !ok {
+			return nil
+		}
+		h, err := decodeEventsHead(value)
+		if err == nil {
+			err = h.check()
+		}
+		if err != nil {
+			bad(key, "%v", err)
+			return nil
+		}
+		heads[cockpit+"/"+stack] = h
+		return nil
+	}); err != nil {
+		return err
+	}
+	// The keys an events head replaced, in files no append has touched since.
+	for _, prefix := range []string{"q/", "o/", "w/"} {
+		if err := tx.Scan(prefix, func(key string, value []byte) error {
+			if _, _, _, ok := file(prefix, key, 2); !ok {
+				return nil
+			}
+			var err error
+			switch prefix {
+			case "q/":
+				var seq uint64
+				err = decodeJSON(key, value, &seq)
+			case "o/":
+				var end int64
+				if err = decodeJSON(key, value, &end); err == nil && (end < 0 || end > maxEventsCount) {
+					err = fmt.Errorf("end %d: out of range", end)
+				}
+			default:
+				var w windows
+				err = decodeJSON(key, value, &w)
+			}
+			if err != nil {
+				bad(key, "%v", err)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	lines := map[string]bool{}
+	if err := tx.Scan(allEventsPrefix, func(key string, value []byte) error {
+		cockpit, stack, rest, ok := file(allEventsPrefix, key, 3)
+		if !ok {
+			return nil
+		}
+		seq, err := strconv.ParseUint(rest[0], 16, 64)
+		if err != nil || eventKey(cockpit, stack, seq) != key {
+			bad(key, "is not the key of an events line (16 hex digits of its seq)")
+			return nil
+		}
+		lines[key] = true
+		var e event
+		if err := json.Unmarshal(value, &e); err != nil {
+			bad(key, "%v", err)
+		} else if h, ok := heads[cockpit+"/"+stack]; ok && seq >= h.Seq {
+			bad(key, "line %d is at or past its file's next seq %d (%s)", seq, h.Seq, eventsHeadKey(cockpit, stack))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return tx.Scan("x/", func(key string, value []byte) error {
+		cockpit, stack, rest, ok := file("x/", key, 4)
+		if !ok {
+			return nil
+		}
+		n, err := strconv.ParseUint(rest[1], 16, 64)
+		if err != nil || eventsIndexKey(cockpit, stack, rest[0], n) != key {
+			bad(key, "is not the key of an events window's entry")
+			return nil
+		}
+		var seq uint64
+		if err := decodeJSON(key, value, &seq); err != nil {
+			bad(key, "%v", err)
+			return nil
+		}
+		if h, ok := heads[cockpit+"/"+stack]; ok && n >= h.Windows[rest[0]] {
+			bad(key, "entry %d of window %q, which has had %d lines (%s)", n, rest[0], h.Windows[rest[0]], eventsHeadKey(cockpit, stack))
+		}
+		if !lines[eventKey(cockpit, stack, seq)] {
+			bad(key, "names line %d, which is not there", seq)
+		}
+		return nil
+	})
 }
