@@ -62,8 +62,8 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 		if err != nil {
 			return change{}, err
 		}
-		var made int
-		if _, err := getJSON(tx, uidCockpitsKey(c.UID), &made); err != nil {
+		made, _, err := readCount(tx, uidCockpitsKey(c.UID))
+		if err != nil {
 			return change{}, err
 		}
 		return createCockpit(c, name, taken, made, e.cockpitBound.Of(c.UID), now)
@@ -224,8 +224,7 @@ func (e *Engine) CreateStack(ctx context.Context, c Caller, cockpit, stack strin
 		}
 		made := -1 // not counted
 		if e.stacksCounted {
-			made = 0
-			if _, err := getJSON(tx, uidStacksKey(c.UID), &made); err != nil {
+			if made, _, err = readCount(tx, uidStacksKey(c.UID)); err != nil {
 				return change{}, err
 			}
 		}

@@ -121,18 +121,24 @@ func (t txReads) holdFamily(ports map[string]int) (*portlock.Holder, int, error)
 func (t txReads) cockpit() (cockpitMeta, error) { return t.e.loadCockpit(t.tx, t.cockpitName) }
 
 func (t txReads) activeLeases() (int, error) {
-	var n int
-	_, err := getJSON(t.tx, leaseCountKey(t.cockpitName), &n)
+	n, _, err := readCount(t.tx, leaseCountKey(t.cockpitName))
 	return n, err
 }
 
 func (t txReads) leasesOf(uid uint32) (int, error) {
-	var n int
-	_, err := getJSON(t.tx, uidLeasesKey(uid), &n)
+	n, _, err := readCount(t.tx, uidLeasesKey(uid))
 	return n, err
 }
 
-func (t txReads) leasedPorts() ([]int, bool, error) { return leasedPorts(t.tx, t.cockpitName) }
+// leasedPorts: a set that does not decode is not known, so each family's index entries are read
+// (reindexLeasedPorts rebuilds it at the cockpit's next lease change).
+func (t txReads) leasedPorts() ([]int, bool, error) {
+	ports, known, err := leasedPorts(t.tx, t.cockpitName)
+	if isMalformed(err) {
+		return nil, false, nil
+	}
+	return ports, known, err
+}
 
 // portOwner reads the names in port's index entry where it can without decoding it: a claim
 // reads the entry of every occupied family it passes.
@@ -294,6 +300,13 @@ func (e *Engine) apply(ctx context.Context, c Caller, key string, step func(tx s
 // stack's record, declared values, removals, the cockpit's metadata.
 func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time) error {
 	revision := ch.revision
+	var repaired []string // damaged counts this commit recounts: its line says so
+	if ch.meta != nil {
+		// Before the counts: a count recounted from the cockpits counts this one.
+		if err := setJSON(tx, cockpitKey(ch.cockpit), *ch.meta); err != nil {
+			return err
+		}
+	}
 	if rc := ch.record; rc != nil {
 		r, v := rc.prev, chargeLease(rc.value)
 		saved, err := saveRecord(tx, r, r.next(v, now))
@@ -305,7 +318,7 @@ func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time
 			staged.vanished = vanishedHolders(r.Record, saved.Record)
 		}
 		e.staged.Store(stackKey(r.Cockpit, r.Stack), staged)
-		if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease); err != nil {
+		if err := reindexLease(tx, r.Cockpit, r.Stack, r.Value.Lease, v.Lease, &repaired); err != nil {
 			return err
 		}
 		revision = saved.Revision
@@ -337,17 +350,12 @@ func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time
 		}
 	}
 	if ch.counted != 0 {
-		if err := addCount(tx, uidCockpitsKey(ch.owner), ch.counted); err != nil {
+		if err := addCount(tx, uidCockpitsKey(ch.owner), ch.counted, &repaired); err != nil {
 			return err
 		}
 	}
 	if ch.stacks != 0 {
-		if err := addCount(tx, uidStacksKey(ch.creator), ch.stacks); err != nil {
-			return err
-		}
-	}
-	if ch.meta != nil {
-		if err := setJSON(tx, cockpitKey(ch.cockpit), *ch.meta); err != nil {
+		if err := addCount(tx, uidStacksKey(ch.creator), ch.stacks, &repaired); err != nil {
 			return err
 		}
 	}
@@ -355,7 +363,7 @@ func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time
 		return nil
 	}
 	ev := okEvent(c, now, revision)
-	ev.Warning = ch.warning
+	ev.Warning = strings.Join(slices.DeleteFunc(append([]string{ch.warning}, repaired...), func(w string) bool { return w == "" }), "; ")
 	return appendEvent(tx, ch.cockpit, ch.line, ev)
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -410,5 +411,42 @@ func TestVerifyChecksEventsKeys(t *testing.T) {
 		} else {
 			w.del(c.key)
 		}
+	}
+}
+
+// TestCountThatDoesNotDecodeIsRecounted: a count that does not decode (the cockpit's active
+// leases, its leased ports, a uid's leases or cockpits) refused every new lease of the cockpit,
+// or every cockpit of the uid, with EIO until someone repaired it by hand. A count says no more
+// than the records it counts, and never chooses a port: it is recounted from them, the operation
+// goes on, its events line names the recount, and its commit writes the count whole.
+func TestCountThatDoesNotDecodeIsRecounted(t *testing.T) {
+	e, w := hostileStore(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s", "t", "u", "v")
+	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	uid := uint32(os.Getuid())
+	for _, c := range []struct{ key, stack string }{{leaseCountKey("app"), "t"}, {leasedPortsKey("app"), "u"}, {uidLeasesKey(uid), "v"}} {
+		w.put(c.key, "garbage")
+		if err := e.Claim(ctx, me("create", "h"), "app", c.stack, "h", untracked("h")); err != nil {
+			t.Fatalf("%s garbage: claim of app/%s: %v", c.key, c.stack, err)
+		}
+		lines, err := e.events("app", c.stack)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(lines), c.key+` did not decode: recounted`) && !strings.Contains(string(lines), "decode "+c.key) {
+			t.Errorf("%s garbage: the claim's line does not name it:\n%s", c.key, lines)
+		}
+		if violations, _, err := Verify(e.db); err != nil || len(violations) > 0 {
+			t.Fatalf("%s garbage: after the claim, verify: %v %q", c.key, err, violations)
+		}
+	}
+
+	w.put(uidCockpitsKey(uid), "garbage")
+	newCockpit(t, e, "other", "")
+	if violations, _, err := Verify(e.db); err != nil || len(violations) > 0 {
+		t.Fatalf("k/ garbage: after mkdir, verify: %v %q", err, violations)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/storage"
@@ -26,9 +27,10 @@ type PortOwner struct {
 
 // reindexLease moves the port index, the cockpit's active-lease count and the count of the uid
 // the lease counts against from before's lease to after's. Every key is read with Get so a concurrent lease of the same port conflicts.
-func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) error {
+// What it had to recount or rebuild (damage) it adds to repaired, for the commit's events line.
+func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease, repaired *[]string) error {
 	if before.Active() && after.Active() && before.Offset == after.Offset {
-		return recharge(tx, leaseUID(before), leaseUID(after))
+		return recharge(tx, leaseUID(before), leaseUID(after), repaired)
 	}
 	if before.Active() == after.Active() && !before.Active() {
 		return nil
@@ -55,7 +57,7 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 			}
 		}
 	}
-	if err := reindexLeasedPorts(tx, cockpit, before, after); err != nil {
+	if err := reindexLeasedPorts(tx, cockpit, before, after, repaired); err != nil {
 		return err
 	}
 	delta := 0
@@ -67,7 +69,7 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 	if delta == 0 {
 		return nil
 	}
-	if err := addCount(tx, leaseCountKey(cockpit), delta); err != nil {
+	if err := addCount(tx, leaseCountKey(cockpit), delta, repaired); err != nil {
 		return err
 	}
 	// A released lease leaves the count of the uid it counted against until then.
@@ -78,19 +80,19 @@ func reindexLease(tx storage.Txn, cockpit, stack string, before, after *Lease) e
 	if charged.UID == nil {
 		return nil
 	}
-	return addCount(tx, uidLeasesKey(*charged.UID), delta)
+	return addCount(tx, uidLeasesKey(*charged.UID), delta, repaired)
 }
 
 // recharge moves an active lease's count from the uid it counted against to the one it counts
 // against now (chargeLease): a takeover's, or a release of the last holder of the first.
-func recharge(tx storage.Txn, was, is *uint32) error {
+func recharge(tx storage.Txn, was, is *uint32, repaired *[]string) error {
 	if was == nil || is == nil || *was == *is {
 		return nil
 	}
-	if err := addCount(tx, uidLeasesKey(*was), -1); err != nil {
+	if err := addCount(tx, uidLeasesKey(*was), -1, repaired); err != nil {
 		return err
 	}
-	return addCount(tx, uidLeasesKey(*is), 1)
+	return addCount(tx, uidLeasesKey(*is), 1, repaired)
 }
 
 // leasedPorts is the set of ports the cockpit's active leases hold, as kept at its
@@ -99,8 +101,8 @@ func recharge(tx storage.Txn, was, is *uint32) error {
 // known is false for a store written before the key, where a cockpit with active leases has
 // none yet: its next lease change writes it (reindexLeasedPorts).
 func leasedPorts(tx storage.Txn, cockpit string) (ports []int, known bool, err error) {
-	var n int
-	if _, err := getJSON(tx, leaseCountKey(cockpit), &n); err != nil || n == 0 {
+	n, _, err := readCount(tx, leaseCountKey(cockpit))
+	if err != nil || n == 0 {
 		return nil, err == nil, err
 	}
 	data, err := tx.Get(leasedPortsKey(cockpit))
@@ -119,9 +121,14 @@ func leasedPorts(tx storage.Txn, cockpit string) (ports []int, known bool, err e
 
 // reindexLeasedPorts keeps the cockpit's leasedPortsKey in step with a lease that goes from
 // before to after, once the port index has been changed: a set it does not know yet (an older
-// store) is read from that index instead, this change included.
-func reindexLeasedPorts(tx storage.Txn, cockpit string, before, after *Lease) error {
+// store), or one that does not decode (damage, added to repaired), is read from that index
+// instead, this change included.
+func reindexLeasedPorts(tx storage.Txn, cockpit string, before, after *Lease, repaired *[]string) error {
 	ports, known, err := leasedPorts(tx, cockpit)
+	if isMalformed(err) {
+		*repaired = append(*repaired, fmt.Sprintf("%v: rebuilt from the port index", err))
+		ports, known, err = nil, false, nil
+	}
 	if err != nil {
 		return err
 	}
@@ -157,15 +164,78 @@ func reindexLeasedPorts(tx storage.Txn, cockpit string, before, after *Lease) er
 
 // addCount adds delta to the count kept at key, read with Get so concurrent changes conflict.
 // A per-uid count that reaches zero is deleted: a uid that holds nothing leaves no key behind.
-func addCount(tx storage.Txn, key string, delta int) error {
-	var n int
-	if _, err := getJSON(tx, key, &n); err != nil {
+// A count that does not decode is recounted (readCount) from the records as this transaction
+// leaves them, its own change included, and written whole; repaired names it for the events line.
+func addCount(tx storage.Txn, key string, delta int, repaired *[]string) error {
+	n, recounted, err := readCount(tx, key)
+	if err != nil {
 		return err
 	}
-	if n+delta <= 0 && perUID(key) {
+	if recounted {
+		*repaired = append(*repaired, fmt.Sprintf("%s did not decode: recounted %d from the records", key, n))
+	} else {
+		n += delta
+	}
+	if n <= 0 && perUID(key) {
 		return tx.Delete(key)
 	}
-	return setJSON(tx, key, n+delta)
+	return setJSON(tx, key, n)
+}
+
+// readCount reads the count kept at key (n/, u/, k/ or t/). One that does not decode (written by
+// hand, by another version) is damage, but a count says no more than the records it counts: it
+// is recounted from them in tx, a scan paid only while it is damaged, so the operation goes on
+// instead of refusing every new lease, cockpit or stack it bounds, and verify names it until a
+// commit writes it whole. A count only bounds: it never chooses a port (the port index and the
+// records do), so a recount hands out nothing a lease holds.
+func readCount(tx storage.Txn, key string) (n int, recounted bool, err error) {
+	if _, err = getJSON(tx, key, &n); !isMalformed(err) {
+		return n, false, err
+	}
+	n, err = recount(tx, key)
+	return n, true, err
+}
+
+// recount counts in tx what the count at key counts: the cockpit's active leases (n/), or the
+// uid's active leases (u/), counted cockpits (k/) or stacks made (t/). A value that does not
+// decode counts for nothing: verify names it.
+func recount(tx storage.Txn, key string) (int, error) {
+	family, name := key[:2], key[2:]
+	n := 0
+	count := func(prefix string, counts func(Record) bool) error {
+		return tx.Scan(prefix, func(_ string, head []byte) error {
+			if r, err := decodeHead(head); err == nil && counts(r) {
+				n++
+			}
+			return nil
+		})
+	}
+	if family == "n/" {
+		err := count(stacksPrefix(name), func(r Record) bool { return r.Value.Lease.Active() })
+		return n, err
+	}
+	parsed, err := strconv.ParseUint(name, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("recount %s: %w", key, err)
+	}
+	uid := uint32(parsed)
+	switch family {
+	case uidCockpitsPrefix:
+		err = tx.Scan(cockpitsPrefix, func(_ string, value []byte) error {
+			var m cockpitMeta
+			if json.Unmarshal(value, &m) == nil && m.Counted && m.UID == uid {
+				n++
+			}
+			return nil
+		})
+	case uidStacksPrefix:
+		err = count(allStacksPrefix, func(r Record) bool { return r.Creator != nil && *r.Creator == uid })
+	default:
+		err = count(allStacksPrefix, func(r Record) bool {
+			return r.Value.Lease.Active() && r.Value.Lease.UID != nil && *r.Value.Lease.UID == uid
+		})
+	}
+	return n, err
 }
 
 // perUID says whether key is one of a uid's counts (leases, cockpits, stacks).
