@@ -450,3 +450,44 @@ func TestCountThatDoesNotDecodeIsRecounted(t *testing.T) {
 		t.Fatalf("k/ garbage: after mkdir, verify: %v %q", err, violations)
 	}
 }
+
+// TestKeysOutsideTheLayout: a key under the prefix that is none of the layout's (junk put by hand,
+// a port key spelled otherwise, a stack key of three names) is one no daemon reads: each daemon's
+// store keeps no value of it (storage.Shared.Withhold), and verify names it. Every key a daemon
+// writes is in the layout.
+func TestKeysOutsideTheLayout(t *testing.T) {
+	e, w := hostileStore(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s")
+	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.View(func(tx storage.Txn) error {
+		return tx.Scan("", func(key string, _ []byte) error {
+			if !inLayout(key) {
+				t.Errorf("the daemon wrote %s, outside the layout", key)
+			}
+			return nil
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	outside := []string{"junk/1", "p/abc", "p/8080", "s/app/s/x", "s/app", "zz", "h/app/s/"}
+	for _, key := range outside {
+		w.put(key, "x")
+	}
+	violations, _, err := Verify(e.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var named []string
+	for _, v := range violations {
+		if key, _, ok := strings.Cut(v, ": is not a key of cockpitfs's layout"); ok {
+			named = append(named, key)
+		}
+	}
+	slices.Sort(outside)
+	if !slices.Equal(named, outside) {
+		t.Errorf("verify names %q outside the layout, want %q (all: %q)", named, outside, violations)
+	}
+}

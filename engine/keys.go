@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -104,6 +105,33 @@ func appendHex16(b []byte, n uint64) []byte {
 		n >>= 4
 	}
 	return append(b, digits[:]...)
+}
+
+// layoutParts is how many '/'-separated names follow each family's prefix in a key of the layout
+// above; the port index's keys are portOfKey's.
+var layoutParts = map[string]int{
+	cockpitsPrefix: 1, allStacksPrefix: 2, allHoldersPrefix: 3, declaredPrefix: 2, "n/": 1, "l/": 1,
+	uidLeasesPrefix: 1, uidCockpitsPrefix: 1, uidStacksPrefix: 1, allEventsPrefix: 3, "f/": 2,
+	"q/": 2, "o/": 2, "w/": 2, "x/": 4, "m/": 2,
+}
+
+// inLayout says whether key is one of the layout's (whatever its value holds): a shared store
+// keeps no value of any other key in memory (storage.Shared.Withhold), and verify names them.
+// "migrating" is the mark an unfinished migration leaves (cmd/cockpitfs).
+func inLayout(key string) bool {
+	if key == stacksCountedKey || key == "migrating" {
+		return true
+	}
+	if _, ok := portOfKey(key); ok {
+		return true
+	}
+	family, rest, _ := strings.Cut(key, "/")
+	parts, ok := layoutParts[family+"/"]
+	if !ok || family == "p" {
+		return false
+	}
+	names := strings.Split(rest, "/")
+	return len(names) == parts && !slices.Contains(names, "")
 }
 
 func machinesPrefix(boot string) string     { return "m/" + boot + "/" }

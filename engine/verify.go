@@ -183,6 +183,14 @@ func Verify(db storage.Store) ([]string, int, error) {
 		if err := verifyUIDCounts(tx, uidCockpitsPrefix, uidCockpits, "counted cockpits made by that uid", bad); err != nil {
 			return err
 		}
+		if err := tx.Scan("", func(key string, _ []byte) error {
+			if !inLayout(key) {
+				bad(key, "is not a key of cockpitfs's layout (no daemon reads it: delete it, or find what wrote it)")
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
 		return verifyEvents(tx, func(cockpit, stack string) bool {
 			return cockpits[cockpit] && (stack == cockpitLevel || hasKey(heads, stackKey(cockpit, stack)))
 		}, bad)

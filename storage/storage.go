@@ -92,6 +92,11 @@ type Shared interface {
 	// one. It serves hints only, such as what to observe before an Update, which reads again
 	// whatever it decides on.
 	Recent(fn func(Txn) error) error
+	// Withhold has the store keep in memory no value of a key keep refuses: keys outside the
+	// caller's layout, which it never reads, so what others put under the prefix costs this
+	// process their keys alone. Reads are unchanged: one that meets such a key reads its value
+	// from the store.
+	Withhold(keep func(key string) bool)
 	// Announce keeps key in the store while this process keeps renewing it: the store deletes it
 	// once the process has not renewed it for ttl (killed, its machine down, cut off from the
 	// store), and the process writes it again if it reaches the store after that.

@@ -32,13 +32,18 @@ type cache struct {
 	// superseded are keys holding a version only a pinned reader may need, or a deletion.
 	superseded  map[string]bool
 	subscribers []subscriber
+	// keep says which keys' values the cache holds (nil: every key's); of the others it holds the
+	// key and its ModRevision alone (Withhold).
+	keep func(key string) bool
 }
 
-// version is a key's value from revision mod on, or its deletion at mod.
+// version is a key's value from revision mod on, or its deletion at mod. withheld: the cache
+// does not hold the value (keep refused the key); a read of it goes to etcd.
 type version struct {
-	mod     int64
-	value   []byte
-	deleted bool
+	mod      int64
+	value    []byte
+	deleted  bool
+	withheld bool
 }
 
 type subscriber struct {
@@ -103,23 +108,40 @@ func (c *cache) await(ctx context.Context, rev int64, bound time.Duration) bool 
 	}
 }
 
-// read returns key (or every key under it, with prefix) as of revision at, sorted by key.
-func (c *cache) read(key string, prefix bool, at int64) []*mvccpb.KeyValue {
+// read returns key (or every key under it, with prefix) as of revision at, sorted by key; held
+// is false when a value read is one the cache withholds: the read must go to etcd.
+func (c *cache) read(key string, prefix bool, at int64) (kvs []*mvccpb.KeyValue, held bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !prefix {
 		if v, ok := visible(c.versions[key], at); ok {
-			return []*mvccpb.KeyValue{{Key: []byte(key), Value: v.value, ModRevision: v.mod}}
+			return []*mvccpb.KeyValue{{Key: []byte(key), Value: v.value, ModRevision: v.mod}}, !v.withheld
 		}
-		return nil
+		return nil, true
 	}
-	var out []*mvccpb.KeyValue
 	for i := sort.SearchStrings(c.keys, key); i < len(c.keys) && strings.HasPrefix(c.keys[i], key); i++ {
 		if v, ok := visible(c.versions[c.keys[i]], at); ok {
-			out = append(out, &mvccpb.KeyValue{Key: []byte(c.keys[i]), Value: v.value, ModRevision: v.mod})
+			if v.withheld {
+				return nil, false
+			}
+			kvs = append(kvs, &mvccpb.KeyValue{Key: []byte(c.keys[i]), Value: v.value, ModRevision: v.mod})
 		}
 	}
-	return out
+	return kvs, true
+}
+
+// withhold has the cache hold no value of a key keep refuses, from now on and of what it holds.
+func (c *cache) withhold(keep func(key string) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.keep = keep
+	for key, vs := range c.versions {
+		if !keep(key) {
+			for i := range vs {
+				vs[i].value, vs[i].withheld = nil, !vs[i].deleted
+			}
+		}
+	}
 }
 
 // visible is the version a read at revision at sees, if the key existed then.
@@ -185,6 +207,9 @@ func (c *cache) add(key string, v version) {
 	vs, known := c.versions[key]
 	if known && vs[len(vs)-1].mod >= v.mod {
 		return
+	}
+	if !v.deleted && c.keep != nil && !c.keep(key) {
+		v.value, v.withheld = nil, true
 	}
 	if !known {
 		if v.deleted {

@@ -19,7 +19,8 @@ func del(key string, rev int64) *mvccpb.Event {
 // show renders what a read at rev sees under prefix: key=value@mod, in key order.
 func show(c *cache, prefix string, rev int64) string {
 	var out []string
-	for _, kv := range c.read(prefix, true, rev) {
+	kvs, _ := c.read(prefix, true, rev)
+	for _, kv := range kvs {
 		out = append(out, fmt.Sprintf("%s=%s@%d", kv.Key, kv.Value, kv.ModRevision))
 	}
 	return strings.Join(out, " ")

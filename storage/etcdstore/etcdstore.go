@@ -237,6 +237,14 @@ func (s *Store) Watch(prefix string, fn func(key string)) error {
 	return nil
 }
 
+// Withhold implements storage.Shared: the cache keeps of a key keep refuses only the key and its
+// ModRevision, so a value put under the prefix outside the caller's layout (by hand, by another
+// version) costs this process no memory; a read that meets one reads etcd at its snapshot's
+// revision, one round trip more.
+func (s *Store) Withhold(keep func(key string) bool) {
+	s.cache.withhold(func(full string) bool { return keep(strings.TrimPrefix(full, s.prefix)) })
+}
+
 // Announce implements storage.Shared with an etcd lease of ttl, kept alive until Close. When the
 // lease is lost (expired while cut off) the key is written again under a new one.
 func (s *Store) Announce(key string, ttl time.Duration) error {
@@ -831,7 +839,10 @@ func (t *txn) get(key string, prefix bool) ([]*mvccpb.KeyValue, error) {
 		return nil, t.failure
 	}
 	if t.cached {
-		return t.s.cache.read(key, prefix, t.rev), nil
+		if kvs, held := t.s.cache.read(key, prefix, t.rev); held {
+			return kvs, nil
+		}
+		// A value the cache withholds is read from etcd at the same revision: the same snapshot.
 	}
 	var opts []clientv3.OpOption
 	if prefix {

@@ -34,3 +34,16 @@ func (s *Store) SendTo(endpoint string) {
 	l := s.leading()
 	s.pin(endpoint, l.term.Load()+1)
 }
+
+// HeldValueBytes is how many bytes of values the store's cache holds.
+func (s *Store) HeldValueBytes() int {
+	s.cache.mu.Lock()
+	defer s.cache.mu.Unlock()
+	n := 0
+	for _, vs := range s.cache.versions {
+		for _, v := range vs {
+			n += len(v.value)
+		}
+	}
+	return n
+}
