@@ -295,9 +295,9 @@ func (e *Engine) apply(ctx context.Context, c Caller, key string, step func(tx s
 	})
 }
 
-// commitChange writes ch in tx, then the operation's events line: a stack's next record after
-// its invariants (a transition that would break one commits nothing) with its port index, a new
-// stack's record, declared values, removals, the cockpit's metadata.
+// commitChange writes ch in tx, then the operation's events line: the cockpit's metadata, a
+// stack's next record after its invariants (a transition that would break one commits nothing)
+// with its port index, a new stack's record, declared values, removals, the counts.
 func (e *Engine) commitChange(tx storage.Txn, c Caller, ch change, now time.Time) error {
 	revision := ch.revision
 	var repaired []string // damaged counts this commit recounts: its line says so
