@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -221,6 +222,55 @@ func TestRestoreKilledAtEachDiskCall(t *testing.T) {
 	if seen["refused"] == 0 || seen["original"] == 0 {
 		t.Fatalf("the kills never met the restore between its two stores: %v", seen)
 	}
+}
+
+// restore killed after its moves, while it reads the store it replaced (as long as that store is
+// big) or says what is lost: the restored store verified clean and nothing named the store kept
+// aside, and the restore run again, as one would, found nothing lost and printed no undo line.
+// Until its report is said the restore is unfinished; finishing it says what is lost and how to
+// undo it, and that undo brings the replaced store back.
+func TestRestoreKilledBeforeItsReportSaysHowToUndoIt(t *testing.T) {
+	t.Parallel()
+	m, backup := faultStores(t)
+	m.corrupted = true // the harness's verify would meet whatever the last run left
+	original := storeRecords(t, m.Data)
+	b, err := kv.ReadBackup(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pristine := filepath.Join(t.TempDir(), "pristine")
+	replaceDir(t, m.Data, pristine)
+	undoLine := regexp.MustCompile(`(?m)^to undo it: (cockpitfs backup --data \S+ FILE && cockpitfs restore --data \S+ FILE)$`)
+	undone := 0
+	faultLoop(t, []string{"openat", "write"}, func() { replaceDir(t, pristine, m.Data) }, func(at string, killed bool, out string) {
+		if !killed {
+			return
+		}
+		v := plain(t, "verify", "--data", m.Data)
+		if v.code == 0 {
+			if got := storeRecords(t, m.Data); sameRecords(got, b.Records) && !undoLine.MatchString(out) {
+				t.Fatalf("killed at %s: the restored store verifies clean, and nothing said how to undo it:\n%s", at, out)
+			}
+			return
+		}
+		r := plain(t, "restore", "--data", m.Data)
+		undo := undoLine.FindStringSubmatch(r.out)
+		if r.code != 0 || undo == nil {
+			t.Fatalf("killed at %s: finishing the restore: exit %d, no undo line:\n%s", at, r.code, r.out)
+		}
+		if undone++; undone > 3 { // running the undo a few times is enough
+			return
+		}
+		file := filepath.Join(t.TempDir(), "undo.backup")
+		sh := exec.Command("bash", "-c", strings.ReplaceAll(undo[1], "FILE", file))
+		sh.Env = append(os.Environ(), "PATH="+filepath.Dir(binary)+":"+os.Getenv("PATH"))
+		if out, err := sh.CombinedOutput(); err != nil {
+			t.Fatalf("killed at %s: %s: %v\n%s", at, undo[1], err, out)
+		}
+		if got := storeRecords(t, m.Data); !sameRecords(got, original) {
+			t.Fatalf("killed at %s, finished, then undone: %s", at, keysOf(got))
+		}
+	}, "restore", "--data", m.Data, backup)
 }
 
 // backup killed at each call: the file named is absent or a whole backup of the store, the store

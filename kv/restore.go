@@ -24,7 +24,9 @@ import (
 //  2. dir/RESTORING is written (a temporary file, synced, renamed): the restore's intent, naming
 //     the backup, the staged files and the directory the replaced store moves to;
 //  3. the replaced store's files move into dir/damaged-<time>; 4. the staged files move into dir;
-//  5. dir/restore-staged and dir/RESTORING are removed.
+//  5. dir/restore-staged is removed, the report is made (the replaced store read where it lies)
+//     and said, and dir/RESTORING is removed: a restore killed before it said what is lost and
+//     how to undo it is unfinished, and finishing it says so.
 //
 // From 2 until 5 ends, Open refuses with *UnfinishedRestoreError, and FinishRestore completes
 // the moves: every staged file still staged means 3 may not have ended (whatever store files dir
@@ -100,60 +102,61 @@ type RestoreReport struct {
 
 // Restore replaces the store in dir by the backup at path (see the steps above). The store it
 // replaces is moved, whole and unchanged, into dir/damaged-<time>; its readable records are
-// compared with the backup to report what is lost. It refuses with *HeldError while a daemon
-// holds dir, and with *UnfinishedRestoreError while a killed restore is unfinished.
-func Restore(dir, path string) (*RestoreReport, error) {
+// compared with the backup to report what is lost, and say is given the report before the
+// restore ends. It refuses with *HeldError while a daemon holds dir, and with
+// *UnfinishedRestoreError while a killed restore is unfinished.
+func Restore(dir, path string, say func(*RestoreReport)) error {
 	backup, err := ReadBackup(path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	lock, err := lockDir(dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer lock.Close()
 	if err := UnfinishedRestore(dir); err != nil {
-		return nil, err
+		return err
 	}
 	staged := filepath.Join(dir, restoreStagedName)
 	if err := os.RemoveAll(staged); err != nil { // a restore killed before its intent
-		return nil, fmt.Errorf("kv: %w", err)
+		return fmt.Errorf("kv: %w", err)
 	}
 	if err := stageRestore(staged, lock, backup); err != nil {
 		os.RemoveAll(staged)
-		return nil, err
+		return err
 	}
 	files, err := storeFiles(staged)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs // finished later, maybe from another directory
 	}
 	intent := restoreIntent{Backup: path, Taken: backup.Taken, Aside: filepath.Base(asideName(dir)), Staged: files}
 	if err := writeRestoreIntent(dir, intent); err != nil {
-		return nil, err
+		return err
 	}
-	return finishRestore(dir, intent, backup)
+	return finishRestore(dir, intent, backup, say)
 }
 
 // FinishRestore completes the restore a kill left unfinished in dir (see the steps above) and
-// reports it as Restore would have.
-func FinishRestore(dir string) (*RestoreReport, error) {
+// says its report as Restore would have.
+func FinishRestore(dir string, say func(*RestoreReport)) error {
 	lock, err := lockDir(dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer lock.Close()
 	intent, err := readRestoreIntent(dir)
 	if err != nil {
-		return nil, fmt.Errorf("kv: no unfinished restore in %s: %w", dir, err)
+		return fmt.Errorf("kv: no unfinished restore in %s: %w", dir, err)
 	}
 	backup, err := ReadBackup(intent.Backup)
 	if err != nil {
-		return nil, fmt.Errorf("kv: the unfinished restore's backup: %w", err)
+		return fmt.Errorf("kv: the unfinished restore's backup: %w", err)
 	}
-	return finishRestore(dir, intent, backup)
+	return finishRestore(dir, intent, backup, say)
 }
 
 // stageRestore writes backup's records into a new store in staged, closed and synced.
@@ -197,32 +200,29 @@ func stageRestore(staged string, lock *os.File, backup *BackupFile) error {
 }
 
 // finishRestore moves the replaced store aside and the staged one in, from wherever a kill
-// stopped it, then removes the intent.
-func finishRestore(dir string, intent restoreIntent, backup *BackupFile) (*RestoreReport, error) {
+// stopped it, says the report, then removes the intent: until the report is said (reading the
+// replaced store takes as long as it is big), a kill leaves the restore unfinished, so that the
+// next `restore` says what is lost and how to undo it, which a restore run again on the
+// restored store cannot (it would find nothing lost, beside another aside).
+func finishRestore(dir string, intent restoreIntent, backup *BackupFile, say func(*RestoreReport)) error {
 	staged := filepath.Join(dir, restoreStagedName)
 	left, err := storeFiles(staged)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
+		return err
 	}
 	aside := filepath.Join(dir, intent.Aside)
 	report := &RestoreReport{Backup: intent.Backup, Taken: intent.Taken, Restored: len(backup.Records), MovedTo: aside}
 	if len(left) == len(intent.Staged) {
 		// Nothing staged moved in yet: every store file in dir is the replaced store's.
 		if err := moveStoreFiles(dir, aside, true); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := moveStoreFiles(staged, dir, false); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
+		return err
 	}
 	if err := os.Remove(staged); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("kv: restore: %w", err)
-	}
-	if err := os.Remove(filepath.Join(dir, restoreIntentName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("kv: restore: %w", err)
-	}
-	if err := SyncDir(dir); err != nil {
-		return nil, fmt.Errorf("kv: restore: %w", err)
+		return fmt.Errorf("kv: restore: %w", err)
 	}
 	// What the replaced store held, read where it now lies, against the backup.
 	current, unreadable, salvageErr := salvage(aside)
@@ -234,7 +234,14 @@ func finishRestore(dir string, intent restoreIntent, backup *BackupFile) (*Resto
 			report.Lost = append(report.Lost, key+": differs in the backup")
 		}
 	}
-	return report, nil
+	say(report)
+	if err := os.Remove(filepath.Join(dir, restoreIntentName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("kv: restore: %w", err)
+	}
+	if err := SyncDir(dir); err != nil {
+		return fmt.Errorf("kv: restore: %w", err)
+	}
+	return nil
 }
 
 // writeRestoreIntent writes dir/RESTORING whole: a temporary file, synced, renamed, the

@@ -65,12 +65,10 @@ func restoreCommand(args []string) error {
 		if len(positional) == 1 && positional[0] != unfinished.Backup {
 			return fmt.Errorf("%w; finish it first with `cockpitfs restore --data %s`, then restore %s", unfinished, *data, positional[0])
 		}
-		report, err := kv.FinishRestore(*data)
-		if err != nil {
-			return heldHint(err)
-		}
-		fmt.Printf("finished the restore of %s that was stopped before it ended\n", report.Backup)
-		return printRestore(report, *data)
+		return heldHint(kv.FinishRestore(*data, func(report *kv.RestoreReport) {
+			fmt.Printf("finished the restore of %s that was stopped before it ended\n", report.Backup)
+			printRestore(report, *data)
+		}))
 	}
 	var path string
 	if len(positional) == 1 {
@@ -83,16 +81,14 @@ func restoreCommand(args []string) error {
 			return fmt.Errorf("no backup in %s/%s: name a backup file (cockpitfs restore --data %s FILE)", *data, kv.BackupDirName, *data)
 		}
 	}
-	report, err := kv.Restore(*data, path)
-	if err != nil {
-		return heldHint(err)
-	}
-	return printRestore(report, *data)
+	// Said before the restore ends: killed before then, it is unfinished, and finishing it says
+	// it again (what is lost, and how to undo it).
+	return heldHint(kv.Restore(*data, path, func(report *kv.RestoreReport) { printRestore(report, *data) }))
 }
 
 // printRestore says what a restore of data did, what is lost, and how to undo it when anything
 // is: restore asks nothing, and run on a clean store it drops what was committed since the backup.
-func printRestore(report *kv.RestoreReport, data string) error {
+func printRestore(report *kv.RestoreReport, data string) {
 	fmt.Printf("restored %s from %s (taken %s)\n", plural(report.Restored, "record"), report.Backup, report.Taken.Format(time.RFC3339))
 	fmt.Printf("the replaced store is kept, unchanged, in %s\n", report.MovedTo)
 	for _, f := range report.Unreadable {
@@ -111,7 +107,6 @@ func printRestore(report *kv.RestoreReport, data string) error {
 		}
 		fmt.Printf("to undo it: cockpitfs backup --data %s FILE && cockpitfs restore --data %s FILE\n", shellQuote(report.MovedTo), shellQuote(data))
 	}
-	return nil
 }
 
 // openOffline opens a stopped daemon's store read-only, saying what to do when it is damaged or
