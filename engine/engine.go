@@ -307,8 +307,11 @@ func (e *Engine) Stacks(cockpit string) ([]string, error) {
 			return err
 		}
 		return tx.Scan(stacksPrefix(cockpit), func(k string, _ []byte) error {
-			_, stack := splitStackKey(k)
-			out = append(out, stack)
+			// A key no stack may have (a shared store's keys are anyone's input) is not listed:
+			// a '/' in one name fails the kernel's whole listing. verify names it.
+			if _, stack := splitStackKey(k); ValidName(stack) {
+				out = append(out, stack)
+			}
 			return nil
 		})
 	})

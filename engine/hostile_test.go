@@ -491,3 +491,34 @@ func TestKeysOutsideTheLayout(t *testing.T) {
 		t.Errorf("verify names %q outside the layout, want %q (all: %q)", named, outside, violations)
 	}
 }
+
+// TestStatusShowsNoHostileName: a stack's key or a holder's name is input too. A key no stack
+// may have (a newline, an escape, a slash in its name) was a damaged row whose name the table
+// printed as it is, forging rows and writing escapes to every user's terminal, and `ls stacks`
+// listed it (a '/' in a name fails the kernel's whole listing: EIO); a holder's name was printed
+// as it is. Such a key is not a stack (verify names it), and a name is printed as text views
+// print values.
+func TestStatusShowsNoHostileName(t *testing.T) {
+	e, put := hostileEngine(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s", "t")
+	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	put(stackKey("app", "x\napp      forged  1    HTTP=1"), "garbage")
+	put(stackKey("app", "e\x1b]0;owned\x07"), "garbage")
+	put(stackKey("app", "a/b"), "garbage")
+	put(holderKey("app", "t", "zz"), `{"holderId":"zz","name":"h\u001b[2J\nforged","checkoutId":"c","claimedAt":"2026-01-01T00:00:00.000Z"}`)
+	waitStatus(t, e, func(table string) bool { return strings.Contains(table, "forged") })
+	table, _, err := e.StatusFile(StatusTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.ContainsAny(string(table), "\x1b\x07") || regexp.MustCompile(`(?m)^forged|^app +forged`).Match(table) {
+		t.Fatalf("status printed a hostile name as it is:\n%q", table)
+	}
+	stacks, err := e.Stacks("app")
+	if err != nil || !slices.Equal(stacks, []string{"s", "t"}) {
+		t.Fatalf("stacks of app: %q, %v; want s and t", stacks, err)
+	}
+}

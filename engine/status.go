@@ -195,7 +195,7 @@ func (st machineStatus) Table() []byte {
 				if h.PID != 0 {
 					pid = strconv.Itoa(h.PID)
 				}
-				row(s, c.Name, s.Name, s.cells.revision, s.cells.ports, h.Name, h.State, pid, dash(h.Command), h.checkoutCell, s.cells.drain)
+				row(s, c.Name, s.Name, s.cells.revision, s.cells.ports, Printable(h.Name), h.State, pid, dash(h.Command), h.checkoutCell, s.cells.drain)
 			}
 		}
 	}

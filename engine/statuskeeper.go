@@ -174,7 +174,9 @@ func (k *statusKeeper) load(e *Engine, tx storage.Txn, proxy *proxyBase) error {
 func (k *statusKeeper) loadRows(e *Engine, tx storage.Txn, kc *keptCockpit) error {
 	heads := map[string][]byte{}
 	if err := tx.Scan(stacksPrefix(kc.meta.Name), func(key string, raw []byte) error {
-		heads[key] = raw
+		if _, stack := splitStackKey(key); ValidName(stack) { // as Stacks lists them
+			heads[key] = raw
+		}
 		return nil
 	}); err != nil {
 		return err
@@ -280,10 +282,10 @@ func (k *statusKeeper) refresh(e *Engine, tx storage.Txn, stale map[string]bool)
 		if !strings.HasPrefix(key, allStacksPrefix) {
 			continue
 		}
-		cockpit, _ := splitStackKey(key)
+		cockpit, stack := splitStackKey(key)
 		kc := k.cockpits[cockpit]
-		if kc == nil || reread[cockpit] || kc.damaged != "" {
-			continue // a damaged cockpit shows no stack
+		if kc == nil || reread[cockpit] || kc.damaged != "" || !ValidName(stack) {
+			continue // a damaged cockpit shows no stack; a key no stack may have is none
 		}
 		raw, err := tx.Get(key)
 		old, had := kc.rows[key]
