@@ -74,7 +74,8 @@ func Serve(in io.Reader, out io.Writer) int {
 // counted against the path, a checkout that exists was found not to answer, and not looked at
 // again for a minute. The start has a bound of its own, StartTimeout (default 5 s), past which
 // the path did not answer either: a child runs as the user it looks for, who may stop it before
-// it is ready, and must not hold the looks of others for longer. Not for concurrent use.
+// it is ready (before its exec too), and must not hold the looks of others for longer. Not for
+// concurrent use.
 type Prober struct {
 	Timeout      time.Duration
 	StartTimeout time.Duration
@@ -145,8 +146,29 @@ func (p *Prober) start() error {
 	if err != nil {
 		return err
 	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("probe: %w", err)
+	// The start's bound counts from the fork: exec's Start returns once the child has executed,
+	// and a child running as a user is theirs to stop from its setuid on, before its exec too,
+	// for as long as they like. Such a start is ended (killed, reaped) once it returns.
+	wait := cmp.Or(p.StartTimeout, startWait)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	started := make(chan error, 1)
+	go func() { started <- startChild(cmd) }()
+	select {
+	case err := <-started:
+		if err != nil {
+			return fmt.Errorf("probe: %w", err)
+		}
+	case <-timer.C:
+		reaped := make(chan struct{})
+		go func() {
+			if <-started == nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+			close(reaped)
+		}()
+		return &NoAnswerError{Timeout: wait, Reaped: reaped}
 	}
 	answers := make(chan string)
 	go func() {
@@ -157,9 +179,6 @@ func (p *Prober) start() error {
 		}
 	}()
 	p.cmd, p.in, p.answers = cmd, in, answers
-	wait := cmp.Or(p.StartTimeout, startWait)
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
 	select {
 	case ready, ok := <-answers:
 		if ok && ready == "r" {
@@ -171,6 +190,10 @@ func (p *Prober) start() error {
 		return &NoAnswerError{Timeout: wait, Reaped: p.Close()}
 	}
 }
+
+// startChild starts a child; a test holds it, as a user's SIGSTOP between the child's setuid and
+// its exec does.
+var startChild = (*exec.Cmd).Start
 
 // startWait is StartTimeout's default: a race-built child started in 0.2–0.4 s on the 2-CPU VM
 // at a load of 9.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -90,5 +91,45 @@ func TestStartTimeoutIsNoAnswer(t *testing.T) {
 	case <-na.Reaped:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the child that never got ready was not ended")
+	}
+}
+
+// A child its user stopped before its exec (it runs as them from its setuid on) holds exec's
+// Start, which returns only once the child has executed: the start waited on it for as long as
+// the user liked, and with it every survey meeting their uid (the sweep, root's cat gc). The
+// start's bound counts from the fork: the look ends as one that did not answer, and the child
+// is ended once its start returns.
+func TestStartTimeoutHoldsBeforeTheExec(t *testing.T) {
+	hold := make(chan struct{})
+	startChild = func(cmd *exec.Cmd) error {
+		<-hold
+		return cmd.Start()
+	}
+	t.Cleanup(func() { startChild = (*exec.Cmd).Start })
+	p := &Prober{Timeout: 500 * time.Millisecond, StartTimeout: 300 * time.Millisecond}
+	defer p.Close()
+	looked := make(chan error, 1)
+	go func() { looked <- p.Lstat(t.TempDir()) }()
+	var err error
+	select {
+	case err = <-looked:
+	case <-time.After(5 * time.Second):
+		close(hold)
+		t.Fatal("a child held before its exec held the look past its start's bound")
+	}
+	var na *NoAnswerError
+	if !errors.As(err, &na) {
+		t.Fatalf("a child held before its exec: %v, want a NoAnswerError", err)
+	}
+	select {
+	case <-na.Reaped:
+		t.Fatal("reaped while its start is still held")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(hold)
+	select {
+	case <-na.Reaped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the child held before its exec was not ended once its start returned")
 	}
 }
