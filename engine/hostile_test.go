@@ -521,4 +521,18 @@ func TestStatusShowsNoHostileName(t *testing.T) {
 	if err != nil || !slices.Equal(stacks, []string{"s", "t"}) {
 		t.Fatalf("stacks of app: %q, %v; want s and t", stacks, err)
 	}
+	// verify names each, one line apiece, with nothing a terminal acts on.
+	violations, _, err := Verify(e.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := strings.Join(violations, "\n")
+	for _, key := range []string{`s/app/x\napp      forged`, `s/app/e\x1b]0;owned\a`, "s/app/a/b", `s/app/t: holder "h\\x1b[2J\\nforged"`} {
+		if !strings.Contains(named, key) {
+			t.Errorf("verify does not name %s", key)
+		}
+	}
+	if strings.ContainsAny(named, "\x1b\x07") || regexp.MustCompile(`(?m)^app +forged`).MatchString(named) {
+		t.Fatalf("verify printed a hostile name as it is:\n%q", named)
+	}
 }

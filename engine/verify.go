@@ -19,7 +19,8 @@ import (
 func Verify(db storage.Store) ([]string, int, error) {
 	var violations []string
 	bad := func(key, format string, args ...any) {
-		violations = append(violations, key+": "+fmt.Sprintf(format, args...))
+		// One line each, nothing a terminal acts on: a shared store's keys and values are anyone's.
+		violations = append(violations, Printable(key+": "+fmt.Sprintf(format, args...)))
 	}
 	records := map[string]Record{}
 	stacks := map[string]int{}
