@@ -119,10 +119,12 @@ func start(t testing.TB, n int, tlsInfo *transport.TLSInfo) (*Cluster, error) {
 // range of local ports for connections (ip_local_port_range) and below those tests lease: a
 // member stopped and started again listens on its port anew, and a port from that range may
 // meanwhile be any connection's own (a restart failed "address already in use" when a client's
-// connection took it). A port is handed out once among every test process of the machine (a
-// flock on a file named after it, held until the process ends): a port free while a member was
-// stopped was still its own, and another test's cluster, in this process or in another package's
-// running beside it, took it meanwhile ("address already in use" at the restart).
+// connection took it). A port is handed out once among every test process of the machine (an
+// abstract unix socket named after it, bound until the process ends): a port free while a member
+// was stopped was still its own, and another test's cluster, in this process or in another
+// package's running beside it, took it meanwhile ("address already in use" at the restart). Not a
+// file under TMPDIR, as it was: two test runs with TMPDIRs of their own each handed out ports the
+// other's members held.
 func freeURL(t testing.TB) url.URL {
 	high := 60999
 	if r, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
@@ -136,11 +138,9 @@ func freeURL(t testing.TB) url.URL {
 	if from >= to {
 		from, to = 10000, 15000 // the range reaches the top: below what tests lease
 	}
-	dir := filepath.Join(os.TempDir(), "cockpitfs-etcdtest-ports")
-	os.MkdirAll(dir, 0o755) // where it cannot be made, each process reserves for itself
 	for range 1000 {
 		port := from + rand.IntN(to-from)
-		if !reserve(dir, port) {
+		if !reserve(port) {
 			continue // another cluster's, of this process or another
 		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
@@ -154,30 +154,25 @@ func freeURL(t testing.TB) url.URL {
 	return url.URL{}
 }
 
-// reserved are the ports freeURL gave in this process, each with its lock (nil where the lock
-// file could not be made: another user's directory), held until the process ends.
+// reserved are the ports freeURL gave in this process, each with its reservation, held until
+// the process ends.
 var reserved = struct {
 	sync.Mutex
-	ports map[int]*os.File
-}{ports: map[int]*os.File{}}
+	ports map[int]net.Listener
+}{ports: map[int]net.Listener{}}
 
 // reserve takes port for this process, unless it or another process took it already.
-func reserve(dir string, port int) bool {
+func reserve(port int) bool {
 	reserved.Lock()
 	defer reserved.Unlock()
 	if _, taken := reserved.ports[port]; taken {
 		return false
 	}
-	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
-	if err == nil {
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			f.Close()
-			return false
-		}
-	} else {
-		f = nil // this process's reservation alone
+	l, err := net.Listen("unix", "@cockpitfs-etcdtest-port-"+strconv.Itoa(port))
+	if err != nil {
+		return false // another process's
 	}
-	reserved.ports[port] = f
+	reserved.ports[port] = l
 	return true
 }
 
