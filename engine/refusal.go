@@ -53,7 +53,7 @@ const (
 	// OpenSnapshotLimit: the opens of the caller's uid already hold as many snapshot bytes as one
 	// uid's may, so one user's open files cannot exhaust the daemon's memory.
 	OpenSnapshotLimit Code = "OPEN_SNAPSHOT_LIMIT"
-	// ConfigEditLimit: the cockpit already has as many scratch files beside its config, or
+	// ConfigEditLimit: the cockpit already has as many scratch files and directories beside its config, or
 	// replacements of its config under way, as one cockpit may.
 	ConfigEditLimit Code = "CONFIG_EDIT_LIMIT"
 	// WaitUIDLimit: the caller's uid already has as many reads waiting in wait files as one uid

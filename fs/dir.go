@@ -188,11 +188,15 @@ func (d *dir) enter(ctx context.Context, e entry, out *fuse.EntryOut, fh gofs.Fi
 // inode number is that of its path and content, so the same content is the same node.
 func (d *dir) node(ctx context.Context, e entry) (gofs.InodeEmbedder, gofs.StableAttr, syscall.Errno) {
 	path := d.child(e.name)
+	if n, ok := e.node.(identified); ok {
+		mode := uint32(syscall.S_IFREG)
+		if e.dir {
+			mode = syscall.S_IFDIR // a scratch directory
+		}
+		return e.node, gofs.StableAttr{Mode: mode, Ino: n.identity()}, 0
+	}
 	if e.dir {
 		return e.node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino(path)}, 0
-	}
-	if n, ok := e.node.(identified); ok {
-		return e.node, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: n.identity()}, 0
 	}
 	f, ok := e.node.(*file)
 	if !e.frozen || !ok {
@@ -433,8 +437,8 @@ func (d *dir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // Rename is refused (EPERM): a name of the tree is a record's key, not a label. The refusal says
-// what to do instead. Beside config, scratch files rename (scratch.go), and config renames aside to
-// a backup name (replace.go).
+// what to do instead. Beside config, scratch files rename (scratch.go), also into and out of a
+// scratch directory (scratchdir.go), and config renames aside to a backup name (replace.go).
 func (d *dir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) (errno syscall.Errno) {
 	defer d.fsys.guard("rename", d.path, name, &errno)
 	ctx = uninterrupted(ctx)
@@ -450,6 +454,11 @@ func (d *dir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbed
 			if handled, errno := d.renameScratch(ctx, name, newName); handled {
 				return errno
 			}
+		}
+	}
+	if p, ok := newParent.(*scratchDir); ok && p.cockpit.cockpit == d.cockpit && flags&unix.RENAME_EXCHANGE == 0 {
+		if handled, errno := d.renameIntoScratchDir(ctx, name, p, newName, flags); handled {
+			return errno
 		}
 	}
 	c := caller(ctx, "rename", d.child(name))

@@ -27,7 +27,8 @@ import (
 // errUndefined: a create of a name the directory does not define (refused as undefined).
 var errUndefined = errors.New("the tree does not define this name")
 
-// maxScratch bounds the scratch files of one cockpit.
+// maxScratch bounds the scratch files of one cockpit, scratch directories and the files in them
+// included.
 const maxScratch = 16
 
 type scratch struct {
@@ -37,6 +38,9 @@ type scratch struct {
 	mode  uint32
 	data  []byte
 	mtime time.Time
+	// dir: a scratch directory (see scratchdir.go); its files are scratch files keyed
+	// "<dir>/<name>", so they count against the cockpit's maxScratch with it.
+	dir bool
 	// promoted: renamed onto config. The kernel may still hold config's name for this node; an
 	// open, stat or change of it by name answers ESTALE, so the kernel looks config up again and
 	// the name shows config's inode and times from the rename on (an editor compares a file's
@@ -45,7 +49,7 @@ type scratch struct {
 	promoted bool
 }
 
-// scratchFiles are every cockpit's scratch files, by cockpit and name.
+// scratchFiles are every cockpit's scratch files and directories, by cockpit and name.
 type scratchFiles struct {
 	mu sync.Mutex
 	m  map[string]map[string]*scratch
@@ -64,11 +68,12 @@ func (s *scratchFiles) get(cockpit, name string) *scratch {
 	return s.m[cockpit][name]
 }
 
-func (s *scratchFiles) create(cockpit, name string, uid, mode uint32, now time.Time) error {
-	if sc := s.get(cockpit, name); sc != nil {
-		return &engine.Refusal{Code: engine.Exists, Message: name + " exists"}
+// create makes sc the scratch file or directory name, which must be free.
+func (s *scratchFiles) create(cockpit, name string, sc *scratch) error {
+	if s.get(cockpit, name) != nil {
+		return &engine.Refusal{Code: engine.Exists, Message: childPath(cockpit, name) + " exists"}
 	}
-	return s.put(cockpit, name, newScratch(uid, mode, nil, now))
+	return s.put(cockpit, name, sc)
 }
 
 // put makes sc the scratch file name, replacing the one of that name.
@@ -81,9 +86,12 @@ func (s *scratchFiles) put(cockpit, name string, sc *scratch) error {
 	if s.m[cockpit] == nil {
 		s.m[cockpit] = map[string]*scratch{}
 	}
+	if !s.parentHeld(cockpit, name) {
+		return notFound("%s does not exist", childPath(cockpit, name[:strings.IndexByte(name, '/')]))
+	}
 	if _, replaced := s.m[cockpit][name]; !replaced && len(s.m[cockpit]) >= maxScratch {
-		return &engine.Refusal{Code: engine.ConfigEditLimit, Fix: "rename or remove the other scratch files first",
-			Message: fmt.Sprintf("cockpit %s already has %d scratch files beside its config", cockpit, maxScratch)}
+		return &engine.Refusal{Code: engine.ConfigEditLimit, Fix: "rename or remove the other scratch files (and directories: rm -r) first",
+			Message: fmt.Sprintf("cockpit %s already has %d scratch files and directories beside its config", cockpit, maxScratch)}
 	}
 	s.m[cockpit][name] = sc
 	return nil
@@ -98,14 +106,31 @@ func (s *scratchFiles) remove(cockpit, name string, sc *scratch) {
 	}
 }
 
-// move renames a scratch file to another scratch name, replacing what was there.
-func (s *scratchFiles) move(cockpit, from, to string, sc *scratch) {
+// move renames a scratch file to another scratch name, replacing the file there; a scratch
+// directory there, or none for the directory of to, refuses it.
+func (s *scratchFiles) move(cockpit, from, to string, sc *scratch) syscall.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.m[cockpit][from] == sc {
-		delete(s.m[cockpit], from)
-		s.m[cockpit][to] = sc
+	switch old := s.m[cockpit][to]; {
+	case s.m[cockpit][from] != sc || !s.parentHeld(cockpit, to):
+		return syscall.ENOENT
+	case old != nil && old.dir:
+		return syscall.EISDIR
 	}
+	delete(s.m[cockpit], from)
+	s.m[cockpit][to] = sc
+	return 0
+}
+
+// parentHeld says the scratch directory of key (one "<dir>/<name>") exists; a key beside config
+// has none to hold (under s.mu).
+func (s *scratchFiles) parentHeld(cockpit, key string) bool {
+	i := strings.IndexByte(key, '/')
+	if i < 0 {
+		return true
+	}
+	p := s.m[cockpit][key[:i]]
+	return p != nil && p.dir
 }
 
 // forgetCockpit drops a removed cockpit's scratch files.
@@ -249,8 +274,8 @@ func scratchEntries(ctx context.Context, d *dir) []entry {
 	defer d.fsys.scratch.mu.Unlock()
 	var es []entry
 	for name, sc := range d.fsys.scratch.m[d.cockpit] {
-		if sc.mine(ctx) && !sc.promoted {
-			es = append(es, entry{name: name, node: &scratchFile{fsys: d.fsys, path: d.child(name), s: sc}})
+		if sc.mine(ctx) && !sc.promoted && !strings.Contains(name, "/") {
+			es = append(es, scratchEntry(d, name, sc))
 		}
 	}
 	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
@@ -277,7 +302,15 @@ func (cockpitListing) lookup(ctx context.Context, d *dir, name string) (entry, b
 	if sc == nil || sc.promoted {
 		return entry{}, false, nil
 	}
-	return entry{name: name, node: &scratchFile{fsys: d.fsys, path: d.child(name), s: sc}}, true, nil
+	return scratchEntry(d, name, sc), true, nil
+}
+
+// scratchEntry is the entry of d's scratch file or directory name.
+func scratchEntry(d *dir, name string, sc *scratch) entry {
+	if sc.dir {
+		return entry{name: name, dir: true, node: &scratchDir{fsys: d.fsys, cockpit: d, name: name, s: sc}}
+	}
+	return entry{name: name, node: &scratchFile{fsys: d.fsys, path: d.child(name), s: sc}}
 }
 
 // create makes a scratch file; editors' own scratch names stay refused, so they save in place.
@@ -287,7 +320,7 @@ func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint
 	if name == "config" {
 		return nil, d.createReplacement(ctx, mode)
 	}
-	if editorScratch(name) || !engine.ValidName(strings.TrimPrefix(name, ".")) {
+	if !scratchFileName(name) {
 		return nil, errUndefined
 	}
 	c := caller(ctx, "create", d.child(name))
@@ -296,7 +329,7 @@ func (cockpitListing) create(ctx context.Context, d *dir, name string, mode uint
 	if err := d.fsys.eng.MayWriteConfig(c, d.cockpit); err != nil {
 		return nil, err
 	}
-	return nil, d.fsys.scratch.create(d.cockpit, name, c.UID, mode, time.Now())
+	return nil, d.fsys.scratch.create(d.cockpit, name, newScratch(c.UID, mode, nil, time.Now()))
 }
 
 func (cockpitListing) unlink(ctx context.Context, d *dir, name string) syscall.Errno {
@@ -309,6 +342,9 @@ func (cockpitListing) unlink(ctx context.Context, d *dir, name string) syscall.E
 	}
 	if !sc.mine(ctx) {
 		return syscall.EACCES
+	}
+	if sc.dir {
+		return syscall.EISDIR
 	}
 	d.fsys.scratch.remove(d.cockpit, name, sc)
 	return 0
@@ -324,20 +360,38 @@ func (d *dir) renameScratch(ctx context.Context, name, newName string) (bool, sy
 	if !sc.mine(ctx) {
 		return true, syscall.EACCES
 	}
+	if sc.dir {
+		return false, 0 // a scratch directory keeps its name: refused as any rename of the tree
+	}
 	if newName != "config" {
-		if _, fixed, _ := (cockpitListing{}).lookup(ctx, d, newName); fixed && d.fsys.scratch.get(d.cockpit, newName) == nil {
+		if !d.scratchTarget(ctx, newName) {
 			return false, 0
 		}
-		d.fsys.scratch.move(d.cockpit, name, newName, sc)
-		return true, 0
+		return true, d.fsys.scratch.move(d.cockpit, name, newName, sc)
 	}
+	return true, d.promote(ctx, name, sc)
+}
+
+// scratchTarget says a scratch file may be renamed to name in d: no name of the tree and no
+// scratch directory has it.
+func (d *dir) scratchTarget(ctx context.Context, name string) bool {
+	if old := d.fsys.scratch.get(d.cockpit, name); old != nil {
+		return !old.dir
+	}
+	_, fixed, _ := (cockpitListing{}).lookup(ctx, d, name)
+	return !fixed
+}
+
+// promote applies scratch file key's content as d's whole config, or refuses the rename with its
+// events line and keeps both.
+func (d *dir) promote(ctx context.Context, key string, sc *scratch) syscall.Errno {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	c := caller(ctx, "rename", d.child(name))
+	c := caller(ctx, "rename", d.child(key))
 	if err := d.fsys.eng.SetConfig(ctx, c, d.cockpit, sc.data); err != nil {
-		return true, d.fsys.fail(c, d.cockpit, "", err)
+		return d.fsys.fail(c, d.cockpit, "", err)
 	}
 	sc.promoted = true
-	d.fsys.scratch.remove(d.cockpit, name, sc)
-	return true, 0
+	d.fsys.scratch.remove(d.cockpit, key, sc)
+	return 0
 }
