@@ -475,6 +475,95 @@ with open(sys.argv[1], "w", buffering=1) as f:
 	}
 }
 
+// rsync --delay-updates (and with --partial-dir=.DIR) copies into a scratch file beside config,
+// renames it into a directory beside config (.~tmp~), then onto config, then removes the
+// directory. Its mkdir was refused, and rsync discarded the copy and exited 0 with nothing
+// applied. Now the document is applied whole; a refused one fails rsync and changes nothing;
+// and a co-user's rsync onto the config, or use of its owner's directory, is refused.
+func TestToolsRsyncDelayUpdates(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "rsync")
+	m := ownershipMount(t, "--allow-other")
+	m.ok("mkdir $M/app")
+	claimsConfig(m, "app", toolsConfig(48100))
+	dir := t.TempDir()
+	port := 48100
+	for _, flags := range []string{"--delay-updates", "--delay-updates --partial-dir=.rsync-partial", "-a --delay-updates"} {
+		t.Run(flags, func(t *testing.T) {
+			// Its quick check skips a file of config's size and second: new.toml is older.
+			editApplied(t, m, "sed s/FROM/TO/ $M/app/config > "+dir+"/new.toml && touch -d @0 "+dir+"/new.toml && rsync "+flags+" "+dir+"/new.toml $M/app/config", port, port+1)
+			port++
+			if got := m.ok("ls -a $M/app"); got != ".\n..\nconfig\nevents\nstacks\n" {
+				t.Fatalf("ls -a after rsync %s:\n%s", flags, got)
+			}
+		})
+	}
+	good := toolsConfig(port)
+
+	// A refused document: rsync says so and exits non-zero; config stays; one events line.
+	n := claimsEventCount(m, "app/events")
+	r := m.sh("printf '[ports]\\nstep = 0\\n[ports.bases]\\nHTTP = 48900\\n' > " + dir + "/bad.toml && rsync --delay-updates " + dir + "/bad.toml $M/app/config")
+	if r.Code == 0 || !strings.Contains(r.Stderr, "rename failed") {
+		t.Fatalf("rsync --delay-updates of a refused document: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if got := m.read("app/config"); got != good {
+		t.Fatalf("config = %q after a refused rsync", got)
+	}
+	lines := strings.Split(strings.TrimSpace(m.read("app/events")), "\n")[n:]
+	if len(lines) != 1 || !strings.Contains(lines[0], `"result":"refused"`) || !strings.Contains(lines[0], `"path":"app/.~tmp~/config"`) {
+		t.Fatalf("want one refusal of the rename in events, got:\n%s", strings.Join(lines, "\n"))
+	}
+	// rsync leaves its directory and the refused copy, as on any filesystem; they are its
+	// writer's alone.
+	if got := m.ok("ls -a $M/app/.~tmp~"); got != ".\n..\nconfig\n" {
+		t.Fatalf("ls -a .~tmp~ after the refused rsync:\n%s", got)
+	}
+	src := filepath.Join(filepath.Dir(m.Dir), "nobody.toml") // a directory nobody can read
+	if err := os.WriteFile(src, []byte(toolsConfig(48950)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(src, time.Unix(0, 0), time.Unix(0, 0)); err != nil { // past the quick check
+		t.Fatal(err)
+	}
+	for _, script := range []string{
+		"rsync --delay-updates " + src + " $M/app/config",
+		"rsync --delay-updates --partial-dir=.rsync-partial " + src + " $M/app/config",
+		"ls $M/app/.~tmp~",
+		"cat $M/app/.~tmp~/config",
+		"mv $M/app/.~tmp~/config $M/app/config",
+		"cp " + src + " $M/app/.~tmp~/config",
+		"rm -r $M/app/.~tmp~",
+		"mkdir $M/app/.mine",
+	} {
+		if r := ownershipAsNobody(m, script); r.Code == 0 {
+			t.Errorf("as another uid, %s: exit 0", script)
+		}
+	}
+	if got := m.read("app/config"); got != good {
+		t.Fatalf("config = %q after another uid's attempts", got)
+	}
+	if got := m.ok("ls -a $M/app/.~tmp~ && cat $M/app/.~tmp~/config | grep step"); got != ".\n..\nconfig\nstep = 0\n" {
+		t.Fatalf(".~tmp~ after another uid's attempts:\n%s", got)
+	}
+
+	// The next rsync replaces the copy left there, applies its own and removes the directory.
+	editApplied(t, m, "sed s/FROM/TO/ $M/app/config > "+dir+"/new.toml && touch -d @0 "+dir+"/new.toml && rsync --delay-updates "+dir+"/new.toml $M/app/config", port, port+1)
+	if got := m.ok("ls -a $M/app"); got != ".\n..\nconfig\nevents\nstacks\n" {
+		t.Fatalf("ls -a after rsync --delay-updates:\n%s", got)
+	}
+
+	// Bounded: a scratch directory, and each file in it, counts as a scratch file does.
+	m.ok("mkdir $M/app/.d && for i in $(seq 2 15); do : > $M/app/.d/f$i; done && : > $M/app/s16.toml") // 16
+	m.refused("mkdir $M/app/.d17", syscall.ENOSPC)
+	claimsRefusalEvent(t, m, "app/events", "CONFIG_EDIT_LIMIT", "ENOSPC")
+	m.refused(": > $M/app/.d/f17", syscall.ENOSPC)
+	m.refused("rmdir $M/app/.d", syscall.ENOTEMPTY)
+	m.ok("rm -r $M/app/.d $M/app/s16.toml")
+	if got := m.ok("ls -a $M/app"); got != ".\n..\nconfig\nevents\nstacks\n" {
+		t.Fatalf("ls -a after rm -r:\n%s", got)
+	}
+}
+
 // An edit right after a replacement by rename (os.replace, mv, sed -i) applies too: the name
 // shows config's inode and mtime from the rename on. It showed the renamed file's until config
 // was opened, so vim, which compares the mtime at its write with the one at its read, found
