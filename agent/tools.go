@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sys/unix"
@@ -288,8 +289,18 @@ func (s *Server) drain(ctx context.Context, _ *mcp.CallToolRequest, in DrainArgs
 	if err := s.served(); err != nil {
 		return nil, Drain{}, err
 	}
+	// Each target is one word of the request, spelled target=: the daemon splits the line at
+	// white space and reads holder=, revision= and valid_for= words as options, so a target with
+	// a space would become several and one such word would set an option instead.
+	words := []string{in.Action}
+	for _, t := range in.Targets {
+		if strings.IndexFunc(t, unicode.IsSpace) >= 0 {
+			return nil, Drain{}, &toolError{Errno: "EINVAL", Code: "STATE_RECORD_MALFORMED", Message: fmt.Sprintf("drain target %q holds white space", t),
+				Fix: "name each target as one element of targets, without white space (volume:db)"}
+		}
+		words = append(words, "target="+t)
+	}
 	dir := s.stackDir(r)
-	words := append([]string{in.Action}, in.Targets...)
 	s.mu.Lock()
 	held := s.claimed[dir]
 	s.mu.Unlock()

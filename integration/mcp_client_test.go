@@ -258,3 +258,36 @@ func TestMCPTypeScriptClient(t *testing.T) {
 		t.Errorf("claim without a config: %+v", ans)
 	}
 }
+
+// TestMCPDrainTargetIsOneWord: each of drain's targets is one target of the request. One holding
+// white space is refused with nothing reserved, where it was split into several targets (the
+// drain of "volume:a\nsleep" reclaimed a target "sleep"); one spelled like an option
+// (valid_for=1) is a target, where it set the option and the drain lost the target.
+func TestMCPDrainTargetIsOneWord(t *testing.T) {
+	testtool.Need(t, "node")
+	if _, err := os.Stat("testdata/mcp-client/node_modules/@modelcontextprotocol/sdk"); err != nil {
+		testtool.Missing(t, "the MCP client's npm packages (npm ci --prefix integration/testdata/mcp-client)")
+	}
+	m := newMount(t)
+	m.setupApp(2, map[string]int{"HTTP": 49070}, "s")
+	a := m.tsAgent(t.TempDir())
+	a.readTools()
+	var l agent.Lease
+	a.call("claim", map[string]any{"stack": "s"}, &l)
+	for _, target := range []string{"volume:a\nsleep", "volume:a volume:b", "volume:a\tholder=other"} {
+		a.send(map[string]any{"tool": "drain", "args": map[string]any{"stack": "s", "action": "down", "targets": []string{target}}})
+		ans := a.answer()
+		var r refusal
+		if !ans.IsError || json.Unmarshal([]byte(ans.Text), &r) != nil || r.Errno != "EINVAL" || r.Code != "STATE_RECORD_MALFORMED" || r.Fix == "" {
+			t.Errorf("drain with target %q: error %v, %s", target, ans.IsError, ans.Text)
+		}
+		if req := m.read("app", "stacks", "s", "drain", "request"); req != "" {
+			t.Fatalf("the refused drain with target %q reserved: %s", target, req)
+		}
+	}
+	var d agent.Drain
+	a.call("drain", map[string]any{"stack": "s", "action": "down", "targets": []string{"valid_for=1"}}, &d)
+	if ids, _ := json.Marshal(d.Request["targetIds"]); !strings.Contains(string(ids), `"valid_for=1"`) {
+		t.Errorf("drain with target valid_for=1: %+v", d.Request)
+	}
+}
