@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/listeners"
 	"github.com/cockpitfs/cockpitfs/engine/liveness"
 	"github.com/cockpitfs/cockpitfs/internal/fusefile"
@@ -224,7 +225,8 @@ func owners(inodes map[string][]int, found []Listener) {
 				continue
 			}
 			for _, i := range idx {
-				found[i].PID, found[i].Command = pid, liveness.Name(pid)
+				// A process names itself: spelled as the text views spell another's command.
+				found[i].PID, found[i].Command = pid, engine.Printable(liveness.Name(pid))
 			}
 			if left--; left == 0 {
 				return

@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sys/unix"
 
+	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 )
 
@@ -257,6 +258,21 @@ func (s *Server) status(ctx context.Context, _ *mcp.CallToolRequest, _ Empty) (*
 	var st Status
 	if err := json.Unmarshal(data, &st); err != nil {
 		return nil, Status{}, fmt.Errorf("status.json: %w", err)
+	}
+	// status.json holds the values others chose as they are, where the text views escape them:
+	// spelled as those (and the holders of claim and env) spell them, no control character,
+	// bidirectional override or C1 of theirs reaches the agent's host.
+	for i := range st.Cockpits {
+		for j := range st.Cockpits[i].Stacks {
+			stack := &st.Cockpits[i].Stacks[j]
+			for k := range stack.Holders {
+				h := &stack.Holders[k]
+				h.Command, h.Checkout = engine.Printable(h.Command), engine.Printable(h.Checkout)
+			}
+			if stack.Drain != nil {
+				stack.Drain.Target = engine.Printable(stack.Drain.Target)
+			}
+		}
 	}
 	return nil, st, nil
 }

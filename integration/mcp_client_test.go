@@ -291,3 +291,73 @@ func TestMCPDrainTargetIsOneWord(t *testing.T) {
 		t.Errorf("drain with target valid_for=1: %+v", d.Request)
 	}
 }
+
+// TestMCPOthersTextIsEscaped: text another user chose — a holder's checkout (a working
+// directory's name), a listening process's name — reaches the agent spelled as the text views
+// spell it (`cat status`, the holder files claim and env read): no control character, C1 or
+// bidirectional override of theirs is in a tool's result, where status and check_port carried
+// them as they are.
+func TestMCPOthersTextIsEscaped(t *testing.T) {
+	testtool.Need(t, "node", "python3")
+	if _, err := os.Stat("testdata/mcp-client/node_modules/@modelcontextprotocol/sdk"); err != nil {
+		testtool.Missing(t, "the MCP client's npm packages (npm ci --prefix integration/testdata/mcp-client)")
+	}
+	m := newMount(t)
+	m.setupApp(2, map[string]int{"HTTP": 49080}, "s")
+	raw := []string{"\x1b", "\x7f", "\u009b", "\u202e"}
+	dir := filepath.Join(t.TempDir(), "co\x1b[31m\x7f\u009b\u202euser")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	shIn(t, dir, "touch "+m.Path("app", "stacks", "s", "holders", "theirs"))
+	// A listener that named itself so.
+	name := "srv\u009b\u202e"
+	srv := exec.Command("python3", "-c", `import socket, sys
+open("/proc/self/comm", "w").write(sys.argv[1])
+s = socket.socket(); s.bind(("127.0.0.1", 49095)); s.listen(); print(flush=True); sys.stdin.read()`, name)
+	stdin, err := srv.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ns.Do(srv.Start); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); srv.Wait() })
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+
+	a := m.tsAgent(t.TempDir())
+	a.readTools()
+	clean := func(tool string, ans tsAnswer) {
+		t.Helper()
+		for _, r := range raw {
+			if strings.Contains(ans.Text, r) || strings.Contains(string(ans.Structured), r) {
+				t.Errorf("%s carries %q as it is: %s", tool, r, ans.Text)
+			}
+		}
+	}
+	var env agent.Lease
+	a.call("env", map[string]any{"stack": "s"}, &env)
+	a.send(map[string]any{"tool": "status", "args": map[string]any{}})
+	ans := a.answer()
+	clean("status", ans)
+	var st agent.Status
+	a.decode("status", ans, &st)
+	if len(env.Holders) != 1 || len(st.Cockpits) != 1 || len(st.Cockpits[0].Stacks) != 1 || len(st.Cockpits[0].Stacks[0].Holders) != 1 ||
+		st.Cockpits[0].Stacks[0].Holders[0].Checkout != env.Holders[0].Checkout || !strings.Contains(env.Holders[0].Checkout, `co\x1b[31m\x7f\u009b\u202euser`) {
+		t.Errorf("the holder's checkout: env %+v, status %s", env.Holders, ans.Text)
+	}
+	a.send(map[string]any{"tool": "check_port", "args": map[string]any{"port": 49095}})
+	ans = a.answer()
+	clean("check_port", ans)
+	var c agent.PortCheck
+	a.decode("check_port", ans, &c)
+	if len(c.Listeners) != 1 || c.Listeners[0].Command != `srv\u009b\u202e` {
+		t.Errorf("check_port: %s", ans.Text)
+	}
+}
