@@ -361,3 +361,44 @@ s = socket.socket(); s.bind(("127.0.0.1", 49095)); s.listen(); print(flush=True)
 		t.Errorf("check_port: %s", ans.Text)
 	}
 }
+
+// TestMCPKilledDaemonsStore: the daemon of an agent's session is killed. Each call says no
+// daemon serves the mount and how to find the killed one's --data: `cockpitfs unmount`, then
+// the note beneath names it. The bare `cockpitfs mount --daemon MNT` it said before served the
+// default store instead, where the session's stack and every other lease were not.
+func TestMCPKilledDaemonsStore(t *testing.T) {
+	testtool.Need(t, "node")
+	if _, err := os.Stat("testdata/mcp-client/node_modules/@modelcontextprotocol/sdk"); err != nil {
+		testtool.Missing(t, "the MCP client's npm packages (npm ci --prefix integration/testdata/mcp-client)")
+	}
+	m := newMount(t)
+	m.setupApp(2, map[string]int{"HTTP": 49090}, "s")
+	a := m.tsAgent(t.TempDir())
+	a.readTools()
+	var l agent.Lease
+	a.call("claim", map[string]any{"stack": "s"}, &l)
+	m.Kill()
+	refused := func() refusal {
+		t.Helper()
+		a.send(map[string]any{"tool": "claim", "args": map[string]any{"stack": "s"}})
+		ans := a.answer()
+		var r refusal
+		if !ans.IsError || json.Unmarshal([]byte(ans.Text), &r) != nil || r.Code != "NOT_MOUNTED" {
+			t.Fatalf("claim on the killed daemon's mount: %+v", ans)
+		}
+		return r
+	}
+	if r := refused(); !strings.Contains(r.Fix, "`cockpitfs unmount "+m.Dir+"` detaches its dead mount, and "+m.Dir+"/NOT-MOUNTED beneath it then names them") {
+		t.Errorf("claim on the dead mount: %+v", r)
+	}
+	// Followed: the note names the store.
+	if r := cockpitfs(t, "unmount", m.Dir); r.code != 0 {
+		t.Fatalf("unmount of the dead mount: %+v", r)
+	}
+	if r := refused(); !strings.HasSuffix(r.Fix, "("+m.Dir+"/NOT-MOUNTED names them)") {
+		t.Errorf("claim once the dead mount is detached: %+v", r)
+	}
+	if note := m.read("NOT-MOUNTED"); !strings.Contains(note, "--data "+m.Data) {
+		t.Errorf("the note:\n%s", note)
+	}
+}

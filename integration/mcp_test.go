@@ -113,13 +113,17 @@ func text(res *mcp.CallToolResult) string {
 
 // TestMCPNotServed: with no daemon serving the mount (a bare directory, a killed daemon's dead
 // mount, a stopped daemon's mountpoint) every tool says so, with the command that starts one
-// (naming the NOT-MOUNTED note when there is one: the daemon's --data is needed too), and writes
-// nothing. In process, over the Go SDK's in-memory transports.
+// (naming the NOT-MOUNTED note when there is one, and how to see it beneath a dead mount: the
+// daemon's --data is needed too), and writes nothing. In process, over the Go SDK's in-memory transports.
 func TestMCPNotServed(t *testing.T) {
-	check := func(t *testing.T, mnt string, note bool) {
+	check := func(t *testing.T, mnt string, note, dead bool) {
 		fix := "start one: cockpitfs mount --daemon " + mnt
 		if note {
 			fix += ", with the --data and flags of the daemon that served it (" + mnt + "/NOT-MOUNTED names them)"
+		}
+		if dead {
+			fix += ", with the --data and flags of the daemon that served it, which died: `cockpitfs unmount " + mnt +
+				"` detaches its dead mount, and " + mnt + "/NOT-MOUNTED beneath it then names them"
 		}
 		srv, err := agent.New(agent.Options{Mount: mnt, Dir: t.TempDir(), Cockpit: "app", Holder: "agent"})
 		if err != nil {
@@ -148,7 +152,7 @@ func TestMCPNotServed(t *testing.T) {
 	}
 	t.Run("bare directory", func(t *testing.T) {
 		mnt := t.TempDir()
-		check(t, mnt, false)
+		check(t, mnt, false, false)
 		if entries, _ := os.ReadDir(mnt); len(entries) != 0 {
 			t.Errorf("the bare directory holds %v", entries)
 		}
@@ -157,13 +161,13 @@ func TestMCPNotServed(t *testing.T) {
 		m := newMount(t)
 		m.setupApp(2, map[string]int{"HTTP": 49010})
 		m.Kill()
-		check(t, m.Dir, false)
+		check(t, m.Dir, false, true)
 	})
 	t.Run("stopped daemon", func(t *testing.T) {
 		m := newMount(t)
 		m.setupApp(2, map[string]int{"HTTP": 49020})
 		m.Stop()
-		check(t, m.Dir, true)
+		check(t, m.Dir, true, false)
 	})
 }
 

@@ -3,11 +3,13 @@
 package mountinfo
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Info is one line of /proc/self/mountinfo.
@@ -65,10 +67,20 @@ const NotMountedNote = "NOT-MOUNTED"
 // RestartNeedsNote is what a "start one: cockpitfs mount --daemon MNT" fix adds where a stopped
 // daemon left its note in mnt: without that daemon's --data (and --allow-other, --store …) the
 // command starts one on another store, an empty namespace, and the note names them. "" where
-// there is none (a bare directory, a dead mount hiding it).
+// there is none (a bare directory). A killed daemon's dead mount hides its note: the fix says
+// how to see it, as the bare command would serve the default store.
 func RestartNeedsNote(mnt string) string {
 	note := filepath.Join(mnt, NotMountedNote)
-	if fi, err := os.Lstat(note); err != nil || !fi.Mode().IsRegular() {
+	fi, err := os.Lstat(note)
+	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
+		q := mnt
+		if strings.Trim(q, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/.,:@%+=-") != "" {
+			q = "'" + strings.ReplaceAll(q, "'", `'\''`) + "'"
+		}
+		return ", with the --data and flags of the daemon that served it, which died: `cockpitfs unmount " + q +
+			"` detaches its dead mount, and " + note + " beneath it then names them"
+	}
+	if err != nil || !fi.Mode().IsRegular() {
 		return ""
 	}
 	return ", with the --data and flags of the daemon that served it (" + note + " names them)"
