@@ -17,6 +17,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/internal/fusefile"
 	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
+	"github.com/cockpitfs/cockpitfs/internal/shell"
 )
 
 // mountType is the filesystem type /proc/self/mountinfo gives a cockpitfs mount (fs.MountType;
@@ -50,7 +51,7 @@ func (s *Server) notServed() error {
 	return &toolError{
 		Code:    "NOT_MOUNTED",
 		Message: fmt.Sprintf("no cockpitfs daemon serves %s", s.mount),
-		Fix:     "start one: cockpitfs mount --daemon " + shellQuote(s.mount) + mountinfo.RestartNeedsNote(s.mount),
+		Fix:     "start one: cockpitfs mount --daemon " + shell.Quote(s.mount) + mountinfo.RestartNeedsNote(s.mount),
 	}
 }
 
@@ -161,7 +162,7 @@ func (s *Server) stackDir(r stackRef) string {
 // missingCockpit is the error for a cockpit that is not on the mount.
 func (s *Server) missingCockpit(r stackRef) error {
 	fix := fmt.Sprintf("create it: mkdir %s, then write its port declaration to %s/config (docs/spec.md §3)",
-		shellQuote(s.cockpitDir(r)), shellQuote(s.cockpitDir(r)))
+		shell.Quote(s.cockpitDir(r)), shell.Quote(s.cockpitDir(r)))
 	if names := s.cockpits(); len(names) > 0 {
 		fix = "use one of " + strings.Join(names, ", ") + "; or " + fix
 	}
@@ -294,12 +295,4 @@ func (s *Server) readHolders(dir string) ([]Holder, error) {
 	}
 	sort.Slice(holders, func(i, j int) bool { return holders[i].Name < holders[j].Name })
 	return holders, nil
-}
-
-// shellQuote quotes s for a POSIX shell, unless it needs none.
-func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/.,:@%+=-") == "" {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -6,6 +6,7 @@ import (
 	"log"
 	"time"
 
+	"github.com/cockpitfs/cockpitfs/internal/shell"
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage"
 )
@@ -105,7 +106,7 @@ func printRestore(report *kv.RestoreReport, data string) {
 		for _, l := range report.Lost {
 			fmt.Println("  " + l)
 		}
-		fmt.Printf("to undo it: cockpitfs backup --data %s FILE && cockpitfs restore --data %s FILE\n", shellQuote(report.MovedTo), shellQuote(data))
+		fmt.Printf("to undo it: cockpitfs backup --data %s FILE && cockpitfs restore --data %s FILE\n", shell.Quote(report.MovedTo), shell.Quote(data))
 	}
 }
 

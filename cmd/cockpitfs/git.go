@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cockpitfs/cockpitfs/engine"
+	"github.com/cockpitfs/cockpitfs/internal/shell"
 )
 
 // hookMark is the line that makes a post-checkout hook cockpitfs's own: one it may rewrite.
@@ -116,9 +117,9 @@ func postCheckoutHook(mnt, cockpit, self string) string {
 ` + hookMark + ` (cockpitfs git install-hook): claims each new worktree's stack.
 if [ -x "$0.local" ]; then "$0.local" "$@" || exit $?; fi
 case "$1" in *[!0]*) exit 0 ;; esac
-M=` + shellQuote(mnt) + `
-COCKPIT=` + shellQuote(cockpit) + `
-COCKPITFS=` + shellQuote(self) + `
+M=` + shell.Quote(mnt) + `
+COCKPIT=` + shell.Quote(cockpit) + `
+COCKPITFS=` + shell.Quote(self) + `
 [ -x "$COCKPITFS" ] || COCKPITFS=cockpitfs
 top=$(pwd -P)
 S="$M/$COCKPIT/stacks/$("$COCKPITFS" name stack)" &&

@@ -24,6 +24,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	cfs "github.com/cockpitfs/cockpitfs/fs"
 	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
+	"github.com/cockpitfs/cockpitfs/internal/shell"
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
@@ -689,7 +690,7 @@ func clearStaleMount(mnt string) error {
 
 // busyError is the refusal of an unmount the kernel answers EBUSY, and the ways out.
 func busyError(mnt string) error {
-	q := shellQuote(mnt)
+	q := shell.Quote(mnt)
 	return fmt.Errorf("%s is busy: something has files open or a cwd inside it (fuser -vm %s names them); end them, or `cockpitfs unmount --lazy %s` detaches it now and the daemon exits once they are gone", mnt, q, q)
 }
 

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
+	"github.com/cockpitfs/cockpitfs/internal/shell"
 )
 
 const notMountedText = `No cockpitfs daemon is serving this directory. It is kept read-only while none
@@ -55,17 +56,9 @@ func restartCommand(mnt string, st storeChoice, f *storeFlags, allowOther bool) 
 	}
 	args = append(args, mnt)
 	for i, a := range args {
-		args[i] = shellQuote(a)
+		args[i] = shell.Quote(a)
 	}
 	return strings.Join(args, " ")
-}
-
-// shellQuote quotes s for a POSIX shell, unless it needs none.
-func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/.,:@%+=-") == "" {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // checkMountpoint refuses, before anything is made, what prepareMountpoint would: a path that is
@@ -175,7 +168,7 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 	mode, modeChanged = st.Mode().Perm(), true
 	// Written again when it differs: the daemon may have been started with other flags.
 	note := filepath.Join(mnt, mountinfo.NotMountedNote)
-	q := shellQuote(mnt)
+	q := shell.Quote(mnt)
 	text := fmt.Sprintf(notMountedText, restart, q, q)
 	had, readErr := readNote(dir)
 	if readErr != nil || string(had) != text {
@@ -190,7 +183,7 @@ func prepareMountpoint(mnt string, nonempty bool, restart string) (dir *os.File,
 
 // notServed is what a command that works through the mount says of a mountpoint no daemon serves.
 func notServed(mnt string) error {
-	return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s%s", mnt, shellQuote(mnt), mountinfo.RestartNeedsNote(mnt))
+	return fmt.Errorf("no cockpitfs daemon serves %s: start one with cockpitfs mount --daemon %s%s", mnt, shell.Quote(mnt), mountinfo.RestartNeedsNote(mnt))
 }
 
 // chmodDir sets the mode of the directory at path, failing on anything else there.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
+	"github.com/cockpitfs/cockpitfs/internal/shell"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
@@ -72,7 +73,7 @@ func verifyEtcd(cfg etcdstore.Config, url, data string) error {
 		if err := was.Against(db.Seen()); err != nil {
 			violations = append(violations, fmt.Sprintf("%s: %v; a daemon that served the prefix through it "+
 				"refuses it (EIO, STATE_ROOT_UNAVAILABLE) from its next read on, until restarted to read it as it "+
-				"is now: cockpitfs unmount %s, then %s", seen, err, shellQuote(was.Mount), was.Restart))
+				"is now: cockpitfs unmount %s, then %s", seen, err, shell.Quote(was.Mount), was.Restart))
 		}
 	}
 	found, checked, err := engine.Verify(db)

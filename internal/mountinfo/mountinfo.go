@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/cockpitfs/cockpitfs/internal/shell"
 )
 
 // Info is one line of /proc/self/mountinfo.
@@ -73,11 +75,7 @@ func RestartNeedsNote(mnt string) string {
 	note := filepath.Join(mnt, NotMountedNote)
 	fi, err := os.Lstat(note)
 	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
-		q := mnt
-		if strings.Trim(q, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/.,:@%+=-") != "" {
-			q = "'" + strings.ReplaceAll(q, "'", `'\''`) + "'"
-		}
-		return ", with the --data and flags of the daemon that served it, which died: `cockpitfs unmount " + q +
+		return ", with the --data and flags of the daemon that served it, which died: `cockpitfs unmount " + shell.Quote(mnt) +
 			"` detaches its dead mount, and " + note + " beneath it then names them"
 	}
 	if err != nil || !fi.Mode().IsRegular() {
