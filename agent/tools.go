@@ -72,7 +72,7 @@ func (s *Server) register(srv *mcp.Server) {
 		"or with port: until that port is free to bind; at most timeout_seconds.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, s.wait)
 	mcp.AddTool(srv, &mcp.Tool{Name: "drain", Description: "Request a drain of a stack: sleep (stop its runtime), down or " +
-		"reset (stop it, then reclaim each target). This session must be the stack's only live holder. Returns the " +
+		"reset (stop it, then reclaim each target). This session must hold the stack, alone (claim it first: a claim releases holders whose process died). Returns the " +
 		"reservation and the current attempt with its outcome; an executor (the project's own) carries it out."}, s.drain)
 }
 
@@ -316,15 +316,15 @@ func (s *Server) drain(ctx context.Context, _ *mcp.CallToolRequest, in DrainArgs
 		}
 		words = append(words, "target="+t)
 	}
+	// Always as this session's holder: without holder= the daemon takes the stack's only holder
+	// as the requester, and that may be another live session's, whose servers the drain stops. A
+	// holder this stack does not list is refused (ENOENT): a session drains what it holds.
+	words = append(words, "holder="+s.opts.Holder)
 	dir := s.stackDir(r)
-	s.mu.Lock()
-	held := s.claimed[dir]
-	s.mu.Unlock()
-	if held {
-		words = append(words, "holder="+s.opts.Holder)
+	f, err := fusefile.OpenFile(filepath.Join(dir, "drain", "request"), os.O_WRONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, Drain{}, s.missingStack(r)
 	}
-	req := filepath.Join(dir, "drain", "request")
-	f, err := fusefile.OpenFile(req, os.O_WRONLY, 0)
 	if err == nil {
 		_, err = f.Write([]byte(strings.Join(words, " ") + "\n"))
 		if cerr := f.Close(); err == nil {
@@ -332,10 +332,11 @@ func (s *Server) drain(ctx context.Context, _ *mcp.CallToolRequest, in DrainArgs
 		}
 	}
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, Drain{}, s.missingStack(r)
+		err = s.mountErr(filepath.Join(dir, "events"), err)
+		if te, ok := err.(*toolError); ok && te.Errno == "ENOENT" {
+			te.Fix = "claim the stack first (a claim releases holders whose process died): a session drains a stack it holds alone"
 		}
-		return nil, Drain{}, s.mountErr(filepath.Join(dir, "events"), err)
+		return nil, Drain{}, err
 	}
 	d := Drain{Cockpit: r.cockpit, Stack: r.stack}
 	for _, part := range []struct {

@@ -292,6 +292,70 @@ func TestMCPDrainTargetIsOneWord(t *testing.T) {
 	}
 }
 
+// TestMCPDrainIsOfTheSessionsOwnStack: a session drains only a stack it holds. The drain tool
+// named its holder only for a stack it had claimed; for another, the daemon took the stack's
+// only holder as the requester, and one agent reserved a drain of another agent's live stack,
+// whose servers that drain stops. Now it is refused (ENOENT, the fix says to claim first) and
+// nothing is reserved; a claim beside the other session's is then refused as a co-tenant's, and
+// once the other session released, the drain is this session's.
+func TestMCPDrainIsOfTheSessionsOwnStack(t *testing.T) {
+	testtool.Need(t, "node")
+	if _, err := os.Stat("testdata/mcp-client/node_modules/@modelcontextprotocol/sdk"); err != nil {
+		testtool.Missing(t, "the MCP client's npm packages (npm ci --prefix integration/testdata/mcp-client)")
+	}
+	m := newMount(t)
+	m.setupApp(2, map[string]int{"HTTP": 49060}, "s")
+	a, b := m.tsAgent(t.TempDir()), m.tsAgent(t.TempDir())
+	a.readTools()
+	b.readTools()
+	var l agent.Lease
+	b.call("claim", map[string]any{"stack": "s"}, &l)
+	holders := func() string {
+		t.Helper()
+		es, err := os.ReadDir(m.Path("app", "stacks", "s", "holders"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range es {
+			names = append(names, e.Name())
+		}
+		return strings.Join(names, " ")
+	}
+	before := holders()
+	refusedDrain := func(who *tsAgent, errno string) {
+		t.Helper()
+		who.send(map[string]any{"tool": "drain", "args": map[string]any{"stack": "s", "action": "sleep"}})
+		ans := who.answer()
+		var r refusal
+		if !ans.IsError || json.Unmarshal([]byte(ans.Text), &r) != nil || r.Errno != errno {
+			t.Fatalf("drain: error %v, %s; want %s", ans.IsError, ans.Text, errno)
+		}
+		if errno == "ENOENT" && !strings.Contains(r.Fix, "claim the stack first") {
+			t.Errorf("drain refused with fix %q", r.Fix)
+		}
+		if req := m.read("app", "stacks", "s", "drain", "request"); req != "" {
+			t.Fatalf("the refused drain reserved: %s", req)
+		}
+	}
+	refusedDrain(a, "ENOENT")
+	if got := holders(); got != before {
+		t.Errorf("holders after the refused drain: %q, were %q", got, before)
+	}
+	if events := m.read("app", "stacks", "s", "events"); !strings.Contains(events, `"errno":"ENOENT"`) {
+		t.Errorf("no refused line for the drain in the events:\n%s", events)
+	}
+	a.call("claim", map[string]any{"stack": "s"}, &l)
+	refusedDrain(a, "EBUSY")
+	var released map[string]any
+	b.call("release", map[string]any{"stack": "s"}, &released)
+	var d agent.Drain
+	a.call("drain", map[string]any{"stack": "s", "action": "sleep"}, &d)
+	if d.Request == nil {
+		t.Fatalf("the session's own drain reserved nothing: %+v", d)
+	}
+}
+
 // TestMCPOthersTextIsEscaped: text another user chose — a holder's checkout (a working
 // directory's name), a listening process's name — reaches the agent spelled as the text views
 // spell it (`cat status`, the holder files claim and env read): no control character, C1 or
