@@ -49,6 +49,19 @@ type scratch struct {
 	promoted bool
 }
 
+// setModeTimes takes the mode and modification time a setattr gives (what editors, cp -p and
+// rsync restore), under s.mu.
+func (s *scratch) setModeTimes(in *fuse.SetAttrIn) {
+	if mode, ok := in.GetMode(); ok {
+		s.mode = mode & 0o7777
+	}
+	if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
+		s.mtime = time.Now()
+	} else if t, ok := in.GetMTime(); ok {
+		s.mtime = t
+	}
+}
+
 // scratchFiles are every cockpit's scratch files and directories, by cockpit and name.
 type scratchFiles struct {
 	mu sync.Mutex
@@ -251,14 +264,7 @@ func (n *scratchFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.
 		}
 		n.s.data = append(n.s.data, make([]byte, max(0, int(size)-len(n.s.data)))...)[:size]
 	}
-	if mode, ok := in.GetMode(); ok {
-		n.s.mode = mode & 0o7777
-	}
-	if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
-		n.s.mtime = time.Now()
-	} else if t, ok := in.GetMTime(); ok {
-		n.s.mtime = t
-	}
+	n.s.setModeTimes(in)
 	n.s.mu.Unlock()
 	return n.Getattr(ctx, fh, out)
 }

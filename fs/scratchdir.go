@@ -190,14 +190,7 @@ func (n *scratchDir) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.S
 		return syscall.EISDIR
 	}
 	n.s.mu.Lock()
-	if mode, ok := in.GetMode(); ok {
-		n.s.mode = mode & 0o7777
-	}
-	if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
-		n.s.mtime = time.Now()
-	} else if t, ok := in.GetMTime(); ok {
-		n.s.mtime = t
-	}
+	n.s.setModeTimes(in)
 	n.s.mu.Unlock()
 	return n.Getattr(ctx, fh, out)
 }
