@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -534,5 +535,33 @@ func TestStatusShowsNoHostileName(t *testing.T) {
 	}
 	if strings.ContainsAny(named, "\x1b\x07") || regexp.MustCompile(`(?m)^app +forged`).MatchString(named) {
 		t.Fatalf("verify printed a hostile name as it is:\n%q", named)
+	}
+}
+
+// TestClaimBesideJunkAfterACompaction: a key outside the layout under s/ (junk put by hand) is
+// one the daemon's store withholds, so the first claim's read of every stack (leaseHolders, from
+// the store's own copy) read it from etcd at the copy's revision. With the prefix idle while other
+// keys of the cluster changed, and etcd compacted past that revision, the read failed, and the
+// claim with it ("snapshot revision compacted"), and every claim after it, until the prefix
+// changed again.
+func TestClaimBesideJunkAfterACompaction(t *testing.T) {
+	e, w := hostileStore(t)
+	ctx := context.Background()
+	w.put("s/junk", "x")
+	newCockpit(t, e, "app", exampleConfig, "s")
+	for i := range 5 {
+		if _, err := w.cli.Put(ctx, "elsewhere/z", strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	head, err := w.cli.Get(ctx, "elsewhere/", clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.cli.Compact(ctx, head.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatalf("claim after the compaction: %v", err)
 	}
 }

@@ -90,7 +90,8 @@ type Shared interface {
 	// Recent runs fn, read-only like View, on the latest snapshot this process already holds,
 	// without asking the store: it may miss the latest commits of other processes, and of this
 	// one. It serves hints only, such as what to observe before an Update, which reads again
-	// whatever it decides on.
+	// whatever it decides on. fn may run again, on View's snapshot, when a read it made could
+	// not be served at the snapshot it holds (a withheld value that history no longer has).
 	Recent(fn func(Txn) error) error
 	// Withhold has the store keep in memory no value of a key keep refuses: keys outside the
 	// caller's layout, which it never reads, so what others put under the prefix costs this

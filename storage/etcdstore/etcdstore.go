@@ -419,8 +419,15 @@ func (s *Store) View(fn func(storage.Txn) error) error {
 func (s *Store) Recent(fn func(storage.Txn) error) error {
 	t := s.newTxn(context.Background(), false)
 	t.rev, t.cached = s.cache.pin(0)
-	defer t.done()
-	if err := fn(t); err != nil {
+	err := fn(t)
+	t.done()
+	if t.failure == errStale {
+		// A withheld value is read from etcd at the cache's revision, which stays where the
+		// prefix's last commit left it while only other keys change: once etcd compacted past
+		// it, fn reads a current snapshot instead.
+		return s.View(fn)
+	}
+	if err != nil {
 		return err
 	}
 	return t.failure
