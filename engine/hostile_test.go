@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
@@ -563,5 +564,113 @@ func TestClaimBesideJunkAfterACompaction(t *testing.T) {
 	}
 	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
 		t.Fatalf("claim after the compaction: %v", err)
+	}
+}
+
+// pausedStore is an etcd store whose next Commit, and next Recent scan of every stack, wait
+// for the test once armed.
+type pausedStore struct {
+	*etcdstore.Store
+	commit, scan chan chan struct{} // each armed pause: the test hears of it, then releases it
+}
+
+func (s *pausedStore) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
+	pause(s.commit)
+	return s.Store.Commit(ctx, fn)
+}
+
+func (s *pausedStore) Recent(fn func(storage.Txn) error) error {
+	return s.Store.Recent(func(tx storage.Txn) error { return fn(pausedTxn{tx, s}) })
+}
+
+type pausedTxn struct {
+	storage.Txn
+	s *pausedStore
+}
+
+func (t pausedTxn) Scan(prefix string, fn func(key string, value []byte) error) error {
+	if prefix == allStacksPrefix {
+		pause(t.s.scan)
+	}
+	return t.Txn.Scan(prefix, fn)
+}
+
+// pause waits for the test to release it, if armed.
+func pause(armed chan chan struct{}) {
+	select {
+	case release := <-armed:
+		release <- struct{}{} // paused
+		<-release
+	default:
+	}
+}
+
+// TestPortIndexEntryDeletedStaysHeldThroughAReload: a watch that may have missed changes ("":
+// etcd compacted its history) has the next claim read every record again. That read emptied the
+// ports the leases hold first and read the records after, so a claim of another stack whose
+// transaction ran meanwhile found no lease holding a port whose index entry had long been deleted,
+// and leased it: two active leases on one port. A reload now replaces what the records say,
+// stack by stack, and then forgets the stacks that are gone.
+func TestPortIndexEntryDeletedStaysHeldThroughAReload(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	db := &pausedStore{Store: cluster.Open(t, "team"), commit: make(chan chan struct{}, 1), scan: make(chan chan struct{}, 1)}
+	e, err := NewShared(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	w := hostileWriter{t, cli}
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s", "t")
+	newCockpit(t, e, "other", exampleConfig, "o")
+	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.Stack("app", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, port := range s.Value.Lease.Ports {
+		w.del(portKey(port))
+	}
+	// pauseIn runs op in a goroutine, and returns once op paused where armed is waited on.
+	pauseIn := func(armed chan chan struct{}, op func()) (release chan struct{}) {
+		release = make(chan struct{})
+		armed <- release
+		go op()
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+			t.Fatal("never paused")
+		}
+		return release
+	}
+	// other/o's claim has read what leases hold; its commit waits.
+	claimed := make(chan error, 2)
+	releaseCommit := pauseIn(db.commit, func() { claimed <- e.Claim(ctx, me("create", "h"), "other", "o", "h", untracked("h")) })
+	// The watch may have missed changes: app/t's claim reads every record, and waits midway.
+	e.published("")
+	releaseScan := pauseIn(db.scan, func() { claimed <- e.Claim(ctx, me("create", "h"), "app", "t", "h", untracked("h")) })
+	close(releaseCommit)
+	err = <-claimed
+	close(releaseScan)
+	if err2 := <-claimed; err == nil {
+		err = err2
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := e.Stack("other", "o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, port := range o.Value.Lease.Ports {
+		if port == s.Value.Lease.Ports[key] {
+			t.Fatalf("other/o leased port %d (%s), which app/s's active lease holds", port, key)
+		}
 	}
 }

@@ -68,6 +68,21 @@ func (l *leaseHolders) set(key string, lease *Lease) {
 	l.stacks[key] = ports
 }
 
+// forgetAllBut drops every stack that keep does not name.
+func (l *leaseHolders) forgetAllBut(keep map[string]bool) {
+	l.portsMu.Lock()
+	var gone []string
+	for key := range l.stacks {
+		if !keep[key] {
+			gone = append(gone, key)
+		}
+	}
+	l.portsMu.Unlock()
+	for _, key := range gone {
+		l.set(key, nil)
+	}
+}
+
 func (l *leaseHolders) commitBegins(string) {}
 
 // commitOrdered takes the record a stack's commit wrote, or marks the stack stale when the
@@ -107,15 +122,20 @@ func (e *Engine) refreshLeaseHolders() error {
 	}
 	err := read(func(tx storage.Txn) error {
 		if reload {
-			l.portsMu.Lock()
-			l.ports, l.stacks = nil, nil
-			l.portsMu.Unlock()
-			return tx.Scan(allStacksPrefix, func(key string, head []byte) error {
-				if r, err := decodeHead(head); err == nil { // damage: verify names it
+			// Stack by stack, then the stacks gone: a claim's transaction may ask meanwhile,
+			// and must not find the ports emptied.
+			read := map[string]bool{}
+			err := tx.Scan(allStacksPrefix, func(key string, head []byte) error {
+				read[key] = true
+				if r, err := decodeHead(head); err == nil { // damage keeps what it held, as below
 					l.set(key, r.Value.Lease)
 				}
 				return nil
 			})
+			if err == nil {
+				l.forgetAllBut(read)
+			}
+			return err
 		}
 		for key := range stale {
 			head, err := tx.Get(key)
