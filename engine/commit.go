@@ -165,30 +165,32 @@ func (t txReads) portOwner(port int) (string, error) {
 	return string(cockpit) + "/" + string(stack), nil
 }
 
-// unindexedOwner is portOwner of a port with no index entry: the stack whose record, read with
-// Get, still holds it in an active lease (its entry deleted by hand), else none. Only the stack
-// leaseHolders names is read: one Get, and none for a port no lease held.
+// unindexedOwner is portOwner of a port with no index entry: a stack whose record, read with
+// Get, still holds it in an active lease (its entry deleted by hand), else none. Only the stacks
+// leaseHolders names are read: one Get each (one, unless records disagree), and none for a port
+// no lease held.
 func (t txReads) unindexedOwner(port int) (string, error) {
-	key, ok := t.e.leaseHolders.holder(port)
-	if !ok || key == stackKey(t.cockpitName, t.stack) {
-		return "", nil
-	}
-	head, err := t.tx.Get(key)
-	if errors.Is(err, storage.ErrNotFound) {
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	cockpit, stack := splitStackKey(key)
-	owner := cockpit + "/" + stack + ", missing from the port index"
-	r, err := decodeHead(head)
-	if err != nil {
-		// It held the port when it last decoded: what it holds now is unknown, so not free.
-		return owner + " (its record does not decode)", nil
-	}
-	if r.Value.Lease.Active() && slices.Contains(slices.Collect(maps.Values(r.Value.Lease.Ports)), port) {
-		return owner, nil
+	for _, key := range t.e.leaseHolders.holders(port) {
+		if key == stackKey(t.cockpitName, t.stack) {
+			continue
+		}
+		head, err := t.tx.Get(key)
+		if errors.Is(err, storage.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		cockpit, stack := splitStackKey(key)
+		owner := cockpit + "/" + stack + ", missing from the port index"
+		r, err := decodeHead(head)
+		if err != nil {
+			// It held the port when it last decoded: what it holds now is unknown, so not free.
+			return owner + " (its record does not decode)", nil
+		}
+		if r.Value.Lease.Active() && slices.Contains(slices.Collect(maps.Values(r.Value.Lease.Ports)), port) {
+			return owner, nil
+		}
 	}
 	return "", nil
 }

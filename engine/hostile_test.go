@@ -674,3 +674,64 @@ func TestPortIndexEntryDeletedStaysHeldThroughAReload(t *testing.T) {
 		}
 	}
 }
+
+// TestPortIndexEntryDeletedStaysHeldAfterACopyGoes: what leases hold was kept as one stack for
+// each port, the last record read that held it. A second record holding the same port (a copy of
+// a stack's record put under another key, a restored one) took the port over, and when it went
+// the port was held by no one: its index entry deleted, the next claim leased the port that the
+// first stack's active lease held.
+func TestPortIndexEntryDeletedStaysHeldAfterACopyGoes(t *testing.T) {
+	e, w := hostileStore(t)
+	ctx := context.Background()
+	newCockpit(t, e, "app", exampleConfig, "s")
+	newCockpit(t, e, "other", exampleConfig, "o", "p")
+	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.Stack("app", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var head []byte
+	if err := e.db.View(func(tx storage.Txn) (err error) { head, err = tx.Get(stackKey("app", "s")); return err }); err != nil {
+		t.Fatal(err)
+	}
+	for _, port := range s.Value.Lease.Ports {
+		w.del(portKey(port))
+	}
+	w.put(stackKey("app", "copy"), string(head))
+	waitLeased := func(stack string) Record {
+		t.Helper()
+		if err := e.Claim(ctx, me("create", "h"), "other", stack, "h", untracked("h")); err != nil {
+			t.Fatal(err)
+		}
+		r, err := e.Stack("other", stack)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for key, port := range r.Value.Lease.Ports {
+			if port == s.Value.Lease.Ports[key] {
+				t.Fatalf("other/%s leased port %d (%s), which app/s's active lease holds", stack, port, key)
+			}
+		}
+		return r
+	}
+	// seen waits for the daemon's watch to deliver the copy's key as there or gone.
+	seen := func(there bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			err := e.db.(storage.Shared).Recent(func(tx storage.Txn) error { _, err := tx.Get(stackKey("app", "copy")); return err })
+			if (err == nil) == there {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the watch never delivered app/copy (there: %v): %v", there, err)
+			}
+		}
+	}
+	seen(true)
+	waitLeased("o")
+	w.del(stackKey("app", "copy"))
+	seen(false)
+	waitLeased("p")
+}

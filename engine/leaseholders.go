@@ -11,11 +11,11 @@ import (
 	"github.com/cockpitfs/cockpitfs/storage"
 )
 
-// leaseHolders says, for each port, which stack's record holds it in an active lease, as the
+// leaseHolders says, for each port, which stacks' records hold it in an active lease, as the
 // records themselves say: the port index (p/) is kept beside them, and on a shared store anyone
 // may delete an entry of it by hand while the lease it indexed is active. A claim takes a port
-// with no index entry as free only once the record this names for it, if any, is read (one Get)
-// and holds it no more: a missing entry never hands out a port an active lease holds.
+// with no index entry as free only once the records this names for it, if any, are read (a Get
+// each) and hold it no more: a missing entry never hands out a port an active lease holds.
 //
 // It is read whole from the records at the first claim, then kept: this daemon's commits set
 // their stack's entry as they are ordered (the record they wrote), and over a shared store the
@@ -33,16 +33,17 @@ type leaseHolders struct {
 	loaded bool
 	// portsMu guards ports and stacks: a leaf (LOCK ORDERING 7), taken by a claim's transaction.
 	portsMu sync.Mutex
-	ports   map[int]string   // port → the key of a stack whose active lease holds it
-	stacks  map[string][]int // stack key → the ports ports gives it
+	// ports: every stack, not the last one read: a second record holding a port (a copy put by
+	// hand, a restored one) that goes must leave the first one holding it.
+	ports  map[int][]string // port → the keys of the stacks whose active leases hold it
+	stacks map[string][]int // stack key → the ports ports gives it
 }
 
-// holder is the key of the stack whose record last held port in an active lease, if any.
-func (l *leaseHolders) holder(port int) (string, bool) {
+// holders are the keys of the stacks whose records last held port in an active lease.
+func (l *leaseHolders) holders(port int) []string {
 	l.portsMu.Lock()
 	defer l.portsMu.Unlock()
-	key, ok := l.ports[port]
-	return key, ok
+	return slices.Clone(l.ports[port])
 }
 
 // set gives the stack under key the ports of lease (none when it is not active).
@@ -50,7 +51,9 @@ func (l *leaseHolders) set(key string, lease *Lease) {
 	l.portsMu.Lock()
 	defer l.portsMu.Unlock()
 	for _, port := range l.stacks[key] {
-		if l.ports[port] == key {
+		if keys := slices.DeleteFunc(l.ports[port], func(k string) bool { return k == key }); len(keys) > 0 {
+			l.ports[port] = keys
+		} else {
 			delete(l.ports, port)
 		}
 	}
@@ -59,11 +62,11 @@ func (l *leaseHolders) set(key string, lease *Lease) {
 		return
 	}
 	if l.ports == nil {
-		l.ports, l.stacks = map[int]string{}, map[string][]int{}
+		l.ports, l.stacks = map[int][]string{}, map[string][]int{}
 	}
 	ports := slices.Collect(maps.Values(lease.Ports))
 	for _, port := range ports {
-		l.ports[port] = key
+		l.ports[port] = append(l.ports[port], key)
 	}
 	l.stacks[key] = ports
 }
