@@ -474,7 +474,7 @@ func TestKeysOutsideTheLayout(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	outside := []string{"junk/1", "p/abc", "p/8080", "s/app/s/x", "s/app", "zz", "h/app/s/"}
+	outside := []string{"junk/1", "p/abc", "p/8080", "s/app/s/x", "s/app", "zz", "h/app/s/", "u/01", "u/-1", "k/4294967296", "t/", "t/1/2"}
 	for _, key := range outside {
 		w.put(key, "x")
 	}

@@ -131,6 +131,11 @@ func inLayout(key string) bool {
 		return false
 	}
 	names := strings.Split(rest, "/")
+	if family+"/" == uidLeasesPrefix || family+"/" == uidCockpitsPrefix || family+"/" == uidStacksPrefix {
+		// A uid as uidLeasesKey spells it: "u/01", "u/-1" or "u/4294967296" is no uid's count.
+		uid, err := strconv.ParseUint(rest, 10, 32)
+		return err == nil && strconv.FormatUint(uid, 10) == rest
+	}
 	return len(names) == parts && !slices.Contains(names, "")
 }
 
