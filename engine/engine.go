@@ -142,6 +142,7 @@ func New(db storage.Store) *Engine {
 func NewShared(db storage.Shared) (*Engine, error) {
 	e := New(db)
 	e.shared = true
+	e.leaseHolders.shared = true
 	db.Withhold(inLayout)
 	var err error
 	if e.machines, err = announceMachine(db); err != nil {
