@@ -66,7 +66,9 @@ import (
 //     taken with no key's lock held. portKeeper.mu likewise: a read of the port index's, held across
 //     its View (portIndex). statusKeeper.mu likewise: a status read's, held across its
 //     View, its observations of the holders' processes and its rendering (StatusFile). leaseHolders.mu likewise: a claim's, held across
-//     the read of the records it refreshes before the claim's transaction (refreshLeaseHolders). routeIndexes.mu likewise: the web proxy's, held across the
+//     the read of the records it refreshes before the claim's transaction (refreshLeaseHolders),
+//     and over a shared store at each run of it too, under the stack's lock: that read is of the
+//     store's own copy and waits for no lock of the engine's. routeIndexes.mu likewise: the web proxy's, held across the
 //     Views that rebuild its index of names (ResolveRoute), with no other lock held.
 //  4. the store's transaction (kv's group-commit lock inside it). The store calls back into the
 //     engine only through fn, which takes the locks below.

@@ -655,9 +655,10 @@ func TestPortIndexEntryDeletedStaysHeldThroughAReload(t *testing.T) {
 	// The watch may have missed changes: app/t's claim reads every record, and waits midway.
 	e.published("")
 	releaseScan := pauseIn(db.scan, func() { claimed <- e.Claim(ctx, me("create", "h"), "app", "t", "h", untracked("h")) })
+	// other/o's run reads what leases hold again, after the reload (which it waits for).
 	close(releaseCommit)
-	err = <-claimed
 	close(releaseScan)
+	err = <-claimed
 	if err2 := <-claimed; err == nil {
 		err = err2
 	}
@@ -734,4 +735,99 @@ func TestPortIndexEntryDeletedStaysHeldAfterACopyGoes(t *testing.T) {
 	w.del(stackKey("app", "copy"))
 	seen(false)
 	waitLeased("p")
+}
+
+// hookedStore is an etcd store that calls afterRun once, after the first run of its next
+// Commit's fn, before that run commits.
+type hookedStore struct {
+	*etcdstore.Store
+	afterRun func()
+}
+
+func (s *hookedStore) Commit(ctx context.Context, fn func(storage.Txn) error) (func() error, error) {
+	hook := s.afterRun
+	s.afterRun = nil
+	return s.Store.Commit(ctx, func(tx storage.Txn) error {
+		err := fn(tx)
+		if hook != nil {
+			hook()
+			hook = nil
+		}
+		return err
+	})
+}
+
+// TestPortIndexEntryDeletedBeforeARetry: a claim read what leases hold once, before its
+// transaction, and ran that transaction again on each conflict with what it had read. Another
+// daemon's lease that made it conflict (the uid's count both write), its index entries deleted
+// before the run after the conflict, was no lease to it: it leased the same port.
+func TestPortIndexEntryDeletedBeforeARetry(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	theirs, err := NewShared(cluster.Open(t, "team"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := &hookedStore{Store: cluster.Open(t, "team")}
+	mine, err := NewShared(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	w := hostileWriter{t, cli}
+	ctx := context.Background()
+	newCockpit(t, theirs, "one", exampleConfig, "o")
+	newCockpit(t, mine, "two", exampleConfig, "t")
+	// mine has read every record before its claim.
+	if err := mine.refreshLeaseHolders(); err != nil {
+		t.Fatal(err)
+	}
+	var o Record
+	db.afterRun = func() {
+		if err := theirs.Claim(ctx, me("create", "h"), "one", "o", "h", untracked("h")); err != nil {
+			t.Error(err)
+			return
+		}
+		if o, err = theirs.Stack("one", "o"); err != nil {
+			t.Error(err)
+			return
+		}
+		for _, port := range o.Value.Lease.Ports {
+			w.del(portKey(port))
+		}
+		// Once mine's watch has delivered the deletions, it has delivered the lease before them.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			var found int
+			_ = db.Recent(func(tx storage.Txn) error {
+				for _, port := range o.Value.Lease.Ports {
+					if _, err := tx.Get(portKey(port)); err == nil {
+						found++
+					}
+				}
+				return nil
+			})
+			if found == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Error("mine's watch never delivered the deletions")
+				return
+			}
+		}
+	}
+	if err := mine.Claim(ctx, me("create", "h"), "two", "t", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := mine.Stack("two", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, port := range tr.Value.Lease.Ports {
+		if port == o.Value.Lease.Ports[key] {
+			t.Fatalf("two/t leased port %d (%s), which one/o's active lease holds", port, key)
+		}
+	}
 }

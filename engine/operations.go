@@ -57,6 +57,13 @@ func (e *Engine) ClaimObserved(ctx context.Context, c Caller, cockpit, stack, na
 	var added *Claimed // of the step's last run, the one committed
 	err = e.applyStep(ctx, c, cockpit, stack, func(r Record, reads stepReads, fx stepEffects, now time.Time) (Value, error) {
 		added = nil
+		if e.shared {
+			// A run after a conflict: the commit it conflicted with (another daemon's lease, its
+			// index entry perhaps deleted since) is what leases hold now.
+			if err := e.refreshLeaseHolders(); err != nil {
+				return r.Value, err
+			}
+		}
 		v, err := claimHolder(r, in, reads, fx, now)
 		if _, held := r.Value.holderByID(id); err == nil && !held {
 			if h, ok := v.holderByID(id); ok {
