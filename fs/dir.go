@@ -451,8 +451,12 @@ func (d *dir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbed
 			if name == "config" && backupName.MatchString(newName) && flags&unix.RENAME_EXCHANGE == 0 {
 				return d.renameConfigAside(ctx, newName, flags) // cp --backup: see replace.go
 			}
-			if handled, errno := d.renameScratch(ctx, name, newName); handled {
-				return errno
+			// Not RENAME_EXCHANGE, which keeps both names, swapped: taken as a rename, it applied a
+			// scratch file or removed the other one, and the kernel swapped its names.
+			if flags&unix.RENAME_EXCHANGE == 0 {
+				if handled, errno := d.renameScratch(ctx, name, newName); handled {
+					return errno
+				}
 			}
 		}
 	}

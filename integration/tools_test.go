@@ -480,6 +480,37 @@ with open(sys.argv[1], "w", buffering=1) as f:
 // directory. Its mkdir was refused, and rsync discarded the copy and exited 0 with nothing
 // applied. Now the document is applied whole; a refused one fails rsync and changes nothing;
 // and a co-user's rsync onto the config, or use of its owner's directory, is refused.
+// TestToolsRenameExchangeOfAScratchFile: renameat2(RENAME_EXCHANGE) of a scratch file and config,
+// or of two scratch files, is refused and changes nothing: taken as a rename, it applied the
+// scratch file and exited 0, or removed the other scratch file, and left the kernel's names on
+// the nodes swapped (the scratch file's name then opened config).
+func TestToolsRenameExchangeOfAScratchFile(t *testing.T) {
+	t.Parallel()
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	claimsConfig(m, "app", toolsConfig(48200))
+	m.ok("cat > $M/app/.new <<'EOF'\n" + toolsConfig(48210) + "EOF\necho q > $M/app/.q")
+	for _, pair := range [][2]string{{".new", "config"}, {".new", ".q"}} {
+		n := claimsEventCount(m, "app/events")
+		err := unix.Renameat2(unix.AT_FDCWD, m.Path("app", pair[0]), unix.AT_FDCWD, m.Path("app", pair[1]), unix.RENAME_EXCHANGE)
+		if err != syscall.EPERM {
+			t.Errorf("renameat2(%s, %s, RENAME_EXCHANGE) = %v, want EPERM", pair[0], pair[1], err)
+		}
+		if got := claimsEventCount(m, "app/events") - n; got != 1 {
+			t.Errorf("exchange of %s and %s: %d events lines, want 1", pair[0], pair[1], got)
+		}
+	}
+	if got := m.read("app/config"); got != toolsConfig(48200) {
+		t.Errorf("config = %q after the exchanges", got)
+	}
+	if got := m.read("app/.new"); got != toolsConfig(48210) {
+		t.Errorf(".new = %q after the exchanges", got)
+	}
+	if got := m.read("app/.q"); got != "q\n" {
+		t.Errorf(".q = %q after the exchanges", got)
+	}
+}
+
 func TestToolsRsyncDelayUpdates(t *testing.T) {
 	t.Parallel()
 	testtool.Need(t, "rsync")
