@@ -28,7 +28,9 @@ import (
 var errUndefined = errors.New("the tree does not define this name")
 
 // maxScratch bounds the scratch files of one cockpit, scratch directories and the files in them
-// included.
+// included. A scratch directory may be made beyond it, up to twice it: rsync makes its directory
+// after its scratch file and takes a refused mkdir as a copy to discard, exiting 0 with nothing
+// applied; where its file found room, its directory does too.
 const maxScratch = 16
 
 type scratch struct {
@@ -102,9 +104,13 @@ func (s *scratchFiles) put(cockpit, name string, sc *scratch) error {
 	if !s.parentHeld(cockpit, name) {
 		return notFound("%s does not exist", childPath(cockpit, name[:strings.IndexByte(name, '/')]))
 	}
-	if _, replaced := s.m[cockpit][name]; !replaced && len(s.m[cockpit]) >= maxScratch {
+	limit := maxScratch
+	if sc.dir {
+		limit = 2 * maxScratch
+	}
+	if _, replaced := s.m[cockpit][name]; !replaced && len(s.m[cockpit]) >= limit {
 		return &engine.Refusal{Code: engine.ConfigEditLimit, Fix: "rename or remove the other scratch files (and directories: rm -r) first",
-			Message: fmt.Sprintf("cockpit %s already has %d scratch files and directories beside its config", cockpit, maxScratch)}
+			Message: fmt.Sprintf("cockpit %s already has %d scratch files and directories beside its config", cockpit, len(s.m[cockpit]))}
 	}
 	s.m[cockpit][name] = sc
 	return nil

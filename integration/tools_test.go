@@ -480,6 +480,29 @@ with open(sys.argv[1], "w", buffering=1) as f:
 // directory. Its mkdir was refused, and rsync discarded the copy and exited 0 with nothing
 // applied. Now the document is applied whole; a refused one fails rsync and changes nothing;
 // and a co-user's rsync onto the config, or use of its owner's directory, is refused.
+// TestToolsRsyncDelayUpdatesAtTheScratchLimit: rsync --delay-updates makes its directory after
+// its scratch file, and takes a refused mkdir as a copy to discard, exiting 0. With 15 scratch
+// files held, its file was the 16th and its mkdir the 17th, refused: exit 0, nothing applied. A
+// mkdir now finds room once its file did; a 16th scratch file held refuses rsync's own (exit 23).
+func TestToolsRsyncDelayUpdatesAtTheScratchLimit(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "rsync")
+	m := newMount(t)
+	m.ok("mkdir $M/app")
+	claimsConfig(m, "app", toolsConfig(48300))
+	m.ok("for i in $(seq 1 15); do touch $M/app/.held$i; done")
+	dir := t.TempDir()
+	editApplied(t, m, "sed s/FROM/TO/ $M/app/config > "+dir+"/new.toml && touch -d @0 "+dir+"/new.toml && rsync --delay-updates "+dir+"/new.toml $M/app/config", 48300, 48301)
+	m.ok("touch $M/app/.held16")
+	r := m.sh("sed s/48301/48302/ $M/app/config > " + dir + "/new.toml && touch -d @0 " + dir + "/new.toml && rsync --delay-updates " + dir + "/new.toml $M/app/config")
+	if r.Code == 0 {
+		t.Fatalf("rsync --delay-updates with 16 scratch files held: exit 0\n%s", r.Stderr)
+	}
+	if got := m.read("app/config"); got != toolsConfig(48301) {
+		t.Fatalf("config = %q after a refused rsync", got)
+	}
+}
+
 // TestToolsRenameExchangeOfAScratchFile: renameat2(RENAME_EXCHANGE) of a scratch file and config,
 // or of two scratch files, is refused and changes nothing: taken as a rename, it applied the
 // scratch file and exited 0, or removed the other scratch file, and left the kernel's names on
@@ -583,13 +606,17 @@ func TestToolsRsyncDelayUpdates(t *testing.T) {
 		t.Fatalf("ls -a after rsync --delay-updates:\n%s", got)
 	}
 
-	// Bounded: a scratch directory, and each file in it, counts as a scratch file does.
+	// Bounded: a scratch directory, and each file in it, counts as a scratch file does; a
+	// directory may be made past 16, up to 32 (see TestToolsRsyncDelayUpdatesAtTheScratchLimit).
 	m.ok("mkdir $M/app/.d && for i in $(seq 2 15); do : > $M/app/.d/f$i; done && : > $M/app/s16.toml") // 16
-	m.refused("mkdir $M/app/.d17", syscall.ENOSPC)
-	claimsRefusalEvent(t, m, "app/events", "CONFIG_EDIT_LIMIT", "ENOSPC")
 	m.refused(": > $M/app/.d/f17", syscall.ENOSPC)
+	claimsRefusalEvent(t, m, "app/events", "CONFIG_EDIT_LIMIT", "ENOSPC")
+	m.ok("for i in $(seq 17 32); do mkdir $M/app/.d$i; done")
+	m.refused("mkdir $M/app/.d33", syscall.ENOSPC)
+	claimsRefusalEvent(t, m, "app/events", "CONFIG_EDIT_LIMIT", "ENOSPC")
+	m.refused(": > $M/app/.d17/f", syscall.ENOSPC)
 	m.refused("rmdir $M/app/.d", syscall.ENOTEMPTY)
-	m.ok("rm -r $M/app/.d $M/app/s16.toml")
+	m.ok("rm -r $M/app/.d* $M/app/s16.toml")
 	if got := m.ok("ls -a $M/app"); got != ".\n..\nconfig\nevents\nstacks\n" {
 		t.Fatalf("ls -a after rm -r:\n%s", got)
 	}
