@@ -396,7 +396,7 @@ func (d *dir) Create(ctx context.Context, name string, flags, mode uint32, out *
 	} else {
 		e, err = d.find(ctx, name)
 	}
-	var h gofs.FileHandle = scratchHandle{}
+	var h gofs.FileHandle = newScratchHandle(ctx)
 	if f, isFile := e.node.(*file); err == nil && isFile {
 		h, err = f.openCreated(created, requestUID(ctx))
 	}

@@ -300,10 +300,10 @@ func (n *replacementFile) Flush(ctx context.Context, _ gofs.FileHandle) (errno s
 
 // Release applies what a close held back for another descriptor of its process (see apply) once
 // the last one is gone.
-func (n *replacementFile) Release(ctx context.Context, _ gofs.FileHandle) (errno syscall.Errno) {
+func (n *replacementFile) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
 	defer n.fsys.guard("release", n.path, "", &errno)
 	n.apply(uninterrupted(ctx), "release")
-	return 0
+	return n.scratchFile.Release(ctx, fh)
 }
 
 // apply ends the replacement with the document written: applied, or refused with its errno and

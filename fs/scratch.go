@@ -167,7 +167,26 @@ type scratchFile struct {
 	s    *scratch
 }
 
-type scratchHandle struct{}
+// scratchHandle is one open of a scratch file. What the file holds counts against the opener's
+// uid while it is open: one removed or renamed over while open leaves the cockpit's maxScratch,
+// and a loop of them held 64 KiB each with no bound but the descriptors.
+type scratchHandle struct{ charges charges }
+
+func newScratchHandle(ctx context.Context) *scratchHandle {
+	return &scratchHandle{charges: charges{uid: requestUID(ctx)}}
+}
+
+// chargeScratch counts size bytes of a scratch file against the opener of fh, its open.
+func (f *FS) chargeScratch(ctx context.Context, fh gofs.FileHandle, size int64, op, path string) syscall.Errno {
+	h, ok := fh.(*scratchHandle)
+	if !ok {
+		return 0
+	}
+	if err := f.snapshots.charge(&h.charges, size, op); err != nil {
+		return f.fail(caller(ctx, op, path), "", "", err)
+	}
+	return 0
+}
 
 // identified is a node whose identity is its own rather than its path's (see dir.node).
 type identified interface{ identity() uint64 }
@@ -181,6 +200,7 @@ var (
 	_ = (gofs.NodeGetattrer)((*scratchFile)(nil))
 	_ = (gofs.NodeSetattrer)((*scratchFile)(nil))
 	_ = (gofs.NodeFsyncer)((*scratchFile)(nil))
+	_ = (gofs.NodeReleaser)((*scratchFile)(nil))
 )
 
 // mine says the caller may use sc: its creator (or root).
@@ -202,7 +222,7 @@ func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle
 	if flags&syscall.O_TRUNC != 0 {
 		n.s.data = nil
 	}
-	return scratchHandle{}, fuse.FOPEN_DIRECT_IO, 0
+	return newScratchHandle(ctx), fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (n *scratchFile) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {
@@ -215,13 +235,16 @@ func (n *scratchFile) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, 
 	return fuse.ReadResultData(append([]byte(nil), n.s.data[off:min(int64(len(n.s.data)), off+int64(len(dest)))]...)), 0
 }
 
-func (n *scratchFile) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (_ uint32, errno syscall.Errno) {
+func (n *scratchFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (_ uint32, errno syscall.Errno) {
 	defer n.fsys.guard("write", n.path, "", &errno)
 	n.s.mu.Lock()
 	defer n.s.mu.Unlock()
 	end := off + int64(len(data))
 	if off < 0 || end > maxCommand {
 		return 0, syscall.EFBIG
+	}
+	if errno := n.fsys.chargeScratch(ctx, fh, max(end, int64(len(n.s.data))), "write", n.path); errno != 0 {
+		return 0, errno
 	}
 	if int64(len(n.s.data)) < end {
 		n.s.data = append(n.s.data, make([]byte, end-int64(len(n.s.data)))...)
@@ -268,6 +291,10 @@ func (n *scratchFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.
 			n.s.mu.Unlock()
 			return syscall.EFBIG
 		}
+		if errno := n.fsys.chargeScratch(ctx, fh, int64(size), "write", n.path); errno != 0 {
+			n.s.mu.Unlock()
+			return errno
+		}
 		n.s.data = append(n.s.data, make([]byte, max(0, int(size)-len(n.s.data)))...)[:size]
 	}
 	n.s.setModeTimes(in)
@@ -276,6 +303,14 @@ func (n *scratchFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.
 }
 
 func (n *scratchFile) Fsync(context.Context, gofs.FileHandle, uint32) syscall.Errno { return 0 }
+
+// Release gives back what the open was counted for.
+func (n *scratchFile) Release(_ context.Context, fh gofs.FileHandle) syscall.Errno {
+	if h, ok := fh.(*scratchHandle); ok {
+		n.fsys.snapshots.discharge(&h.charges)
+	}
+	return 0
+}
 
 // The cockpit directory's scratch side: lookup, create, unlink and rename of names beside config.
 

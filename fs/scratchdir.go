@@ -213,7 +213,7 @@ func (n *scratchDir) Create(ctx context.Context, name string, _, mode uint32, ou
 	if err != nil {
 		return nil, nil, 0, n.fsys.fail(c, n.cockpit.cockpit, "", err)
 	}
-	return n.enter(ctx, name, sc, out), scratchHandle{}, openFlags, 0
+	return n.enter(ctx, name, sc, out), newScratchHandle(ctx), openFlags, 0
 }
 
 func (n *scratchDir) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
