@@ -222,7 +222,13 @@ func (n *scratchFile) Open(ctx context.Context, flags uint32) (_ gofs.FileHandle
 	if flags&syscall.O_TRUNC != 0 {
 		n.s.data = nil
 	}
-	return newScratchHandle(ctx), fuse.FOPEN_DIRECT_IO, 0
+	// Counted from the open, a read-only one too: a file written through a descriptor since
+	// closed, then removed, is held by this open alone.
+	h := newScratchHandle(ctx)
+	if errno := n.fsys.chargeScratch(ctx, h, int64(len(n.s.data)), "open", n.path); errno != 0 {
+		return nil, 0, errno
+	}
+	return h, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (n *scratchFile) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (_ fuse.ReadResult, errno syscall.Errno) {

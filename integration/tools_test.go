@@ -536,6 +536,25 @@ print("never refused")' $M/app`)
 	if n, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || n > 17 {
 		t.Fatalf("removed scratch files written before a write was refused: %q, want at most 17 (1 MiB / 64 KiB + 1)", out)
 	}
+	// Written and closed, then opened read-only and removed: held by that open alone, which
+	// counted nothing.
+	out = m.ok(`python3 -c 'import errno, os, sys
+app, fds = sys.argv[1], []
+for i in range(100):
+    p = app + "/.g"
+    try:
+        with open(p, "wb") as f:
+            f.write(b"x" * 65536)
+        fds.append(os.open(p, os.O_RDONLY))
+    except OSError as e:
+        assert e.errno == errno.ENOMEM, e
+        print(len(fds))
+        sys.exit(0)
+    os.unlink(p)
+print("never refused")' $M/app`)
+	if n, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || n > 16 {
+		t.Fatalf("removed scratch files held open read-only before an open was refused: %q, want at most 16", out)
+	}
 }
 
 // TestToolsRenameExchangeOfAScratchFile: renameat2(RENAME_EXCHANGE) of a scratch file and config,
