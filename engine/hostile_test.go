@@ -353,15 +353,7 @@ func TestPortIndexEntryDeletedIsNoFreePort(t *testing.T) {
 	if err := e.Claim(ctx, me("create", "h"), "other", "o", "h", untracked("h")); err != nil {
 		t.Fatal(err)
 	}
-	o, err := e.Stack("other", "o")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for key, port := range o.Value.Lease.Ports {
-		if port == s.Value.Lease.Ports[key] {
-			t.Fatalf("other/o leased port %d (%s), which app/s's active lease holds", port, key)
-		}
-	}
+	leasedBeside(t, e, "o", s)
 }
 
 // TestVerifyChecksEventsKeys: verify checked every record, the port index and the counts, but
@@ -665,15 +657,7 @@ func TestPortIndexEntryDeletedStaysHeldThroughAReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := e.Stack("other", "o")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for key, port := range o.Value.Lease.Ports {
-		if port == s.Value.Lease.Ports[key] {
-			t.Fatalf("other/o leased port %d (%s), which app/s's active lease holds", port, key)
-		}
-	}
+	leasedBeside(t, e, "o", s)
 }
 
 // TestPortIndexEntryDeletedStaysHeldAfterACopyGoes: what leases hold was kept as one stack for
@@ -706,16 +690,7 @@ func TestPortIndexEntryDeletedStaysHeldAfterACopyGoes(t *testing.T) {
 		if err := e.Claim(ctx, me("create", "h"), "other", stack, "h", untracked("h")); err != nil {
 			t.Fatal(err)
 		}
-		r, err := e.Stack("other", stack)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for key, port := range r.Value.Lease.Ports {
-			if port == s.Value.Lease.Ports[key] {
-				t.Fatalf("other/%s leased port %d (%s), which app/s's active lease holds", stack, port, key)
-			}
-		}
-		return r
+		return leasedBeside(t, e, stack, s)
 	}
 	// seen waits for the daemon's watch to deliver the copy's key as there or gone.
 	seen := func(there bool) {
@@ -830,4 +805,20 @@ func TestPortIndexEntryDeletedBeforeARetry(t *testing.T) {
 			t.Fatalf("two/t leased port %d (%s), which one/o's active lease holds", port, key)
 		}
 	}
+}
+
+// leasedBeside is the record of other/<stack>, which must lease none of the ports held's active
+// lease (app/s's) holds.
+func leasedBeside(t *testing.T, e *Engine, stack string, held Record) Record {
+	t.Helper()
+	r, err := e.Stack("other", stack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, port := range r.Value.Lease.Ports {
+		if port == held.Value.Lease.Ports[key] {
+			t.Fatalf("other/%s leased port %d (%s), which app/s's active lease holds", stack, port, key)
+		}
+	}
+	return r
 }
