@@ -62,12 +62,18 @@ func hostileStore(t *testing.T) (*Engine, hostileWriter) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return e, hostileWriterOf(t, cluster)
+}
+
+// hostileWriterOf writes cluster's keys as a teammate with etcdctl would.
+func hostileWriterOf(t *testing.T, cluster *etcdtest.Cluster) hostileWriter {
+	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return e, hostileWriter{t, cli}
+	return hostileWriter{t, cli}
 }
 
 // TestEventsHeadOutOfRangeIsDamage: an events head whose end no appends reach (at int64's limits)
@@ -333,15 +339,9 @@ func TestPortIndexEntryDeletedIsNoFreePort(t *testing.T) {
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "s")
 	newCockpit(t, e, "other", exampleConfig, "o")
-	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
-		t.Fatal(err)
-	}
-	s, err := e.Stack("app", "s")
-	if err != nil || s.Value.Lease.Offset != 0 {
-		t.Fatalf("app/s: %v, offset %d", err, s.Value.Lease.Offset)
-	}
-	for _, port := range s.Value.Lease.Ports {
-		w.del(portKey(port))
+	s := unindexedLease(t, e, w)
+	if s.Value.Lease.Offset != 0 {
+		t.Fatalf("app/s leased at offset %d", s.Value.Lease.Offset)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if _, ok, err := e.PortOwner(18080); err == nil && !ok {
@@ -610,25 +610,11 @@ func TestPortIndexEntryDeletedStaysHeldThroughAReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	w := hostileWriter{t, cli}
+	w := hostileWriterOf(t, cluster)
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "s", "t")
 	newCockpit(t, e, "other", exampleConfig, "o")
-	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
-		t.Fatal(err)
-	}
-	s, err := e.Stack("app", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, port := range s.Value.Lease.Ports {
-		w.del(portKey(port))
-	}
+	s := unindexedLease(t, e, w)
 	// pauseIn runs op in a goroutine, and returns once op paused where armed is waited on.
 	pauseIn := func(armed chan chan struct{}, op func()) (release chan struct{}) {
 		release = make(chan struct{})
@@ -670,19 +656,10 @@ func TestPortIndexEntryDeletedStaysHeldAfterACopyGoes(t *testing.T) {
 	ctx := context.Background()
 	newCockpit(t, e, "app", exampleConfig, "s")
 	newCockpit(t, e, "other", exampleConfig, "o", "p")
-	if err := e.Claim(ctx, me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
-		t.Fatal(err)
-	}
-	s, err := e.Stack("app", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := unindexedLease(t, e, w)
 	var head []byte
 	if err := e.db.View(func(tx storage.Txn) (err error) { head, err = tx.Get(stackKey("app", "s")); return err }); err != nil {
 		t.Fatal(err)
-	}
-	for _, port := range s.Value.Lease.Ports {
-		w.del(portKey(port))
 	}
 	w.put(stackKey("app", "copy"), string(head))
 	waitLeased := func(stack string) Record {
@@ -747,12 +724,7 @@ func TestPortIndexEntryDeletedBeforeARetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	w := hostileWriter{t, cli}
+	w := hostileWriterOf(t, cluster)
 	ctx := context.Background()
 	newCockpit(t, theirs, "one", exampleConfig, "o")
 	newCockpit(t, mine, "two", exampleConfig, "t")
@@ -821,4 +793,21 @@ func leasedBeside(t *testing.T, e *Engine, stack string, held Record) Record {
 		}
 	}
 	return r
+}
+
+// unindexedLease claims app/s (a new lease) and deletes its ports' index entries behind the
+// engine, as a teammate with etcdctl would: the record that then alone says they are held.
+func unindexedLease(t *testing.T, e *Engine, w hostileWriter) Record {
+	t.Helper()
+	if err := e.Claim(context.Background(), me("create", "h"), "app", "s", "h", untracked("h")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.Stack("app", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, port := range s.Value.Lease.Ports {
+		w.del(portKey(port))
+	}
+	return s
 }
