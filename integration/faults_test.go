@@ -156,19 +156,25 @@ func faultStores(t *testing.T) (m *mount, backup string) {
 	return m, backup
 }
 
+// restoreStores is faultStores for a restore's kill loop: the mount (stopped, its verify left to
+// the test), the backup, the records of the store a restore replaces and those of the backup.
+func restoreStores(t *testing.T) (m *mount, backup string, original, restored map[string][]byte) {
+	t.Helper()
+	m, backup = faultStores(t)
+	m.corrupted = true // the harness's verify would meet whatever the last run left
+	b, err := kv.ReadBackup(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, backup, storeRecords(t, m.Data), b.Records
+}
+
 // restore killed at each call: verify and mount find the replaced store or the restored one, or
 // refuse naming the unfinished restore and `cockpitfs restore --data DIR`, which finishes it.
 // Never an empty store.
 func TestRestoreKilledAtEachDiskCall(t *testing.T) {
 	t.Parallel()
-	m, backup := faultStores(t)
-	m.corrupted = true // the harness's verify would meet whatever the last run left
-	original := storeRecords(t, m.Data)
-	b, err := kv.ReadBackup(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	restored := b.Records
+	m, backup, original, restored := restoreStores(t)
 	if sameRecords(original, restored) {
 		t.Fatal("the store and the backup hold the same records: the test could not tell them apart")
 	}
@@ -231,13 +237,7 @@ func TestRestoreKilledAtEachDiskCall(t *testing.T) {
 // undo it, and that undo brings the replaced store back.
 func TestRestoreKilledBeforeItsReportSaysHowToUndoIt(t *testing.T) {
 	t.Parallel()
-	m, backup := faultStores(t)
-	m.corrupted = true // the harness's verify would meet whatever the last run left
-	original := storeRecords(t, m.Data)
-	b, err := kv.ReadBackup(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, backup, original, restored := restoreStores(t)
 	pristine := filepath.Join(t.TempDir(), "pristine")
 	replaceDir(t, m.Data, pristine)
 	undoLine := regexp.MustCompile(`(?m)^to undo it: (cockpitfs backup --data \S+ FILE && cockpitfs restore --data \S+ FILE)$`)
@@ -248,7 +248,7 @@ func TestRestoreKilledBeforeItsReportSaysHowToUndoIt(t *testing.T) {
 		}
 		v := plain(t, "verify", "--data", m.Data)
 		if v.code == 0 {
-			if got := storeRecords(t, m.Data); sameRecords(got, b.Records) && !undoLine.MatchString(out) {
+			if got := storeRecords(t, m.Data); sameRecords(got, restored) && !undoLine.MatchString(out) {
 				t.Fatalf("killed at %s: the restored store verifies clean, and nothing said how to undo it:\n%s", at, out)
 			}
 			return
