@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
-	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
+	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
 // Every member of the cluster killed and restarted with its data: a stack one daemon makes right
@@ -136,13 +137,13 @@ func TestTeamVerifyNamesARestore(t *testing.T) {
 	}
 	_, high := cluster.Open(t, "verified").Seen()
 	m.ok("ls $M/app/stacks") // a read at high or later
-	cfg, err := etcdstore.ParseURL(store)
+	cfg, err := etcdconf.ParseURL(store)
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := etcdstore.SeenPath(m.Data, cfg)
+	seen := etcdconf.SeenPath(m.Data, cfg)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if was, _ := etcdstore.ReadSeen(seen); was.Revision >= high {
+		if was, _ := etcdconf.ReadSeen(seen); was.Revision >= high {
 			break
 		}
 		if time.Now().After(deadline) {

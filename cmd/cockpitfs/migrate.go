@@ -11,7 +11,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage"
-	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 )
 
 // migrateBatch is how many keys one destination transaction writes: under etcd's default
@@ -198,7 +198,7 @@ func unfinishedMigrationIn(s storage.Store, where string) error {
 
 // source is where as a later command names it: a data directory's absolute path, an etcd URL.
 func source(where string) string {
-	if abs, err := filepath.Abs(where); err == nil && !strings.HasPrefix(where, etcdstore.Scheme) {
+	if abs, err := filepath.Abs(where); err == nil && !strings.HasPrefix(where, etcdconf.Scheme) {
 		return abs
 	}
 	return where
@@ -272,7 +272,7 @@ func emptyStore(s storage.Store) error {
 // openMigrating opens a data directory (exclusively: no daemon may serve it meanwhile) or an etcd
 // prefix (whose daemons must be stopped by hand: etcd has no such lock).
 func openMigrating(where string, sf *storeFlags, source bool) (migrating, error) {
-	if strings.HasPrefix(where, etcdstore.Scheme) {
+	if strings.HasPrefix(where, etcdconf.Scheme) {
 		*sf.store = where
 		cfg, _, err := sf.etcd()
 		*sf.store = ""

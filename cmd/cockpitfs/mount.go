@@ -26,6 +26,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/internal/mountinfo"
 	"github.com/cockpitfs/cockpitfs/internal/shell"
 	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
@@ -144,7 +145,7 @@ func mountCommand(args []string) error {
 // cockpits and stacks each user may make (--max-cockpits-per-uid, --max-stacks-per-uid).
 type storeChoice struct {
 	data           string
-	etcd           *etcdstore.Config
+	etcd           *etcdconf.Config
 	url            string
 	leasesPerUID   int
 	cockpitsPerUID int
@@ -378,7 +379,7 @@ func openServed(mnt string, st storeChoice, restart string) (servedStore, error)
 }
 
 // keepSeen records, in the data directory, what the daemon sees of its etcd store, for verify and
-// the next mount to compare with what the cluster answers then (etcdstore.Seen). A restore or
+// the next mount to compare with what the cluster answers then (etcdconf.Seen). A restore or
 // another cluster since the last daemon's record is logged, and served: a daemon that starts
 // reads the prefix as it is now, which is what restarting after a restore is for; the daemons
 // that ran through it refuse until restarted, and verify names it until they are.
@@ -386,13 +387,13 @@ func keepSeen(db *etcdstore.Store, st storeChoice, mnt, restart string) (stop fu
 	if err := os.MkdirAll(st.data, 0o700); err != nil {
 		return nil, err
 	}
-	path := etcdstore.SeenPath(st.data, *st.etcd)
-	if was, ok := etcdstore.ReadSeen(path); ok {
+	path := etcdconf.SeenPath(st.data, *st.etcd)
+	if was, ok := etcdconf.ReadSeen(path); ok {
 		if err := was.Against(db.Seen()); err != nil {
 			log.Printf("%v; serving the prefix as it is now", err)
 		}
 	}
-	return db.KeepSeen(path, etcdstore.Seen{Store: st.url, Mount: mnt, Restart: restart})
+	return db.KeepSeen(path, etcdconf.Seen{Store: st.url, Mount: mnt, Restart: restart})
 }
 
 // discardFresh returns what removes the store a failed mount made in data: the directory when it

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 )
 
 // The NOT-MOUNTED note's command names the store and the access the daemon had, quoted for the
@@ -26,9 +26,9 @@ func TestRestartCommand(t *testing.T) {
 		want       string
 	}{
 		{storeChoice{data: "/var/lib/my store"}, true, `cockpitfs mount --data '/var/lib/my store' --allow-other '/home/o'\''brien/cockpit'`},
-		{storeChoice{data: defaultDataDir(), etcd: &etcdstore.Config{}, url: "etcd://h1:2379,h2:2379/team"}, false,
+		{storeChoice{data: defaultDataDir(), etcd: &etcdconf.Config{}, url: "etcd://h1:2379,h2:2379/team"}, false,
 			"cockpitfs mount --store etcd://h1:2379,h2:2379/team --cacert /etc/ca.pem --user me '/home/o'\\''brien/cockpit'"},
-		{storeChoice{data: "/srv/cockpitfs", etcd: &etcdstore.Config{}, url: "etcd://h1:2379/team"}, false,
+		{storeChoice{data: "/srv/cockpitfs", etcd: &etcdconf.Config{}, url: "etcd://h1:2379/team"}, false,
 			"cockpitfs mount --store etcd://h1:2379/team --cacert /etc/ca.pem --user me --data /srv/cockpitfs '/home/o'\\''brien/cockpit'"},
 	} {
 		if got := restartCommand("/home/o'brien/cockpit", tc.st, sf, tc.allowOther); got != tc.want {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
@@ -32,17 +33,17 @@ func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 
 // etcd returns the etcd store's configuration, or ok=false when the store is badger's, refusing
 // etcd flags without --store.
-func (f *storeFlags) etcd() (cfg etcdstore.Config, ok bool, err error) {
+func (f *storeFlags) etcd() (cfg etcdconf.Config, ok bool, err error) {
 	if *f.store == "" {
 		if *f.cacert+*f.cert+*f.key+*f.user+*f.password != "" {
 			return cfg, false, errors.New("--cacert, --cert, --key, --user and --password need --store etcd://…")
 		}
 		return cfg, false, nil
 	}
-	if cfg, err = etcdstore.ParseURL(*f.store); err != nil {
+	if cfg, err = etcdconf.ParseURL(*f.store); err != nil {
 		return cfg, false, err
 	}
-	if cfg.TLS, err = (etcdstore.TLSFiles{CACert: *f.cacert, Cert: *f.cert, Key: *f.key}).Config(); err != nil {
+	if cfg.TLS, err = (etcdconf.TLSFiles{CACert: *f.cacert, Cert: *f.cert, Key: *f.key}).Config(); err != nil {
 		return cfg, false, err
 	}
 	cfg.Username, cfg.Password = *f.user, *f.password
@@ -63,7 +64,7 @@ func (f *storeFlags) etcd() (cfg etcdstore.Config, ok bool, err error) {
 }
 
 // openEtcd connects to the etcd store cfg names.
-func openEtcd(cfg etcdstore.Config) (*etcdstore.Store, error) {
+func openEtcd(cfg etcdconf.Config) (*etcdstore.Store, error) {
 	s, err := etcdstore.Open(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w; nothing was changed", err)

@@ -9,7 +9,7 @@ import (
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
 	"github.com/cockpitfs/cockpitfs/internal/shell"
-	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 )
 
 // verifyCommand checks the store's files and every record offline, changing nothing; it exits
@@ -58,7 +58,7 @@ func verifyCommand(args []string) error {
 // consistent snapshot. Port holds are per machine and not taken over etcd: none to check. It also
 // compares the cluster's answer with what the daemon of the data directory data last recorded of
 // it (keepSeen), naming a restore from an older snapshot or another cluster since.
-func verifyEtcd(cfg etcdstore.Config, url, data string) error {
+func verifyEtcd(cfg etcdconf.Config, url, data string) error {
 	db, err := openEtcd(cfg)
 	if err != nil {
 		return err
@@ -68,8 +68,8 @@ func verifyEtcd(cfg etcdstore.Config, url, data string) error {
 		return err
 	}
 	var violations []string
-	seen := etcdstore.SeenPath(data, cfg)
-	if was, ok := etcdstore.ReadSeen(seen); ok {
+	seen := etcdconf.SeenPath(data, cfg)
+	if was, ok := etcdconf.ReadSeen(seen); ok {
 		if err := was.Against(db.Seen()); err != nil {
 			violations = append(violations, fmt.Sprintf("%s: %v; a daemon that served the prefix through it "+
 				"refuses it (EIO, STATE_ROOT_UNAVAILABLE) from its next read on, until restarted to read it as it "+

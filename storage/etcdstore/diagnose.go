@@ -14,13 +14,15 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 )
 
 // diagnose says why a cluster that did not answer could not be reached, in the words etcdctl and
 // Go's TLS use, with the flag that fixes it: it connects to each endpoint itself and makes the TLS
 // handshake the client would. nil when every endpoint connects and shakes hands (the cluster is
 // reachable, only slow or without a quorum).
-func diagnose(cfg Config, timeout time.Duration) error {
+func diagnose(cfg etcdconf.Config, timeout time.Duration) error {
 	var causes []error
 	for _, endpoint := range cfg.Endpoints {
 		if err := diagnoseEndpoint(endpoint, cfg.TLS, timeout); err != nil {

@@ -86,6 +86,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 )
 
 const (
@@ -133,7 +134,7 @@ type Store struct {
 }
 
 // Open connects to the cluster cfg names and checks that a quorum answers.
-func Open(cfg Config) (*Store, error) {
+func Open(cfg etcdconf.Config) (*Store, error) {
 	prefix, err := normalizePrefix(cfg.Prefix)
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -126,12 +127,12 @@ func TestPrefixesAreApart(t *testing.T) {
 }
 
 func TestParseURL(t *testing.T) {
-	cfg, err := etcdstore.ParseURL("etcd://a:2379,10.0.0.2:2379/team/x")
+	cfg, err := etcdconf.ParseURL("etcd://a:2379,10.0.0.2:2379/team/x")
 	if err != nil || strings.Join(cfg.Endpoints, " ") != "a:2379 10.0.0.2:2379" || cfg.Prefix != "team/x" {
 		t.Errorf("ParseURL = %+v, %v", cfg, err)
 	}
 	for _, bad := range []string{"etcd://a:2379", "etcd://a:2379/", "etcd://a/p", "http://a:2379/p", "etcd://a:2379,/p", "etcd:///p"} {
-		if _, err := etcdstore.ParseURL(bad); err == nil {
+		if _, err := etcdconf.ParseURL(bad); err == nil {
 			t.Errorf("ParseURL(%q) accepted", bad)
 		}
 	}
@@ -181,7 +182,7 @@ func TestWatchSeesOtherWriters(t *testing.T) {
 // etcd's log (it may still apply once the members return); the refusal then says so.
 func TestMemberLossAndQuorumLoss(t *testing.T) {
 	c := etcdtest.Start(t, 3)
-	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "quorum", Budget: 3 * time.Second})
+	s, err := etcdstore.Open(etcdconf.Config{Endpoints: c.Endpoints(), Prefix: "quorum", Budget: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +341,7 @@ func TestProveAnnouncement(t *testing.T) {
 	}
 
 	s.AgeAnnouncement("m/a", time.Second)
-	quick, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "prove", Budget: time.Second})
+	quick, err := etcdstore.Open(etcdconf.Config{Endpoints: c.Endpoints(), Prefix: "prove", Budget: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +413,7 @@ func TestOpenSaysWhyItCannotConnect(t *testing.T) {
 	plain := etcdtest.Start(t, 1)
 	secure, files := etcdtest.StartTLS(t, 1, false)
 	mutual, mutualFiles := etcdtest.StartTLS(t, 1, true)
-	tlsOf := func(f etcdstore.TLSFiles) *tls.Config {
+	tlsOf := func(f etcdconf.TLSFiles) *tls.Config {
 		c, err := f.Config()
 		if err != nil {
 			t.Fatal(err)
@@ -433,16 +434,16 @@ func TestOpenSaysWhyItCannotConnect(t *testing.T) {
 	}{
 		{"nothing listens", []string{nobody}, nil, []string{"connection refused", "--store"}},
 		{"plain client, TLS server", secure.Endpoints(), nil, []string{"speaks TLS", "--cacert"}},
-		{"another CA", secure.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: files.OtherCA}), []string{"x509: certificate signed by unknown authority", "--cacert"}},
+		{"another CA", secure.Endpoints(), tlsOf(etcdconf.TLSFiles{CACert: files.OtherCA}), []string{"x509: certificate signed by unknown authority", "--cacert"}},
 		{"a name the certificate does not name", []string{strings.Replace(secure.Endpoints()[0], "127.0.0.1", "localhost", 1)},
-			tlsOf(etcdstore.TLSFiles{CACert: files.CA}), []string{"x509: certificate is not valid for any names, but wanted to match localhost", "--store"}},
-		{"no client certificate", mutual.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: mutualFiles.CA}), []string{"requires a client certificate", "--cert and --key"}},
-		{"TLS client, plain server", plain.Endpoints(), tlsOf(etcdstore.TLSFiles{CACert: files.CA}), []string{"does not speak TLS", "leave out --cacert"}},
+			tlsOf(etcdconf.TLSFiles{CACert: files.CA}), []string{"x509: certificate is not valid for any names, but wanted to match localhost", "--store"}},
+		{"no client certificate", mutual.Endpoints(), tlsOf(etcdconf.TLSFiles{CACert: mutualFiles.CA}), []string{"requires a client certificate", "--cert and --key"}},
+		{"TLS client, plain server", plain.Endpoints(), tlsOf(etcdconf.TLSFiles{CACert: files.CA}), []string{"does not speak TLS", "leave out --cacert"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			// A budget long enough for a loaded machine's handshakes, short for the cases that wait it out.
-			s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.endpoints, Prefix: "p", TLS: c.tls, Budget: 3 * time.Second})
+			s, err := etcdstore.Open(etcdconf.Config{Endpoints: c.endpoints, Prefix: "p", TLS: c.tls, Budget: 3 * time.Second})
 			if err == nil {
 				s.Close()
 				t.Fatal("opened")
@@ -457,12 +458,12 @@ func TestOpenSaysWhyItCannotConnect(t *testing.T) {
 	// The right flags open both.
 	for _, c := range []struct {
 		cluster *etcdtest.Cluster
-		files   etcdstore.TLSFiles
+		files   etcdconf.TLSFiles
 	}{
-		{secure, etcdstore.TLSFiles{CACert: files.CA}},
-		{mutual, etcdstore.TLSFiles{CACert: mutualFiles.CA, Cert: mutualFiles.ClientCert, Key: mutualFiles.ClientKey}},
+		{secure, etcdconf.TLSFiles{CACert: files.CA}},
+		{mutual, etcdconf.TLSFiles{CACert: mutualFiles.CA, Cert: mutualFiles.ClientCert, Key: mutualFiles.ClientKey}},
 	} {
-		s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.cluster.Endpoints(), Prefix: "p", TLS: tlsOf(c.files), Budget: etcdtest.Budget})
+		s, err := etcdstore.Open(etcdconf.Config{Endpoints: c.cluster.Endpoints(), Prefix: "p", TLS: tlsOf(c.files), Budget: etcdtest.Budget})
 		if err != nil {
 			t.Fatalf("with the right flags: %v", err)
 		}
@@ -492,7 +493,7 @@ func TestOpenSaysWhyAuthenticationFailed(t *testing.T) {
 		{"", "", []string{"--user USER[:PASSWORD]"}},
 	} {
 		// etcd answers a wrong password at once: the budget only bounds a loaded machine's dial.
-		s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "p", Username: tc.user, Password: tc.password, Budget: etcdtest.Budget})
+		s, err := etcdstore.Open(etcdconf.Config{Endpoints: c.Endpoints(), Prefix: "p", Username: tc.user, Password: tc.password, Budget: etcdtest.Budget})
 		if err == nil {
 			s.Close()
 			t.Fatalf("opened as %q", tc.user)
@@ -503,7 +504,7 @@ func TestOpenSaysWhyAuthenticationFailed(t *testing.T) {
 			}
 		}
 	}
-	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "p", Username: "root", Password: "secret", Budget: etcdtest.Budget})
+	s, err := etcdstore.Open(etcdconf.Config{Endpoints: c.Endpoints(), Prefix: "p", Username: "root", Password: "secret", Budget: etcdtest.Budget})
 	if err != nil {
 		t.Fatalf("with the right password: %v", err)
 	}
@@ -549,7 +550,7 @@ func TestRestoredClusterIsRefused(t *testing.T) {
 // Update refuses with ErrLocked, not with fn's refusal.
 func TestRefusalIsConfirmedByAQuorum(t *testing.T) {
 	c := etcdtest.Start(t, 3)
-	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "confirm", Budget: 3 * time.Second})
+	s, err := etcdstore.Open(etcdconf.Config{Endpoints: c.Endpoints(), Prefix: "confirm", Budget: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

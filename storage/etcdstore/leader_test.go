@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
@@ -201,7 +202,7 @@ func TestLeaderThatStopsAnsweringIsLeft(t *testing.T) {
 // index of the member it sends to, the leader.
 func onLeader(t *testing.T, c *etcdtest.Cluster, prefix string, budget time.Duration) (*etcdstore.Store, int) {
 	t.Helper()
-	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: prefix, Budget: budget})
+	s, err := etcdstore.Open(etcdconf.Config{Endpoints: c.Endpoints(), Prefix: prefix, Budget: budget})
 	if err != nil {
 		t.Fatal(err)
 	}

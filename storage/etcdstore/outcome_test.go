@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
@@ -101,7 +102,7 @@ func TestLostCommitIsSettled(t *testing.T) {
 // openVia opens prefix through the given members' addresses only.
 func openVia(t *testing.T, prefix string, endpoints []string) *etcdstore.Store {
 	t.Helper()
-	s, err := etcdstore.Open(etcdstore.Config{Endpoints: endpoints, Prefix: prefix, Budget: etcdtest.Budget})
+	s, err := etcdstore.Open(etcdconf.Config{Endpoints: endpoints, Prefix: prefix, Budget: etcdtest.Budget})
 	if err != nil {
 		t.Fatal(err)
 	}

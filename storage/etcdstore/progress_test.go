@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
@@ -46,7 +47,7 @@ func TestWatchCatchingUpOnOldEtcdIsNotTrusted(t *testing.T) {
 	}()
 	defer func() { close(stop); <-done }()
 	for round := range 20 {
-		s, err := etcdstore.Open(etcdstore.Config{Endpoints: []string{p.Endpoint()}, Prefix: "p", Budget: etcdtest.Budget})
+		s, err := etcdstore.Open(etcdconf.Config{Endpoints: []string{p.Endpoint()}, Prefix: "p", Budget: etcdtest.Budget})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/cockpitfs/cockpitfs/storage"
-	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore/etcdtest"
 )
 
@@ -16,23 +16,23 @@ import (
 // no memory of its own of what came before; a running store refuses another cluster.
 func TestSeenNamesARestoreAndAnotherCluster(t *testing.T) {
 	dir := t.TempDir()
-	if a, b := etcdstore.SeenPath(dir, etcdstore.Config{Endpoints: []string{"h1:1", "h2:2"}, Prefix: "p"}),
-		etcdstore.SeenPath(dir, etcdstore.Config{Endpoints: []string{"h2:2", "h1:1"}, Prefix: "/p/"}); a != b {
+	if a, b := etcdconf.SeenPath(dir, etcdconf.Config{Endpoints: []string{"h1:1", "h2:2"}, Prefix: "p"}),
+		etcdconf.SeenPath(dir, etcdconf.Config{Endpoints: []string{"h2:2", "h1:1"}, Prefix: "/p/"}); a != b {
 		t.Fatalf("one store, endpoints in another order: %s and %s", a, b)
 	}
-	if a, b := etcdstore.SeenPath(dir, etcdstore.Config{Endpoints: []string{"h1:1"}, Prefix: "p"}),
-		etcdstore.SeenPath(dir, etcdstore.Config{Endpoints: []string{"h1:1"}, Prefix: "q"}); a == b {
+	if a, b := etcdconf.SeenPath(dir, etcdconf.Config{Endpoints: []string{"h1:1"}, Prefix: "p"}),
+		etcdconf.SeenPath(dir, etcdconf.Config{Endpoints: []string{"h1:1"}, Prefix: "q"}); a == b {
 		t.Fatalf("two prefixes share %s", a)
 	}
 
 	c := etcdtest.Start(t, 1)
 	s := c.Open(t, "seen")
-	path := etcdstore.SeenPath(dir, etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "seen"})
-	if _, ok := etcdstore.ReadSeen(path); ok {
+	path := etcdconf.SeenPath(dir, etcdconf.Config{Endpoints: c.Endpoints(), Prefix: "seen"})
+	if _, ok := etcdconf.ReadSeen(path); ok {
 		t.Fatal("a record before any store kept one")
 	}
 	set(t, s, "k1", "v1")
-	stop, err := s.KeepSeen(path, etcdstore.Seen{Store: c.URL("seen"), Mount: "/m"})
+	stop, err := s.KeepSeen(path, etcdconf.Seen{Store: c.URL("seen"), Mount: "/m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestSeenNamesARestoreAndAnotherCluster(t *testing.T) {
 	set(t, s, "k3", "v")
 	_, high := s.Seen()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if was, _ := etcdstore.ReadSeen(path); was.Revision == high {
+		if was, _ := etcdconf.ReadSeen(path); was.Revision == high {
 			break // recorded while the store runs
 		}
 		if time.Now().After(deadline) {
@@ -50,7 +50,7 @@ func TestSeenNamesARestoreAndAnotherCluster(t *testing.T) {
 	}
 	set(t, s, "k4", "v")
 	stop()
-	was, ok := etcdstore.ReadSeen(path)
+	was, ok := etcdconf.ReadSeen(path)
 	if cluster, rev := s.Seen(); !ok || was.Cluster != cluster || was.Revision != rev || was.Mount != "/m" {
 		t.Fatalf("recorded at stop: %+v, the store saw cluster %x revision %d", was, cluster, rev)
 	}

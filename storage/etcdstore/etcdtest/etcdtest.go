@@ -27,6 +27,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
+	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
@@ -34,7 +35,7 @@ import (
 // (up to engine.EventsKept) in the same transaction, beyond etcd's default of 128.
 const MaxTxnOps = 2048
 
-// Budget is the stores' budget (etcdstore.Config.Budget) in tests: members in the test process are
+// Budget is the stores' budget (etcdconf.Config.Budget) in tests: members in the test process are
 // built with the race detector and share two CPUs with everything else, and a commit then takes
 // ≈100 ms instead of ≈10 ms, so contention that clears in 2 s on a real cluster may not here.
 const Budget = 10 * time.Second
@@ -222,7 +223,7 @@ func (c *Cluster) URL(prefix string) string {
 // Open opens prefix of the cluster, closed when the test ends.
 func (c *Cluster) Open(t testing.TB, prefix string) *etcdstore.Store {
 	t.Helper()
-	s, err := etcdstore.Open(etcdstore.Config{Endpoints: c.Endpoints(), Prefix: prefix, Budget: Budget})
+	s, err := etcdstore.Open(etcdconf.Config{Endpoints: c.Endpoints(), Prefix: prefix, Budget: Budget})
 	if err != nil {
 		t.Fatalf("open etcd store: %v", err)
 	}

@@ -1,4 +1,4 @@
-package etcdstore
+package etcdconf
 
 import (
 	"crypto/tls"
