@@ -26,6 +26,25 @@ var binary string
 // more than most changes do.
 var baseBinary = os.Getenv("COCKPITFS_BASE_BIN")
 
+// teamBinary is the build with team mode (-tags team) the benchmarks over etcd run:
+// $COCKPITFS_TEAM_BIN, or built at their first use (teamDaemonBinary).
+var teamBinary = os.Getenv("COCKPITFS_TEAM_BIN")
+
+// teamDaemonBinary returns teamBinary, building it first when it is not given.
+func teamDaemonBinary(b *testing.B) string {
+	b.Helper()
+	if teamBinary == "" {
+		bin := filepath.Join(workDir, "cockpitfs-team")
+		build := exec.Command("go", "build", "-tags", "team", "-o", bin, "../cmd/cockpitfs")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			b.Fatalf("building cockpitfs with team mode: %v\n%s", err, out)
+		}
+		teamBinary = bin
+	}
+	return teamBinary
+}
+
 // workDir holds every mount point and data directory of the run, on the disk os.TempDir is on.
 var workDir string
 

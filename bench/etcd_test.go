@@ -75,6 +75,7 @@ func BenchmarkEtcdMountClaim(b *testing.B) {
 	cluster := etcdtest.Start(b, 3)
 	d := newDaemon(fmt.Sprintf("etcd-mount-%d", time.Now().UnixNano()))
 	d.hostNet = true
+	d.bin = teamDaemonBinary(b)
 	d.args = []string{"--store", cluster.URL("bench-mount")}
 	defer os.RemoveAll(filepath.Dir(d.Dir))
 	defer d.stop()

@@ -63,7 +63,9 @@ func run(m *testing.M) int {
 	// of runs, each about a quarter of the race-built one's CPU, and strace counts the program's
 	// own calls. (Its dependencies are those go vet compiles: the build cache has them.)
 	plainBinary = filepath.Join(dir, "cockpitfs-plain")
-	for _, args := range [][]string{{"-race", "-o", binary}, {"-o", plainBinary}} {
+	// Both with team mode (-tags team), which the etcd tests need; a build without it differs
+	// only in refusing --store (TestBuildWithoutTeamMode).
+	for _, args := range [][]string{{"-race", "-tags", "team", "-o", binary}, {"-tags", "team", "-o", plainBinary}} {
 		build := exec.Command("go", append(append([]string{"build"}, args...), "../cmd/cockpitfs")...)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
@@ -126,6 +128,8 @@ type mount struct {
 	Data string // the store
 	// Store is the --store value of a daemon on etcd ("": badger in Data).
 	Store string
+	// program is the cockpitfs the daemon runs ("": binary).
+	program string
 	// env is added to the daemon's environment.
 	env []string
 	// args are the mount flags start was given last, which restart gives again.
@@ -202,7 +206,11 @@ func (m *mount) start(args ...string) {
 	m.t.Helper()
 	m.args = args
 	all := append([]string{"mount", "--data", m.Data}, args...)
-	m.cmd = exec.Command(binary, append(all, m.Dir)...)
+	program := binary
+	if m.program != "" {
+		program = m.program
+	}
+	m.cmd = exec.Command(program, append(all, m.Dir)...)
 	if m.nobody {
 		m.cmd = nonrootCommand(nonrootPath(m.t), append(all, m.Dir)...)
 	}

@@ -248,6 +248,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.Is(err, errNoTeam):
+		fmt.Fprintln(stderr, "cockpitfs:", err)
+		return 2
 	case errors.As(err, &usage):
 		fmt.Fprintln(stderr, "cockpitfs:", usage.msg)
 		fmt.Fprint(stderr, usageOf(usage.command))
@@ -320,7 +323,11 @@ func versionCommand(args []string) error {
 	if len(args) != 0 {
 		return &usageError{command: "version", msg: "version takes no arguments"}
 	}
-	fmt.Println(buildVersion())
+	mode := "with team mode (etcd)"
+	if team == nil {
+		mode = "without team mode (etcd: build with -tags team)"
+	}
+	fmt.Println(buildVersion() + ", " + mode)
 	return nil
 }
 

@@ -279,17 +279,7 @@ func openMigrating(where string, sf *storeFlags, source bool) (migrating, error)
 		if err != nil {
 			return migrating{}, err
 		}
-		s, err := openEtcd(cfg)
-		if err != nil {
-			return migrating{}, err
-		}
-		if source {
-			if err := unfinishedMigrationIn(s, where); err != nil {
-				s.Close()
-				return migrating{}, err
-			}
-		}
-		return migrating{s, s.Close, ""}, nil
+		return team.open(cfg, where, source)
 	}
 	if source {
 		db, err := openOffline(where)

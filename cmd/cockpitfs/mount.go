@@ -27,7 +27,6 @@ import (
 	"github.com/cockpitfs/cockpitfs/internal/shell"
 	"github.com/cockpitfs/cockpitfs/kv"
 	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
-	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
 // daemonLogName is the log of mount --daemon's daemon, in its data directory.
@@ -120,7 +119,7 @@ func mountCommand(args []string) error {
 	// Checked here, so a daemon's parent reports a bad flag itself.
 	etcdCfg, isEtcd, err := sf.etcd()
 	if err != nil {
-		return &usageError{command: "mount", msg: err.Error()}
+		return storeError("mount", err)
 	}
 	if *daemon {
 		// Refused before the daemon's log is made in the data directory. A mount (maybe a dead
@@ -298,36 +297,7 @@ type servedStore struct {
 // the daemon again.
 func openServed(mnt string, st storeChoice, restart string) (servedStore, error) {
 	if st.etcd != nil {
-		// The store is the truth of every machine sharing the prefix, so this daemon takes no
-		// machine-wide port holds (a port leased through etcd is leased to one stack across all
-		// of them), and etcd keeps its own copies, so there are no backups.
-		db, err := openEtcd(*st.etcd)
-		if err != nil {
-			return servedStore{}, err
-		}
-		if err := unfinishedMigrationIn(db, st.url); err != nil {
-			db.Close()
-			return servedStore{}, err
-		}
-		stopSeen, err := keepSeen(db, st, mnt, restart)
-		if err != nil {
-			db.Close()
-			return servedStore{}, err
-		}
-		eng, err := engine.NewShared(db)
-		if err != nil {
-			stopSeen()
-			db.Close()
-			return servedStore{}, err
-		}
-		eng.BoundLeases(st.leasesPerUID, uint32(os.Getuid()))
-		eng.BoundCockpits(st.cockpitsPerUID, uint32(os.Getuid()))
-		if err := eng.CountStacks(context.Background(), st.stacksPerUID, uint32(os.Getuid())); err != nil {
-			stopSeen()
-			db.Close()
-			return servedStore{}, err
-		}
-		return servedStore{eng, "store " + st.url, func() { stopSeen(); db.Close() }, func() {}}, nil
+		return team.serve(mnt, st, restart)
 	}
 	data := st.data
 	if err := os.MkdirAll(data, 0o700); err != nil {
@@ -376,24 +346,6 @@ func openServed(mnt string, st storeChoice, restart string) (servedStore, error)
 		log.Printf("conflict: %s/%s: %s; reported in its health and events", l.Cockpit, l.Stack, l)
 	}
 	return servedStore{eng, "data " + data, closeStore, served}, nil
-}
-
-// keepSeen records, in the data directory, what the daemon sees of its etcd store, for verify and
-// the next mount to compare with what the cluster answers then (etcdconf.Seen). A restore or
-// another cluster since the last daemon's record is logged, and served: a daemon that starts
-// reads the prefix as it is now, which is what restarting after a restore is for; the daemons
-// that ran through it refuse until restarted, and verify names it until they are.
-func keepSeen(db *etcdstore.Store, st storeChoice, mnt, restart string) (stop func(), err error) {
-	if err := os.MkdirAll(st.data, 0o700); err != nil {
-		return nil, err
-	}
-	path := etcdconf.SeenPath(st.data, *st.etcd)
-	if was, ok := etcdconf.ReadSeen(path); ok {
-		if err := was.Against(db.Seen()); err != nil {
-			log.Printf("%v; serving the prefix as it is now", err)
-		}
-	}
-	return db.KeepSeen(path, etcdconf.Seen{Store: st.url, Mount: mnt, Restart: restart})
 }
 
 // discardFresh returns what removes the store a failed mount made in data: the directory when it

@@ -9,7 +9,6 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/storage"
 	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
-	"github.com/cockpitfs/cockpitfs/storage/etcdstore"
 )
 
 // storeFlags choose the store: badger in --data (the default), or an etcd prefix named by --store
@@ -40,6 +39,9 @@ func (f *storeFlags) etcd() (cfg etcdconf.Config, ok bool, err error) {
 		}
 		return cfg, false, nil
 	}
+	if team == nil {
+		return cfg, false, errNoTeam
+	}
 	if cfg, err = etcdconf.ParseURL(*f.store); err != nil {
 		return cfg, false, err
 	}
@@ -63,11 +65,23 @@ func (f *storeFlags) etcd() (cfg etcdconf.Config, ok bool, err error) {
 	return cfg, true, nil
 }
 
-// openEtcd connects to the etcd store cfg names.
-func openEtcd(cfg etcdconf.Config) (*etcdstore.Store, error) {
-	s, err := etcdstore.Open(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("%w; nothing was changed", err)
+// team opens etcd stores; nil in a build without team mode (team.go, -tags team), which links no
+// etcd client.
+var team interface {
+	serve(mnt string, st storeChoice, restart string) (servedStore, error)
+	open(cfg etcdconf.Config, where string, source bool) (migrating, error)
+	verify(cfg etcdconf.Config, url, data string) error
+}
+
+// errNoTeam refuses --store in a build without team mode.
+var errNoTeam = errors.New("this cockpitfs is built without team mode (etcd); build it with -tags team: " +
+	"CGO_ENABLED=0 go build -tags team -o ~/.local/bin/cockpitfs ./cmd/cockpitfs (docs/teams.md)")
+
+// storeError is err from storeFlags.etcd as command's usage error, but for the refusal of a build
+// without team mode, which is said alone: nothing is wrong with the command line.
+func storeError(command string, err error) error {
+	if errors.Is(err, errNoTeam) {
+		return err
 	}
-	return s, nil
+	return &usageError{command: command, msg: err.Error()}
 }

@@ -8,8 +8,6 @@ import (
 
 	"github.com/cockpitfs/cockpitfs/engine"
 	"github.com/cockpitfs/cockpitfs/engine/portlock"
-	"github.com/cockpitfs/cockpitfs/internal/shell"
-	"github.com/cockpitfs/cockpitfs/storage/etcdconf"
 )
 
 // verifyCommand checks the store's files and every record offline, changing nothing; it exits
@@ -27,10 +25,10 @@ func verifyCommand(args []string) error {
 	}
 	etcdCfg, isEtcd, err := sf.etcd()
 	if err != nil {
-		return &usageError{command: "verify", msg: err.Error()}
+		return storeError("verify", err)
 	}
 	if isEtcd {
-		return verifyEtcd(etcdCfg, *sf.store, *data)
+		return team.verify(etcdCfg, *sf.store, *data)
 	}
 	// Refused before the store is opened, which would create what is missing.
 	if err := isStore(*data); err != nil {
@@ -52,35 +50,6 @@ func verifyCommand(args []string) error {
 	}
 	violations = append(violations, held...)
 	return report(violations, checked)
-}
-
-// verifyEtcd checks an etcd prefix, which daemons may be serving meanwhile: Verify reads one
-// consistent snapshot. Port holds are per machine and not taken over etcd: none to check. It also
-// compares the cluster's answer with what the daemon of the data directory data last recorded of
-// it (keepSeen), naming a restore from an older snapshot or another cluster since.
-func verifyEtcd(cfg etcdconf.Config, url, data string) error {
-	db, err := openEtcd(cfg)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if err := unfinishedMigrationIn(db, url); err != nil {
-		return err
-	}
-	var violations []string
-	seen := etcdconf.SeenPath(data, cfg)
-	if was, ok := etcdconf.ReadSeen(seen); ok {
-		if err := was.Against(db.Seen()); err != nil {
-			violations = append(violations, fmt.Sprintf("%s: %v; a daemon that served the prefix through it "+
-				"refuses it (EIO, STATE_ROOT_UNAVAILABLE) from its next read on, until restarted to read it as it "+
-				"is now: cockpitfs unmount %s, then %s", seen, err, shell.Quote(was.Mount), was.Restart))
-		}
-	}
-	found, checked, err := engine.Verify(db)
-	if err != nil {
-		return err
-	}
-	return report(append(violations, found...), checked)
 }
 
 // report prints each violation, or that the records are clean.
