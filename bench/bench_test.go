@@ -581,6 +581,7 @@ func BenchmarkFootprint(b *testing.B) {
 	time.Sleep(time.Second)
 	idle := d.mib(b, "VmRSS")
 	diskFresh := allocatedMiB(b, d.Data)
+	teamIdle := teamFreshRSS(b)
 	holder := d.path("app", "stacks", "s", "holders", "w")
 	began := time.Now()
 	for range 5000 {
@@ -650,6 +651,7 @@ func BenchmarkFootprint(b *testing.B) {
 	}
 	b.ReportMetric(float64(ready.Microseconds())/1000, "ms-ready")
 	b.ReportMetric(idle, "MiB-idle")
+	b.ReportMetric(teamIdle, "MiB-idle-team")
 	b.ReportMetric(peak, "MiB-peak")
 	b.ReportMetric(idleAfter, "MiB-idle-after")
 	b.ReportMetric(idleSettled, "MiB-idle-settled")
@@ -663,6 +665,23 @@ func BenchmarkFootprint(b *testing.B) {
 	b.ReportMetric(float64(restart.Microseconds())/1000, "ms-restart")
 	b.ReportMetric(staleMountRefused, "stale-mount-refused")
 	b.ReportMetric(opsPerSecond, "ops/s")
+}
+
+// teamFreshRSS is the idle RSS of a fresh daemon of the build with team mode, on a data directory
+// and set up as BenchmarkFootprint's: what linking the etcd client costs a daemon that never uses it.
+func teamFreshRSS(b *testing.B) float64 {
+	d := newDaemon(fmt.Sprintf("footprint-team-%d", time.Now().UnixNano()))
+	d.bin = teamDaemonBinary(b)
+	defer os.RemoveAll(filepath.Dir(d.Dir))
+	defer d.stop()
+	if _, err := d.start(); err != nil {
+		b.Fatal(err)
+	}
+	if err := d.setupStack(); err != nil {
+		b.Fatalf("%v\n%s", err, d.log.String())
+	}
+	time.Sleep(time.Second)
+	return d.mib(b, "VmRSS")
 }
 
 // settled is how long a store written and then left idle takes to settle (kv/settle.go: up to two

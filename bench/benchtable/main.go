@@ -393,6 +393,8 @@ func main() {
 
 	t.row("footprint: mount ready (exec to serving)", "Footprint", "ms-ready", 1, "ms", "", "≤ 300 ms", t.limit("Footprint", "ms-ready", atMost(300)))
 	t.row("footprint: idle RSS", "Footprint", "MiB-idle", 1, "MiB", "", "≤ 40 MiB", t.limit("Footprint", "MiB-idle", atMost(40)))
+	r, _ = t.ratio("Footprint", "MiB-idle-team", "Footprint", "MiB-idle", atLeast(0))
+	t.row("  the same of the build with team mode (-tags team)", "Footprint", "MiB-idle-team", 1, "MiB", r+" of the default build's", "", "")
 	t.row("footprint: peak RSS over 10k ops (VmHWM)", "Footprint", "MiB-peak", 1, "MiB", "", "≤ 100 MiB", t.limit("Footprint", "MiB-peak", atMost(100)))
 	t.row("footprint: idle RSS 1 s after the 10k ops", "Footprint", "MiB-idle-after", 1, "MiB", "", "", "")
 	t.row("footprint: idle RSS after the 10k ops, the store settled (40 s)", "Footprint", "MiB-idle-settled", 1, "MiB", "", "≤ 25 MiB", t.limit("Footprint", "MiB-idle-settled", atMost(25)))
