@@ -79,8 +79,15 @@ func soak(bin string, ops, churn, samples int) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The fresh daemon, idle, is what each settled row is held to (issue 42: RSS ≤ 1.5×, disk ≤ 2×).
+	time.Sleep(time.Second)
+	fresh, err := measure(daemon.Process.Pid, data, logPath)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("fresh: RSS %d KiB, disk %d KiB\n", fresh.rssKiB, fresh.diskKiB)
 	w := &worker{mnt: mnt}
-	if err := churnCockpits(w, daemon.Process.Pid, data, logPath, churn); err != nil {
+	if err := churnCockpits(w, daemon.Process.Pid, data, logPath, churn, fresh); err != nil {
 		return err
 	}
 	w.mkdir("app")
@@ -150,7 +157,7 @@ func soak(bin string, ops, churn, samples int) error {
 	end.ops = w.ops - startOps
 	fmt.Println(end.row("end"))
 	fmt.Printf("%d operations in %s\n", w.ops-startOps, time.Since(began).Round(time.Second))
-	if err := settledRow(daemon.Process.Pid, data, logPath, end.ops); err != nil {
+	if err := settledRow(daemon.Process.Pid, data, logPath, end.ops, fresh); err != nil {
 		return err
 	}
 	daemon.Process.Signal(syscall.SIGTERM)
@@ -170,7 +177,7 @@ func soak(bin string, ops, churn, samples int) error {
 // root and reads status: the churn that drives badger's compactions hardest, and the reads that
 // re-read its tables (kv/served.go). Before those reads pinned the tables, this killed the daemon
 // with SIGBUS within a few hundred cockpits. Every lease must read as it did before.
-func churnCockpits(w *worker, pid int, data, logPath string, n int) error {
+func churnCockpits(w *worker, pid int, data, logPath string, n int, fresh figures) error {
 	if n == 0 {
 		return nil
 	}
@@ -235,7 +242,7 @@ func churnCockpits(w *worker, pid int, data, logPath string, n int) error {
 	}
 	fmt.Println(after.row("end"))
 	fmt.Printf("churn: %d cockpits in %s, every lease as it was\n", n, time.Since(began).Round(time.Second))
-	if err := settledRow(pid, data, logPath, 0); err != nil {
+	if err := settledRow(pid, data, logPath, 0, fresh); err != nil {
 		return err
 	}
 	fmt.Println()
@@ -246,8 +253,9 @@ func churnCockpits(w *worker, pid int, data, logPath string, n int) error {
 // of 5 s, then 20 s before its freed memory goes back to the kernel), with a margin.
 const settled = 35 * time.Second
 
-// settledRow prints the figures once the store has settled.
-func settledRow(pid int, data, logPath string, ops int) error {
+// settledRow prints the figures once the store has settled, and their RSS and disk against the
+// fresh daemon's.
+func settledRow(pid int, data, logPath string, ops int, fresh figures) error {
 	time.Sleep(settled)
 	f, err := measure(pid, data, logPath)
 	if err != nil {
@@ -255,6 +263,7 @@ func settledRow(pid int, data, logPath string, ops int) error {
 	}
 	f.ops = ops
 	fmt.Println(f.row("settld"))
+	fmt.Printf("settled: RSS %.2f× fresh, disk %.2f× fresh\n", float64(f.rssKiB)/float64(fresh.rssKiB), float64(f.diskKiB)/float64(fresh.diskKiB))
 	return nil
 }
 

@@ -470,7 +470,8 @@ func plural(n int, noun string) string {
 // etcdFlagsUsage is the help of the flags mount and verify share for an etcd store.
 const etcdFlagsUsage = `  --store etcd://HOST:PORT[,HOST:PORT…]/PREFIX
                      share the namespace with every daemon mounting PREFIX of that etcd
-                     cluster instead of --data (docs/teams.md); with etcdctl's flags:
+                     cluster instead of --data (docs/teams.md; a build with -tags team);
+                     with etcdctl's flags:
   --cacert FILE      verify the members' certificates with this CA bundle
   --cert FILE, --key FILE
                      the client certificate and its key
