@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/cockpitfs/cockpitfs/kv"
+	"github.com/cockpitfs/cockpitfs/storage"
 )
 
 // Create, configure with a large document, and remove cockpits and stacks: nothing of them stays
@@ -50,6 +53,67 @@ func TestRemovedCockpitsLeaveNothingInMemory(t *testing.T) {
 	}
 	if kept, stale := len(e.status.cockpits), e.status.stale.count(); kept != 0 || stale != 0 {
 		t.Fatalf("after removing every cockpit and reading status: %d cockpits' rows, %d stale marks kept", kept, stale)
+	}
+}
+
+// viewHookedStore runs inView once, inside the next View, after its snapshot is taken.
+type viewHookedStore struct {
+	*kv.DB
+	inView func()
+}
+
+func (s *viewHookedStore) View(fn func(storage.Txn) error) error {
+	hook := s.inView
+	s.inView = nil
+	return s.DB.View(func(tx storage.Txn) error {
+		if hook != nil {
+			hook()
+		}
+		return fn(tx)
+	})
+}
+
+// A read whose snapshot is older than a cockpit's removal (a listing of the root, a lookup) put
+// the cockpit back into the cache after the removal dropped it, for good: a listing beside
+// 3,000 churned cockpits of 60 KB configs kept 180 of them (21 MiB).
+func TestRemovedCockpitIsNotKeptByAnOlderRead(t *testing.T) {
+	t.Parallel()
+	for _, read := range []struct {
+		name string
+		read func(e *Engine) (listed int, err error)
+	}{
+		{"listing", func(e *Engine) (int, error) { l, err := e.Cockpits(); return len(l), err }},
+		{"lookup", func(e *Engine) (int, error) { _, err := e.Cockpit("gone"); return 1, err }},
+	} {
+		t.Run(read.name, func(t *testing.T) {
+			db, err := kv.Open(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			s := &viewHookedStore{DB: db}
+			e := New(s)
+			newCockpit(t, e, "gone", exampleConfig+strings.Repeat("# padding of a large config\n", 2000))
+			s.inView = func() {
+				if err := e.RemoveCockpit(context.Background(), me("rmdir", "gone"), "gone"); err != nil {
+					t.Error(err)
+				}
+			}
+			// The read's snapshot is older than the removal: it still shows the cockpit.
+			if listed, err := read.read(e); err != nil || listed != 1 {
+				t.Fatalf("the read: %d listed, %v", listed, err)
+			}
+			if s.inView != nil {
+				t.Fatal("the read ran no View")
+			}
+			// Nothing reads the removed cockpit again (a lookup finding it missing would drop it).
+			e.cockpits.mu.Lock()
+			cached := len(e.cockpits.m)
+			e.cockpits.mu.Unlock()
+			if cached != 0 {
+				t.Fatalf("%d cockpits cached after the only one was removed", cached)
+			}
+		})
 	}
 }
 

@@ -139,36 +139,53 @@ func TestCockpitCacheDecodesTheBytesRead(t *testing.T) {
 func TestCockpitCacheCurrency(t *testing.T) {
 	var c cockpitCache
 	raw := []byte(`{"name":"app","uid":1000}`)
-	if _, err := c.decode("c/app", raw); err != nil {
+	m, err := c.decode("c/app", raw)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := c.current("c/app"); ok {
-		t.Fatal("decoded inside a transaction, yet current")
+		t.Fatal("decoded, yet current")
 	}
-	other := []byte(`{"name":"app","uid":1001}`)
-	c.read("c/app", other, c.since()) // a View read other bytes than the entry holds
-	if _, ok := c.current("c/app"); ok {
-		t.Fatal("current though the View read other bytes")
-	}
-	c.read("c/app", raw, c.since())
-	if m, ok := c.current("c/app"); !ok || m.UID != 1000 {
-		t.Fatalf("after a read: %+v, %v", m, ok)
+	c.keep("c/app", m, raw, c.mark())
+	if got, ok := c.current("c/app"); !ok || got.UID != 1000 {
+		t.Fatalf("after a read: %+v, %v", got, ok)
 	}
 	c.begin()
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("current while a commit is under way")
 	}
-	c.read("c/app", raw, c.since()) // a View while the commit is under way may or may not see it
+	c.keep("c/app", m, raw, c.mark()) // a View while the commit is under way may or may not see it
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("current though read while a commit was under way")
 	}
 	c.end()
-	at := c.since()
+	at := c.mark()
 	c.begin() // a commit while the View ran
 	c.end()
-	c.read("c/app", raw, at)
+	c.keep("c/app", m, raw, at)
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("current though a commit raced its read")
+	}
+}
+
+// A read begun before a cockpit was forgotten keeps nothing: its snapshot may hold a cockpit
+// removed since, which nothing would read again to drop.
+func TestCockpitCacheKeepsNoReadOlderThanAForget(t *testing.T) {
+	var c cockpitCache
+	raw := []byte(`{"name":"app","uid":1000}`)
+	m, err := c.decode("c/app", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := c.mark()
+	c.forget("c/app") // removed while the read ran
+	c.keep("c/app", m, raw, at)
+	if len(c.m) != 0 {
+		t.Fatalf("kept %d entries read before the forget", len(c.m))
+	}
+	c.keep("c/app", m, raw, c.mark())
+	if len(c.m) != 1 {
+		t.Fatal("a read begun after the forget was not kept")
 	}
 }
 
