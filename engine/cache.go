@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -194,20 +195,31 @@ func (c *recordCache) dropAll() {
 // cockpits change rarely and a stack's mkdir or rmdir changes its cockpit too, and it counts from
 // before it writes, since the store may let readers see it before its committer is back.
 //
-// Only reads that took a mark before their View began keep what they decoded (keep): a read
-// from a snapshot older than a cockpit's removal would otherwise put the removed cockpit back
-// after its removal forgot it, for good (a listing beside 3,000 churned cockpits of 60 KB configs
-// kept 180 of them: 21 MiB).
+// A removed cockpit's key stays marked gone until a cockpit of that name is made again: a read
+// whose snapshot is older than the removal decodes the cockpit after the removal forgot it, and
+// would keep it for good, since nothing reads a removed cockpit again (a listing of the root beside
+// 3,000 churned cockpits of 60 KB configs kept 180 of them, 21 MiB). The newest goneKept marks
+// are kept: a read still running after goneKept removals since its own began (each a durable
+// commit) could keep its cockpit.
 type cockpitCache struct {
 	mu       sync.Mutex // guards every field below; a leaf
 	commits  uint64     // every commit bumps it as it begins and as it ends
 	underway int
-	forgets  uint64 // every forget bumps it
 	m        map[string]cachedCockpit
+	gone     map[string]uint64 // key → the removal's turn in goneOrder
+	// goneOrder is the keys marked gone, oldest first, with their turns (an entry whose key was
+	// made again or marked anew since is skipped).
+	goneOrder []goneMark
+	removals  uint64
 }
 
-// cacheMark is when a read began, for keep.
-type cacheMark struct{ commits, forgets uint64 }
+// goneKept is how many removed cockpits' marks the cache keeps.
+const goneKept = 4096
+
+type goneMark struct {
+	key  string
+	turn uint64
+}
 
 type cachedCockpit struct {
 	cockpitMeta
@@ -217,8 +229,7 @@ type cachedCockpit struct {
 	readAt  uint64
 }
 
-// decode returns raw, key's value, decoded: the cached entry when it holds raw. The Declared it
-// shares must not be modified.
+// decode returns raw, key's value, decoded. The Declared it shares must not be modified.
 func (c *cockpitCache) decode(key string, raw []byte) (cockpitMeta, error) {
 	c.mu.Lock()
 	e, ok := c.m[key]
@@ -235,6 +246,15 @@ func (c *cockpitCache) decode(key string, raw []byte) (cockpitMeta, error) {
 		// name, or none, under this one.
 		return cockpitMeta{}, fmt.Errorf("decode %s: %w", key, malformedValue{fmt.Errorf("it names cockpit %q", m.Name)})
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, gone := c.gone[key]; gone {
+		return m, nil
+	}
+	if c.m == nil {
+		c.m = map[string]cachedCockpit{}
+	}
+	c.m[key] = cachedCockpit{cockpitMeta: m, raw: raw}
 	return m, nil
 }
 
@@ -260,27 +280,23 @@ func (c *cockpitCache) current(key string) (cockpitMeta, bool) {
 	return e.cockpitMeta, ok && e.current && e.readAt == c.commits
 }
 
-// mark is taken before a View whose cockpits keep is to keep.
-func (c *cockpitCache) mark() cacheMark {
+// since returns the commit count to pass to read.
+func (c *cockpitCache) since() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return cacheMark{c.commits, c.forgets}
+	return c.commits
 }
 
-// keep caches m, decoded from raw, key's value as a View begun after at returned it, unless a
-// cockpit was forgotten since at (the View's snapshot may be older than its removal). The entry
-// is current if no commit began meanwhile or was under way.
-func (c *cockpitCache) keep(key string, m cockpitMeta, raw []byte, at cacheMark) {
+// read marks key's entry current if it holds raw, the bytes a View begun after since returned at
+// read, and no commit began meanwhile or was under way. (A transaction may have decoded other
+// bytes since: ones not yet acknowledged, or its own uncommitted write.)
+func (c *cockpitCache) read(key string, raw []byte, at uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if at.forgets != c.forgets {
-		return
+	if e, ok := c.m[key]; ok && at == c.commits && c.underway == 0 && bytes.Equal(e.raw, raw) {
+		e.current, e.readAt = true, at
+		c.m[key] = e
 	}
-	if c.m == nil {
-		c.m = map[string]cachedCockpit{}
-	}
-	current := at.commits == c.commits && c.underway == 0
-	c.m[key] = cachedCockpit{cockpitMeta: m, raw: raw, current: current, readAt: at.commits}
 }
 
 // begin and end bracket a commit (or a refusal's events line): each ends every entry's currency.
@@ -302,9 +318,35 @@ func (c *cockpitCache) commitBegins(string)                  { c.begin() }
 func (c *cockpitCache) commitOrdered(string, *commitOutcome) {}
 func (c *cockpitCache) commitEnds(string, *commitOutcome)    { c.end() }
 
+// forget drops key's entry: a read found the cockpit missing.
 func (c *cockpitCache) forget(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.forgets++
 	delete(c.m, key)
+}
+
+// removed drops key's entry and marks it gone: the cockpit was removed.
+func (c *cockpitCache) removed(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, key)
+	if c.gone == nil {
+		c.gone = map[string]uint64{}
+	}
+	c.removals++
+	c.gone[key] = c.removals
+	c.goneOrder = append(c.goneOrder, goneMark{key, c.removals})
+	if len(c.goneOrder) > goneKept {
+		if oldest := c.goneOrder[0]; c.gone[oldest.key] == oldest.turn {
+			delete(c.gone, oldest.key)
+		}
+		c.goneOrder = slices.Delete(c.goneOrder, 0, 1)
+	}
+}
+
+// created clears key's gone mark: a cockpit of that name was made.
+func (c *cockpitCache) created(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.gone, key)
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -139,53 +140,69 @@ func TestCockpitCacheDecodesTheBytesRead(t *testing.T) {
 func TestCockpitCacheCurrency(t *testing.T) {
 	var c cockpitCache
 	raw := []byte(`{"name":"app","uid":1000}`)
-	m, err := c.decode("c/app", raw)
-	if err != nil {
+	if _, err := c.decode("c/app", raw); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := c.current("c/app"); ok {
-		t.Fatal("decoded, yet current")
+		t.Fatal("decoded inside a transaction, yet current")
 	}
-	c.keep("c/app", m, raw, c.mark())
-	if got, ok := c.current("c/app"); !ok || got.UID != 1000 {
-		t.Fatalf("after a read: %+v, %v", got, ok)
+	other := []byte(`{"name":"app","uid":1001}`)
+	c.read("c/app", other, c.since()) // a View read other bytes than the entry holds
+	if _, ok := c.current("c/app"); ok {
+		t.Fatal("current though the View read other bytes")
+	}
+	c.read("c/app", raw, c.since())
+	if m, ok := c.current("c/app"); !ok || m.UID != 1000 {
+		t.Fatalf("after a read: %+v, %v", m, ok)
 	}
 	c.begin()
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("current while a commit is under way")
 	}
-	c.keep("c/app", m, raw, c.mark()) // a View while the commit is under way may or may not see it
+	c.read("c/app", raw, c.since()) // a View while the commit is under way may or may not see it
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("current though read while a commit was under way")
 	}
 	c.end()
-	at := c.mark()
+	at := c.since()
 	c.begin() // a commit while the View ran
 	c.end()
-	c.keep("c/app", m, raw, at)
+	c.read("c/app", raw, at)
 	if _, ok := c.current("c/app"); ok {
 		t.Fatal("current though a commit raced its read")
 	}
 }
 
-// A read begun before a cockpit was forgotten keeps nothing: its snapshot may hold a cockpit
-// removed since, which nothing would read again to drop.
-func TestCockpitCacheKeepsNoReadOlderThanAForget(t *testing.T) {
+// A removed cockpit decoded afterwards (by a read begun before its removal) is not kept, until a
+// cockpit of its name is made again; only the newest goneKept removals are remembered.
+func TestCockpitCacheKeepsNoRemovedCockpit(t *testing.T) {
 	var c cockpitCache
 	raw := []byte(`{"name":"app","uid":1000}`)
-	m, err := c.decode("c/app", raw)
-	if err != nil {
-		t.Fatal(err)
+	cached := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.m)
 	}
-	at := c.mark()
-	c.forget("c/app") // removed while the read ran
-	c.keep("c/app", m, raw, at)
-	if len(c.m) != 0 {
-		t.Fatalf("kept %d entries read before the forget", len(c.m))
+	if _, err := c.decode("c/app", raw); err != nil || cached() != 1 {
+		t.Fatalf("not kept: %v", err)
 	}
-	c.keep("c/app", m, raw, c.mark())
-	if len(c.m) != 1 {
-		t.Fatal("a read begun after the forget was not kept")
+	c.removed("c/app")
+	if m, err := c.decode("c/app", raw); err != nil || m.UID != 1000 || cached() != 0 {
+		t.Fatalf("after the removal: %+v, %v, %d kept", m, err, cached())
+	}
+	c.created("c/app")
+	if _, err := c.decode("c/app", raw); err != nil || cached() != 1 {
+		t.Fatalf("made again, yet not kept: %v", err)
+	}
+	c.removed("c/app")
+	for i := range goneKept {
+		c.removed(fmt.Sprintf("c/other%d", i))
+	}
+	if len(c.gone) != goneKept || len(c.goneOrder) != goneKept {
+		t.Fatalf("%d marks, %d in order; want %d", len(c.gone), len(c.goneOrder), goneKept)
+	}
+	if _, err := c.decode("c/app", raw); err != nil || cached() != 1 {
+		t.Fatalf("the oldest mark outlived %d newer ones: %v", goneKept, err)
 	}
 }
 

@@ -57,7 +57,7 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 		return refuse(StateRecordMalformed, name, "use "+CockpitNameRule,
 			"cockpit name %q is invalid", name)
 	}
-	return e.apply(ctx, c, cockpitKey(name), func(tx storage.Txn, now time.Time) (change, error) {
+	err := e.apply(ctx, c, cockpitKey(name), func(tx storage.Txn, now time.Time) (change, error) {
 		taken, err := found(tx, cockpitKey(name))
 		if err != nil {
 			return change{}, err
@@ -68,6 +68,10 @@ func (e *Engine) CreateCockpit(ctx context.Context, c Caller, name string) error
 		}
 		return createCockpit(c, name, taken, made, e.cockpitBound.Of(c.UID), now)
 	})
+	if err == nil {
+		e.cockpits.created(cockpitKey(name))
+	}
+	return err
 }
 
 // createCockpit makes cockpit name for c, whose uid has made made cockpits that exist, of at most
@@ -107,7 +111,7 @@ func (e *Engine) RemoveCockpit(ctx context.Context, c Caller, name string) error
 	if err == nil {
 		// Nothing reads a removed cockpit again to drop it from the cache (its config may be
 		// 60 KiB): a thousand mkdir, config, rmdir cycles would keep a thousand of them.
-		e.cockpits.forget(cockpitKey(name))
+		e.cockpits.removed(cockpitKey(name))
 		e.records.forget(cockpitKey(name)) // update keeps a generation of every key it commits
 	}
 	return err

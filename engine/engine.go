@@ -256,7 +256,6 @@ func (m cockpitMeta) info() CockpitInfo {
 // names it).
 func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 	var out []CockpitInfo
-	at := e.cockpits.mark()
 	err := e.db.View(func(tx storage.Txn) error {
 		return tx.Scan(cockpitsPrefix, func(key string, v []byte) error {
 			m, damage, ok := e.cockpits.listed(key, v)
@@ -267,7 +266,6 @@ func (e *Engine) Cockpits() ([]CockpitInfo, error) {
 				out = append(out, CockpitInfo{Name: m.Name, Damaged: true})
 				return nil
 			}
-			e.cockpits.keep(key, m, v, at)
 			info := m.info()
 			info.proxy = e.proxyBase.Load()
 			out = append(out, info)
@@ -291,7 +289,7 @@ func (e *Engine) cockpitMeta(name string) (cockpitMeta, error) {
 	if m, ok := e.cockpits.current(key); ok && !e.shared {
 		return m, nil
 	}
-	at := e.cockpits.mark()
+	at := e.cockpits.since()
 	var m cockpitMeta
 	var raw []byte
 	err := e.db.View(func(tx storage.Txn) (err error) {
@@ -299,7 +297,7 @@ func (e *Engine) cockpitMeta(name string) (cockpitMeta, error) {
 		return err
 	})
 	if err == nil {
-		e.cockpits.keep(key, m, raw, at)
+		e.cockpits.read(key, raw, at)
 	}
 	return m, err
 }
