@@ -382,7 +382,7 @@ func TestLifecycleSIGTERMWithOpenFile(t *testing.T) {
 func TestLifecycleVersion(t *testing.T) {
 	t.Parallel()
 	r := lifecycleRun(t, "version")
-	if r.Code != 0 || !regexp.MustCompile(`^cockpitfs \S+ .*go1\.\S+\n$`).MatchString(r.Stdout) {
+	if r.Code != 0 || !regexp.MustCompile(`^cockpitfs \S+ .*go1\.\S+, with(out)? team mode .*\n$`).MatchString(r.Stdout) {
 		t.Fatalf("version: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
 	}
 }

@@ -32,8 +32,9 @@ var heapBound atomic.Uint64
 // memtable renewal holds collections off, kv/settle.go). A GOMEMLIMIT in the daemon's environment
 // is the user's choice and left alone.
 func boundHeap() {
-	// Nothing reads the daemon's heap profile (grpc links runtime/pprof, which turns the
-	// sampling on): each sample kept a bucket and a page of the runtime's bucket table.
+	// Nothing reads the daemon's heap profile (grpc, in the build with team mode, links
+	// runtime/pprof, which turns the sampling on): each sample kept a bucket and a page of the
+	// runtime's bucket table.
 	runtime.MemProfileRate = 0
 	bound := heapBound.Add(1)
 	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
