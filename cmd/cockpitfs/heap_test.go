@@ -9,10 +9,9 @@ import (
 	"time"
 )
 
-// TestHeapLimitFollowsTheLiveHeap: the heap's room under the limit (the limit less what the
-// runtime holds outside the heap) is the floor for a small heap, rises to 1.5× a live heap above
-// it after the next collection, and comes back down once that heap is let go — to the floor,
-// though the runtime keeps the metadata of that peak.
+// TestHeapLimitFollowsTheLiveHeap: the limit is the floor for a small heap; after the next
+// collection it leaves a live heap above it 1.5× its size, beside what the runtime holds outside the
+// heap (goroutine stacks among it), and it comes back down once that heap is let go.
 func TestHeapLimitFollowsTheLiveHeap(t *testing.T) {
 	if v, set := os.LookupEnv("GOMEMLIMIT"); set {
 		os.Unsetenv("GOMEMLIMIT")
@@ -36,9 +35,8 @@ func TestHeapLimitFollowsTheLiveHeap(t *testing.T) {
 		t.Fatalf("it stayed %d MiB (the limit %d MiB)", what()>>20, limit()>>20)
 		return 0
 	}
-	atFloor := func(r int64) bool { return r >= heapFloor-1<<20 && r < heapFloor+4<<20 }
-	settles(room, atFloor)
-	floor := limit()
+	atFloor := func(l int64) bool { return l == heapFloor }
+	settles(limit, atFloor)
 	live := make([][]byte, 200)
 	for i := range live {
 		live[i] = make([]byte, 1<<20)
@@ -49,18 +47,26 @@ func TestHeapLimitFollowsTheLiveHeap(t *testing.T) {
 	}
 	runtime.KeepAlive(live)
 	live = nil
-	settles(room, atFloor)
-	floor = limit()
+	settles(limit, atFloor)
 
-	// 1,000 goroutines blocked with 32 KiB of stack each raise it by what their stacks take.
+	// 1,000 goroutines blocked with 32 KiB of stack each, beside 16 MiB live: their stacks take
+	// none of the heap's room.
 	release := make(chan struct{})
 	var blocked sync.WaitGroup
 	for range 1000 {
 		blocked.Add(1)
 		go deepWait(64, &blocked, release)
 	}
+	live = make([][]byte, 16)
+	for i := range live {
+		live[i] = make([]byte, 1<<20)
+	}
 	blocked.Wait()
-	settles(limit, func(l int64) bool { return l >= floor+30<<20 })
+	settles(room, func(r int64) bool {
+		held, outside := runtimeMemory()
+		return outside > 32<<20 && r >= int64(held/2*3) && held >= 16<<20
+	})
+	runtime.KeepAlive(live)
 	close(release)
 }
 
