@@ -571,13 +571,7 @@ func BenchmarkFootprint(b *testing.B) {
 	d := newDaemon(fmt.Sprintf("footprint-%d", time.Now().UnixNano()))
 	defer os.RemoveAll(filepath.Dir(d.Dir))
 	defer d.stop()
-	ready, err := d.start()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := d.setupStack(); err != nil {
-		b.Fatalf("%v\n%s", err, d.log.String())
-	}
+	ready := d.startStack(b)
 	time.Sleep(time.Second)
 	idle := d.mib(b, "VmRSS")
 	diskFresh := allocatedMiB(b, d.Data)
@@ -674,12 +668,7 @@ func teamFreshRSS(b *testing.B) float64 {
 	d.bin = teamDaemonBinary(b)
 	defer os.RemoveAll(filepath.Dir(d.Dir))
 	defer d.stop()
-	if _, err := d.start(); err != nil {
-		b.Fatal(err)
-	}
-	if err := d.setupStack(); err != nil {
-		b.Fatalf("%v\n%s", err, d.log.String())
-	}
+	d.startStack(b)
 	time.Sleep(time.Second)
 	return d.mib(b, "VmRSS")
 }

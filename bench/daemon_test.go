@@ -342,6 +342,20 @@ func (d *daemon) setupStack() error {
 	return writeFile(d.path("app", "stacks", "s", "holders", "base"), unix.O_CREAT, "pid=none checkout=/src/base")
 }
 
+// startStack starts d and sets up its stack (setupStack), failing b on either; it returns the
+// time to mount-ready.
+func (d *daemon) startStack(b *testing.B) time.Duration {
+	b.Helper()
+	ready, err := d.start()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := d.setupStack(); err != nil {
+		b.Fatalf("%v\n%s", err, d.log.String())
+	}
+	return ready
+}
+
 // shared is the daemon the read, write and claim benchmarks share, started at first use; base is
 // baseBinary's, set up alike, for the claim benchmark.
 var shared, base *daemon

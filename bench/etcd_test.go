@@ -79,12 +79,7 @@ func BenchmarkEtcdMountClaim(b *testing.B) {
 	d.args = []string{"--store", cluster.URL("bench-mount")}
 	defer os.RemoveAll(filepath.Dir(d.Dir))
 	defer d.stop()
-	if _, err := d.start(); err != nil {
-		b.Fatal(err)
-	}
-	if err := d.setupStack(); err != nil {
-		b.Fatalf("%v\n%s", err, d.log.String())
-	}
+	d.startStack(b)
 	cli := cluster.Open(b, "bench-mount").Client()
 	key := "bench-mount/s/app/s"
 	paired(b, map[string]op{
