@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"sync"
 )
 
@@ -340,7 +339,7 @@ func (c *cockpitCache) removed(key string) {
 		if oldest := c.goneOrder[0]; c.gone[oldest.key] == oldest.turn {
 			delete(c.gone, oldest.key)
 		}
-		c.goneOrder = slices.Delete(c.goneOrder, 0, 1)
+		c.goneOrder = c.goneOrder[1:] // append reallocates as it fills: no copy per removal
 	}
 }
 
